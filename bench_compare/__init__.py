@@ -1,0 +1,1 @@
+"""bench-compare: time and validate any engine side by side with llama.cpp."""

@@ -1,0 +1,42 @@
+"""``bench-compare inspect MODEL``: metadata and a tensor table."""
+
+from __future__ import annotations
+
+import click
+
+from inference_engine.gguf_file import open_gguf
+from inference_engine.registry import resolve_model
+
+_LONG_ARRAY = 8  # metadata arrays longer than this (the vocabulary) are summarised, not printed
+
+
+def _format_value(value) -> str:
+    if isinstance(value, list):
+        if len(value) > _LONG_ARRAY:
+            return f"[{len(value)} items: {', '.join(repr(v) for v in value[:3])}, ...]"
+        return repr(value)
+    text = repr(value)
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+@click.command("inspect")
+@click.argument("model")
+@click.option("--no-tensors", is_flag=True, help="Only print metadata.")
+def inspect_cmd(model: str, no_tensors: bool) -> None:
+    """Print MODEL's metadata and a tensor table (name, type, shape, bytes). MODEL is a name or a .gguf path."""
+    f = open_gguf(resolve_model(model))
+    d = f.describe()
+    click.echo(f"file: {d['path']}")
+    click.echo(f"architecture: {d['architecture']}  quant: {d['quant']}  params: {d['n_params']:,}  "
+               f"size: {d['size_bytes']:,} bytes  tensors: {len(f.tensors)}")
+    click.echo("\nmetadata:")
+    for key, value in f.metadata.items():
+        click.echo(f"  {key} = {_format_value(value)}")
+    if no_tensors:
+        return
+    click.echo("\ntensors:")
+    width = max(len(n) for n in f.tensors) if f.tensors else 4
+    click.echo(f"  {'name':<{width}}  {'type':<5}  {'shape':<18}  {'bytes':>12}")
+    for t in f.tensors.values():
+        shape = "x".join(str(s) for s in t.shape)
+        click.echo(f"  {t.name:<{width}}  {t.type_name:<5}  {shape:<18}  {t.n_bytes:>12,}")

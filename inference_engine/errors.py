@@ -1,0 +1,15 @@
+"""User-facing errors.
+
+Every mistake a user can make (a missing file, a non-GGUF file, an unknown architecture, a bad flag) raises
+:class:`GGUFParityError` with a one-line message naming the problem and what is supported. The CLI prints it as
+``error: <message>`` and exits with code 2; it never shows a traceback for these.
+"""
+
+
+class GGUFParityError(Exception):
+    """A problem with the user's input, reported as one line."""
+
+    exit_code = 2
+
+    def __init__(self, message: str):
+        super().__init__(" ".join(str(message).split()))

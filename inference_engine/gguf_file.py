@@ -1,0 +1,216 @@
+"""Open a GGUF file: metadata, tensors and checks, through gguf-py's memory-mapped ``GGUFReader``.
+
+Nothing here copies weights: each :class:`TensorInfo` holds a view into the memory map. Every problem a user can
+cause (missing path, directory, empty or non-GGUF file, truncated tensor data, unknown architecture, unsupported
+tensor type) raises :class:`GGUFParityError` with one line naming it and what is supported.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, LlamaFileType
+
+from inference_engine.errors import GGUFParityError
+
+GGUF_MAGIC = b"GGUF"
+
+# The tensor types the engine computes with; everything else is refused at open time.
+SUPPORTED_TENSOR_TYPES: tuple[GGMLQuantizationType, ...] = (
+    GGMLQuantizationType.F32,
+    GGMLQuantizationType.F16,
+    GGMLQuantizationType.BF16,
+    GGMLQuantizationType.Q4_0,
+    GGMLQuantizationType.Q4_1,
+    GGMLQuantizationType.Q5_0,
+    GGMLQuantizationType.Q5_1,
+    GGMLQuantizationType.Q8_0,
+    GGMLQuantizationType.Q2_K,
+    GGMLQuantizationType.Q3_K,
+    GGMLQuantizationType.Q4_K,
+    GGMLQuantizationType.Q5_K,
+    GGMLQuantizationType.Q6_K,
+)
+
+# general.architecture values we run, and the aliases llama.cpp treats as one of them.
+SUPPORTED_ARCHITECTURES: tuple[str, ...] = ("llama", "qwen2", "qwen3", "gemma3")
+ARCHITECTURE_ALIASES: dict[str, str] = {"mistral": "llama"}
+
+
+def supported_type_names() -> str:
+    return ", ".join(t.name for t in SUPPORTED_TENSOR_TYPES)
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """One tensor of the file.
+
+    ``shape`` is in NumPy order (outermost first): a weight matrix with ggml ``ne = [n_in, n_out]`` has
+    ``shape == (n_out, n_in)``. ``raw`` is the memory-mapped bytes, ``(rows, bytes_per_row)`` uint8 for quantized
+    types and the typed array for F32/F16 (gguf-py's view; BF16 comes as raw uint8 rows).
+    """
+
+    name: str
+    qtype: GGMLQuantizationType
+    shape: tuple[int, ...]
+    n_bytes: int
+    raw: np.ndarray
+
+    @property
+    def n_elements(self) -> int:
+        return int(np.prod(self.shape))
+
+    @property
+    def type_name(self) -> str:
+        return self.qtype.name
+
+
+def _field_value(field) -> Any:
+    """Decode one metadata field to plain Python (str, int, float, bool or list)."""
+    return field.contents()
+
+
+class GGUFFile:
+    """A validated, memory-mapped GGUF model file."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        _check_path(self.path)
+        try:
+            self.reader = GGUFReader(self.path, "r")
+        except (ValueError, IndexError, OSError, KeyError) as exc:  # gguf-py reports truncation this way
+            raise GGUFParityError(f"{self.path}: truncated or corrupt GGUF file ({_short(exc)})") from None
+        self.raw_architecture = str(self.metadata_value("general.architecture", ""))
+        if not self.raw_architecture:
+            raise GGUFParityError(f"{self.path}: GGUF file has no general.architecture key")
+        self.architecture = ARCHITECTURE_ALIASES.get(self.raw_architecture, self.raw_architecture)
+        if self.architecture not in SUPPORTED_ARCHITECTURES:
+            raise GGUFParityError(
+                f"{self.path}: unsupported architecture '{self.raw_architecture}'; supported: "
+                f"{', '.join(SUPPORTED_ARCHITECTURES)} (aliases: "
+                f"{', '.join(f'{a}->{b}' for a, b in ARCHITECTURE_ALIASES.items())})"
+            )
+        self.tensors: dict[str, TensorInfo] = {}
+        file_size = self.path.stat().st_size
+        for t in self.reader.tensors:
+            qtype = GGMLQuantizationType(int(t.tensor_type))
+            if qtype not in SUPPORTED_TENSOR_TYPES:
+                raise GGUFParityError(
+                    f"{self.path}: tensor '{t.name}' has unsupported type {qtype.name}; supported: "
+                    f"{supported_type_names()}"
+                )
+            if int(t.data_offset) + int(t.n_bytes) > file_size:
+                raise GGUFParityError(
+                    f"{self.path}: file is truncated: tensor '{t.name}' needs bytes up to "
+                    f"{int(t.data_offset) + int(t.n_bytes)} but the file has {file_size}"
+                )
+            shape = tuple(int(d) for d in reversed(t.shape.tolist()))
+            self.tensors[t.name] = TensorInfo(t.name, qtype, shape, int(t.n_bytes), t.data)
+
+    # --- metadata -------------------------------------------------------------------------------------------
+    @cached_property
+    def metadata(self) -> dict[str, Any]:
+        """Every key-value pair, decoded (large arrays such as the vocabulary included)."""
+        return {k: _field_value(f) for k, f in self.reader.fields.items() if not k.startswith("GGUF.")}
+
+    def metadata_value(self, key: str, default: Any = None) -> Any:
+        field = self.reader.fields.get(key)
+        if field is None:
+            return default
+        return _field_value(field)
+
+    def arch_value(self, suffix: str, default: Any = None) -> Any:
+        """A per-architecture key such as ``llama.block_count``, looked up under the file's own prefix."""
+        return self.metadata_value(f"{self.raw_architecture}.{suffix}", default)
+
+    def require_arch_value(self, suffix: str) -> Any:
+        value = self.arch_value(suffix)
+        if value is None:
+            raise GGUFParityError(f"{self.path}: missing required metadata key {self.raw_architecture}.{suffix}")
+        return value
+
+    def tensor(self, name: str) -> TensorInfo:
+        try:
+            return self.tensors[name]
+        except KeyError:
+            raise GGUFParityError(f"{self.path}: missing tensor '{name}'") from None
+
+    # --- identity -------------------------------------------------------------------------------------------
+    @property
+    def file_size(self) -> int:
+        return self.path.stat().st_size
+
+    @cached_property
+    def sha256(self) -> str:
+        return sha256_of_file(self.path)
+
+    @property
+    def n_params(self) -> int:
+        return sum(t.n_elements for t in self.tensors.values())
+
+    @property
+    def file_type_name(self) -> str:
+        """The file's quantization as llama.cpp names it in model_type (``Q4_1``, ``Q4_K_M``)."""
+        file_type = self.metadata_value("general.file_type")
+        if file_type is not None:
+            try:
+                return LlamaFileType(int(file_type)).name.removeprefix("MOSTLY_")
+            except ValueError:
+                pass
+        counts: dict[str, int] = {}
+        for t in self.tensors.values():
+            if len(t.shape) >= 2:
+                counts[t.type_name] = counts.get(t.type_name, 0) + t.n_bytes
+        return max(counts, key=counts.get) if counts else "F32"
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "path": str(self.path),
+            "architecture": self.architecture,
+            "name": self.metadata_value("general.name", self.path.stem),
+            "size_bytes": self.file_size,
+            "n_params": self.n_params,
+            "quant": self.file_type_name,
+        }
+
+
+def sha256_of_file(path: str | os.PathLike, chunk: int = 1 << 22) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _check_path(path: Path) -> None:
+    if not path.exists():
+        raise GGUFParityError(f"{path}: no such file")
+    if path.is_dir():
+        raise GGUFParityError(f"{path}: is a directory, expected a .gguf file")
+    size = path.stat().st_size
+    if size == 0:
+        raise GGUFParityError(f"{path}: file is empty, expected a .gguf file")
+    with open(path, "rb") as fh:
+        magic = fh.read(4)
+    if magic != GGUF_MAGIC:
+        raise GGUFParityError(f"{path}: not a GGUF file (magic {magic!r}, expected {GGUF_MAGIC!r})")
+
+
+def _short(exc: BaseException) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text[:160]
+
+
+def open_gguf(path: str | os.PathLike) -> GGUFFile:
+    return GGUFFile(path)
+
+
+def row_bytes(qtype: GGMLQuantizationType, n_cols: int) -> int:
+    block, size = GGML_QUANT_SIZES[qtype]
+    return n_cols // block * size

@@ -1,0 +1,59 @@
+"""The one interface the harness knows: an *engine*.
+
+Our engine (any backend) and llama.cpp (``validation.llamacpp.LlamaCppEngine``) both implement it; ``bench_compare``
+times any engine and ``validation`` diffs any two. A user's own engine plugs in the same way.
+
+Array conventions shared by every implementation:
+
+* ``prefill`` / ``decode`` return float32 logits of shape ``(n_vocab,)`` for the last position.
+* ``capture(ids)`` runs one prefill of ``ids`` on a fresh cache and returns ``{name: float32 array}`` under
+  llama.cpp's graph names (``attn_norm-3``, ``Qcur-3``, ``l_out-3``, ``result_norm``, ``result_output``). Each
+  array has NumPy shape ``reversed(ggml ne)`` with leading size-1 axes dropped, so the token axis comes first:
+  ``attn_norm-0`` is ``(n_tokens, n_embd)``, ``Qcur-0`` is ``(n_tokens, n_head, head_dim)``, ``result_output`` is
+  ``(n_tokens, n_vocab)`` (logits for *every* prompt position). When a name is produced several times in one
+  layer (llama.cpp reuses ``Qcur`` after reshape and RoPE) the last value wins.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Protocol, runtime_checkable
+
+import numpy as np
+
+
+@runtime_checkable
+class Engine(Protocol):
+    name: str  # e.g. "ours:numpy" or "llamacpp"
+
+    @property
+    def model_info(self) -> dict[str, Any]:
+        """What ran: file, sha256, architecture, quant, n_params, n_ctx, threads, backend, numerics, versions."""
+        ...
+
+    @property
+    def n_vocab(self) -> int: ...
+
+    @property
+    def n_ctx(self) -> int: ...
+
+    def tokenize(self, text: str, add_bos: bool = True) -> list[int]: ...
+
+    def detokenize(self, ids: Iterable[int]) -> str: ...
+
+    def reset(self) -> None:
+        """Empty the KV cache."""
+        ...
+
+    def prefill(self, ids: list[int]) -> np.ndarray:
+        """Append ``ids`` to the KV cache in one batched pass; return the logits of the last position."""
+        ...
+
+    def decode(self, token_id: int) -> np.ndarray:
+        """Append one token; return the logits of its position."""
+        ...
+
+    def capture(self, ids: list[int], names: Iterable[str] | None = None) -> dict[str, np.ndarray]:
+        """Fresh cache, one prefill of ``ids``; every named intermediate (or only ``names``)."""
+        ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,1 @@
+"""Validation against llama.cpp: per-tensor capture and diff, logits, logit lens, tokenizer parity, greedy smoke."""
