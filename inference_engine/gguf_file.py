@@ -160,7 +160,7 @@ class GGUFFile:
         file_type = self.metadata_value("general.file_type")
         if file_type is not None:
             try:
-                return LlamaFileType(int(file_type)).name.removeprefix("MOSTLY_")
+                return LlamaFileType(int(file_type)).name.removeprefix("MOSTLY_").removeprefix("ALL_")
             except ValueError:
                 pass
         counts: dict[str, int] = {}

@@ -1,0 +1,61 @@
+"""Fixtures shared by the whole suite.
+
+``tiny_model(arch, qtype="F32", seed=0, **overrides) -> Path`` writes a tiny random GGUF model (see
+``tests/fixtures/tiny_models.py``) once per argument set per session. ``bad_model_files`` holds the inputs that
+user-error tests need. Parametrize over ``ARCHITECTURES`` and ``TENSOR_TYPES``, imported from
+``fixtures.tiny_models`` (pytest puts ``tests/`` on ``sys.path`` because ``tests/`` has no ``__init__.py``).
+
+Real-model tests are marked ``@pytest.mark.slow``; deselect them with ``-m "not slow"``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from fixtures.tiny_models import (  # noqa: F401  (ARCHITECTURES, TENSOR_TYPES: re-exported for parametrizing)
+    ARCHITECTURES,
+    TENSOR_TYPES,
+    fixture_file_name,
+    write_non_gguf_file,
+    write_tiny_model,
+    write_truncated_copy,
+    write_unknown_arch_model,
+    write_unsupported_type_model,
+)
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory):
+    """Factory: ``tiny_model("qwen3", "Q4_K", n_layer=3)`` -> path of a tiny GGUF, written once per session."""
+    root = tmp_path_factory.mktemp("tiny_models")
+    written: dict[str, Path] = {}
+
+    def make(arch: str, qtype: str = "F32", seed: int = 0, **overrides) -> Path:
+        name = fixture_file_name(arch, qtype, seed, overrides)
+        if name not in written:
+            written[name] = write_tiny_model(root / name, arch, qtype, seed, **overrides)
+        return written[name]
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def bad_model_files(tmp_path_factory, tiny_model) -> dict[str, Path]:
+    """Inputs a user might pass by mistake, by kind: truncated (tensor data cut), truncated_header (metadata cut),
+    unknown_arch, unsupported_type (an IQ4_NL tensor), not_gguf, empty, directory, missing."""
+    root = tmp_path_factory.mktemp("bad_models")
+    (root / "empty.gguf").touch()
+    (root / "a_directory.gguf").mkdir()
+    return {
+        "truncated": write_truncated_copy(tiny_model("llama", "Q8_0"), root / "truncated.gguf"),
+        "truncated_header": write_truncated_copy(tiny_model("llama", "Q8_0"), root / "truncated_header.gguf",
+                                                 keep_fraction=0.001),
+        "unknown_arch": write_unknown_arch_model(root / "unknown_arch.gguf"),
+        "unsupported_type": write_unsupported_type_model(root / "unsupported_type.gguf"),
+        "not_gguf": write_non_gguf_file(root / "not_gguf.gguf"),
+        "empty": root / "empty.gguf",
+        "directory": root / "a_directory.gguf",
+        "missing": root / "missing.gguf",
+    }

@@ -1,0 +1,105 @@
+"""``open_gguf`` and ``bench-compare inspect``: tiny fixture models open with the right tensors, and every bad
+input a user can give ends as one ``GGUFParityError`` line (``error: ...``, exit 2 on the command line), never a
+traceback."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from gguf import GGML_QUANT_SIZES
+
+from bench_compare.cli import main
+from inference_engine.errors import GGUFParityError
+from inference_engine.gguf_file import SUPPORTED_TENSOR_TYPES, open_gguf
+
+# kind of bad input -> words its message must contain (the problem, and the supported choices where there are some)
+EXPECTED_MESSAGE = {
+    "truncated": ["truncated"],
+    "truncated_header": ["truncated"],
+    "unknown_arch": ["unsupported architecture 'phi3'", "llama", "qwen2", "qwen3", "gemma3"],
+    "unsupported_type": ["IQ4_NL", "blk.0.ffn_down.weight", "supported", "Q4_K", "Q8_0"],
+    "not_gguf": ["not a GGUF file"],
+    "empty": ["empty"],
+    "directory": ["directory"],
+    "missing": ["no such file"],
+}
+
+
+@pytest.mark.parametrize("kind", sorted(EXPECTED_MESSAGE))
+def test_open_gguf_refuses_bad_input_in_one_line(bad_model_files, kind):
+    path = bad_model_files[kind]
+    with pytest.raises(GGUFParityError) as info:
+        open_gguf(path)
+    message = str(info.value)
+    assert "\n" not in message
+    assert str(path) in message
+    for words in EXPECTED_MESSAGE[kind]:
+        assert words in message
+
+
+@pytest.mark.parametrize("kind", sorted(EXPECTED_MESSAGE))
+def test_inspect_on_bad_input_exits_2_with_one_error_line(bad_model_files, kind, capsys):
+    assert main(["inspect", str(bad_model_files[kind])]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.startswith("error: ")
+    assert captured.err.count("\n") == 1
+    assert "Traceback" not in captured.err
+
+
+def test_inspect_console_script_path_exits_2_without_traceback(bad_model_files):
+    """Once through a real process: the exit code and stderr a shell user sees."""
+    result = subprocess.run([sys.executable, "-m", "bench_compare.cli", "inspect", str(bad_model_files["not_gguf"])],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert result.stderr.startswith("error: ") and "not a GGUF file" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_inspect_prints_the_tensor_table(tiny_model, capsys):
+    path = tiny_model("qwen3", "Q4_K")
+    assert main(["inspect", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "architecture: qwen3" in out
+    assert "qwen3.attention.key_length = 128" in out
+    header, *table = out.split("\ntensors:\n", 1)[1].splitlines()
+    assert header.split() == ["name", "type", "shape", "bytes"]
+    rows = {cells[0]: cells[1:] for cells in (line.split() for line in table)}
+    f = open_gguf(path)
+    assert set(rows) == set(f.tensors)
+    assert rows["blk.0.attn_q.weight"][:2] == ["Q4_K", "512x256"]
+    assert rows["blk.0.attn_q_norm.weight"][:2] == ["F32", "128"]
+    assert rows["blk.1.ffn_down.weight"][:2] == ["Q4_K", "256x512"]
+
+
+def test_inspect_without_tensors(tiny_model, capsys):
+    assert main(["inspect", "--no-tensors", str(tiny_model("llama"))]) == 0
+    out = capsys.readouterr().out
+    assert "llama.block_count = 2" in out and "\ntensors:" not in out
+
+
+@pytest.mark.parametrize("qtype", [t.name for t in SUPPORTED_TENSOR_TYPES])
+def test_tensor_views_have_ggml_row_sizes(tiny_model, qtype):
+    f = open_gguf(tiny_model("llama", qtype))
+    for t in f.tensors.values():
+        block_elems, block_bytes = GGML_QUANT_SIZES[t.qtype]
+        assert t.n_bytes == t.n_elements // block_elems * block_bytes, t.name
+        assert np.asarray(t.raw).nbytes == t.n_bytes, t.name
+
+
+def test_describe_and_identity(tiny_model):
+    path = tiny_model("gemma3", "Q6_K")
+    f = open_gguf(path)
+    d = f.describe()
+    assert d["architecture"] == "gemma3"
+    assert d["quant"] == "Q6_K"
+    assert d["size_bytes"] == path.stat().st_size
+    assert d["n_params"] == sum(t.n_elements for t in f.tensors.values())
+    assert f.sha256 == open_gguf(path).sha256 and len(f.sha256) == 64
+    assert f.arch_value("attention.sliding_window") == 4
+    assert f.arch_value("no.such.key", "fallback") == "fallback"
+    with pytest.raises(GGUFParityError, match="missing tensor 'output.weight'"):
+        f.tensor("output.weight")  # tied: gemma3 reuses token_embd
