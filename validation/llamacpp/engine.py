@@ -1,0 +1,484 @@
+"""llama.cpp as an :class:`~inference_engine.protocol.Engine`: the reference everything is measured against.
+
+Built on llama-cpp-python's low-level API (``llama_cpp.llama_cpp``), because the high-level ``Llama`` cannot pass
+the ``cb_eval`` graph callback that per-tensor capture needs, and because it hides the settings validation must pin
+(KV cache type, flash attention, threads).
+
+Two contexts share one loaded model:
+
+* the *run* context serves ``prefill`` / ``decode`` (and so benchmarks). It has no callback, so llama.cpp runs as it
+  normally does (fused kernels, whole graphs) and asks for one output row per call.
+* the *capture* context is made on first ``capture`` with room for the whole prompt in one micro-batch and an output
+  for every position, with a :class:`~validation.llamacpp.capture.GraphRecorder` as ``cb_eval``.
+
+Validation defaults: F32 KV cache and flash attention off, the cleanest baseline (llama.cpp's own defaults are an
+F16 cache and flash attention "auto"; pass ``kv_type="f16", flash_attn="auto"`` to benchmark those).
+
+``extra_bufts`` (llama.cpp's ``use_extra_bufts``, on by default there) lets the CPU backend move quantized weights
+into "extra" buffer types at load time: AMX tiles (Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K on CPUs that report AMX) or
+repacked interleaved layouts (CPU_REPACK: Q4_0, Q4_K, Q8_0, ... on AVX2), each with its own matmul kernels. We
+default it off, for two reasons: (1) on machines that report AMX-INT8 but cannot run the tile kernels (this
+project's build machine: the kernel grants the AMX permission, then ``ggml_backend_amx_mul_mat`` segfaults on any
+batch of more than one token) llama.cpp would kill the process on the first prompt; (2) with it off every matmul
+goes through ggml's plain path (activation quantized to the weight's ``vec_dot_type``, then ``ggml_vec_dot_*`` or
+llamafile's sgemm), which is what our ``ggml`` numerics mode emulates. Turn it on to benchmark llama.cpp's fastest
+CPU path where it works; it is recorded in ``model_info``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import time
+from collections.abc import Iterable
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from gguf import LlamaFileType
+from llama_cpp import llama_cpp as ll
+
+from inference_engine.errors import GGUFParityError
+from inference_engine.gguf_file import GGUF_MAGIC, GGUFFile, open_gguf, sha256_of_file
+from validation.ggml_ctypes import check_layout
+from validation.llamacpp.capture import GraphNode, GraphRecorder
+from validation.llamacpp.library import (
+    build_info,
+    clear_log,
+    init_backend,
+    last_error,
+    recent_log,
+    set_llama_logging,
+)
+
+KV_TYPES: dict[str, int] = {"f32": ll.GGML_TYPE_F32, "f16": ll.GGML_TYPE_F16}
+FLASH_ATTN: dict[str, int] = {
+    "off": ll.LLAMA_FLASH_ATTN_TYPE_DISABLED,
+    "on": ll.LLAMA_FLASH_ATTN_TYPE_ENABLED,
+    "auto": ll.LLAMA_FLASH_ATTN_TYPE_AUTO,
+}
+
+
+def parse_kv_type(kv_type: str) -> str:
+    key = str(kv_type).lower()
+    if key not in KV_TYPES:
+        raise GGUFParityError(f"unsupported KV cache type '{kv_type}'; supported: {', '.join(KV_TYPES)}")
+    return key
+
+
+def parse_flash_attn(flash_attn: bool | str | None) -> str:
+    """True/False or "on"/"off"/"auto" (None means "auto", llama.cpp's default)."""
+    if flash_attn is None:
+        return "auto"
+    if isinstance(flash_attn, bool):
+        return "on" if flash_attn else "off"
+    key = str(flash_attn).lower()
+    if key not in FLASH_ATTN:
+        raise GGUFParityError(f"unsupported flash attention setting '{flash_attn}'; supported: on, off, auto")
+    return key
+
+
+def check_model_path(path: Path) -> None:
+    """The cheap file checks, with the same one-line messages as ``open_gguf``, before llama.cpp sees the file."""
+    if not path.exists():
+        raise GGUFParityError(f"{path}: no such file")
+    if path.is_dir():
+        raise GGUFParityError(f"{path}: is a directory, expected a .gguf file")
+    if path.stat().st_size == 0:
+        raise GGUFParityError(f"{path}: file is empty, expected a .gguf file")
+    with open(path, "rb") as fh:
+        magic = fh.read(4)
+    if magic != GGUF_MAGIC:
+        raise GGUFParityError(f"{path}: not a GGUF file (magic {magic!r}, expected {GGUF_MAGIC!r})")
+
+
+def _positive_int(value: Any, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or int(value) <= 0:
+        raise GGUFParityError(f"{what} must be a positive integer, got {value!r}")
+    return int(value)
+
+
+class LlamaCppEngine:
+    """The Engine protocol over llama.cpp (CPU), with per-tensor capture of its compute graph."""
+
+    name = "llamacpp"
+
+    def __init__(
+        self,
+        model_path: str | os.PathLike,
+        n_ctx: int = 2048,
+        n_threads: int | None = None,
+        n_batch: int = 512,
+        kv_type: str = "f32",
+        flash_attn: bool | str | None = False,
+        extra_bufts: bool = False,
+        verbose: bool = False,
+    ):
+        self._model = None
+        self._ctx = None
+        self._batch = None
+        self._capture_ctx = None
+        self._capture_batch = None
+        self._capture_capacity = 0
+        self._capture_n_tokens = 0
+        self._recorder: GraphRecorder | None = None
+
+        self.path = Path(model_path)
+        self._n_ctx = _positive_int(n_ctx, "n_ctx")
+        self.n_threads = _positive_int(n_threads if n_threads is not None else (os.cpu_count() or 1), "n_threads")
+        self.n_batch = _positive_int(n_batch, "n_batch")
+        self.kv_type = parse_kv_type(kv_type)
+        self.flash_attn = parse_flash_attn(flash_attn)
+        self.extra_bufts = bool(extra_bufts)
+        self.verbose = verbose
+        self._n_past = 0
+
+        t0 = time.perf_counter()
+        set_llama_logging(verbose)
+        init_backend()
+        check_layout()
+        check_model_path(self.path)
+        params = ll.llama_model_default_params()
+        params.use_extra_bufts = self.extra_bufts
+        clear_log()
+        self._model = ll.llama_model_load_from_file(str(self.path).encode(), params)
+        if not self._model:
+            open_gguf(self.path)  # our reader's one-line reason (truncated file, bad tensor type...) where it has one
+            reason = last_error() or "see its log with verbose=True"
+            raise GGUFParityError(f"{self.path}: llama.cpp could not load this model ({reason})")
+        t1 = time.perf_counter()
+        self._vocab = ll.llama_model_get_vocab(self._model)
+        self._n_vocab = int(ll.llama_vocab_n_tokens(self._vocab))
+        clear_log()
+        self._ctx = self._new_context(self._n_ctx, self.n_batch, n_outputs_max=1)
+        self.flash_attn_resolved = _resolved_flash_attn(self.flash_attn, recent_log())
+        self._batch = ll.llama_batch_init(self.n_batch, 0, 1)
+        t2 = time.perf_counter()
+        self.load_timings: dict[str, float] = {"model_load_s": t1 - t0, "context_create_s": t2 - t1}
+
+    # --- contexts -------------------------------------------------------------------------------------------------
+    def _new_context(self, n_ctx: int, n_batch: int, n_outputs_max: int, recorder: GraphRecorder | None = None):
+        p = ll.llama_context_default_params()
+        p.n_ctx = n_ctx
+        p.n_batch = n_batch
+        p.n_ubatch = n_batch  # one micro-batch per llama_decode call: a chunk is computed as one graph
+        p.n_seq_max = 1
+        p.n_outputs_max = n_outputs_max  # compute buffers sized for the logits rows we ask for
+        p.n_threads = self.n_threads
+        p.n_threads_batch = self.n_threads
+        p.type_k = KV_TYPES[self.kv_type]
+        p.type_v = KV_TYPES[self.kv_type]
+        p.flash_attn_type = FLASH_ATTN[self.flash_attn]
+        if recorder is not None:
+            p.cb_eval = recorder.callback
+            p.cb_eval_user_data = None
+        ctx = ll.llama_init_from_model(self._model, p)
+        if not ctx:
+            raise GGUFParityError(
+                f"{self.path}: llama.cpp could not create a context (n_ctx={n_ctx}, n_batch={n_batch}, "
+                f"kv_type={self.kv_type}, flash_attn={self.flash_attn})"
+            )
+        return ctx
+
+    def _ensure_capture_context(self, n_tokens: int) -> None:
+        if self._capture_ctx is not None and self._capture_capacity >= n_tokens:
+            return
+        self._free_capture_context()
+        self._recorder = GraphRecorder()
+        self._capture_ctx = self._new_context(n_tokens, n_tokens, n_outputs_max=n_tokens, recorder=self._recorder)
+        self._capture_batch = ll.llama_batch_init(n_tokens, 0, 1)
+        self._capture_capacity = n_tokens
+
+    def _free_capture_context(self) -> None:
+        if self._capture_batch is not None:
+            ll.llama_batch_free(self._capture_batch)
+            self._capture_batch = None
+        if self._capture_ctx is not None:
+            ll.llama_free(self._capture_ctx)
+            self._capture_ctx = None
+        self._capture_capacity = 0
+        self._capture_n_tokens = 0
+        self._recorder = None  # after llama_free: the context no longer holds the function pointer
+
+    # --- Engine protocol: identity ---------------------------------------------------------------------------------
+    @property
+    def n_vocab(self) -> int:
+        return self._n_vocab
+
+    @property
+    def n_ctx(self) -> int:
+        """The context the caller asked for (llama.cpp rounds its allocation up to a multiple of 256)."""
+        return self._n_ctx
+
+    @property
+    def n_past(self) -> int:
+        """Tokens in the KV cache: the position the next token gets."""
+        return self._n_past
+
+    @cached_property
+    def sha256(self) -> str:
+        return sha256_of_file(self.path)
+
+    @cached_property
+    def gguf(self) -> GGUFFile:
+        """Our reader's view of the file (opened on first use: parsing a 262k-token vocabulary takes seconds)."""
+        return open_gguf(self.path)
+
+    def meta(self, key: str) -> str | None:
+        """A GGUF metadata value as llama.cpp read it (as a string), or None."""
+        self._require_open()
+        buf = ctypes.create_string_buffer(1024)
+        n = ll.llama_model_meta_val_str(self._model, key.encode(), buf, len(buf))
+        return buf.value.decode("utf-8", "replace") if n >= 0 else None
+
+    def _quant_name(self) -> str:
+        file_type = self.meta("general.file_type")
+        try:
+            return LlamaFileType(int(file_type)).name.removeprefix("MOSTLY_")
+        except (TypeError, ValueError):
+            return self.gguf.file_type_name
+
+    @property
+    def model_info(self) -> dict[str, Any]:
+        self._require_open()
+        desc = ctypes.create_string_buffer(256)
+        ll.llama_model_desc(self._model, desc, len(desc))
+        return {
+            "engine": self.name,
+            "file": str(self.path),
+            "file_name": self.path.name,
+            "file_size": self.path.stat().st_size,
+            "sha256": self.sha256,
+            "architecture": self.meta("general.architecture"),
+            "model_type": desc.value.decode("utf-8", "replace"),
+            "quant": self._quant_name(),
+            "n_params": int(ll.llama_model_n_params(self._model)),
+            "model_size": int(ll.llama_model_size(self._model)),
+            "n_vocab": self.n_vocab,
+            "n_layer": int(ll.llama_model_n_layer(self._model)),
+            "n_embd": int(ll.llama_model_n_embd(self._model)),
+            "n_ctx_train": int(ll.llama_model_n_ctx_train(self._model)),
+            "n_ctx": self.n_ctx,
+            "n_ctx_allocated": int(ll.llama_n_ctx(self._ctx)),
+            "n_batch": self.n_batch,
+            "n_threads": self.n_threads,
+            "n_threads_batch": self.n_threads,
+            "kv_type": self.kv_type,
+            "flash_attn": self.flash_attn,
+            "flash_attn_resolved": self.flash_attn_resolved,
+            "extra_bufts": self.extra_bufts,
+            "backend": "llama.cpp CPU",
+            "numerics": "ggml",
+            "load_timings": dict(self.load_timings),
+            **build_info(),
+        }
+
+    # --- Engine protocol: tokens ------------------------------------------------------------------------------------
+    def tokenize(self, text: str, add_bos: bool = True) -> list[int]:
+        """The model vocab's tokens of ``text``, special tokens (``<|im_start|>``) parsed as such.
+
+        Equal to ``llama_cpp.Llama.tokenize(text.encode(), add_bos=add_bos, special=True)``.
+        """
+        self._require_open()
+        data = text.encode("utf-8")
+        capacity = len(data) + 8
+        while True:
+            buf = (ll.llama_token * capacity)()
+            n = ll.llama_tokenize(self._vocab, data, len(data), buf, capacity, add_bos, True)
+            if n >= 0:
+                return list(buf[:n])
+            capacity = -n
+
+    def detokenize(self, ids: Iterable[int], special: bool = True) -> str:
+        """Text of ``ids`` as llama.cpp's ``common_detokenize`` gives it (special tokens rendered by default)."""
+        return self.detokenize_bytes(ids, special).decode("utf-8", "replace")
+
+    def detokenize_bytes(self, ids: Iterable[int], special: bool = True) -> bytes:
+        self._require_open()
+        tokens = self._check_ids(list(ids), allow_empty=True)
+        arr = (ll.llama_token * max(len(tokens), 1))(*tokens)
+        capacity = 16 * len(tokens) + 16
+        while True:
+            buf = ctypes.create_string_buffer(capacity)
+            n = ll.llama_detokenize(self._vocab, arr, len(tokens), buf, capacity, False, special)
+            if n >= 0:
+                return buf.raw[:n]
+            capacity = -n
+
+    def token_to_piece(self, token_id: int, special: bool = True) -> bytes:
+        """One token's bytes (a piece may be part of a UTF-8 character)."""
+        self._require_open()
+        (token,) = self._check_ids([token_id])
+        capacity = 64
+        while True:
+            buf = ctypes.create_string_buffer(capacity)
+            n = ll.llama_token_to_piece(self._vocab, token, buf, capacity, 0, special)
+            if n >= 0:
+                return buf.raw[:n]
+            capacity = -n
+
+    # --- Engine protocol: running -----------------------------------------------------------------------------------
+    def reset(self) -> None:
+        self._require_open()
+        ll.llama_memory_clear(ll.llama_get_memory(self._ctx), True)
+        self._n_past = 0
+
+    def prefill(self, ids: list[int]) -> np.ndarray:
+        """Append ``ids`` in chunks of ``n_batch``; only the very last position asks for logits."""
+        self._require_open()
+        tokens = self._check_ids(list(ids))
+        self._check_room(len(tokens))
+        for start in range(0, len(tokens), self.n_batch):
+            chunk = tokens[start : start + self.n_batch]
+            is_last = start + len(chunk) == len(tokens)
+            _fill_batch(self._batch, chunk, self._n_past, all_logits=False, last_logits=is_last)
+            self._decode(self._ctx, self._batch)
+            self._n_past += len(chunk)
+        return self._last_logits(self._ctx)
+
+    def decode(self, token_id: int) -> np.ndarray:
+        self._require_open()
+        tokens = self._check_ids([token_id])
+        self._check_room(1)
+        _fill_batch(self._batch, tokens, self._n_past, all_logits=False, last_logits=True)
+        self._decode(self._ctx, self._batch)
+        self._n_past += 1
+        return self._last_logits(self._ctx)
+
+    # --- capture -------------------------------------------------------------------------------------------------
+    def capture(self, ids: list[int], names: Iterable[str] | None = None) -> dict[str, np.ndarray]:
+        """Fresh cache, one prefill of ``ids`` as a single micro-batch with logits for every position.
+
+        Returns ``{graph name: float32 array}`` in evaluation order (see ``protocol.py`` for the shapes).
+        ``names`` limits what is copied; names the graph does not produce are simply absent.
+        The run context's KV cache is untouched.
+        """
+        self._run_capture(ids, names)
+        assert self._recorder is not None
+        return self._recorder.tensors
+
+    def graph_nodes(self, ids: list[int]) -> list[GraphNode]:
+        """Every node llama.cpp evaluates for a prefill of ``ids``, named or not, in order (for diagnostics)."""
+        self._run_capture(ids, names=())
+        assert self._recorder is not None
+        return list(self._recorder.nodes)
+
+    def graph_names(self, ids: list[int]) -> list[str]:
+        """The names ``capture`` returns for ``ids``, in evaluation order (each once)."""
+        return list(dict.fromkeys(node.name for node in self.graph_nodes(ids) if node.kept))
+
+    def capture_logits(self) -> np.ndarray:
+        """``(n_tokens, n_vocab)`` logits of the last capture, as llama.cpp hands them out (``llama_get_logits``)."""
+        self._require_open()
+        if self._capture_ctx is None or not self._capture_n_tokens:
+            raise GGUFParityError("no capture has run yet")
+        n = self._capture_n_tokens
+        ptr = ll.llama_get_logits(self._capture_ctx)
+        return np.ctypeslib.as_array(ptr, shape=(n, self.n_vocab)).copy()
+
+    def _run_capture(self, ids: list[int], names: Iterable[str] | None) -> None:
+        self._require_open()
+        tokens = self._check_ids(list(ids))
+        if len(tokens) > self.n_ctx:
+            raise GGUFParityError(f"prompt of {len(tokens)} tokens does not fit the context of {self.n_ctx}")
+        self._ensure_capture_context(len(tokens))
+        assert self._recorder is not None
+        ll.llama_memory_clear(ll.llama_get_memory(self._capture_ctx), True)
+        _fill_batch(self._capture_batch, tokens, 0, all_logits=True, last_logits=True)
+        self._recorder.start(names)
+        try:
+            self._decode(self._capture_ctx, self._capture_batch)
+        finally:
+            self._recorder.stop()
+        self._capture_n_tokens = len(tokens)
+
+    # --- helpers ------------------------------------------------------------------------------------------------
+    def _check_ids(self, ids: list[int], allow_empty: bool = False) -> list[int]:
+        if not ids and not allow_empty:
+            raise GGUFParityError("no tokens given: a prompt needs at least one token")
+        out = []
+        for t in ids:
+            if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or not 0 <= int(t) < self.n_vocab:
+                raise GGUFParityError(f"token id {t!r} is not in this model's vocabulary (0..{self.n_vocab - 1})")
+            out.append(int(t))
+        return out
+
+    def _check_room(self, n_new: int) -> None:
+        if self._n_past + n_new > self.n_ctx:
+            raise GGUFParityError(
+                f"{n_new} more tokens after {self._n_past} do not fit the context of {self.n_ctx} tokens "
+                f"(reset() or a larger n_ctx)"
+            )
+
+    @staticmethod
+    def _decode(ctx, batch) -> None:
+        rc = ll.llama_decode(ctx, batch)
+        if rc != 0:
+            raise RuntimeError(f"llama_decode failed with code {rc}")
+
+    def _last_logits(self, ctx) -> np.ndarray:
+        ptr = ll.llama_get_logits_ith(ctx, -1)
+        if not ptr:
+            raise RuntimeError("llama.cpp returned no logits")
+        return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)).copy()
+
+    def _require_open(self) -> None:
+        if self._model is None:
+            raise GGUFParityError("this llama.cpp engine is closed")
+
+    # --- lifetime -------------------------------------------------------------------------------------------
+    def close(self) -> None:
+        self._free_capture_context()
+        if self._batch is not None:
+            ll.llama_batch_free(self._batch)
+            self._batch = None
+        if self._ctx is not None:
+            ll.llama_free(self._ctx)
+            self._ctx = None
+        if self._model is not None:
+            ll.llama_model_free(self._model)
+            self._model = None
+
+    def __enter__(self) -> LlamaCppEngine:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def __repr__(self) -> str:
+        return (
+            f"LlamaCppEngine({str(self.path)!r}, n_ctx={self._n_ctx}, n_threads={self.n_threads}, "
+            f"n_batch={self.n_batch}, kv_type={self.kv_type!r}, flash_attn={self.flash_attn!r}, "
+            f"extra_bufts={self.extra_bufts})"
+        )
+
+
+def _resolved_flash_attn(setting: str, log: list[str]) -> str:
+    """What "auto" became: llama.cpp decides at context creation and says so only in its log
+    (``resolve_fused_ops: Flash Attention enabled`` / ``... not supported, set to disabled``)."""
+    if setting != "auto":
+        return setting
+    for line in log:
+        if "Flash Attention" in line and "resolve_fused_ops" in line:
+            return "off" if "disabled" in line else "on"
+    return "auto"
+
+
+def _fill_batch(batch, tokens: list[int], pos0: int, all_logits: bool, last_logits: bool) -> None:
+    """One sequence (id 0), consecutive positions from ``pos0``; which rows ask for logits."""
+    n = len(tokens)
+    batch.n_tokens = n
+    for i, tok in enumerate(tokens):
+        batch.token[i] = tok
+        batch.pos[i] = pos0 + i
+        batch.n_seq_id[i] = 1
+        batch.seq_id[i][0] = 0
+        batch.logits[i] = all_logits
+    batch.logits[n - 1] = all_logits or last_logits
