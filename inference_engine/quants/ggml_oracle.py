@@ -1,0 +1,180 @@
+"""A ctypes binding to llama.cpp's own CPU kernels: the exact oracle for ``ggml`` numerics.
+
+llama-cpp-python ships ``libggml-base.so`` and ``libggml-cpu.so`` in ``llama_cpp/lib/``. They export the very
+functions llama.cpp runs: ``quantize_row_q8_0/q8_1/q8_K`` (activation quantizers), ``ggml_cpu_fp32_to_fp16/bf16``,
+``ggml_vec_dot_<w>_<a>`` (one weight row against one quantized activation row) and ``ggml_vec_dot_f16/bf16/f32``
+(in libggml-cpu), and ``dequantize_row_<type>`` / ``ggml_fp16_to_fp32_row`` / ``ggml_bf16_to_fp32_row`` (in
+libggml-base). Our kernels are tested against these bit for bit (or to float rounding for dot products), the way
+gguf-py's own quant tests use libggml.
+
+Signatures (ggml/src/ggml-cpu/quants.h, vec.h, ggml-quants.h)::
+
+    void ggml_cpu_init(void);                                            // call first: fills the f16 tables
+    void quantize_row_q8_0(const float * x, void * y, int64_t k);
+    void ggml_vec_dot_q4_K_q8_K(int n, float * s, size_t bs, const void * x, size_t bx,
+                                const void * y, size_t by, int nrc);     // nrc = 1: strides unused
+    void dequantize_row_q4_K(const block_q4_K * x, float * y, int64_t k);
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.util
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+from gguf import GGMLQuantizationType as T
+
+from inference_engine.errors import GGUFParityError
+from inference_engine.quants.activations import ACTIVATION_BLOCKS
+from inference_engine.quants.base import quant_for
+
+_vp = ctypes.c_void_p
+
+_FROM_FLOAT = {
+    T.F16: "ggml_cpu_fp32_to_fp16",
+    T.BF16: "ggml_cpu_fp32_to_bf16",
+    T.Q8_0: "quantize_row_q8_0",
+    T.Q8_1: "quantize_row_q8_1",
+    T.Q8_K: "quantize_row_q8_K",
+}
+_TO_FLOAT = {T.F16: "ggml_fp16_to_fp32_row", T.BF16: "ggml_bf16_to_fp32_row"}
+
+
+def ggml_type_symbol(qtype: T) -> str:
+    """ggml's spelling of a type in symbol names: Q4_K -> q4_K, Q8_0 -> q8_0, F16 -> f16, BF16 -> bf16."""
+    name = T(int(qtype)).name
+    if name in ("F32", "F16", "BF16"):
+        return name.lower()
+    return name[0].lower() + name[1:]
+
+
+def llama_cpp_lib_dir() -> Path:
+    spec = importlib.util.find_spec("llama_cpp")
+    if spec is None or not spec.origin:
+        raise GGUFParityError("llama-cpp-python is not installed; the ggml oracle needs llama-cpp-python==0.3.36")
+    return Path(spec.origin).parent / "lib"
+
+
+def _ptr(a: np.ndarray) -> ctypes.c_void_p:
+    return a.ctypes.data_as(_vp)
+
+
+class GGMLOracle:
+    """llama.cpp's CPU kernels through ctypes. Use :func:`get_oracle` (loads and initialises once)."""
+
+    def __init__(self, lib_dir: str | Path | None = None):
+        lib_dir = Path(lib_dir) if lib_dir else llama_cpp_lib_dir()
+        try:
+            self.base = ctypes.CDLL(str(lib_dir / "libggml-base.so"), mode=ctypes.RTLD_GLOBAL)
+            self.cpu = ctypes.CDLL(str(lib_dir / "libggml-cpu.so"), mode=ctypes.RTLD_GLOBAL)
+        except OSError as exc:
+            raise GGUFParityError(f"cannot load libggml from {lib_dir}: {exc}") from None
+        self.lib_dir = lib_dir
+        self.cpu.ggml_cpu_init.restype = None
+        self.cpu.ggml_cpu_init()
+
+    def _fn(self, lib: ctypes.CDLL, name: str):
+        """A void C function by name (ctypes caches the attribute, so repeated look-ups are cheap)."""
+        try:
+            fn = getattr(lib, name)
+        except AttributeError:
+            raise GGUFParityError(f"{self.lib_dir}: libggml does not export {name}") from None
+        fn.restype = None
+        return fn
+
+    # --- activations ----------------------------------------------------------------------------------------
+    def quantize_row(self, vec_dot_type: T, x: np.ndarray) -> np.ndarray:
+        """One float32 row -> ggml's bytes for ``vec_dot_type`` (uint8), via the CPU backend's from_float."""
+        vec_dot_type = T(int(vec_dot_type))
+        x = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
+        if vec_dot_type == T.F32:
+            return x.view(np.uint8).copy()
+        block, size = ACTIVATION_BLOCKS[vec_dot_type]
+        out = np.zeros(x.size // block * size, dtype=np.uint8)
+        fn = self._fn(self.cpu, _FROM_FLOAT[vec_dot_type])
+        fn(_ptr(x), _ptr(out), ctypes.c_int64(x.size))
+        return out
+
+    def quantize_rows(self, vec_dot_type: T, x: np.ndarray) -> np.ndarray:
+        x = np.asarray(x, dtype=np.float32)
+        return np.stack([self.quantize_row(vec_dot_type, row) for row in x.reshape(-1, x.shape[-1])])
+
+    # --- weights --------------------------------------------------------------------------------------------
+    def dequantize_row(self, qtype: T, raw: np.ndarray) -> np.ndarray:
+        """One weight row (uint8 bytes) -> float32, via libggml-base's dequantize_row_<type>."""
+        qtype = T(int(qtype))
+        raw = np.ascontiguousarray(raw).view(np.uint8).reshape(-1)
+        n = quant_for(qtype).n_cols(raw.size)
+        if qtype == T.F32:
+            return raw.view(np.float32).copy()
+        out = np.zeros(n, dtype=np.float32)
+        name = _TO_FLOAT.get(qtype, f"dequantize_row_{ggml_type_symbol(qtype)}")
+        fn = self._fn(self.base, name)
+        fn(_ptr(raw), _ptr(out), ctypes.c_int64(n))
+        return out
+
+    # --- dot products ---------------------------------------------------------------------------------------
+    @staticmethod
+    def vec_dot_name(weight_type: T) -> str:
+        """ggml_vec_dot_f16 for the float types, ggml_vec_dot_<w>_<vec_dot_type> for the quantized ones."""
+        quant = quant_for(weight_type)
+        if quant.qtype in (T.F32, T.F16, T.BF16):
+            return f"ggml_vec_dot_{ggml_type_symbol(quant.qtype)}"
+        return f"ggml_vec_dot_{ggml_type_symbol(quant.qtype)}_{ggml_type_symbol(quant.vec_dot_type)}"
+
+    def vec_dot(self, weight_type: T, weight_row: np.ndarray, act_row: np.ndarray) -> float:
+        """ggml's dot of one weight row with one activation row already in the weight's vec_dot_type bytes."""
+        weight_type = T(int(weight_type))
+        w = np.ascontiguousarray(weight_row).view(np.uint8).reshape(-1)
+        a = np.ascontiguousarray(act_row).view(np.uint8).reshape(-1)
+        n = quant_for(weight_type).n_cols(w.size)
+        fn = self._fn(self.cpu, self.vec_dot_name(weight_type))
+        s = ctypes.c_float(0.0)
+        fn(
+            ctypes.c_int(n),
+            ctypes.byref(s),
+            ctypes.c_size_t(0),
+            _ptr(w),
+            ctypes.c_size_t(0),
+            _ptr(a),
+            ctypes.c_size_t(0),
+            ctypes.c_int(1),
+        )
+        return float(s.value)
+
+    def matmul(self, weight_type: T, weight_rows: np.ndarray, x: np.ndarray) -> np.ndarray:
+        """``x (T, K) @ W.T`` the way ggml's vec_dot path computes it: quantize each row, one vec_dot per output."""
+        weight_type = T(int(weight_type))
+        vdt = quant_for(weight_type).vec_dot_type
+        x = np.atleast_2d(np.asarray(x, dtype=np.float32))
+        w = np.ascontiguousarray(weight_rows).view(np.uint8)
+        y = np.empty((x.shape[0], w.shape[0]), dtype=np.float32)
+        for i, row in enumerate(x):
+            act = self.quantize_row(vdt, row)
+            for j in range(w.shape[0]):
+                y[i, j] = self.vec_dot(weight_type, w[j], act)
+        return y
+
+
+@lru_cache(maxsize=1)
+def get_oracle() -> GGMLOracle:
+    return GGMLOracle()
+
+
+@lru_cache(maxsize=1)
+def llamacpp_has_amx() -> bool:
+    """Whether the installed libggml-cpu was built with AMX kernels (ggml_cpu_has_amx_int8)."""
+    oracle = get_oracle()
+    oracle.cpu.ggml_cpu_has_amx_int8.restype = ctypes.c_int
+    return bool(oracle.cpu.ggml_cpu_has_amx_int8())
+
+
+def oracle_available() -> tuple[bool, str]:
+    """(True, "") when libggml loads; (False, why) otherwise, for tests to skip with a reason."""
+    try:
+        get_oracle()
+    except GGUFParityError as exc:
+        return False, str(exc)
+    return True, ""
