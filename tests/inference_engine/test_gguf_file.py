@@ -103,3 +103,19 @@ def test_describe_and_identity(tiny_model):
     assert f.arch_value("no.such.key", "fallback") == "fallback"
     with pytest.raises(GGUFParityError, match="missing tensor 'output.weight'"):
         f.tensor("output.weight")  # tied: gemma3 reuses token_embd
+
+
+def test_fast_reader_fields_equal_gguf_py(tiny_model):
+    """Our one-pass metadata parser gives exactly what gguf-py's stock reader gives, tensors included."""
+    from gguf import GGUFReader
+
+    from inference_engine.gguf_file import FastGGUFReader
+
+    path = tiny_model("gemma3", "Q4_K", vocab="spm")
+    stock, fast = GGUFReader(path), FastGGUFReader(path)
+    assert list(stock.fields) == list(fast.fields)
+    for key, field in stock.fields.items():
+        assert fast.fields[key].contents() == field.contents(), key
+    assert [(t.name, int(t.data_offset), t.tensor_type) for t in fast.tensors] == [
+        (t.name, int(t.data_offset), t.tensor_type) for t in stock.tensors
+    ]
