@@ -43,7 +43,7 @@ class LazyGroup(click.Group):
     def get_command(self, ctx, name):
         target = COMMANDS.get(name)
         if target is None:
-            return None
+            return super().get_command(ctx, name)  # commands added with add_command (plugins, tests)
         module_name, attr = target.split(":")
         return getattr(importlib.import_module(module_name), attr)
 
@@ -61,7 +61,8 @@ def cli() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     try:
-        cli.main(args=argv, prog_name="bench-compare", standalone_mode=False)
+        # With standalone_mode=False, click returns a command's ctx.exit(code) as the return value.
+        returned = cli.main(args=argv, prog_name="bench-compare", standalone_mode=False)
     except GGUFParityError as exc:
         click.echo(f"error: {exc}", err=True)
         return exc.exit_code
@@ -76,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         return exc.exit_code
     except click.exceptions.Exit as exc:
         return exc.exit_code
-    return 0
+    return returned if isinstance(returned, int) else 0
 
 
 def entry_point() -> None:
