@@ -1,0 +1,131 @@
+"""``bench-compare validate``: exit codes (0 pass, 1 fail, 2 bad input), the JSON schema, the report directory."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from validation_fakes import FakeEngine, Faults, TinyWeights, write_tiny_gguf
+
+from bench_compare.cli import main
+from validation import run as run_module
+
+WEIGHTS = TinyWeights(seed=11)
+
+TENSOR_FIELDS = {"name", "layer", "kind", "nmse", "cosine", "max_abs", "rel_l2", "threshold", "passed"}
+
+
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory):
+    return write_tiny_gguf(tmp_path_factory.mktemp("cmd") / "tiny.gguf", WEIGHTS)
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    path = tmp_path / "corpus.jsonl"
+    path.write_text("".join(json.dumps({"text": t}) + "\n" for t in ["hello world", "zebra crossing"]))
+    return str(path)
+
+
+@pytest.fixture
+def engines(monkeypatch):
+    """Route the command's engines to fakes; ``engines.faults`` injects a fault into ours."""
+
+    class Config:
+        faults = None
+
+    monkeypatch.setattr(run_module, "open_ours", lambda o, p: FakeEngine(WEIGHTS, Config.faults, name="ours"))
+    monkeypatch.setattr(run_module, "open_reference",
+                        lambda o, p: FakeEngine(WEIGHTS, name="ref", extra_taps=("kq",)))
+    return Config
+
+
+def _args(model_path, corpus, report, *extra):
+    return ["validate", "--model", model_path, "--corpus", corpus, "--report", str(report), "--smoke-tokens", "4",
+            *extra]
+
+
+def test_pass_exit_0_writes_report_and_json(model_path, corpus, engines, tmp_path, capsys):
+    report, json_path = tmp_path / "rep", tmp_path / "out" / "result.json"
+    assert main(_args(model_path, corpus, report, "--logit-lens", "--json", str(json_path))) == 0
+    out = capsys.readouterr().out
+    assert "PASS" in out and "worst tensors" in out and "per layer" in out
+    assert sorted(p.name for p in report.iterdir()) == ["per_layer_nmse.png", "report.md", "validate.json"]
+    assert (report / "per_layer_nmse.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    data = json.loads(json_path.read_text())
+    assert data == json.loads((report / "validate.json").read_text())
+    for key in ("passed", "backend", "numerics", "model", "against", "tensors", "unmatched", "first_failure",
+                "logits", "tokenizer", "smoke", "logit_lens", "versions", "git_sha", "date"):
+        assert key in data, key
+    assert data["passed"] is True and data["first_failure"] is None
+    assert data["backend"] == "numpy" and data["numerics"] == "ggml" and data["against"] == "llamacpp"
+    assert len(data["model"]["sha256"]) == 64
+    assert data["tensors"] and all(TENSOR_FIELDS <= set(t) for t in data["tensors"])
+    assert set(data["unmatched"]) == {"ours_only", "reference_only"}
+    assert {"kld_mean", "kld_max", "top1_agreement", "top5_overlap"} <= set(data["logits"])
+    assert {"cases", "mismatches", "first_mismatch"} <= set(data["tokenizer"]) and data["tokenizer"]["cases"] == 2
+    assert {"tokens", "matched", "first_divergence", "passed"} <= set(data["smoke"])
+    assert "# Validation" in (report / "report.md").read_text()
+
+
+def test_fail_exit_1_still_writes_the_report(model_path, corpus, engines, tmp_path, capsys):
+    engines.faults = Faults(rope_base={2: 123.0})
+    report = tmp_path / "rep"
+    assert main(_args(model_path, corpus, report)) == 1
+    err = capsys.readouterr().err
+    assert "validation failed" in err and "Qcur-2" in err and len(err.strip().splitlines()) == 1
+    data = json.loads((report / "validate.json").read_text())
+    assert data["passed"] is False and data["first_failure"] == "Qcur-2"
+    assert "FAIL" in (report / "report.md").read_text()
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--against", "vllm"], "unknown --against 'vllm'"),
+    (["--backend", "cuda"], "unknown --backend 'cuda'"),
+    (["--numerics", "f64"], "unknown --numerics 'f64'"),
+    (["--prompt", ""], "--prompt is empty"),
+])
+def test_bad_flags_exit_2_without_report(model_path, corpus, engines, tmp_path, capsys, extra, message):
+    report = tmp_path / "rep"
+    assert main(_args(model_path, corpus, report, *extra)) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err and len(err.strip().splitlines()) == 1
+    assert list(tmp_path.iterdir()) == [tmp_path / "corpus.jsonl"]  # nothing written, no temp dir left
+
+
+def test_bad_corpus_exit_2(model_path, engines, tmp_path, capsys):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("not json\n")
+    assert main(_args(model_path, str(bad), tmp_path / "rep")) == 2
+    assert "bad.jsonl:1: not valid JSON" in capsys.readouterr().err
+    assert not (tmp_path / "rep").exists()
+
+
+def test_zero_token_prompt_exit_2(model_path, corpus, engines, monkeypatch, tmp_path, capsys):
+    monkeypatch.setattr(run_module, "open_reference", lambda o, p: FakeEngine(WEIGHTS, add_bos=False))
+    assert main(_args(model_path, corpus, tmp_path / "rep", "--prompt", "\u20ac")) == 2
+    assert "tokenizes to zero tokens" in capsys.readouterr().err
+    assert not (tmp_path / "rep").exists()
+
+
+def test_missing_model_exit_2(corpus, engines, tmp_path, capsys):
+    assert main(_args(str(tmp_path / "nope.gguf"), corpus, tmp_path / "rep")) == 2
+    assert "no such file" in capsys.readouterr().err
+
+
+def test_non_empty_report_dir_is_refused_before_running(model_path, corpus, engines, tmp_path, capsys):
+    report = tmp_path / "rep"
+    report.mkdir()
+    (report / "old.txt").write_text("keep me")
+    assert main(_args(model_path, corpus, report)) == 2
+    assert "not empty" in capsys.readouterr().err
+    assert [p.name for p in report.iterdir()] == ["old.txt"]
+
+
+def test_reference_that_cannot_load_the_model_exit_2(model_path, corpus, tmp_path, capsys):
+    """The real llama.cpp on a GGUF it cannot load (the fake's file has no layer weights): one line, exit 2."""
+    pytest.importorskip("validation.llamacpp", reason="the llama.cpp reference engine has not landed")
+    assert main(_args(model_path, corpus, tmp_path / "rep")) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "rep").exists()

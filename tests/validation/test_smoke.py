@@ -1,0 +1,73 @@
+"""Greedy smoke: lockstep generation, the first divergence, near ties."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from validation_fakes import FakeEngine, Faults, ScriptedEngine
+
+from validation.smoke import NEAR_TIE_MARGIN, greedy_smoke
+
+V = 10
+
+
+def _logits(best: int, second: int | None = None, gap: float = 2.0, third: int | None = None, gap3: float = 3.0):
+    x = np.zeros(V, dtype=np.float32)
+    x[best] = 5.0
+    if second is not None:
+        x[second] = 5.0 - gap
+    if third is not None:
+        x[third] = 5.0 - gap3
+    return x
+
+
+def test_identical_engines_match_every_token():
+    a, b = FakeEngine(name="a"), FakeEngine(name="b")
+    ids = a.tokenize("hello world")
+    r = greedy_smoke(a, b, ids, 8)
+    assert r.passed and r.matched == 8 and r.first_divergence is None
+    assert r.ours_ids == r.reference_ids and len(r.ours_ids) == 8
+    assert a.ids == ids + r.ours_ids[:-1]  # each engine decoded the agreed tokens itself
+
+
+def test_near_tie_divergence_passes_and_stops_there():
+    ref = ScriptedEngine([_logits(3), _logits(4), _logits(5, second=7, gap=0.02), _logits(1)])
+    ours = ScriptedEngine([_logits(3), _logits(4), _logits(7, second=5, gap=0.01), _logits(1)])
+    r = greedy_smoke(ours, ref, [0, 1], 4)
+    assert r.matched == 2
+    div = r.first_divergence
+    assert div["step"] == 2 and div["reference_token"] == 5 and div["ours_token"] == 7
+    assert div["margin"] == pytest.approx(0.02, abs=1e-6) and div["reference_top2_margin"] == pytest.approx(0.02,
+                                                                                                           abs=1e-6)
+    assert div["near_tie"] and r.passed
+    assert ref.fed == [0, 1, 3, 4] and ours.fed == [0, 1, 3, 4]  # no decode after the divergence
+
+
+def test_clear_divergence_fails():
+    ref = ScriptedEngine([_logits(3, second=8, gap=1.0)])
+    ours = ScriptedEngine([_logits(8)])
+    r = greedy_smoke(ours, ref, [0], 3)
+    assert not r.passed and r.matched == 0
+    assert r.first_divergence["margin"] == pytest.approx(1.0)
+    assert r.first_divergence["margin"] >= NEAR_TIE_MARGIN
+
+
+def test_margin_is_to_our_token_not_the_runner_up():
+    # The reference's top two are nearly tied, but ours picked its third choice: not a near tie.
+    ref = ScriptedEngine([_logits(3, second=7, gap=0.01, third=9, gap3=1.5)])
+    ours = ScriptedEngine([_logits(9)])
+    div = greedy_smoke(ours, ref, [0], 2).first_divergence
+    assert div["reference_top2_margin"] == pytest.approx(0.01, abs=1e-6)
+    assert div["margin"] == pytest.approx(1.5)
+    assert not div["near_tie"]
+
+
+def test_a_biased_engine_fails_at_the_first_step():
+    ref = FakeEngine(name="ref")
+    ids = ref.tokenize("the cat")
+    first = greedy_smoke(FakeEngine(), ref, ids, 1).reference_ids[0]
+    other = (first + 1) % ref.n_vocab
+    ours = FakeEngine(faults=Faults(logit_bias={other: 1e3}))  # ours always says `other`
+    r = greedy_smoke(ours, ref, ids, 6)
+    assert r.first_divergence["step"] == 0 and r.first_divergence["ours_token"] == other
+    assert not r.first_divergence["near_tie"] and not r.passed

@@ -1,0 +1,179 @@
+"""End to end with the real engines: OurEngine against llama.cpp on the tiny fixtures and on the real models.
+
+* Fault injection: our engine with a wrong RoPE base in layer 1, or a permuted ``ffn_up`` weight in layer 1, is
+  validated against llama.cpp; ``first_failure`` must name exactly that layer and tensor.
+* The logit lens applied to llama.cpp's own last ``l_out`` must reproduce llama.cpp's ``result_output``.
+* Every architecture's fixture passes the tensor, logits and smoke checks at the issue's thresholds.
+* The real models (``slow``) pass at the issue's thresholds in both numerics modes.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from validation.metrics import tensor_metrics
+from validation.run import ValidateOptions, open_ours, open_reference, validate
+
+pytest.importorskip("validation.llamacpp", reason="the llama.cpp reference engine is not importable")
+pytest.importorskip("inference_engine.engine", reason="our engine is not importable")
+
+ARCHS = ("llama", "qwen2", "qwen3", "gemma3")
+# A short prompt (~12-16 tokens): RoPE at positions > 0, both gemma3 window types, fixture runs in about a second.
+PROMPT = "Hello world, the engines agree on 1234 tokens."
+SMOKE_TOKENS = 4
+# llama.cpp's result_output against the lens of its own last l_out on an F32 head: the lens does the same f32 RMS
+# norm and f32 matmul, differing only in summation order (float32 rounding: NMSE 8.7e-14..9.3e-14 measured on the
+# four F32 fixtures); a missing norm weight or a wrong head matrix changes the logits at order 1.
+LENS_VS_LLAMACPP_NMSE_MAX = 1e-10
+# The RoPE-base fault: layer 1 rotates with half the model's base.
+WRONG_ROPE_FACTOR = 0.5
+
+
+@pytest.fixture(scope="module")
+def one_text_corpus(tmp_path_factory):
+    """Tokenizer parity has its own test on the built-in corpus; elsewhere one text keeps the runs short."""
+    path = tmp_path_factory.mktemp("corpus") / "one.jsonl"
+    path.write_text(json.dumps({"text": PROMPT}) + "\n")
+    return str(path)
+
+
+def _options(model, numerics="ggml", smoke_tokens=SMOKE_TOKENS, **kw):
+    return ValidateOptions(model=str(model), backend="numpy", numerics=numerics, prompt=PROMPT,
+                           smoke_tokens=smoke_tokens, threads=2, **kw)
+
+
+def _with_wrong_rope_base(layer: int):
+    """Open our engine, then make its backend's RoPE use a wrong base in ``layer`` (Q and K: two calls per layer)."""
+
+    def opener(options, path):
+        engine = open_ours(options, path)
+        backend, model = engine.backend, engine.model
+        rope, forward = backend.rope, model.forward
+        calls = [0]
+
+        def wrong_rope(x, positions, **kw):
+            il = calls[0] // 2
+            calls[0] += 1
+            if il == layer:
+                kw = {**kw, "freq_base": kw["freq_base"] * WRONG_ROPE_FACTOR}
+            return rope(x, positions, **kw)
+
+        def counted_forward(*args, **kwargs):
+            calls[0] = 0
+            return forward(*args, **kwargs)
+
+        backend.rope = wrong_rope
+        model.forward = counted_forward
+        return engine
+
+    return opener
+
+
+def _with_permuted_ffn_up(layer: int):
+    """Open our engine, then reverse the output rows of ``blk.<layer>.ffn_up`` (a row-permuted weight)."""
+
+    def opener(options, path):
+        engine = open_ours(options, path)
+        backend = engine.backend
+        target = engine.model.layers[layer].ffn_up
+        matmul = backend.matmul
+
+        def permuted(w, x, *args, **kwargs):
+            out = matmul(w, x, *args, **kwargs)
+            return out[..., ::-1].copy() if w is target else out
+
+        backend.matmul = permuted
+        return engine
+
+    return opener
+
+
+@pytest.mark.parametrize("arch", ("llama", "gemma3"))
+def test_wrong_rope_base_in_layer_1_is_named(tiny_model, one_text_corpus, arch):
+    result = validate(_options(tiny_model(arch, "F32"), smoke_tokens=0, corpus=one_text_corpus),
+                      _with_wrong_rope_base(1))
+    assert result["first_failure"] == "Qcur-1", _worst(result)  # Q is roped (and tapped) before K
+    failed = {t["name"] for t in result["tensors"] if not t["passed"]}
+    assert "Kcur-1" in failed and "Vcur-1" not in failed
+    assert not result["passed"]
+
+
+@pytest.mark.parametrize("arch", ("llama", "qwen3"))
+def test_permuted_weight_in_layer_1_is_named(tiny_model, one_text_corpus, arch):
+    result = validate(_options(tiny_model(arch, "F32"), smoke_tokens=0, corpus=one_text_corpus),
+                      _with_permuted_ffn_up(1))
+    assert result["first_failure"] == "ffn_up-1", _worst(result)
+    assert not result["passed"]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_lens_reproduces_llamacpps_logits(tiny_model, arch):
+    from inference_engine.gguf_file import open_gguf
+    from validation.logit_lens import LogitLens
+
+    path = tiny_model(arch, "F32")
+    reference = open_reference(_options(path), path)
+    try:
+        cap = reference.capture(reference.tokenize(PROMPT))
+    finally:
+        reference.close()
+    last = max(int(n.rsplit("-", 1)[1]) for n in cap if n.startswith("l_out-"))
+    lens = LogitLens(open_gguf(path))
+    nmse = tensor_metrics(lens(cap[f"l_out-{last}"]), cap["result_output"])["nmse"]
+    assert nmse <= LENS_VS_LLAMACPP_NMSE_MAX
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("qtype, numerics", [("F32", "ggml"), ("Q8_0", "ggml"), ("Q4_K", "ggml"), ("Q4_K", "f32")])
+def test_fixture_passes_against_llamacpp(tiny_model, one_text_corpus, arch, qtype, numerics):
+    result = validate(_options(tiny_model(arch, qtype), numerics=numerics, logit_lens=True, corpus=one_text_corpus))
+    checks = result["checks"]
+    assert checks["tensors"] and checks["logits"] and checks["smoke"], _worst(result)
+    assert not result["unmatched"]["ours_only"]  # every tensor we tap, llama.cpp names too
+    layers = [row["layer"] for row in result["logit_lens"]]
+    assert layers == list(range(len(layers))) and len(layers) >= 2  # every layer's l_out, on both sides
+
+
+def test_tokenizer_parity_on_the_builtin_corpus(tiny_model):
+    result = validate(_options(tiny_model("llama", "F32"), smoke_tokens=0))
+    tok = result["tokenizer"]
+    assert tok["cases"] > 0
+    assert tok["mismatches"] == 0, tok["first_mismatch"]
+    assert tok["special_tokens"]["agree"], tok["special_tokens"]
+
+
+# Real models: each decode through our NumPy engine costs seconds on gemma3's 262k vocabulary, so two tokens.
+REAL_SMOKE_TOKENS = 2
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ("smollm2-135m", "gemma3-270m"))
+@pytest.mark.parametrize("numerics", ("ggml", "f32"))
+def test_real_model_passes_against_llamacpp(model, numerics):
+    # The full built-in corpus: the real vocabularies (GPT-2 BPE, SentencePiece) are where tokenizers differ.
+    result = validate(_options(model, numerics=numerics, smoke_tokens=REAL_SMOKE_TOKENS))
+    failed = [name for name, ok in result["checks"].items() if ok is False]
+    assert not failed, f"failed: {failed}; {_worst(result)}; tokenizer {result['tokenizer']['special_tokens']}"
+
+
+def _worst(result) -> str:
+    """The failure message: where it starts, the worst tensor, the logits summary."""
+    tensors = [t for t in result["tensors"] if isinstance(t["nmse"], float)]
+    worst = max(tensors, key=lambda t: t["nmse"]) if tensors else {"name": None, "nmse": None}
+    lg = result.get("logits", {})
+    return (f"first failure {result['first_failure']}, worst {worst['name']} NMSE {worst['nmse']}, threshold "
+            f"{result['thresholds']['tensor_nmse_max']}; KLD mean {lg.get('kld_mean')} max {lg.get('kld_max')}, "
+            f"top-1 {lg.get('top1_agreement')}; smoke {result.get('smoke') and result['smoke']['first_divergence']}")
+
+
+def test_numpy_against_numpy_is_exact(tiny_model, one_text_corpus):
+    """--against numpy: the same code path with two of our engines; identical backends agree bit for bit."""
+    result = validate(_options(tiny_model("qwen2", "Q4_K"), against="numpy", corpus=one_text_corpus))
+    assert result["passed"], result["checks"]
+    assert all(t["nmse"] == 0.0 for t in result["tensors"])
+    assert result["against"] == "numpy" and not result["unmatched"]["ours_only"]
+    assert not result["unmatched"]["reference_only"]
+    assert np.isclose(result["logits"]["kld_mean"], 0.0)

@@ -1,0 +1,67 @@
+"""The report directory is written whole or not at all; the text views render every check."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from validation_fakes import FakeEngine, Faults, TinyWeights, write_tiny_gguf
+
+from inference_engine.errors import GGUFParityError
+from validation import report as report_module
+from validation.report import default_report_dir, json_safe, markdown, write_report_dir
+from validation.run import ValidateOptions, validate
+
+WEIGHTS = TinyWeights(seed=5)
+
+
+@pytest.fixture(scope="module")
+def result(tmp_path_factory):
+    path = write_tiny_gguf(tmp_path_factory.mktemp("rep") / "tiny.gguf", WEIGHTS)
+    options = ValidateOptions(model=path, smoke_tokens=3, logit_lens=True)
+    import validation.run as run_module
+
+    original = run_module._load_corpus
+    run_module._load_corpus = lambda corpus: (["abc"], "test")
+    try:
+        return validate(options, lambda o, p: FakeEngine(WEIGHTS, Faults(rope_base={1: 99.0})),
+                        lambda o, p: FakeEngine(WEIGHTS))
+    finally:
+        run_module._load_corpus = original
+
+
+def test_failed_write_leaves_nothing_behind(result, tmp_path, monkeypatch):
+    def broken_plot(*args, **kwargs):
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(report_module, "plot_per_layer", broken_plot)
+    with pytest.raises(RuntimeError, match="disk full"):
+        write_report_dir(result, tmp_path / "rep")
+    assert list(tmp_path.iterdir()) == []  # neither the target nor the temporary directory
+
+
+def test_written_into_an_empty_existing_directory(result, tmp_path):
+    (tmp_path / "rep").mkdir()
+    out = write_report_dir(result, tmp_path / "rep")
+    assert sorted(p.name for p in out.iterdir()) == ["per_layer_nmse.png", "report.md", "validate.json"]
+    assert [p.name for p in tmp_path.iterdir()] == ["rep"]
+    with pytest.raises(GGUFParityError, match="not empty"):
+        write_report_dir(result, tmp_path / "rep")
+
+
+def test_default_dir_name(result, tmp_path):
+    d = default_report_dir(result, tmp_path)
+    assert d.parent == tmp_path and d.name.startswith("tiny-numpy-ggml-")
+
+
+def test_json_is_strict_json():
+    text = json.dumps(json_safe({"a": math.inf, "b": [math.nan, -math.inf], "c": 1.5}), allow_nan=False)
+    assert json.loads(text) == {"a": "inf", "b": ["nan", "-inf"], "c": 1.5}
+
+
+def test_markdown_names_the_failure_and_every_section(result):
+    md = markdown(result)
+    assert "FAIL" in md and "first failure: Qcur-1" in md
+    for heading in ("## Checks", "## Worst tensors", "## Per layer", "## Logit lens", "## Unmatched names"):
+        assert heading in md

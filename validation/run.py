@@ -1,0 +1,280 @@
+"""``validate``: hold one engine up against another, layer by layer, and say whether it passes.
+
+The command ``bench-compare validate`` only parses flags and calls :func:`validate`; everything else is here so a
+script or a test can run the same checks. The checks, all between *ours* and a *reference* engine (llama.cpp by
+default, or our NumPy backend with ``against="numpy"``: any two engines, one code path):
+
+1. tensors: one prefill of the prompt on each engine with every intermediate captured; :mod:`validation.diff`
+   matches them by llama.cpp graph name and gates each on NMSE (threshold by numerics mode, see
+   :mod:`validation.metrics`); the first failing tensor in graph order is named;
+2. logits: ``result_output`` at every prompt position: KLD mean/max, top-1 agreement, top-5 overlap;
+3. tokenizer parity on a corpus (built-in or JSONL);
+4. greedy smoke: N tokens from each engine's own decode loop (:mod:`validation.smoke`);
+5. optionally the logit lens per layer (:mod:`validation.logit_lens`, diagnostic).
+
+The prompt is tokenized by the *reference* and the same ids go to both engines, so a tokenizer difference shows up in
+check 3 and never disguises itself as a numerics difference in checks 1-2.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import importlib.metadata
+import os
+import platform
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from inference_engine.errors import GGUFParityError
+from inference_engine.protocol import Engine
+from validation.diff import diff_captures
+from validation.metrics import THRESHOLDS, logit_metrics, logits_pass, thresholds_for
+from validation.smoke import greedy_smoke
+from validation.tokenizer_parity import builtin_corpus, load_jsonl_corpus, tokenizer_parity
+
+AGAINST_CHOICES = ("llamacpp", "numpy")
+BACKEND_CHOICES = ("numpy", "numba", "mlx")
+NUMERICS_CHOICES = tuple(THRESHOLDS)
+DEFAULT_MODEL = "smollm2-135m"
+# Mixed prose, digits and punctuation: ~30 tokens, enough positions for per-position metrics and for RoPE to reach
+# angles where a wrong base shows, short enough to keep a NumPy prefill with every tensor captured to seconds.
+DEFAULT_PROMPT = ("The quick brown fox jumps over the lazy dog. In 1969, Apollo 11 landed on the Moon; "
+                  "the capital of France is")
+DEFAULT_SMOKE_TOKENS = 16
+# Keys of the reference engine's model_info that identify its build (llama.cpp's), copied into "versions".
+REFERENCE_BUILD_KEYS = ("llama_cpp_python", "llama_version", "ggml_version", "ggml_commit")
+# The context each engine is created with (both engines' own default): prompt plus smoke tokens must fit in it.
+DEFAULT_N_CTX = 2048
+
+
+@dataclass
+class ValidateOptions:
+    model: str = DEFAULT_MODEL
+    backend: str = "numpy"
+    numerics: str = "ggml"
+    prompt: str | None = None
+    against: str = "llamacpp"
+    logit_lens: bool = False
+    corpus: str | None = None
+    smoke_tokens: int = DEFAULT_SMOKE_TOKENS
+    threads: int | None = None
+    n_ctx: int = DEFAULT_N_CTX
+
+    def check(self) -> None:
+        """Reject bad choices before anything is loaded."""
+        _choice("--against", self.against, AGAINST_CHOICES)
+        _choice("--backend", self.backend, BACKEND_CHOICES)
+        _choice("--numerics", self.numerics, NUMERICS_CHOICES)
+        if self.smoke_tokens < 0:
+            raise GGUFParityError(f"--smoke-tokens must be 0 or more, got {self.smoke_tokens}")
+        if self.threads is not None and self.threads < 1:
+            raise GGUFParityError(f"--threads must be 1 or more, got {self.threads}")
+        if self.prompt is not None and not self.prompt.strip():
+            raise GGUFParityError("--prompt is empty; give some text to run through both engines")
+
+
+def _choice(flag: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise GGUFParityError(f"unknown {flag} '{value}'; supported: {', '.join(choices)}")
+
+
+# --- engines ----------------------------------------------------------------------------------------------------
+
+
+def open_reference(options: ValidateOptions, model_path: Path) -> Engine:
+    """llama.cpp (the cleanest reference: F32 KV cache, no flash attention) or our NumPy backend."""
+    if options.against == "numpy":
+        return _open_ours(model_path, "numpy", options)
+    from validation.llamacpp import LlamaCppEngine
+
+    try:
+        return LlamaCppEngine(str(model_path), n_ctx=options.n_ctx, n_threads=options.threads)
+    except GGUFParityError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - llama.cpp's own failures become one user-facing line
+        raise GGUFParityError(f"{model_path}: llama.cpp cannot load this model ({_one_line(exc)})") from None
+
+
+def open_ours(options: ValidateOptions, model_path: Path) -> Engine:
+    return _open_ours(model_path, options.backend, options)
+
+
+def _open_ours(model_path: Path, backend: str, options: ValidateOptions) -> Engine:
+    from inference_engine.engine import OurEngine
+
+    return OurEngine(str(model_path), backend=backend, numerics=options.numerics, n_ctx=options.n_ctx,
+                     n_threads=options.threads)
+
+
+# --- the checks -------------------------------------------------------------------------------------------------
+
+
+def validate(options: ValidateOptions, ours_opener: Callable | None = None,
+             reference_opener: Callable | None = None) -> dict[str, Any]:
+    """Resolve the model, open both engines, run every check; return the self-describing result dict.
+
+    ``ours_opener`` / ``reference_opener`` are ``(options, model_path) -> Engine``; tests pass their own (a
+    fault-injected engine); by default this module's :func:`open_ours` / :func:`open_reference`.
+    User mistakes raise :class:`GGUFParityError`, before any work is done where they can be seen early.
+    """
+    from inference_engine.gguf_file import open_gguf
+    from inference_engine.registry import resolve_model
+
+    options.check()
+    corpus_texts, corpus_source = _load_corpus(options.corpus)
+    model_path = resolve_model(options.model)
+    gguf = open_gguf(model_path)
+    reference = (reference_opener or open_reference)(options, model_path)
+    try:
+        ours = (ours_opener or open_ours)(options, model_path)
+        try:
+            return validate_engines(ours, reference, gguf, options, corpus_texts, corpus_source)
+        finally:
+            _close(ours)
+    finally:
+        _close(reference)
+
+
+def validate_engines(ours: Engine, reference: Engine, gguf, options: ValidateOptions,
+                     corpus_texts: list[str] | None = None, corpus_source: str = "builtin") -> dict[str, Any]:
+    """All checks between two open engines on one model file (the library core; no model loading here)."""
+    thresholds = thresholds_for(options.numerics)
+    prompt = options.prompt if options.prompt is not None else DEFAULT_PROMPT
+    ids = list(reference.tokenize(prompt, add_bos=True))
+    if not ids:
+        raise GGUFParityError(f"the prompt {prompt!r} tokenizes to zero tokens; give a longer prompt")
+    needed = len(ids) + options.smoke_tokens
+    if needed > min(ours.n_ctx, reference.n_ctx):
+        raise GGUFParityError(f"prompt ({len(ids)} tokens) plus --smoke-tokens ({options.smoke_tokens}) needs a "
+                              f"context of {needed}, more than the engines' {min(ours.n_ctx, reference.n_ctx)}")
+
+    captured_ref = reference.capture(ids)
+    captured_ours = ours.capture(ids)
+    diff = diff_captures(captured_ours, captured_ref, thresholds.tensor_nmse_max)
+    result: dict[str, Any] = {
+        "passed": False,
+        "checks": {},
+        "backend": options.backend,
+        "numerics": options.numerics,
+        "against": options.against,
+        "model": _model_identity(options.model, gguf),
+        "prompt": {"text": prompt, "ids": ids, "n_tokens": len(ids)},
+        "thresholds": thresholds.to_dict(),
+        **diff.to_dict(),
+    }
+    result["checks"]["tensors"] = diff.passed
+
+    result["logits"] = _logits_check(captured_ours, captured_ref, thresholds)
+    result["checks"]["logits"] = result["logits"]["passed"]
+
+    if options.logit_lens:
+        from validation.logit_lens import LogitLens, logit_lens
+
+        result["logit_lens"] = logit_lens(LogitLens(gguf), captured_ours, captured_ref)
+    del captured_ours, captured_ref
+
+    if corpus_texts is None:
+        result["tokenizer"] = {"source": "builtin", "skipped": "no built-in corpus available", "passed": None,
+                               "cases": 0, "mismatches": 0, "first_mismatch": None, "special_tokens": None}
+    else:
+        result["tokenizer"] = tokenizer_parity(ours, reference, corpus_texts, corpus_source).to_dict()
+    result["checks"]["tokenizer"] = result["tokenizer"]["passed"]
+
+    if options.smoke_tokens > 0:
+        result["smoke"] = greedy_smoke(ours, reference, ids, options.smoke_tokens).to_dict()
+        result["checks"]["smoke"] = result["smoke"]["passed"]
+    else:
+        result["smoke"] = None
+
+    # A check that did not run (None) does not fail the run; every check that ran must pass.
+    result["passed"] = all(v for v in result["checks"].values() if v is not None)
+    result["engines"] = {"ours": _info(ours), "reference": _info(reference)}
+    result.update(provenance(options.backend))
+    build = {k: v for k, v in result["engines"]["reference"].items() if k in REFERENCE_BUILD_KEYS}
+    if build:
+        result["versions"]["reference_build"] = build
+    return result
+
+
+def _logits_check(ours: dict, reference: dict, thresholds) -> dict[str, Any]:
+    missing = [side for side, cap in (("ours", ours), ("reference", reference)) if "result_output" not in cap]
+    if missing:
+        return {"passed": False, "error": f"result_output missing from the {' and '.join(missing)} capture"}
+    a, b = np.asarray(ours["result_output"]), np.asarray(reference["result_output"])
+    if a.shape != b.shape:
+        return {"passed": False, "error": f"result_output shape mismatch: ours {a.shape} vs reference {b.shape}"}
+    summary = logit_metrics(a, b)
+    summary["passed"] = logits_pass(summary, thresholds)
+    return summary
+
+
+def _load_corpus(corpus: str | None) -> tuple[list[str] | None, str]:
+    if corpus is not None:
+        return load_jsonl_corpus(corpus), str(corpus)
+    try:
+        return builtin_corpus(), "builtin"
+    except ImportError:
+        return None, "builtin"
+
+
+# --- identity ---------------------------------------------------------------------------------------------------
+
+
+def _model_identity(name_or_path: str, gguf) -> dict[str, Any]:
+    d = gguf.describe()
+    return {"name": name_or_path, "path": str(gguf.path), "sha256": gguf.sha256, "architecture": d["architecture"],
+            "quant": d["quant"], "n_params": d["n_params"], "size_bytes": d["size_bytes"]}
+
+
+def _info(engine: Engine) -> dict[str, Any]:
+    try:
+        return dict(engine.model_info)
+    except Exception as exc:  # noqa: BLE001 - provenance must never sink a finished validation
+        return {"error": _one_line(exc)}
+
+
+def provenance(backend: str | None = None) -> dict[str, Any]:
+    """Versions, git sha, date and machine: what every result records."""
+    packages = ["gguf-parity", "numpy", "gguf", "llama-cpp-python", "numba", "tokenizers", "sentencepiece"]
+    if backend == "mlx":
+        packages.append("mlx")
+    versions = {"python": platform.python_version()}
+    for pkg in packages:
+        try:
+            versions[pkg] = importlib.metadata.version(pkg)
+        except importlib.metadata.PackageNotFoundError:
+            versions[pkg] = None
+    return {
+        "versions": versions,
+        "git_sha": _git_sha(),
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "machine": {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
+                    "cpu_count": os.cpu_count()},
+    }
+
+
+def _git_sha() -> str | None:
+    repo = Path(__file__).resolve().parent.parent
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True, timeout=10)
+        if sha.returncode != 0:
+            return None
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=repo,
+                               capture_output=True, text=True, timeout=10)
+        return sha.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def _close(engine: Engine | None) -> None:
+    close = getattr(engine, "close", None)
+    if callable(close):
+        close()
+
+
+def _one_line(exc: BaseException) -> str:
+    return (" ".join(str(exc).split()) or type(exc).__name__)[:200]
