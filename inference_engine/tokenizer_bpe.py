@@ -1,0 +1,142 @@
+"""GPT-2-style byte-level BPE (``tokenizer.ggml.model == "gpt2"``) on the ``tokenizers`` library.
+
+llama.cpp splits text into words with a list of regexes chosen by ``tokenizer.ggml.pre`` (llm_tokenizer_bpe in
+src/llama-vocab.cpp; each regex further splits the pieces the previous one left, keeping both the matches and the
+text between them), byte-encodes each word with GPT-2's alphabet and merges symbol pairs by merge rank. That is
+a ``tokenizers`` pipeline: ``Split(regex, "isolated")`` steps, then ``ByteLevel`` without its own regex and a
+``BPE`` model over the GGUF's vocabulary and merges. The regexes below are copied verbatim from llama.cpp (llama.cpp
+runs some through hand-written matchers in src/unicode.cpp that implement the same regex). The regexes run on the
+text "collapsed" to llama.cpp's own Unicode classes (:mod:`inference_engine.tokenizer_unicode`), so that characters
+newer than the regex engine's Unicode tables split exactly as in llama.cpp.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tokenizers import Regex, Tokenizer
+from tokenizers import models as tk_models
+from tokenizers import pre_tokenizers as tk_pre
+
+from inference_engine.errors import GGUFParityError
+from inference_engine.tokenizer_unicode import collapse
+from inference_engine.tokenizer_vocab import GGUFVocab
+
+
+@dataclass(frozen=True)
+class PreTokenizerFamily:
+    """One llama.cpp ``LLAMA_VOCAB_PRE_TYPE_*``: its split regexes and the flags llama.cpp sets with it."""
+
+    name: str
+    regexes: tuple[str, ...]
+    ignore_merges: bool = False  # a word that is itself a token is not merged (llama3 family)
+    add_bos: bool = False  # llama.cpp's add_bos default when tokenizer.ggml.add_bos_token is absent
+
+
+_GPT2_REGEX = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
+_LLAMA3_REGEX = (
+    r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_QWEN2_REGEX = (
+    r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+DEFAULT = PreTokenizerFamily("DEFAULT", (r"[\p{P}\$\+<=>\^~\|]+", _GPT2_REGEX, r"\p{N}+", r"[0-9][0-9][0-9]"))
+LLAMA3 = PreTokenizerFamily("LLAMA3", (_LLAMA3_REGEX,), ignore_merges=True, add_bos=True)
+DBRX = PreTokenizerFamily("DBRX", (_LLAMA3_REGEX,))
+GPT2 = PreTokenizerFamily("GPT2", (_GPT2_REGEX,))
+STARCODER = PreTokenizerFamily("STARCODER", (r"\p{N}", _GPT2_REGEX))
+QWEN2 = PreTokenizerFamily("QWEN2", (_QWEN2_REGEX,))
+
+# tokenizer.ggml.pre -> family, for the values llama.cpp maps to these families with no other flag that changes
+# tokenization (llama_vocab::impl::load). An absent or empty value is llama.cpp's "default" (with a warning there).
+PRE_TOKENIZERS: dict[str, PreTokenizerFamily] = {
+    "default": DEFAULT,
+    **dict.fromkeys(
+        ("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2", "jina-v5-nano"),
+        LLAMA3,
+    ),
+    **dict.fromkeys(("dbrx", "smaug-bpe"), DBRX),
+    **dict.fromkeys(
+        (
+            "gpt-2",
+            "phi-2",
+            "gigachat",
+            "a.x-4.0",
+            "mellum",
+            "exaone4",
+            "mpt",
+            "olmo",
+            "jais",
+            "trillion",
+            "granite-docling",
+        ),
+        GPT2,
+    ),
+    **dict.fromkeys(
+        ("smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva-7b", "mellum2"), STARCODER
+    ),
+    **dict.fromkeys(
+        ("qwen2", "deepseek-r1-qwen", "kormo", "f2llmv2", "megrez", "stablelm2", "hunyuan", "solar-open"), QWEN2
+    ),
+}
+
+
+def pre_tokenizer_family(pre: str, path: str = "") -> PreTokenizerFamily:
+    family = PRE_TOKENIZERS.get(pre or "default")
+    if family is None:
+        raise GGUFParityError(
+            f"{path}: unsupported BPE pre-tokenizer tokenizer.ggml.pre='{pre}'; supported: "
+            + ", ".join(sorted(PRE_TOKENIZERS))
+        )
+    return family
+
+
+class ByteLevelBPE:
+    """Maps one plain-text fragment (special tokens already cut out) to llama.cpp's ids."""
+
+    def __init__(self, vocab: GGUFVocab, family: PreTokenizerFamily):
+        self.family = family
+        # Splitting runs on the collapsed text (see tokenizer_unicode), so it is a separate step from the model.
+        self._splitter = tk_pre.Sequence([tk_pre.Split(Regex(rx), behavior="isolated") for rx in family.regexes])
+        # A byte-level character missing from the vocabulary stays a symbol in llama.cpp (so it blocks merges across
+        # it) and is dropped at the end; an "unknown" stand-in outside the vocabulary does the same here.
+        self._oov_id = vocab.n_vocab
+        self._model = Tokenizer(_bpe_model(vocab, family, self._oov_id))
+        self._model.pre_tokenizer = tk_pre.ByteLevel(add_prefix_space=False, use_regex=False)
+
+    def words(self, text: str) -> list[str]:
+        """The pre-tokenizer's words: the regexes split the collapsed text, the cuts apply to ``text``."""
+        words, pos = [], 0
+        for piece, _ in self._splitter.pre_tokenize_str(collapse(text)):
+            words.append(text[pos : pos + len(piece)])
+            pos += len(piece)
+        return words
+
+    def encode(self, text: str) -> list[int]:
+        words = self.words(text)
+        if not words:
+            return []
+        ids = self._model.encode(words, is_pretokenized=True, add_special_tokens=False).ids
+        return [i for i in ids if i != self._oov_id]
+
+
+_OOV_TEXT = "\x00gguf-parity:oov\x00"
+
+
+def _bpe_model(vocab: GGUFVocab, family: PreTokenizerFamily, oov_id: int) -> tk_models.BPE:
+    token_ids = dict(vocab.text_to_id)
+    merges = []
+    for line in vocab.merges or ():
+        cut = line.find(" ", 1)  # llama.cpp splits at the first space after the first character
+        if cut < 0:
+            continue
+        left, right = line[:cut], line[cut + 1 :]
+        # tokenizers refuses a merge whose parts or result are not tokens. Vocabularies converted from Hugging Face
+        # never have one; llama.cpp would apply it and then drop the untokenizable result, which we do not mimic.
+        if left in token_ids and right in token_ids and left + right in token_ids:
+            merges.append((left, right))
+    token_ids[_OOV_TEXT] = oov_id
+    return tk_models.BPE(token_ids, merges, unk_token=_OOV_TEXT, fuse_unk=False, ignore_merges=family.ignore_merges)
