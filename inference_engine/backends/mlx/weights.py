@@ -1,0 +1,130 @@
+"""Weight matrices as the MLX backend holds them, one class per storage form, each callable as ``w(x) = x @ W.T``.
+
+Which form a GGUF tensor gets (:func:`prepare_matrix`), from cheapest to most expensive in memory:
+
+* :class:`AffineMatrix`: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K transcoded exactly to MLX's affine format
+  (``transcode.py``) and multiplied by ``mx.quantized_matmul``; no float copy of the weight ever exists.
+* :class:`MetalBlockMatrix`: Q2_K, Q3_K, Q6_K on Apple silicon: the GGUF blocks on the GPU, read by our Metal
+  kernels (``metal.py``).
+* :class:`DenseMatrix`: float32, for F32 / F16 / BF16 weights (converted exactly) and for Q2_K, Q3_K, Q6_K where
+  there is no Metal (dequantized exactly with gguf-py, as ggml's dequantize_row).
+
+Every form computes with exactly ggml's weight values; they differ only in float32 summation order.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+from gguf import GGMLQuantizationType as T
+
+from inference_engine.backends.mlx import metal
+from inference_engine.backends.mlx.transcode import AffineTensor, is_transcodable, transcode
+from inference_engine.errors import GGUFParityError
+from inference_engine.gguf_file import TensorInfo
+
+
+def _rows(t: TensorInfo) -> np.ndarray:
+    from inference_engine.quants import QuantType
+
+    if len(t.shape) != 2:
+        raise GGUFParityError(f"tensor '{t.name}' has shape {t.shape}; a matmul weight must be 2-D (n_out, n_in)")
+    return QuantType.as_byte_rows(np.asarray(t.raw))
+
+
+class AffineMatrix:
+    form = "mlx-affine"
+
+    def __init__(self, t: TensorInfo, affine: AffineTensor | None = None):
+        a = affine if affine is not None else transcode(_rows(t), t.qtype)
+        self.qtype, self.bits, self.group_size = t.qtype, a.bits, a.group_size
+        self.packed, self.scales, self.biases = mx.array(a.packed), mx.array(a.scales), mx.array(a.biases)
+        self.n_out, self.n_in = (int(v) for v in t.shape)
+
+    def dequantized(self) -> mx.array:
+        """The float32 weight ``(n_out, n_in)`` MLX computes with (tests compare it with gguf-py's values)."""
+        return mx.dequantize(self.packed, self.scales, self.biases, group_size=self.group_size, bits=self.bits)
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return mx.quantized_matmul(
+            x, self.packed, self.scales, self.biases, transpose=True, group_size=self.group_size, bits=self.bits
+        )
+
+    def __repr__(self) -> str:
+        return f"AffineMatrix({self.qtype.name}, bits={self.bits}, ({self.n_out}, {self.n_in}))"
+
+
+class MetalBlockMatrix:
+    form = "metal-kernel"
+
+    def __init__(self, t: TensorInfo):
+        self.qtype = t.qtype
+        self.blocks = mx.array(_rows(t))  # uint8 (n_out, row_bytes): the file's bytes
+        self.n_out, self.n_in = (int(v) for v in t.shape)
+
+    def dequantized(self) -> mx.array:
+        return metal.dequantize(self.qtype, self.blocks, self.n_out, self.n_in)
+
+    def __call__(self, x: mx.array) -> mx.array:
+        if x.shape[0] <= metal.MATVEC_MAX_TOKENS:
+            return metal.matvec(self.qtype, self.blocks, x, self.n_out, self.n_in)
+        return x @ self.dequantized().T  # prefill: one dequantization, then a float32 matmul
+
+    def __repr__(self) -> str:
+        return f"MetalBlockMatrix({self.qtype.name}, ({self.n_out}, {self.n_in}))"
+
+
+class DenseMatrix:
+    form = "float32"
+
+    def __init__(self, t: TensorInfo):
+        from inference_engine.quants import quant_for
+
+        _rows(t)  # shape check
+        self.qtype = t.qtype
+        w = quant_for(t.qtype).dequantize(np.asarray(t.raw)).reshape(t.shape)
+        # Stored transposed, (n_in, n_out): MLX's CPU matmul reads a contiguous right operand faster.
+        self.weight_t = mx.array(np.ascontiguousarray(w.T, dtype=np.float32))
+        self.n_out, self.n_in = (int(v) for v in t.shape)
+
+    def dequantized(self) -> mx.array:
+        return self.weight_t.T
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return x @ self.weight_t
+
+    def __repr__(self) -> str:
+        return f"DenseMatrix({self.qtype.name}, ({self.n_out}, {self.n_in}))"
+
+
+def matrix_form(qtype: T, use_metal: bool) -> type:
+    """The storage class a tensor of ``qtype`` gets."""
+    if is_transcodable(qtype):
+        return AffineMatrix
+    if use_metal and qtype in metal.KERNEL_TYPES:
+        return MetalBlockMatrix
+    return DenseMatrix
+
+
+def prepare_matrix(t: TensorInfo, use_metal: bool):
+    return matrix_form(t.qtype, use_metal)(t)
+
+
+class EmbeddingTable:
+    """Token embedding rows, dequantized on the host from the memory-mapped file when looked up.
+
+    ``get_rows`` touches a handful of rows per step; dequantizing them with gguf-py (exact, every type) costs
+    microseconds and keeps no second copy of the table on the device (tied models already hold it as the output
+    matrix).
+    """
+
+    def __init__(self, t: TensorInfo):
+        from inference_engine.quants import quant_for
+
+        self.tensor = t
+        self.quant = quant_for(t.qtype)
+        self.n_embd = int(t.shape[-1])
+
+    def __call__(self, ids: np.ndarray) -> mx.array:
+        rows = self.quant.dequantize(np.asarray(self.tensor.raw)[np.asarray(ids, dtype=np.int64)])
+        return mx.array(rows.reshape(len(ids), self.n_embd))

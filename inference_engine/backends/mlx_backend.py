@@ -1,0 +1,218 @@
+"""The MLX backend: the op set on Apple silicon's GPU (Metal), or on MLX's CPU build elsewhere (Linux CI).
+
+f32 numerics only: weights hold exactly ggml's dequantized values and every op computes in float32; the ``ggml``
+numerics (activations quantized to Q8 before each matmul, ggml's GELU table and expf) are the NumPy and Numba
+backends' job and are refused here with a one-line error.
+
+How each op maps to MLX, and why:
+
+* matmul: weights prepared by :mod:`inference_engine.backends.mlx.weights`: Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q5_K
+  transcoded exactly to MLX affine groups of 32 (float32 scales and biases) for ``mx.quantized_matmul``; Q2_K/Q3_K/
+  Q6_K through our Metal kernels on the GGUF blocks, or as dequantized float32 where there is no Metal; F32/F16/BF16
+  as float32. ``description`` lists what each loaded tensor became.
+* rms_norm: ``mx.fast.rms_norm`` (llama.cpp's semantics: ``x / sqrt(mean(x^2) + eps) * w``, eps inside the root;
+  it sums in float32 where ggml sums in double, a few 1e-7 relative).
+* rope: ggml's cos/sin tables exactly (:func:`~inference_engine.backends.numerics.rope_cos_sin`, built on the
+  host and cached), rotated with MLX element-wise ops (ggml contracts ``x0*cos - x1*sin`` into an FMA, MLX rounds
+  each product: at most one rounding apart). ``mx.fast.rope`` has the same pairing (``traditional=True`` is
+  llama's NORM style, ``False`` NEOX) but builds its angles as ``p * base**(-2i/d)`` in one rounding, not by
+  ggml's repeated float32 product; at position 1000 that moved values by ~1e-4 (one float32 ulp of the angle),
+  so it is not used.
+* attention: ``mx.fast.scaled_dot_product_attention`` (grouped KV heads natively; boolean mask from
+  :func:`~inference_engine.backends.numerics.visible_keys` for causal and sliding-window layers; softmax in float32).
+* KV cache: MLX arrays stored head-major ``(n_heads, n_ctx, head_dim)`` (what the attention kernels read without
+  a copy), written with slice assignment, which MLX turns into an in-place update.
+
+Lazy evaluation: ops only build a graph. ``to_numpy`` / ``synchronize`` evaluate it together with every KV buffer
+written since the last evaluation, so one forward pass (prefill or decode) is one ``mx.eval``.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import mlx.core as mx
+import numpy as np
+
+from inference_engine.backends import numerics as nx
+from inference_engine.backends.base import Backend, check_kv_type
+from inference_engine.backends.mlx import metal
+from inference_engine.backends.mlx.weights import EmbeddingTable, matrix_form
+from inference_engine.errors import GGUFParityError
+from inference_engine.gguf_file import TensorInfo
+
+SUPPORTED_NUMERICS = ("f32",)
+_KV_DTYPES = {"f32": mx.float32, "f16": mx.float16}
+_CACHE_SIZE = 16  # rope tables / masks kept (one per distinct positions and settings in flight)
+
+# gelu_tanh's constants as nx defines them (float32)
+_GELU_A = float(nx.GELU_COEF_A)
+_SQRT_2_OVER_PI = float(nx.SQRT_2_OVER_PI)
+
+
+class MLXBackend(Backend):
+    name = "mlx"
+
+    def __init__(self, numerics: str = "f32", n_threads: int | None = None):
+        super().__init__(numerics, n_threads)
+        if numerics not in SUPPORTED_NUMERICS:
+            raise GGUFParityError(
+                f"backend 'mlx' does not support numerics '{numerics}'; supported: {', '.join(SUPPORTED_NUMERICS)}"
+                " (ggml numerics: use --backend numpy or numba)"
+            )
+        # Our Metal kernels run on the GPU stream only: used when MLX computes on the GPU (its default on a Mac).
+        self.use_metal = metal.metal_available() and mx.default_device() == mx.gpu
+        self.device = str(mx.default_device())
+        self.weight_forms: Counter[str] = Counter()  # "Q4_K->mlx-affine" -> number of matrices
+        self._pending: dict[int, mx.array] = {}  # KV buffers written since the last evaluation
+        self._rope_cache: dict[tuple, tuple[mx.array, mx.array]] = {}
+        self._mask_cache: dict[tuple, mx.array] = {}
+
+    # --- identity -------------------------------------------------------------------------------------------
+    @property
+    def description(self) -> str:  # type: ignore[override]
+        where = "Metal GPU" if self.use_metal else "CPU build, no Metal"
+        fallback = "Metal kernels" if self.use_metal else "dequantized float32 (no Metal)"
+        forms = ", ".join(f"{n}x {form}" for form, n in sorted(self.weight_forms.items())) or "none loaded yet"
+        threads = "" if self.n_threads is None else f"; --threads {self.n_threads} not applied (MLX sets its own)"
+        return (
+            f"MLX {mx.__version__} on {self.device} ({where}), f32 numerics only; Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q5_K "
+            f"exactly as MLX affine 32-groups (float32 scales), Q2_K/Q3_K/Q6_K as {fallback}, floats as float32; "
+            f"matrices: {forms}{threads}"
+        )
+
+    def versions(self) -> dict[str, str]:
+        return {
+            "numpy": np.__version__,
+            "mlx": mx.__version__,
+            "mlx_device": self.device,
+            "metal": "yes" if self.use_metal else "no",
+        }
+
+    # --- load time ------------------------------------------------------------------------------------------
+    def load_matrix(self, t: TensorInfo):
+        form = matrix_form(t.qtype, self.use_metal)
+        w = form(t)
+        self.weight_forms[f"{t.qtype.name}->{form.form}"] += 1
+        return w
+
+    def load_vector(self, t: TensorInfo) -> mx.array:
+        from inference_engine.quants import dequantize_tensor
+
+        return mx.array(np.ascontiguousarray(dequantize_tensor(t), dtype=np.float32).reshape(-1))
+
+    def load_embedding(self, t: TensorInfo) -> EmbeddingTable:
+        return EmbeddingTable(t)
+
+    # --- ops ------------------------------------------------------------------------------------------------
+    def embed(self, table: EmbeddingTable, ids: np.ndarray) -> mx.array:
+        return table(ids)
+
+    def matmul(self, w, x: mx.array) -> mx.array:
+        return w(x)
+
+    def rms_norm(self, x: mx.array, weight: mx.array | None, eps: float) -> mx.array:
+        return mx.fast.rms_norm(x, weight, eps)
+
+    def rope(self, x, positions, n_dims, freq_base, neox, freq_scale=1.0, freq_factors=None) -> mx.array:
+        cos, sin = self._rope_angles(positions, n_dims, freq_base, freq_scale, freq_factors)  # (T, 1, n_dims/2)
+        n_tokens, n_heads, head_dim = x.shape
+        half = n_dims // 2
+        if neox:  # GGML_ROPE_TYPE_NEOX: pairs (i, i + n_dims/2)
+            x0, x1 = x[..., :half], x[..., half:n_dims]
+            parts = [x0 * cos - x1 * sin, x0 * sin + x1 * cos]
+        else:  # GGML_ROPE_TYPE_NORMAL: adjacent pairs (2i, 2i+1)
+            x0, x1 = x[..., 0:n_dims:2], x[..., 1:n_dims:2]
+            pairs = mx.stack([x0 * cos - x1 * sin, x0 * sin + x1 * cos], axis=-1)  # (T, H, n_dims/2, 2)
+            parts = [pairs.reshape(n_tokens, n_heads, n_dims)]
+        if n_dims < head_dim:
+            parts.append(x[..., n_dims:])
+        return mx.concatenate(parts, axis=-1)
+
+    def attention(self, q, k, v, q_positions, kv_len, scale, sliding_window=0) -> mx.array:
+        n_tokens, n_head, _ = q.shape
+        k = k[:kv_len].transpose(1, 0, 2)[None]  # (1, n_head_kv, S, d_k): a view of the head-major cache
+        v = v[:kv_len].transpose(1, 0, 2)[None]  # (1, n_head_kv, S, d_v)
+        if k.dtype != mx.float32:
+            k, v = k.astype(mx.float32), v.astype(mx.float32)  # F16 cache: exact widening, f32 numerics
+        out = mx.fast.scaled_dot_product_attention(
+            q.transpose(1, 0, 2)[None],
+            k,
+            v,
+            scale=float(scale),
+            mask=self._mask(q_positions, kv_len, sliding_window),
+        )  # (1, n_head, T, d_v)
+        return out[0].transpose(1, 0, 2).reshape(n_tokens, n_head * v.shape[-1])
+
+    def swiglu(self, gate: mx.array, up: mx.array) -> mx.array:
+        return gate / (1.0 + mx.exp(-gate)) * up
+
+    def geglu(self, gate: mx.array, up: mx.array) -> mx.array:
+        inner = (_SQRT_2_OVER_PI * gate) * (1.0 + (_GELU_A * gate) * gate)
+        return 0.5 * gate * (1.0 + mx.tanh(inner)) * up
+
+    def add(self, a: mx.array, b: mx.array) -> mx.array:
+        return a + b
+
+    def scale(self, x: mx.array, s: float) -> mx.array:
+        return x * float(np.float32(s))
+
+    def to_numpy(self, x: mx.array) -> np.ndarray:
+        self._evaluate(x)
+        return np.asarray(x, dtype=np.float32)
+
+    def from_numpy(self, a: np.ndarray) -> mx.array:
+        return mx.array(a)
+
+    def synchronize(self, x: mx.array) -> mx.array:
+        self._evaluate(x)
+        return x
+
+    # --- KV cache -------------------------------------------------------------------------------------------
+    def kv_alloc(self, n_ctx: int, n_heads: int, head_dim: int, kv_type: str) -> mx.array:
+        buf = mx.zeros((n_heads, n_ctx, head_dim), dtype=_KV_DTYPES[check_kv_type(kv_type)])
+        mx.eval(buf)
+        return buf
+
+    def kv_store(self, buf: mx.array, start: int, x: mx.array) -> mx.array:
+        # Slice assignment rebinds ``buf`` to a SliceUpdate of itself; once nothing else holds the old array MLX
+        # donates its memory, so the write costs the new rows, not a copy of the cache. astype(float16) rounds to
+        # nearest even, as ggml's fp32 -> fp16.
+        buf[:, start : start + x.shape[0], :] = x.transpose(1, 0, 2).astype(buf.dtype)
+        self._pending[id(buf)] = buf
+        return buf
+
+    def kv_view(self, buf: mx.array, length: int) -> mx.array:
+        return buf[:, :length, :].transpose(1, 0, 2)  # (length, n_heads, head_dim)
+
+    # --- helpers --------------------------------------------------------------------------------------------
+    def _evaluate(self, x: mx.array) -> None:
+        mx.eval(x, *self._pending.values())
+        self._pending.clear()
+
+    def _rope_angles(self, positions, n_dims, freq_base, freq_scale, freq_factors):
+        positions = np.asarray(positions, dtype=np.int64)
+        factors_key = None if freq_factors is None else np.asarray(freq_factors, dtype=np.float32).tobytes()
+        key = (positions.tobytes(), n_dims, float(freq_base), float(freq_scale), factors_key)
+        angles = self._rope_cache.get(key)
+        if angles is None:
+            if len(self._rope_cache) >= _CACHE_SIZE:
+                self._rope_cache.clear()
+            cos, sin = nx.rope_cos_sin(positions, n_dims, freq_base, freq_scale, freq_factors)
+            angles = (mx.array(cos[:, None, :]), mx.array(sin[:, None, :]))  # (T, 1, n_dims/2)
+            self._rope_cache[key] = angles
+        return angles
+
+    def _mask(self, q_positions: np.ndarray, kv_len: int, sliding_window: int) -> mx.array | None:
+        """None when every query sees every key (a decode step inside the window), else a boolean (T, S) mask."""
+        positions = np.asarray(q_positions, dtype=np.int64)
+        if len(positions) == 1 and positions[0] == kv_len - 1 and (sliding_window <= 0 or kv_len <= sliding_window):
+            return None
+        key = (positions.tobytes(), kv_len, sliding_window)
+        mask = self._mask_cache.get(key)
+        if mask is None:
+            if len(self._mask_cache) >= _CACHE_SIZE:
+                self._mask_cache.clear()
+            mask = mx.array(nx.visible_keys(positions, kv_len, sliding_window))
+            self._mask_cache[key] = mask
+        return mask
