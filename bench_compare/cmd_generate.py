@@ -1,0 +1,88 @@
+"""``bench-compare generate [PROMPT]``: generate text with our engine, streaming it as it comes.
+
+The text goes to stdout; one line of timings (prompt tokens, time to first token, decode tokens/s) ends the run on
+stderr, so ``bench-compare generate ... > out.txt`` keeps only the text. Greedy unless ``--temperature`` > 0.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from inference_engine.errors import GGUFParityError
+
+DEFAULT_PROMPT = "The capital of France is"
+DEFAULT_MODEL = "smollm2-135m"
+
+
+def _check_flags(max_tokens: int, ctx: int, threads: int | None, backend: str, numerics: str, kv_type: str) -> None:
+    """Refuse bad flags before anything slow happens (one line each, exit 2)."""
+    from inference_engine.backends import BACKENDS, KV_TYPES, NUMERICS
+
+    if max_tokens < 1:
+        raise GGUFParityError(f"--max-tokens must be at least 1, got {max_tokens}")
+    if ctx < 1:
+        raise GGUFParityError(f"--ctx must be at least 1, got {ctx}")
+    if threads is not None and threads < 1:
+        raise GGUFParityError(f"--threads must be at least 1, got {threads}")
+    if backend not in BACKENDS:
+        raise GGUFParityError(f"unknown backend '{backend}'; supported: {', '.join(BACKENDS)}")
+    if numerics not in NUMERICS:
+        raise GGUFParityError(f"unknown numerics '{numerics}'; supported: {', '.join(NUMERICS)}")
+    if kv_type not in KV_TYPES:
+        raise GGUFParityError(f"unknown KV cache type '{kv_type}'; supported: {', '.join(KV_TYPES)}")
+
+
+@click.command("generate")
+@click.argument("prompt", required=False, default=DEFAULT_PROMPT)
+@click.option("--model", "-m", default=DEFAULT_MODEL, show_default=True, help="Named model or path to a .gguf.")
+@click.option("--backend", default="numpy", show_default=True, help="numpy, numba or mlx.")
+@click.option("--numerics", default="f32", show_default=True, help="f32 (dequantized) or ggml (llama.cpp's).")
+@click.option("--max-tokens", "-n", default=64, show_default=True, type=int, help="Tokens to generate at most.")
+@click.option("--ctx", default=2048, show_default=True, type=int, help="Context size (KV cache positions).")
+@click.option("--threads", "-t", default=None, type=int, help="Threads (backend default when omitted).")
+@click.option("--kv-type", default="f32", show_default=True, help="KV cache storage: f32 or f16.")
+@click.option("--temperature", default=0.0, show_default=True, type=float, help="0 = greedy.")
+@click.option("--top-k", default=0, show_default=True, type=int, help="Keep the k most likely tokens (0 = off).")
+@click.option("--top-p", default=1.0, show_default=True, type=float, help="Nucleus sampling mass (1 = off).")
+@click.option("--seed", default=None, type=int, help="Random seed for sampling.")
+@click.option("--chat", is_flag=True, help="Wrap PROMPT in the model's chat template as a user message.")
+def generate(
+    prompt, model, backend, numerics, max_tokens, ctx, threads, kv_type, temperature, top_k, top_p, seed, chat
+) -> None:
+    """Generate text after PROMPT with our engine (greedy by default); print timings at the end."""
+    from inference_engine.engine import load_engine
+    from inference_engine.generate import generate as run_generation
+    from inference_engine.sampling import Sampler
+
+    _check_flags(max_tokens, ctx, threads, backend, numerics, kv_type)
+    sampler = Sampler(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+    engine = load_engine(model, backend=backend, numerics=numerics, n_ctx=ctx, n_threads=threads, kv_type=kv_type)
+    tokenizer = engine.tokenizer
+    if chat:
+        from inference_engine.chat import render_chat
+
+        text = render_chat(engine.gguf, [{"role": "user", "content": prompt}], add_generation_prompt=True)
+        ids = tokenizer.encode(text, add_bos=None, parse_special=True)
+    else:
+        ids = tokenizer.encode(prompt, add_bos=None, parse_special=True)
+    if not ids:
+        raise GGUFParityError("the prompt encodes to no tokens; give a non-empty PROMPT")
+    engine.cache.check_room(len(ids))
+
+    def show(piece: str) -> None:
+        click.echo(piece, nl=False)
+        sys.stdout.flush()
+
+    result = run_generation(
+        engine,
+        ids,
+        max_tokens,
+        sampler=sampler,
+        eog_ids=tokenizer.eog_ids,
+        on_text=show,
+        stream_decoder=tokenizer.stream_decoder(),
+    )
+    click.echo("")
+    click.echo(result.timings_line(), err=True)

@@ -1,0 +1,190 @@
+"""The op set every backend implements: the whole forward pass of every architecture is written with these.
+
+A backend is an object with load-time methods (turn a GGUF tensor into whatever the backend computes with) and a
+dozen ops. The model files (``inference_engine/models/*.py``) call only these ops, so one forward pass runs on
+NumPy, Numba or MLX unchanged. The contract is kept small and array-type agnostic on purpose:
+
+* Activations are whatever array type the backend uses (``np.ndarray``, ``mx.array``). Models only use, besides
+  the ops below, what NumPy and MLX arrays share: ``.shape``, ``.reshape(...)`` and basic slicing (``x[-1:]``).
+* Shapes follow NumPy order with the token axis first: activations ``(T, n_embd)``, per-head tensors
+  ``(T, n_heads, head_dim)``. Weight matrices have GGUF's ``(n_out, n_in)`` and ``matmul(w, x) = x @ w.T``.
+* Values are float32 everywhere, except what a backend keeps inside its prepared weights and its KV cache.
+* ``numerics`` says which rounding policy the ops follow:
+
+  - ``"f32"``: dequantize weights and multiply in float32; element-wise functions by their float formula.
+  - ``"ggml"``: what llama.cpp's CPU backend computes: the activation row is quantized to the weight type's
+    ``vec_dot_type`` before each dot product, GELU goes through ggml's F16 table, SiLU through ggml's vector
+    ``expf``, and with an F16 KV cache the attention operands are rounded to F16 as ggml's F16 ``mul_mat`` does.
+
+  Both modes share llama.cpp's RMSNorm (sum of squares in double), RoPE angle construction and softmax, see
+  :mod:`inference_engine.backends.numerics`, which backends may use to get those numbers exactly.
+
+KV cache: the cache owns per-layer buffers made by :meth:`Backend.kv_alloc` (preallocated for ``n_ctx`` positions,
+F32 or F16 storage), written with :meth:`Backend.kv_store` and read back with :meth:`Backend.kv_view`. Slot ``j``
+holds position ``j`` (one sequence). ``kv_store`` returns the buffer so that backends with immutable arrays (MLX)
+can hand back a new one; mutable backends return the same object.
+
+Subclasses set ``name`` (registry key), ``description`` (one line recorded in every result, e.g. the BLAS or
+library version it uses) and implement every abstract method. ``versions()`` adds library versions to results.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from inference_engine.errors import GGUFParityError
+from inference_engine.gguf_file import TensorInfo
+
+NUMERICS: tuple[str, ...] = ("f32", "ggml")
+KV_TYPES: tuple[str, ...] = ("f32", "f16")
+
+Array = Any  # the backend's array type (np.ndarray, mx.array, ...)
+
+
+def check_numerics(numerics: str) -> str:
+    if numerics not in NUMERICS:
+        raise GGUFParityError(f"unknown numerics '{numerics}'; supported: {', '.join(NUMERICS)}")
+    return numerics
+
+
+def check_kv_type(kv_type: str) -> str:
+    if kv_type not in KV_TYPES:
+        raise GGUFParityError(f"unknown KV cache type '{kv_type}'; supported: {', '.join(KV_TYPES)}")
+    return kv_type
+
+
+class Backend(ABC):
+    """One implementation of the op set. Instances are cheap; weights live in what ``load_*`` return."""
+
+    name: str = ""
+    description: str = ""
+
+    def __init__(self, numerics: str = "f32", n_threads: int | None = None):
+        self.numerics = check_numerics(numerics)
+        self.n_threads = n_threads
+
+    def versions(self) -> dict[str, str]:
+        """Library versions this backend computes with (recorded in results)."""
+        return {"numpy": np.__version__}
+
+    # --- load time ------------------------------------------------------------------------------------------
+    @abstractmethod
+    def load_matrix(self, t: TensorInfo) -> Any:
+        """A weight matrix ``(n_out, n_in)`` prepared for :meth:`matmul` under this backend's numerics."""
+
+    @abstractmethod
+    def load_vector(self, t: TensorInfo) -> Array:
+        """A 1-D float32 tensor (norm weights, biases)."""
+
+    @abstractmethod
+    def load_embedding(self, t: TensorInfo) -> Any:
+        """The token embedding table ``(n_vocab, n_embd)``, in whatever form :meth:`embed` reads rows from."""
+
+    # --- ops ------------------------------------------------------------------------------------------------
+    @abstractmethod
+    def embed(self, table: Any, ids: np.ndarray) -> Array:
+        """Rows ``ids`` (int array ``(T,)``) of the embedding table, dequantized: ``(T, n_embd)`` float32."""
+
+    @abstractmethod
+    def matmul(self, w: Any, x: Array) -> Array:
+        """``x @ W.T``: ``x (T, n_in)`` -> ``(T, n_out)``, with this backend's numerics."""
+
+    @abstractmethod
+    def rms_norm(self, x: Array, weight: Array | None, eps: float) -> Array:
+        """RMSNorm over the last axis, then times ``weight`` (broadcast over leading axes) if given.
+
+        llama.cpp: ``sum += (double)(x*x)``; ``mean = (float)(sum/n)``; ``y = x * (1.0f/sqrtf(mean + eps))``;
+        then ``y * w`` (float32).
+        """
+
+    @abstractmethod
+    def rope(
+        self,
+        x: Array,
+        positions: np.ndarray,
+        n_dims: int,
+        freq_base: float,
+        neox: bool,
+        freq_scale: float = 1.0,
+        freq_factors: np.ndarray | None = None,
+    ) -> Array:
+        """Rotary embedding of ``x (T, n_heads, head_dim)``; the first ``n_dims`` of each head rotate.
+
+        ``neox=False`` (llama's GGML_ROPE_TYPE_NORM) rotates adjacent pairs ``(2i, 2i+1)``; ``neox=True``
+        rotates ``(i, i + n_dims/2)``. ``positions`` is an int NumPy array ``(T,)``; ``freq_scale`` is linear
+        RoPE scaling (1 / rope.scaling.factor) and ``freq_factors`` (float32 ``(n_dims/2,)``, Llama 3's
+        ``rope_freqs``) divide each pair's angle. Angles as
+        :func:`~inference_engine.backends.numerics.rope_cos_sin`.
+        """
+
+    @abstractmethod
+    def attention(
+        self,
+        q: Array,
+        k: Array,
+        v: Array,
+        q_positions: np.ndarray,
+        kv_len: int,
+        scale: float,
+        sliding_window: int = 0,
+    ) -> Array:
+        """Causal (optionally sliding-window) multi-head attention with grouped KV heads.
+
+        ``q (T, n_head, d_k)``; ``k (S, n_head_kv, d_k)`` and ``v (S, n_head_kv, d_v)`` are cache views whose
+        first ``kv_len`` slots are valid (slot j = position j). Query head h reads KV head
+        ``h // (n_head // n_head_kv)``. Scores ``scale * q.k`` are masked as
+        :func:`~inference_engine.backends.numerics.visible_keys` (key j visible to a query at position p iff
+        ``j <= p`` and, when ``sliding_window > 0``, ``p - j < sliding_window``), softmaxed in float32 with the row
+        max subtracted (sum in double) and applied to v. Returns ``(T, n_head * d_v)`` (llama.cpp's ``kqv_out``).
+        """
+
+    @abstractmethod
+    def swiglu(self, gate: Array, up: Array) -> Array:
+        """``silu(gate) * up`` (llama.cpp ``ggml_swiglu_split``)."""
+
+    @abstractmethod
+    def geglu(self, gate: Array, up: Array) -> Array:
+        """``gelu_tanh(gate) * up`` (llama.cpp ``ggml_geglu_split``)."""
+
+    @abstractmethod
+    def add(self, a: Array, b: Array) -> Array:
+        """Element-wise ``a + b`` (``b`` may broadcast, e.g. a bias ``(n,)`` onto ``(T, n)``)."""
+
+    @abstractmethod
+    def scale(self, x: Array, s: float) -> Array:
+        """``x * s`` in float32 (``ggml_scale``)."""
+
+    @abstractmethod
+    def to_numpy(self, x: Array) -> np.ndarray:
+        """A float32 NumPy copy (or view) of ``x``; forces any pending computation."""
+
+    @abstractmethod
+    def from_numpy(self, a: np.ndarray) -> Array:
+        """A backend array holding ``a``."""
+
+    def synchronize(self, x: Array) -> Array:
+        """Wait until ``x`` is computed (lazy backends evaluate here); returns ``x``. For honest timings."""
+        return x
+
+    # --- KV cache -------------------------------------------------------------------------------------------
+    @abstractmethod
+    def kv_alloc(self, n_ctx: int, n_heads: int, head_dim: int, kv_type: str) -> Any:
+        """A buffer for ``n_ctx`` positions of ``(n_heads, head_dim)`` in ``kv_type`` (``"f32"`` / ``"f16"``)."""
+
+    @abstractmethod
+    def kv_store(self, buf: Any, start: int, x: Array) -> Any:
+        """Write ``x (T, n_heads, head_dim)`` into slots ``start .. start+T-1`` (rounded to the storage type as
+        ggml's ``cpy`` does: F16 by round-to-nearest-even). Returns the buffer (a new one on immutable backends)."""
+
+    @abstractmethod
+    def kv_view(self, buf: Any, length: int) -> Array:
+        """The first ``length`` slots, ``(length, n_heads, head_dim)``, in the storage type (attention reads them)."""
+
+
+def describe_ops() -> Sequence[str]:
+    """Names of the ops a backend implements (documentation and tests)."""
+    return sorted(name for name in Backend.__abstractmethods__)

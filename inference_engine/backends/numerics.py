@@ -1,0 +1,290 @@
+"""llama.cpp's CPU numerics for the element-wise parts of the forward pass, in plain NumPy.
+
+Every backend can use these to get exactly the numbers ggml's CPU backend (``ggml/src/ggml-cpu/``) computes; they
+are small, so backends usually precompute them on the host and ship the result to their device.
+
+* :func:`visible_keys`: the causal / sliding-window attention mask (``llama_hparams::is_masked_swa``).
+* :func:`rope_cos_sin`: RoPE angles built as ``ggml_rope_cache_init`` does (float32 ``theta *= theta_scale``).
+* :func:`gelu_f16_table`: ``ggml_table_gelu_f16``, the F16 lookup table ggml's GELU / GEGLU read (GGML_GELU_FP16).
+* :func:`gelu_ggml`, :func:`gelu_tanh`: GELU through that table (ggml numerics) or the float formula (f32 numerics).
+* :func:`expf_ggml`, :func:`silu_ggml`, :func:`silu_f32`: ggml's vector ``expf`` and SiLU in the SIMD flavour
+  llama.cpp was built with (:func:`ggml_simd`), or plain SiLU.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import importlib.util
+import platform
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+
+# --- float32 helpers -------------------------------------------------------------------------------------------
+
+
+def _hexf(literal: str) -> np.float32:
+    """A C hex-float literal such as ``0x1.715476p+0f`` (the constants as vec.h writes them)."""
+    return np.float32(float.fromhex(literal))
+
+
+def fma_f32(a, b, c) -> np.ndarray:
+    """float32 fused multiply-add ``a*b + c``, which libggml-cpu's x86 build uses where its source writes a
+    multiply then an add (the compiler contracts them). ``a*b`` is exact in float64; the sum is rounded to float64
+    and then to float32, which differs from one true FMA rounding only in rare halfway cases."""
+    return (np.asarray(a, np.float64) * np.asarray(b, np.float64) + np.asarray(c, np.float64)).astype(np.float32)
+
+
+# --- attention mask ---------------------------------------------------------------------------------------------
+
+
+def visible_keys(q_positions: np.ndarray, kv_len: int, sliding_window: int = 0) -> np.ndarray:
+    """Boolean ``(n_queries, kv_len)``: may the query at position p see the key at cache position j?
+
+    As llama.cpp's KV-cache mask (src/llama-kv-cache.cpp with ``is_masked_swa``, LLAMA_SWA_TYPE_STANDARD): j is
+    visible iff ``j <= p`` and, in a sliding-window layer (``sliding_window > 0``), ``p - j < sliding_window``.
+    Cache slot j holds position j (one sequence, filled from 0).
+    """
+    p = np.asarray(q_positions, dtype=np.int64)[:, None]
+    j = np.arange(kv_len, dtype=np.int64)[None, :]
+    mask = j <= p
+    if sliding_window > 0:
+        mask &= (p - j) < sliding_window
+    return mask
+
+
+# --- RoPE -------------------------------------------------------------------------------------------------------
+
+
+def rope_cos_sin(
+    positions: np.ndarray,
+    n_dims: int,
+    freq_base: float,
+    freq_scale: float = 1.0,
+    freq_factors: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """``cos, sin`` float32 ``(n_positions, n_dims // 2)`` exactly as ggml's CPU RoPE builds its cache.
+
+    ``ggml_compute_forward_rope_flt``: ``theta_scale = powf(freq_base, -2.0f/n_dims)``; per position,
+    ``theta = (float) p`` and for pair i ``cos = cosf(freq_scale * (theta / ff[i]))``, then
+    ``theta *= theta_scale`` in float32 (a repeated product, not ``p * theta_scale**i``: the rounding differs).
+    No YaRN (ext_factor 0) and ``attn_factor`` 1, as for every model we run. cos/sin come from the C library's
+    ``cosf``/``sinf``, as in ggml (see :func:`cosf_sinf`).
+    """
+    theta_scale = np.float32(np.float32(freq_base) ** np.float32(-2.0 / n_dims))
+    half = n_dims // 2
+    theta = np.asarray(positions, dtype=np.float32).copy()
+    thetas = np.empty((theta.shape[0], half), dtype=np.float32)
+    for i in range(half):
+        thetas[:, i] = theta
+        theta = (theta * theta_scale).astype(np.float32)
+    if freq_factors is not None:
+        thetas = (thetas / np.asarray(freq_factors, dtype=np.float32)[:half]).astype(np.float32)
+    return cosf_sinf((np.float32(freq_scale) * thetas).astype(np.float32))
+
+
+@lru_cache(maxsize=1)
+def _libm() -> ctypes.CDLL | None:
+    name = ctypes.util.find_library("m")
+    try:
+        lib = ctypes.CDLL(name) if name else None
+    except OSError:
+        return None
+    if lib is not None:
+        for fn in (lib.cosf, lib.sinf):
+            fn.restype, fn.argtypes = ctypes.c_float, [ctypes.c_float]
+    return lib
+
+
+def cosf_sinf(theta: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The C library's ``cosf`` / ``sinf`` of float32 ``theta`` (what ggml calls), element by element.
+
+    They are not always correctly rounded (glibc's differ from the rounded exact value in ~1 of 1000 RoPE angles),
+    so rounding a float64 ``cos`` would differ from llama.cpp there; the float64 route is the fallback when no
+    C math library can be loaded.
+    """
+    theta = np.asarray(theta, dtype=np.float32)
+    lib = _libm()
+    if lib is None:
+        return np.cos(theta.astype(np.float64)).astype(np.float32), np.sin(theta.astype(np.float64)).astype(
+            np.float32
+        )
+    flat = theta.ravel().tolist()
+    cos = np.fromiter((lib.cosf(v) for v in flat), dtype=np.float32, count=len(flat)).reshape(theta.shape)
+    sin = np.fromiter((lib.sinf(v) for v in flat), dtype=np.float32, count=len(flat)).reshape(theta.shape)
+    return cos, sin
+
+
+# --- GELU -------------------------------------------------------------------------------------------------------
+
+GELU_COEF_A = np.float32(0.044715)
+SQRT_2_OVER_PI = np.float32(0.79788456080286535587989211986876)
+# ggml_vec_gelu_f32 / ggml_vec_geglu_f32 (GGML_GELU_FP16) bypass the table outside (-10, 10).
+GELU_TABLE_LIMIT = np.float32(10.0)
+
+
+def gelu_tanh(x: np.ndarray) -> np.ndarray:
+    """``ggml_gelu_f32`` in float32: ``0.5*x*(1 + tanh(sqrt(2/pi)*x*(1 + 0.044715*x*x)))`` (f32 numerics).
+
+    As compiled in libggml-cpu: ``1 + (0.044715*x)*x`` is contracted to one FMA (with it, the F16 table this
+    builds equals libggml's ``ggml_table_gelu_f16`` in all 65536 entries; without it one entry differs).
+    """
+    x = np.asarray(x, dtype=np.float32)
+    with np.errstate(invalid="ignore", over="ignore"):
+        inner = (SQRT_2_OVER_PI * x) * fma_f32(GELU_COEF_A * x, x, np.float32(1.0))
+        t = np.tanh(inner.astype(np.float64)).astype(np.float32)  # tanhf, correctly rounded
+        return np.float32(0.5) * x * (np.float32(1.0) + t)
+
+
+@lru_cache(maxsize=1)
+def gelu_f16_table() -> np.ndarray:
+    """``ggml_table_gelu_f16`` as float32 values, indexed by the float16 bit pattern of the input.
+
+    ggml-cpu.c ``ggml_cpu_init``: ``table[i] = fp32_to_fp16(ggml_gelu_f32(fp16_to_fp32(i)))`` for all 2**16 i.
+    """
+    inputs = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
+    with np.errstate(invalid="ignore", over="ignore"):
+        table = gelu_tanh(inputs).astype(np.float16)
+    return table.astype(np.float32)
+
+
+def gelu_ggml(x: np.ndarray) -> np.ndarray:
+    """GELU as ggml's CPU backend computes it (``ggml_vec_gelu_f32`` with GGML_GELU_FP16).
+
+    ``x <= -10 -> 0``; ``x >= 10 -> x``; otherwise the F16 table at ``fp16(x)`` (round to nearest even).
+    """
+    x = np.asarray(x, dtype=np.float32)
+    idx = x.astype(np.float16).view(np.uint16)
+    y = gelu_f16_table()[idx]
+    y = np.where(x >= GELU_TABLE_LIMIT, x, y)
+    return np.where(x <= -GELU_TABLE_LIMIT, np.float32(0.0), y).astype(np.float32)
+
+
+# --- exp and SiLU -----------------------------------------------------------------------------------------------
+#
+# ggml's vector SiLU / SwiGLU and softmax use ``ggml_v_expf`` (vec.h), ARM's optimized-routines polynomial, in the
+# SIMD flavour libggml-cpu was compiled for. The AVX-512 version finishes with ``scalef(j, n)`` where ``j`` already
+# includes the +1; the AVX2 and NEON versions (same arithmetic) finish with ``k + k*j`` (``k = 2**n``). The last
+# bit differs between the two, so we pick the one llama.cpp was built with (:func:`ggml_simd`).
+
+# ggml_v_expf's constants, as vec.h writes them (C hex floats).
+_EXP_SHIFT = _hexf("0x1.8p23")  # adding it rounds x/ln2 to an integer n
+_INV_LN2 = _hexf("0x1.715476p+0")
+_LN2_HI, _LN2_LO = _hexf("0x1.62E4p-1"), _hexf("0x1.7F7D1Cp-20")
+_C4, _C3, _C2, _C1, _C0 = (
+    _hexf(c) for c in ("0x1.0E402p-7", "0x1.573E2Ep-5", "0x1.555E66p-3", "0x1.FFFDB6p-2", "0x1.FFFFECp-1")
+)
+# Floats per vector in ggml_vec_silu_f32 / ggml_vec_swiglu_f32; the rest of a row takes scalar expf.
+SIMD_WIDTH = {"avx512": 16, "avx2": 8, "neon": 4}
+
+
+@lru_cache(maxsize=1)
+def ggml_simd() -> str:
+    """The SIMD flavour of llama.cpp's CPU backend: ``"avx512"``, ``"avx2"`` or ``"neon"``.
+
+    Asked of libggml-cpu itself when llama-cpp-python is installed (``ggml_cpu_has_avx512`` etc. report how it was
+    compiled), else guessed from this CPU. Other flavours (plain SSE) are treated as ``"avx2"``: same formula,
+    possibly off in the last bit.
+    """
+    lib = _libggml_cpu()
+    if lib is not None:
+        if lib.ggml_cpu_has_avx512():
+            return "avx512"
+        if lib.ggml_cpu_has_neon():
+            return "neon"
+        return "avx2"
+    if platform.machine().lower() in ("arm64", "aarch64"):
+        return "neon"
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return "avx2"
+    return "avx512" if " avx512f" in flags and " avx512dq" in flags else "avx2"
+
+
+def _libggml_cpu() -> ctypes.CDLL | None:
+    spec = importlib.util.find_spec("llama_cpp")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    lib_dir = Path(next(iter(spec.submodule_search_locations))) / "lib"
+    for name in ("libggml-cpu.so", "libggml-cpu.so.0", "libggml-cpu.dylib"):
+        if (lib_dir / name).exists():
+            try:
+                return ctypes.CDLL(str(lib_dir / name))
+            except OSError:
+                return None
+    return None
+
+
+def silu_f32(x: np.ndarray) -> np.ndarray:
+    """``x / (1 + exp(-x))`` in float32 (f32 numerics; ggml's scalar ``ggml_silu_f32``)."""
+    x = np.asarray(x, dtype=np.float32)
+    with np.errstate(over="ignore"):
+        e = np.exp((-x).astype(np.float64)).astype(np.float32)  # expf, correctly rounded
+    return x / (np.float32(1.0) + e)
+
+
+def expf_ggml(x: np.ndarray, simd: str | None = None) -> np.ndarray:
+    """``ggml_v_expf`` of float32 ``x`` in the given (default: llama.cpp's) SIMD flavour.
+
+    Max error 1.45 ulp + 0.5; results above 88.38 overflow to inf, below -103.97 flush to zero; -inf gives 0.
+    """
+    flavour = simd or ggml_simd()
+    with np.errstate(all="ignore"):  # -inf inputs (masked scores) pass through NaN and come out as 0
+        x = np.asarray(x, dtype=np.float32)
+        return _expf_scalef(x) if flavour == "avx512" else _expf_k_plus_kj(x)
+
+
+def _exp_reduce(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The shared first half: ``n = round(x/ln2)``, ``b = x - n*ln2`` and the polynomial's parts."""
+    z = fma_f32(x, _INV_LN2, _EXP_SHIFT)
+    n = (z - _EXP_SHIFT).astype(np.float32)
+    b = fma_f32(-n, _LN2_LO, fma_f32(-n, _LN2_HI, x))  # x - n*ln2, ln2 in two parts
+    u = (b * b).astype(np.float32)
+    return z, n, b, u
+
+
+def _expf_scalef(x: np.ndarray) -> np.ndarray:
+    """AVX-512: ``j = 1 + b + ...`` then ``scalef(j, n) = j * 2**n``."""
+    _, n, b, u = _exp_reduce(x)
+    j = fma_f32(fma_f32(fma_f32(_C4, b, _C3), u, fma_f32(_C2, b, _C1)), u, fma_f32(_C0, b, np.float32(1.0)))
+    res = np.ldexp(j, np.nan_to_num(n, nan=0.0, posinf=0.0, neginf=0.0).astype(np.int32)).astype(np.float32)
+    too_far = np.abs(n) > np.float32(192)
+    return np.where(too_far, np.where(n <= 0, np.float32(0.0), np.float32(np.inf)), res).astype(np.float32)
+
+
+def _expf_k_plus_kj(x: np.ndarray) -> np.ndarray:
+    """AVX2 / NEON: ``j = b + ...`` (no 1), ``k = 2**n`` built in the exponent bits, result ``k + k*j``; two
+    scale factors ``s1 * s1`` or ``(s2 + s2*j) * s1`` where ``2**n`` alone would overflow or be denormal."""
+    z, n, b, u = _exp_reduce(x)
+    j = fma_f32(fma_f32(fma_f32(_C4, b, _C3), u, fma_f32(_C2, b, _C1)), u, (_C0 * b).astype(np.float32))
+    e = z.view(np.uint32) << np.uint32(23)
+    k = (e + np.float32(1.0).view(np.uint32)).view(np.float32)
+    res = fma_f32(k, j, k)
+    big = np.abs(n) > np.float32(126)
+    if np.any(big):
+        g = np.where(n <= 0, np.uint32(0x82000000), np.uint32(0))
+        s1 = (g + np.uint32(0x7F000000)).view(np.float32)
+        s2 = (e - g).view(np.float32)
+        scaled = (fma_f32(s2, j, s2) * s1).astype(np.float32)
+        res = np.where(np.abs(n) > np.float32(192), (s1 * s1).astype(np.float32), np.where(big, scaled, res))
+    return res.astype(np.float32)
+
+
+def silu_ggml(x: np.ndarray, simd: str | None = None) -> np.ndarray:
+    """SiLU along the last axis as ``ggml_vec_silu_f32`` / ``ggml_vec_swiglu_f32`` compute it.
+
+    The first ``n - n % width`` values of each row go through ``ggml_v_silu`` (``x / (1 + ggml_v_expf(-x))``), the
+    tail through scalar ``x / (1 + expf(-x))``.
+    """
+    flavour = simd or ggml_simd()
+    x = np.asarray(x, dtype=np.float32)
+    n_vec = x.shape[-1] - x.shape[-1] % SIMD_WIDTH[flavour]
+    out = np.empty_like(x)
+    head = x[..., :n_vec]
+    out[..., :n_vec] = head / (np.float32(1.0) + expf_ggml(-head, flavour))
+    if n_vec < x.shape[-1]:
+        out[..., n_vec:] = silu_f32(x[..., n_vec:])
+    return out

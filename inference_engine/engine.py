@@ -1,0 +1,207 @@
+"""Our engine: the Engine protocol (``inference_engine/protocol.py``) over a model, a backend and a KV cache.
+
+``OurEngine("model.gguf", backend="numpy", numerics="f32")`` opens the file (memory-mapped), builds the model for
+its architecture with every weight prepared by the backend, and preallocates the KV cache for ``n_ctx`` positions.
+``prefill`` runs one batched pass over the prompt, ``decode`` one token; ``capture`` runs a fresh prefill with every
+intermediate tapped under llama.cpp's graph names and logits for every position, as llama.cpp's capture does.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import time
+from collections.abc import Iterable
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+
+from inference_engine.backends import get_backend
+from inference_engine.backends.base import check_kv_type
+from inference_engine.errors import GGUFParityError
+from inference_engine.gguf_file import GGUFFile, open_gguf
+from inference_engine.kv_cache import KVCache
+from inference_engine.models import build_model
+from inference_engine.models.base import no_tap
+
+
+class OurEngine:
+    """The Engine protocol over one of our backends.
+
+    ``model``: a path or an open :class:`GGUFFile`. ``backend``: ``numpy`` | ``numba`` | ``mlx``. ``numerics``:
+    ``f32`` | ``ggml`` (see :mod:`inference_engine.backends.base`). ``n_ctx``: KV-cache positions, preallocated.
+    ``n_threads``: handed to the backend (None: its default). ``kv_type``: ``f32`` | ``f16`` cache storage.
+    ``load_timings`` records the seconds spent opening the file and preparing the weights (cold start).
+    """
+
+    def __init__(
+        self,
+        model: str | os.PathLike | GGUFFile,
+        backend: str = "numpy",
+        numerics: str = "f32",
+        n_ctx: int = 2048,
+        n_threads: int | None = None,
+        kv_type: str = "f32",
+    ):
+        if isinstance(n_ctx, bool) or not isinstance(n_ctx, (int, np.integer)) or n_ctx < 1:
+            raise GGUFParityError(f"context size must be a positive integer, got {n_ctx!r}")
+        check_kv_type(kv_type)
+        t0 = time.perf_counter()
+        self.gguf = model if isinstance(model, GGUFFile) else open_gguf(model)
+        t1 = time.perf_counter()
+        self.backend = get_backend(backend, numerics, n_threads)
+        self.model = build_model(self.gguf, self.backend)
+        self.cache = KVCache(self.backend, self.model.kv_layout(), int(n_ctx), kv_type)
+        t2 = time.perf_counter()
+        self.name = f"ours:{self.backend.name}"
+        self.numerics = numerics
+        self.kv_type = kv_type
+        self.n_threads = n_threads
+        self.load_timings: dict[str, float] = {"gguf_open_s": t1 - t0, "weights_ready_s": t2 - t1}
+
+    # --- identity -------------------------------------------------------------------------------------------
+    @property
+    def n_vocab(self) -> int:
+        return self.model.n_vocab
+
+    @property
+    def n_ctx(self) -> int:
+        return self.cache.n_ctx
+
+    @property
+    def n_past(self) -> int:
+        return self.cache.n_past
+
+    @cached_property
+    def tokenizer(self):
+        from inference_engine.tokenizer import GGUFTokenizer
+
+        return GGUFTokenizer.from_gguf(self.gguf)
+
+    @property
+    def model_info(self) -> dict[str, Any]:
+        f = self.gguf
+        return {
+            "engine": self.name,
+            "file": str(f.path),
+            "file_size": f.file_size,
+            "sha256": f.sha256,  # computed on first access, then cached by the GGUFFile
+            "arch": f.architecture,
+            "name": f.metadata_value("general.name", f.path.stem),
+            "quant": f.file_type_name,
+            "n_params": f.n_params,
+            "n_vocab": self.n_vocab,
+            "n_ctx": self.n_ctx,
+            "backend": self.backend.name,
+            "backend_description": self.backend.description,
+            "numerics": self.numerics,
+            "kv_type": self.kv_type,
+            "threads": self.n_threads,
+            "versions": self.versions(),
+        }
+
+    def versions(self) -> dict[str, str]:
+        import gguf
+
+        from inference_engine import __version__
+
+        out = {"inference_engine": __version__, "python": platform.python_version(), "gguf": _version_of(gguf)}
+        out.update(self.backend.versions())
+        return out
+
+    # --- tokens ---------------------------------------------------------------------------------------------
+    def tokenize(self, text: str, add_bos: bool = True) -> list[int]:
+        return self.tokenizer.encode(text, add_bos=add_bos, parse_special=True)
+
+    def detokenize(self, ids: Iterable[int]) -> str:
+        return self.tokenizer.decode(ids)
+
+    # --- running --------------------------------------------------------------------------------------------
+    def reset(self) -> None:
+        self.cache.reset()
+
+    def prefill(self, ids: list[int]) -> np.ndarray:
+        """Append ``ids`` in one batched pass; logits ``(n_vocab,)`` of the last position."""
+        logits = self._run(self._check_ids(ids, "prompt"))
+        return logits[-1]
+
+    def decode(self, token_id: int) -> np.ndarray:
+        return self._run(self._check_ids([token_id], "token"))[-1]
+
+    def capture(self, ids: list[int], names: Iterable[str] | None = None) -> dict[str, np.ndarray]:
+        """Fresh cache, one prefill of ``ids`` with every intermediate recorded (or only ``names``).
+
+        Arrays follow ``protocol.py``: llama.cpp's graph names and shapes, token axis first; ``result_output``
+        holds the logits of every position. The cache is left holding the prompt, as after ``prefill``.
+        """
+        tokens = self._check_ids(ids, "prompt")
+        wanted = None if names is None else set(names)
+        captured: dict[str, np.ndarray] = {}
+
+        def tap(name: str, x) -> None:
+            if wanted is None or name in wanted:
+                captured[name] = np.array(self.backend.to_numpy(x), dtype=np.float32)
+
+        self.reset()
+        self._run(tokens, tap=tap, all_logits=True)
+        return captured
+
+    def _run(self, tokens: np.ndarray, tap=None, all_logits: bool = False) -> np.ndarray:
+        self.cache.check_room(len(tokens))
+        positions = np.arange(self.cache.n_past, self.cache.n_past + len(tokens), dtype=np.int64)
+        logits = self.model.forward(tokens, positions, self.cache, tap=tap or no_tap, all_logits=all_logits)
+        self.cache.advance(len(tokens))
+        return self.backend.to_numpy(logits)
+
+    def _check_ids(self, ids: Iterable[int], what: str) -> np.ndarray:
+        ids = list(ids)
+        if not ids:
+            raise GGUFParityError(f"empty {what}: at least one token is needed")
+        for t in ids:
+            if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or not 0 <= int(t) < self.n_vocab:
+                raise GGUFParityError(f"token id {t!r} is not in this model's vocabulary (0..{self.n_vocab - 1})")
+        return np.asarray(ids, dtype=np.int64)
+
+    def close(self) -> None:
+        """Nothing to release beyond memory; kept for the protocol."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (
+            f"OurEngine({self.gguf.path.name!r}, backend={self.backend.name!r}, numerics={self.numerics!r}, "
+            f"n_ctx={self.n_ctx}, kv_type={self.kv_type!r})"
+        )
+
+
+def load_engine(
+    model: str,
+    backend: str = "numpy",
+    numerics: str = "f32",
+    n_ctx: int = 2048,
+    n_threads: int | None = None,
+    kv_type: str = "f32",
+    progress: bool = True,
+) -> OurEngine:
+    """An engine for a model as users name it: a named model (fetched on first use) or a path to a .gguf."""
+    from inference_engine.registry import resolve_model
+
+    return OurEngine(resolve_model(str(model), progress=progress), backend, numerics, n_ctx, n_threads, kv_type)
+
+
+def _version_of(module) -> str:
+    version = getattr(module, "__version__", None)
+    if version:
+        return str(version)
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
+
+    try:
+        return dist_version(module.__name__)
+    except PackageNotFoundError:
+        return "unknown"

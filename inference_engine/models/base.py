@@ -1,0 +1,230 @@
+"""What every architecture shares: the common hyperparameters, weight loading by GGUF name, the KV-cache
+attention step, and the :class:`Model` interface the engine calls.
+
+Hyperparameters are read the way ``llama_model::load_hparams`` (src/llama-model.cpp) reads them, defaults
+included, so that our numbers are llama.cpp's numbers. Architecture-specific keys live in each model's file.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+
+from inference_engine.backends.base import Array, Backend
+from inference_engine.errors import GGUFParityError
+from inference_engine.gguf_file import GGUFFile
+from inference_engine.kv_cache import KVCache
+
+Tap = Callable[[str, Array], None]
+
+
+def no_tap(name: str, x: Array) -> None:
+    """The tap when nothing is captured: one call that does nothing."""
+
+
+def _int(f: GGUFFile, key: str, default: int | None = None) -> int:
+    value = f.arch_value(key, default) if default is not None else f.require_arch_value(key)
+    if isinstance(value, (list, tuple)):
+        if len(set(value)) != 1:
+            raise GGUFParityError(f"{f.path}: per-layer values of {f.raw_architecture}.{key} are not supported")
+        value = value[0]
+    return int(value)
+
+
+def _float32(value: float) -> float:
+    """A GGUF float as llama.cpp holds it (a C float), returned as a Python float of that exact value."""
+    return float(np.float32(value))
+
+
+@dataclass(frozen=True)
+class HParams:
+    """Hyperparameters every architecture has (llama.cpp's ``llama_hparams`` names in comments)."""
+
+    n_vocab: int  # rows of token_embd
+    n_embd: int
+    n_layer: int
+    n_head: int
+    n_head_kv: int
+    head_dim_k: int  # n_embd_head_k: attention.key_length, else n_embd / n_head
+    head_dim_v: int  # n_embd_head_v: attention.value_length, else n_embd / n_head
+    n_ff: int
+    n_rot: int  # rope.dimension_count, else head_dim_k
+    rms_eps: float  # f_norm_rms_eps (a C float)
+    rope_freq_base: float  # rope.freq_base, default 10000
+    rope_freq_scale: float  # 1 / rope.scaling.factor (linear scaling), default 1
+    n_ctx_train: int
+
+    @staticmethod
+    def common(f: GGUFFile) -> dict[str, Any]:
+        """The common fields from a GGUF file, as keyword arguments for an architecture's dataclass."""
+        n_embd = _int(f, "embedding_length")
+        n_head = _int(f, "attention.head_count")
+        head_dim_k = _int(f, "attention.key_length", n_embd // n_head)
+        scaling_type = str(f.arch_value("rope.scaling.type", "linear") or "linear")
+        if scaling_type not in ("linear", "none"):
+            raise GGUFParityError(f"{f.path}: rope scaling '{scaling_type}' is not supported; supported: linear")
+        factor = float(f.arch_value("rope.scaling.factor", 0.0) or f.arch_value("rope.scale_linear", 0.0) or 0.0)
+        return {
+            "n_vocab": int(f.tensor("token_embd.weight").shape[0]),
+            "n_embd": n_embd,
+            "n_layer": _int(f, "block_count"),
+            "n_head": n_head,
+            "n_head_kv": _int(f, "attention.head_count_kv", n_head),
+            "head_dim_k": head_dim_k,
+            "head_dim_v": _int(f, "attention.value_length", n_embd // n_head),
+            "n_ff": _int(f, "feed_forward_length"),
+            "n_rot": _int(f, "rope.dimension_count", head_dim_k),
+            "rms_eps": _float32(f.require_arch_value("attention.layer_norm_rms_epsilon")),
+            "rope_freq_base": _float32(f.arch_value("rope.freq_base", 10000.0)),
+            # llama_context: "never scale if scaling type is none"
+            "rope_freq_scale": _float32(1.0 / factor) if factor and scaling_type == "linear" else 1.0,
+            "n_ctx_train": _int(f, "context_length", 0),
+        }
+
+
+def default_attention_scale(head_dim: int) -> float:
+    """``1.0f/sqrtf(float(n_embd_head))`` as llama.cpp computes it (in float32)."""
+    return float(np.float32(1.0) / np.sqrt(np.float32(head_dim)))
+
+
+class Weights:
+    """Loads GGUF tensors by their file names through a backend (``blk.3.attn_q.weight`` -> a prepared matrix)."""
+
+    def __init__(self, f: GGUFFile, backend: Backend):
+        self.f = f
+        self.backend = backend
+
+    @staticmethod
+    def name(base: str, il: int | None = None, suffix: str = "weight") -> str:
+        return f"blk.{il}.{base}.{suffix}" if il is not None else f"{base}.{suffix}"
+
+    def has(self, base: str, il: int | None = None, suffix: str = "weight") -> bool:
+        return self.name(base, il, suffix) in self.f.tensors
+
+    def matrix(self, base: str, il: int | None = None) -> Any:
+        return self.backend.load_matrix(self.f.tensor(self.name(base, il)))
+
+    def vector(self, base: str, il: int | None = None, suffix: str = "weight") -> Array:
+        return self.backend.load_vector(self.f.tensor(self.name(base, il, suffix)))
+
+    def optional_vector(self, base: str, il: int | None = None, suffix: str = "weight") -> Array | None:
+        return self.vector(base, il, suffix) if self.has(base, il, suffix) else None
+
+    def embedding(self) -> Any:
+        return self.backend.load_embedding(self.f.tensor("token_embd.weight"))
+
+    def output(self) -> Any:
+        """The LM head: ``output.weight``, or the tied ``token_embd.weight`` when the file has none."""
+        return self.matrix("output" if self.has("output") else "token_embd")
+
+    def host_vector(self, base: str) -> np.ndarray | None:
+        """A small float32 tensor kept as NumPy on the host (e.g. ``rope_freqs``), or None when absent."""
+        if not self.has(base):
+            return None
+        from inference_engine.quants import dequantize_tensor
+
+        return np.asarray(dequantize_tensor(self.f.tensor(self.name(base))), dtype=np.float32).reshape(-1)
+
+
+class Model(ABC):
+    """One architecture's forward pass over a backend.
+
+    ``forward(ids, positions, cache, tap, all_logits)`` appends the tokens' K/V to ``cache`` at ``positions`` and
+    returns logits ``(rows, n_vocab)`` as a backend array: every row when ``all_logits`` (capture), else only the
+    last row (llama.cpp's ``inp_out_ids``: the last layer keeps only output rows before its residual add, and only
+    those go through the LM head).
+    """
+
+    hparams_class: ClassVar[type]
+
+    def __init__(self, f: GGUFFile, backend: Backend):
+        self.hp = self.hparams_class.from_gguf(f)
+        if self.hp.n_head_kv < 1 or self.hp.n_head % self.hp.n_head_kv:
+            raise GGUFParityError(
+                f"{f.path}: {self.hp.n_head} attention heads cannot share {self.hp.n_head_kv} KV heads evenly"
+            )
+        self.backend = backend
+        self.load(Weights(f, backend))
+
+    @abstractmethod
+    def load(self, w: Weights) -> None:
+        """Load every weight through ``w`` (names as in the GGUF)."""
+
+    @abstractmethod
+    def forward(
+        self, ids: np.ndarray, positions: np.ndarray, cache: KVCache, tap: Tap = no_tap, all_logits: bool = False
+    ) -> Array: ...
+
+    def kv_layout(self) -> list[tuple[int, int, int]]:
+        """Per layer ``(n_head_kv, head_dim_k, head_dim_v)``: what the KV cache allocates."""
+        hp = self.hp
+        return [(hp.n_head_kv, hp.head_dim_k, hp.head_dim_v)] * hp.n_layer
+
+    @property
+    def n_vocab(self) -> int:
+        return self.hp.n_vocab
+
+
+@dataclass
+class QKVWeights:
+    """The Q/K/V projections of one layer (``build_qkv``): separate matrices, each with an optional bias."""
+
+    attn_q: Any
+    attn_k: Any
+    attn_v: Any
+    attn_q_bias: Array | None
+    attn_k_bias: Array | None
+    attn_v_bias: Array | None
+
+    @classmethod
+    def load(cls, w: Weights, il: int) -> QKVWeights:
+        if w.has("attn_qkv", il):
+            raise GGUFParityError(f"{w.f.path}: fused attn_qkv weights are not supported; supported: attn_q/k/v")
+        return cls(
+            attn_q=w.matrix("attn_q", il),
+            attn_k=w.matrix("attn_k", il),
+            attn_v=w.matrix("attn_v", il),
+            attn_q_bias=w.optional_vector("attn_q", il, "bias"),
+            attn_k_bias=w.optional_vector("attn_k", il, "bias"),
+            attn_v_bias=w.optional_vector("attn_v", il, "bias"),
+        )
+
+
+def project_qkv(b: Backend, a: QKVWeights, h: Array, hp: HParams) -> tuple[Array, Array, Array]:
+    """``h (T, n_embd)`` -> ``q (T, n_head, d_k)``, ``k (T, n_head_kv, d_k)``, ``v (T, n_head_kv, d_v)``:
+    matmul, then the bias when the file has one, then the per-head reshape (llama.cpp ``build_qkv``)."""
+    T = h.shape[0]
+    q, k, v = b.matmul(a.attn_q, h), b.matmul(a.attn_k, h), b.matmul(a.attn_v, h)
+    if a.attn_q_bias is not None:
+        q = b.add(q, a.attn_q_bias)
+    if a.attn_k_bias is not None:
+        k = b.add(k, a.attn_k_bias)
+    if a.attn_v_bias is not None:
+        v = b.add(v, a.attn_v_bias)
+    return (
+        q.reshape(T, hp.n_head, hp.head_dim_k),
+        k.reshape(T, hp.n_head_kv, hp.head_dim_k),
+        v.reshape(T, hp.n_head_kv, hp.head_dim_v),
+    )
+
+
+def self_attention(
+    b: Backend,
+    cache: KVCache,
+    il: int,
+    q: Array,
+    k: Array,
+    v: Array,
+    positions: np.ndarray,
+    scale: float,
+    sliding_window: int = 0,
+) -> Array:
+    """Store this step's ``k, v`` (T, n_head_kv, d) in layer ``il`` of the cache, attend over everything cached
+    so far: ``(T, n_head * d_v)``. As ``build_attn`` with a KV cache: the new K/V are written first, then read."""
+    start = int(positions[0])
+    k_all, v_all = cache.update(il, start, k, v)
+    return b.attention(q, k_all, v_all, positions, start + q.shape[0], scale, sliding_window)

@@ -1,0 +1,125 @@
+"""Llama (and Mistral, SmolLM2, ...): llama.cpp's src/models/llama.cpp, dense (no MoE) branch.
+
+Pre-norm blocks with RMSNorm; grouped-query attention with NORM-style RoPE (adjacent pairs: the GGUF converter
+permuted Q/K rows for exactly this); SwiGLU feed-forward; tied ``output`` falls back to ``token_embd``.
+Optional Q/K/V and ``attn_output`` biases and ``rope_freqs`` (Llama 3 frequency factors) are honoured as
+llama.cpp does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from inference_engine.gguf_file import GGUFFile
+from inference_engine.kv_cache import KVCache
+from inference_engine.models.base import (
+    HParams,
+    Model,
+    QKVWeights,
+    Tap,
+    Weights,
+    default_attention_scale,
+    no_tap,
+    project_qkv,
+    self_attention,
+)
+
+
+@dataclass(frozen=True)
+class LlamaHParams(HParams):
+    @classmethod
+    def from_gguf(cls, f: GGUFFile) -> LlamaHParams:
+        return cls(**HParams.common(f))
+
+
+@dataclass
+class LlamaLayer:
+    attn_norm: Any
+    qkv: QKVWeights
+    attn_output: Any
+    attn_output_bias: Any | None
+    ffn_norm: Any
+    ffn_gate: Any
+    ffn_up: Any
+    ffn_down: Any
+
+
+class LlamaModel(Model):
+    hparams_class = LlamaHParams
+
+    def load(self, w: Weights) -> None:
+        self.token_embd = w.embedding()
+        self.rope_freqs = w.host_vector("rope_freqs")
+        self.layers = [
+            LlamaLayer(
+                attn_norm=w.vector("attn_norm", il),
+                qkv=QKVWeights.load(w, il),
+                attn_output=w.matrix("attn_output", il),
+                attn_output_bias=w.optional_vector("attn_output", il, "bias"),
+                ffn_norm=w.vector("ffn_norm", il),
+                ffn_gate=w.matrix("ffn_gate", il),
+                ffn_up=w.matrix("ffn_up", il),
+                ffn_down=w.matrix("ffn_down", il),
+            )
+            for il in range(self.hp.n_layer)
+        ]
+        self.output_norm = w.vector("output_norm")
+        self.output = w.output()
+
+    def forward(self, ids, positions, cache: KVCache, tap: Tap = no_tap, all_logits: bool = False):
+        b, hp = self.backend, self.hp
+        kq_scale = default_attention_scale(hp.head_dim_k)
+        rope = {
+            "n_dims": hp.n_rot,
+            "freq_base": hp.rope_freq_base,
+            "neox": False,
+            "freq_scale": hp.rope_freq_scale,
+            "freq_factors": self.rope_freqs,
+        }
+
+        x = b.embed(self.token_embd, ids)  # (T, n_embd)
+        tap("embd", x)
+
+        for il, layer in enumerate(self.layers):
+            h = b.rms_norm(x, layer.attn_norm, hp.rms_eps)  # (T, n_embd)
+            tap(f"attn_norm-{il}", h)
+
+            q, k, v = project_qkv(b, layer.qkv, h, hp)  # (T, n_head, d), (T, n_head_kv, d), (T, n_head_kv, d)
+            q = b.rope(q, positions, **rope)  # (T, n_head, d)
+            k = b.rope(k, positions, **rope)  # (T, n_head_kv, d)
+            tap(f"Qcur-{il}", q)
+            tap(f"Kcur-{il}", k)
+            tap(f"Vcur-{il}", v)
+
+            attn = self_attention(b, cache, il, q, k, v, positions, kq_scale)  # (T, n_head * d)
+            tap(f"kqv_out-{il}", attn)
+            attn = b.matmul(layer.attn_output, attn)  # (T, n_embd)
+            if layer.attn_output_bias is not None:
+                attn = b.add(attn, layer.attn_output_bias)
+            tap(f"attn_out-{il}", attn)
+
+            if il == hp.n_layer - 1 and not all_logits:
+                attn, x = attn[-1:], x[-1:]  # only the output row goes on: (1, n_embd)
+            x = b.add(attn, x)  # (T, n_embd)
+            tap(f"ffn_inp-{il}", x)
+
+            h = b.rms_norm(x, layer.ffn_norm, hp.rms_eps)  # (T, n_embd)
+            tap(f"ffn_norm-{il}", h)
+            up = b.matmul(layer.ffn_up, h)  # (T, n_ff)
+            tap(f"ffn_up-{il}", up)
+            gate = b.matmul(layer.ffn_gate, h)  # (T, n_ff)
+            tap(f"ffn_gate-{il}", gate)
+            h = b.swiglu(gate, up)  # (T, n_ff)
+            tap(f"ffn_swiglu-{il}", h)
+            h = b.matmul(layer.ffn_down, h)  # (T, n_embd)
+            tap(f"ffn_out-{il}", h)
+
+            x = b.add(h, x)  # (T, n_embd)
+            tap(f"l_out-{il}", x)
+
+        x = b.rms_norm(x, self.output_norm, hp.rms_eps)  # (rows, n_embd)
+        tap("result_norm", x)
+        logits = b.matmul(self.output, x)  # (rows, n_vocab)
+        tap("result_output", logits)
+        return logits

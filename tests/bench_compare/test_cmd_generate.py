@@ -1,0 +1,97 @@
+"""``bench-compare generate``: streams the greedy continuation, ends with one timings line, refuses bad flags."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from bench_compare import cli
+from inference_engine.engine import OurEngine
+from inference_engine.generate import generate
+
+
+def run(capsys, *args) -> tuple[int, str, str]:
+    code = cli.main(["generate", *map(str, args)])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_generate_streams_the_greedy_continuation(tiny_model, capsys):
+    path = tiny_model("llama")
+    code, out, err = run(capsys, "hello world", "--model", path, "--max-tokens", 5, "--ctx", 64)
+    assert code == 0, err
+    engine = OurEngine(path, n_ctx=64)
+    prompt = engine.tokenizer.encode("hello world")
+    expected = generate(
+        engine, prompt, 5, eog_ids=engine.tokenizer.eog_ids, stream_decoder=engine.tokenizer.stream_decoder()
+    )
+    assert out == expected.text + "\n"
+    lines = err.strip().splitlines()
+    assert len(lines) == 1
+    assert f"prompt tokens: {len(prompt)}" in lines[0] and "TTFT:" in lines[0] and "tokens/s" in lines[0]
+
+
+def test_generate_with_chat_template_and_sampling(tiny_model, capsys):
+    path = tiny_model("qwen2")
+    args = (
+        "hi",
+        "--model",
+        path,
+        "-n",
+        4,
+        "--ctx",
+        128,
+        "--chat",
+        "--temperature",
+        0.7,
+        "--top-k",
+        20,
+        "--top-p",
+        0.9,
+        "--seed",
+        3,
+        "--numerics",
+        "ggml",
+        "--kv-type",
+        "f16",
+        "--threads",
+        1,
+    )
+    first = run(capsys, *args)
+    second = run(capsys, *args)
+    assert first[0] == 0, first[2]
+    assert first[1] == second[1]  # same seed, same text
+    assert "prompt tokens:" in first[2]
+
+
+@pytest.mark.parametrize(
+    "flags, needle",
+    [
+        (["--max-tokens", "0"], "--max-tokens must be at least 1, got 0"),
+        (["--backend", "cuda"], "unknown backend 'cuda'; supported: numpy, numba, mlx"),
+        (["--numerics", "f16"], "unknown numerics 'f16'; supported: f32, ggml"),
+        (["--kv-type", "q8"], "unknown KV cache type 'q8'; supported: f32, f16"),
+        (["--ctx", "0"], "--ctx must be at least 1, got 0"),
+        (["--threads", "0"], "--threads must be at least 1, got 0"),
+        (["--top-p", "1.5"], "--top-p must be in (0, 1], got 1.5"),
+        (["--ctx", "3"], "does not fit the context of 3"),
+    ],
+)
+def test_bad_flags_are_one_line_errors_with_exit_2(tiny_model, capsys, flags, needle):
+    code, _, err = run(capsys, "a prompt of several words here", "--model", tiny_model("llama"), *flags)
+    assert code == 2
+    assert err.startswith("error: ") and needle in err and len(err.strip().splitlines()) == 1
+    assert "Traceback" not in err
+
+
+def test_unknown_model_is_a_one_line_error(capsys):
+    code, _, err = run(capsys, "hi", "--model", "no-such-model")
+    assert code == 2 and err.startswith("error: unknown model")
+
+
+@pytest.mark.slow
+def test_generate_on_smollm2_says_paris(capsys):
+    code, out, err = run(capsys, "The capital of France is", "--max-tokens", 4, "--threads", 1)
+    assert code == 0, err
+    assert "Paris" in out
+    assert np.isfinite(float(err.split("TTFT:")[1].split("ms")[0]))
