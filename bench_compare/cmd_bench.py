@@ -1,0 +1,265 @@
+"""``bench-compare bench``: llama-bench's flags, tests and output formats, for any engine.
+
+``-p``, ``-n``, ``-d`` and ``-t`` take comma lists and llama-bench's ranges (``128-512*2`` = 128,256,512;
+``1-4+1``); ``-pg P,N`` may be repeated. Tests run in llama-bench's order (per thread count and depth: every
+``pp``, every ``tg``, every ``pg``). Rows are printed as each test finishes (``-o json`` prints the array at the
+end); Ctrl-C prints what was measured so far, including a test cut short, and exits 130.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from dataclasses import dataclass
+
+import click
+
+from bench_compare import engines
+from bench_compare.llamabench_format import (
+    OUTPUT_FORMATS,
+    csv_header,
+    csv_row,
+    format_json,
+    format_jsonl_line,
+    make_record,
+    markdown_footer,
+    markdown_header,
+    markdown_row,
+)
+from bench_compare.measure import (
+    DEFAULT_N_BATCH,
+    DEFAULT_SEED,
+    Runner,
+    TestSpec,
+    pg_test,
+    pp_test,
+    tg_test,
+    token_ids_for_model,
+)
+from bench_compare.results import git_info, machine_info, model_description, package_versions, utc_now
+from inference_engine.errors import GGUFParityError
+from inference_engine.gguf_file import open_gguf
+from inference_engine.registry import DEFAULT_MODEL, resolve_model
+
+LLAMA_BENCH_DEFAULT_PROMPT = (512,)
+LLAMA_BENCH_DEFAULT_GEN = (128,)
+LLAMA_BENCH_DEFAULT_REPS = 5
+
+_RANGE = re.compile(r"^(\d+)(?:-(\d+)(?:([+*])(\d+))?)?$")
+
+
+def parse_int_list(values: tuple[str, ...] | list[str], flag: str) -> list[int]:
+    """llama-bench's ``parse_int_range`` over one or more occurrences of a flag: ``512``, ``128,256``,
+    ``128-512*2``, ``1-8+1``. Negative or non-numeric values are user errors."""
+    out: list[int] = []
+    for value in values:
+        for part in str(value).split(","):
+            part = part.strip()
+            m = _RANGE.match(part)
+            if not m:
+                raise GGUFParityError(
+                    f"{flag}: '{part}' is not a non-negative integer or range (examples: 512, 128,256, 128-512*2)")
+            first = int(m.group(1))
+            last = int(m.group(2)) if m.group(2) else first
+            op = m.group(3) or "+"
+            step = int(m.group(4)) if m.group(4) else 1
+            i = first
+            while i <= last:
+                out.append(i)
+                nxt = i + step if op == "+" else i * step
+                if nxt <= i:
+                    raise GGUFParityError(f"{flag}: range '{part}' does not increase")
+                i = nxt
+    return out
+
+
+def parse_positive_int(text: str, flag: str, minimum: int = 1) -> int:
+    try:
+        value = int(str(text).strip())
+    except ValueError:
+        raise GGUFParityError(f"{flag} must be an integer, got '{text}'") from None
+    if value < minimum:
+        raise GGUFParityError(f"{flag} must be at least {minimum}, got {value}")
+    return value
+
+
+def parse_pg(values: tuple[str, ...]) -> list[tuple[int, int]]:
+    pairs = []
+    for v in values:
+        parts = str(v).split(",")
+        if len(parts) != 2:
+            raise GGUFParityError(f"-pg takes two numbers 'PROMPT,GEN' (e.g. -pg 512,128), got '{v}'")
+        p, n = (parse_int_list([x], "-pg")[0] for x in parts)
+        pairs.append((p, n))
+    return pairs
+
+
+@dataclass(frozen=True)
+class BenchPlan:
+    threads: list[int]
+    depths: list[int]
+    prompts: list[int]
+    gens: list[int]
+    pgs: list[tuple[int, int]]
+
+    def tests(self) -> list[TestSpec]:
+        """llama-bench's order for one thread count: per depth, pp tests, tg tests, pg tests; zeros skipped."""
+        tests: list[TestSpec] = []
+        for d in self.depths:
+            tests += [pp_test(p, d) for p in self.prompts if p > 0]
+            tests += [tg_test(n, d) for n in self.gens if n > 0]
+            tests += [pg_test(p, n, d) for p, n in self.pgs if p > 0 or n > 0]
+        return tests
+
+
+def make_plan(n_prompt, n_gen, pg, n_depth, threads, default_threads: int) -> BenchPlan:
+    prompts = parse_int_list(n_prompt, "-p") if n_prompt else list(LLAMA_BENCH_DEFAULT_PROMPT)
+    gens = parse_int_list(n_gen, "-n") if n_gen else list(LLAMA_BENCH_DEFAULT_GEN)
+    depths = parse_int_list(n_depth, "-d") if n_depth else [0]
+    thread_list = parse_int_list(threads, "-t") if threads else [default_threads]
+    if any(t < 1 for t in thread_list):
+        raise GGUFParityError("-t: thread counts must be at least 1")
+    plan = BenchPlan(thread_list, depths, prompts, gens, parse_pg(pg))
+    if not plan.tests():
+        raise GGUFParityError("nothing to run: every -p, -n and -pg value is 0 (give e.g. -p 512 or -n 128)")
+    return plan
+
+
+class Output:
+    """Streams llama-bench output: header first, one row per finished test, footer (json: array at the end)."""
+
+    def __init__(self, fmt: str, build_commit: str, build_number: str, stream=None):
+        self.fmt, self.build_commit, self.build_number = fmt, build_commit, build_number
+        self.stream = stream or sys.stdout
+        self.records: list[dict] = []
+        self.started = False
+
+    def emit(self, record: dict) -> None:
+        self.records.append(record)
+        if not self.started:
+            self.started = True
+            if self.fmt == "md":
+                self._write(markdown_header() + "\n")
+            elif self.fmt == "csv":
+                self._write(csv_header())
+        if self.fmt == "md":
+            self._write(markdown_row(record) + "\n")
+        elif self.fmt == "csv":
+            self._write(csv_row(record))
+        elif self.fmt == "jsonl":
+            self._write(format_jsonl_line(record))
+
+    def finish(self) -> None:
+        if self.fmt == "json":
+            self._write(format_json(self.records))
+        elif self.fmt == "md" and self.started:
+            self._write(markdown_footer(self.build_commit, self.build_number) + "\n")
+
+    def _write(self, text: str) -> None:
+        self.stream.write(text)
+        self.stream.flush()
+
+
+@click.command("bench")
+@click.option("-m", "--model", "model", default=DEFAULT_MODEL, show_default=True, metavar="MODEL",
+              help="Named model or .gguf path.")
+@click.option("-p", "--n-prompt", "n_prompt", multiple=True, metavar="N[,N...]", help="Prompt sizes (default 512).")
+@click.option("-n", "--n-gen", "n_gen", multiple=True, metavar="N[,N...]", help="Generation sizes (default 128).")
+@click.option("-pg", "pg", multiple=True, metavar="P,N", help="Prompt then generate: PROMPT,GEN (repeatable).")
+@click.option("-d", "--n-depth", "n_depth", multiple=True, metavar="N[,N...]",
+              help="Depths prefilled untimed first (default 0).")
+@click.option("-r", "--repetitions", "reps", default=str(LLAMA_BENCH_DEFAULT_REPS), show_default=True, metavar="N",
+              help="Repetitions after one warm-up.")
+@click.option("-t", "--threads", "threads", multiple=True, metavar="N[,N...]",
+              help="Thread counts (default: usable CPUs).")
+@click.option("-b", "--batch-size", "n_batch", default=str(DEFAULT_N_BATCH), show_default=True, metavar="N",
+              help="Prefill chunk size.")
+@click.option("-o", "--output", "fmt", default="md", show_default=True, metavar="FORMAT",
+              help="md | json | jsonl | csv")
+@click.option("--engine", "engine", default=None, metavar="ENGINE",
+              help="ours:numpy | ours:numba | ours:mlx | llamacpp (default: ours:numba if installed, "
+                   "else ours:numpy)")
+@click.option("--numerics", default="f32", show_default=True, metavar="MODE", help="f32 | ggml (our engine)")
+@click.option("--seed", default=str(DEFAULT_SEED), show_default=True, metavar="N", help="Seed of the random tokens.")
+@click.option("--no-warmup", is_flag=True, help="Skip the warm-up run.")
+@click.option("--progress/--no-progress", default=None, help="Progress bar on stderr (default: if a terminal).")
+def bench(model, n_prompt, n_gen, pg, n_depth, reps, threads, n_batch, fmt, engine, numerics, seed, no_warmup,
+          progress) -> None:
+    """llama-bench compatible benchmark of one engine (pp / tg / pg tests, optional depth)."""
+    from bench_compare.compare_run import default_threads
+
+    if fmt not in OUTPUT_FORMATS:
+        raise GGUFParityError(f"unknown output format '{fmt}'; choose one of: {', '.join(OUTPUT_FORMATS)}")
+    spec = engines.parse_engine_spec(engine or f"ours:{engines.default_backend()}")
+    engines.check_numerics(numerics)
+    reps_n = parse_positive_int(reps, "-r")
+    batch = parse_positive_int(n_batch, "-b")
+    seed_n = parse_positive_int(seed, "--seed", minimum=0)
+    plan = make_plan(n_prompt, n_gen, pg, n_depth, threads, default_threads())
+    tests = plan.tests()
+
+    path = resolve_model(model)
+    gguf = open_gguf(path)
+    model_desc = model_description(gguf)
+    max_ctx = int(model_desc.get("context_length") or 0)
+    need = max(t.n_ctx_needed for t in tests)
+    if max_ctx and need > max_ctx:
+        worst = max(tests, key=lambda t: t.n_ctx_needed)
+        raise GGUFParityError(f"test {worst.name} needs {need} tokens of context (depth + prompt + gen) but "
+                              f"{path.name} has a context length of {max_ctx}")
+    n_ctx = need
+
+    if spec.is_reference:
+        v = package_versions()
+        build_commit, build_number = v.get("ggml_commit") or "unknown", v.get("ggml") or "unknown"
+    else:
+        build_commit = git_info()["sha"][:10]
+        build_number = f"gguf-parity {package_versions().get('gguf-parity')}"
+    cpu = machine_info()["cpu"]
+    out = Output(fmt, build_commit, build_number)
+    show = sys.stderr.isatty() if progress is None else progress
+    from tqdm import tqdm
+
+    bar = tqdm(total=len(plan.threads) * len(tests) * (reps_n + (0 if no_warmup else 1)), file=sys.stderr,
+               disable=not show, desc="bench", unit="run", leave=False)
+    runner = None
+    settings = None
+    started = utc_now()
+    try:
+        for n_threads in plan.threads:
+            eng = engines.make_engine(spec, path, n_threads=n_threads, n_ctx=n_ctx, numerics=numerics, n_batch=batch)
+            try:
+                settings = engines.engine_settings(spec, n_threads=n_threads, n_ctx=n_ctx, numerics=numerics,
+                                                   n_batch=batch)
+                allowed = token_ids_for_model(gguf, eng.n_vocab)
+                if spec.is_reference:  # llama-bench prints llama.cpp's own description (llama_model_desc)
+                    llama_type = eng.model_info.get("model_type", model_desc["model_type"])
+                    model_desc = dict(model_desc, model_type=llama_type)
+                runner = Runner({spec.name: eng}, allowed, reps=reps_n, n_batch=batch, seed=seed_n,
+                                warmup=not no_warmup,
+                                on_progress=lambda label, test, what: bar.update(1))
+                for test in tests:
+                    bar.set_description(f"{test.name} t={n_threads}")
+                    started = utc_now()  # llama-bench's test_time: when the test started
+                    [m] = runner.run(test)
+                    out.emit(_record(m, model_desc, settings, build_commit, cpu, started))
+            finally:
+                eng.close()
+    except KeyboardInterrupt:
+        bar.close()
+        if runner is not None and runner.measurements:
+            last = runner.measurements[-1]
+            if not last.complete and last.samples_ns:
+                click.echo(f"interrupted: {last.test.name} has {len(last.samples_ns)} of {last.reps_planned} "
+                           "samples", err=True)
+                out.emit(_record(last, model_desc, settings, build_commit, cpu, started))
+        out.finish()
+        raise
+    bar.close()
+    out.finish()
+
+
+def _record(m, model_desc, settings, build_commit, cpu, test_time) -> dict:
+    return make_record(model=model_desc, settings=settings, n_prompt=m.test.n_prompt, n_gen=m.test.n_gen,
+                       n_depth=m.test.n_depth, samples_ns=m.samples_ns, test_time=test_time,
+                       build_commit=build_commit, cpu_info=cpu)

@@ -1,0 +1,132 @@
+"""``bench-compare compare``: our engine and llama.cpp side by side (see :mod:`bench_compare.compare_run`)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import click
+
+from bench_compare import compare_run, engines, report
+from bench_compare.atomic import atomic_write_json
+from bench_compare.cmd_bench import parse_positive_int
+from bench_compare.measure import DEFAULT_SEED
+from inference_engine.errors import GGUFParityError
+from inference_engine.registry import DEFAULT_MODEL
+
+
+def _reps(text: str, quick: bool) -> int:
+    """--quick lowers the default repetitions; an explicit -r still wins."""
+    if quick and text == str(compare_run.DEFAULT_REPS):
+        return compare_run.QUICK_REPS
+    return parse_positive_int(text, "-r")
+
+
+def _optional_int(text: str | None, flag: str, minimum: int) -> int | None:
+    return None if text is None else parse_positive_int(text, flag, minimum)
+
+
+@click.command("compare")
+@click.option("--model", "-m", "model", metavar="MODEL", default=DEFAULT_MODEL, show_default=True,
+              help="Named model or .gguf path.")
+@click.option("--backend", metavar="BACKEND", default=None,
+              help="numpy | numba | mlx (default: numba if installed, else numpy)")
+@click.option("--numerics", metavar="MODE", default="f32", show_default=True, help="f32 | ggml (our engine)")
+@click.option("-p", "n_prompt", metavar="N", default=None,
+              help="Prompt size (default 512, scaled down to fit --budget).")
+@click.option("-n", "n_gen", metavar="N", default=None,
+              help="Generated tokens (default 128, scaled to fit --budget).")
+@click.option("-d", "n_depth", metavar="N", default=None,
+              help="Depth for the tg @ depth test (default 512, scaled; 0: none).")
+@click.option("-r", "reps", metavar="N", default=str(compare_run.DEFAULT_REPS), show_default=True,
+              help="Repetitions.")
+@click.option("-t", "threads", metavar="N", default=None, help="Threads for both engines (default: usable CPUs).")
+@click.option("--cold-reps", metavar="N", default=str(compare_run.DEFAULT_COLD_REPS), show_default=True,
+              help="Fresh-process cold starts per engine.")
+@click.option("--no-cold", is_flag=True, help="Skip cold TTFT and peak RSS (the subprocess runs).")
+@click.option("--quick", is_flag=True,
+              help=f"Small fixed preset for CI: -p {compare_run.QUICK_SIZES[0]} -n {compare_run.QUICK_SIZES[1]} "
+                   f"-d {compare_run.QUICK_SIZES[2]} -r {compare_run.QUICK_REPS}, one cold run.")
+@click.option("--budget", metavar="SECONDS", default=str(compare_run.DEFAULT_BUDGET_S), show_default=True,
+              help="Seconds the measurements may take when -p/-n/-d are not all given.")
+@click.option("--prompt", metavar="TEXT", default=None,
+              help="Text prompt for TTFT (default: a built-in ~110-token paragraph).")
+@click.option("--seed", metavar="N", default=str(DEFAULT_SEED), show_default=True)
+@click.option("--json", "json_path", metavar="PATH", default=None, help="Write the result JSON here.")
+@click.option("--report", "report_dir", metavar="DIR", default=None,
+              help="Write report.md + ratios.png (+ compare.json) here.")
+@click.option("--progress/--no-progress", default=True, show_default=True, help="Progress bar on stderr.")
+def compare(model, backend, numerics, n_prompt, n_gen, n_depth, reps, threads, cold_reps, no_cold, quick, budget,
+            prompt, seed, json_path, report_dir, progress) -> None:
+    """Benchmark our engine and llama.cpp side by side, interleaved: pp, tg, tg @ depth, hot and cold TTFT and
+    peak RSS, with ratios (higher is better for ours)."""
+    try:
+        budget_s = float(budget)
+    except ValueError:
+        raise GGUFParityError(f"--budget must be a number of seconds, got '{budget}'") from None
+    cfg = compare_run.CompareConfig(
+        model=model, backend=backend or engines.default_backend(), numerics=numerics,
+        n_prompt=_optional_int(n_prompt, "-p", 1), n_gen=_optional_int(n_gen, "-n", 1),
+        n_depth=_optional_int(n_depth, "-d", 0),
+        reps=_reps(reps, quick),
+        cold_reps=parse_positive_int(cold_reps, "--cold-reps"),
+        n_threads=_optional_int(threads, "-t", 1), cold=not no_cold, quick=quick,
+        seed=parse_positive_int(seed, "--seed", 0), budget_s=budget_s,
+        prompt=prompt if prompt is not None else compare_run.DEFAULT_TTFT_PROMPT,
+    )
+    cfg.validate()
+    session = compare_run.CompareSession(cfg)
+    from tqdm import tqdm
+
+    bar = tqdm(total=0, file=sys.stderr, disable=not progress, desc="compare", unit="run", leave=False,
+               mininterval=0.5 if sys.stderr.isatty() else 10.0)
+
+    def set_total(n: int) -> None:
+        bar.reset(total=n)
+
+    def advance(desc: str) -> None:
+        bar.set_description(desc)
+        bar.update(1)
+
+    def say(text: str) -> None:
+        bar.clear()
+        click.echo(text, err=True)
+
+    t0 = time.monotonic()
+    try:
+        result = compare_run.run_compare(cfg, session, progress=set_total, advance=advance, say=say)
+    except KeyboardInterrupt:
+        bar.close()
+        partial = _partial_result(session)
+        if partial["results"]:
+            click.echo("interrupted; measured so far (nothing was written):")
+            click.echo(report.compare_table(partial))
+        raise
+    bar.close()
+    elapsed = time.monotonic() - t0
+    result["settings"]["wall_s"] = round(elapsed, 1)
+
+    click.echo(f"\n{report.compare_summary_line(result)}")
+    if result["settings"].get("sizes_note"):
+        click.echo(f"note: {result['settings']['sizes_note']}")
+    click.echo("")
+    click.echo(report.compare_table(result))
+    phases = report.cold_phase_table(result)
+    if phases:
+        click.echo("\ncold start phases:\n" + phases)
+    click.echo(f"\ncompare took {elapsed:.0f} s")
+    if json_path:
+        atomic_write_json(json_path, result)
+        click.echo(f"json: {json_path}")
+    if report_dir:
+        out = Path(report_dir)
+        atomic_write_json(out / "compare.json", result)
+        loaded = report.load_result(out / "compare.json")
+        click.echo(f"report: {report.write_report([loaded], out)}")
+
+
+def _partial_result(session: compare_run.CompareSession) -> dict:
+    results = session.results()
+    return {"ours": session.ours_name, "reference": "llamacpp", "results": [r.to_dict() for r in results],
+            "ratios": session.ratios()}

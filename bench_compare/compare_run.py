@@ -1,0 +1,419 @@
+"""``compare``: our engine and llama.cpp on the same model, the same random tokens, interleaved.
+
+Tests (llama-bench semantics, see :mod:`bench_compare.measure`): ``pp{P}``, ``tg{N}``, ``tg{N} @ d{D}``,
+``ttft hot``, then in fresh subprocesses ``ttft cold`` and ``peak rss``. Every repetition runs ours then llama.cpp
+(A, B, A, B, ...) so that drift on a shared machine hits both, and the ratios (higher is better for ours) are the
+numbers to track, never the absolute times.
+
+Sizes: llama-bench's defaults (``-p 512 -n 128``, and depth 512) unless the projected run time exceeds the time
+budget. Then, unless the user gave ``-p``/``-n``/``-d``, a short probe measures each engine's prefill and decode
+costs and the largest sizes from :data:`SIZE_LADDER` that fit the budget are used (prompt and depth shrink
+together, generation on its own); the run says so.
+``--quick`` is a fixed small preset (for CI).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from bench_compare import cold_runner, engines, timing
+from bench_compare.measure import (
+    DEFAULT_N_BATCH,
+    DEFAULT_SEED,
+    DEFAULT_TTFT_PROMPT,
+    Runner,
+    TestSpec,
+    draw_tokens,
+    measure_ttft_hot,
+    pg_test,
+    pp_test,
+    tg_test,
+    token_ids_for_model,
+)
+from bench_compare.results import (
+    COMPARE_KIND,
+    REFERENCE_ENGINE,
+    SCHEMA_VERSION,
+    TestResult,
+    compute_ratios,
+    from_measurement,
+    run_metadata,
+)
+from bench_compare.timing import NS_PER_S, Clock
+from inference_engine.errors import GGUFParityError
+from inference_engine.gguf_file import open_gguf
+from inference_engine.registry import resolve_model
+
+DEFAULT_REPS = 3
+DEFAULT_COLD_REPS = 3
+# The run's measured part should end within this many seconds; loading, probing and metadata add ~10-20 s, so a
+# default compare finishes in about two minutes.
+DEFAULT_BUDGET_S = 100.0
+
+# (n_prompt, n_gen, n_depth), largest first; the first is llama-bench's default -p 512 -n 128 plus -d 512.
+SIZE_LADDER: tuple[tuple[int, int, int], ...] = (
+    (512, 128, 512), (256, 64, 256), (128, 32, 128), (64, 16, 64), (32, 8, 32), (16, 4, 16),
+)
+QUICK_SIZES = (64, 16, 64)
+QUICK_REPS = 2
+QUICK_COLD_REPS = 1
+
+# The probe times two prefills (8 and 32 tokens) to separate a fixed cost per call from the cost per token (some
+# backends spend most of a short prefill in per-call overhead), and a few decodes. Short enough to cost ~1 s on
+# the NumPy backend.
+PROBE_PREFILL_SMALL = 8
+PROBE_PREFILL_LARGE = 32
+PROBE_DECODE = 4
+# Per-token cost grows with context (attention over the cache); the probe runs at context <= 36, the tests at up
+# to depth + gen. This factor covers that growth at these sizes (measured: llama.cpp tg at d512 is ~10-20% slower
+# than at d0 on SmolLM2) with room for the noise of a shared machine.
+PROJECTION_SAFETY = 1.3
+# Untimed pause whenever the runner switches engine: measured here, NumPy's OpenBLAS worker threads keep spinning
+# for ~30 ms of CPU after a call (llama.cpp's ~1 ms), which would otherwise be charged to the next engine's sample
+# on a 2-core machine. 0.1 s covers that with margin and adds ~3 s to a default run.
+INTERLEAVE_PAUSE_S = 0.1
+# Seconds a fresh interpreter needs before the engine's own imports (python start-up, site, our package).
+INTERPRETER_START_S = 0.5
+
+
+@dataclass
+class Sizes:
+    n_prompt: int
+    n_gen: int
+    n_depth: int
+    how: str = "given"  # "given" | "default" | "auto-scaled" | "quick"
+    note: str = ""
+
+
+@dataclass
+class CompareConfig:
+    model: str = "smollm2-135m"
+    backend: str = field(default_factory=engines.default_backend)
+    numerics: str = "f32"
+    n_prompt: int | None = None
+    n_gen: int | None = None
+    n_depth: int | None = None
+    reps: int = DEFAULT_REPS
+    cold_reps: int = DEFAULT_COLD_REPS
+    n_threads: int | None = None
+    cold: bool = True
+    quick: bool = False
+    seed: int = DEFAULT_SEED
+    prompt: str = DEFAULT_TTFT_PROMPT
+    budget_s: float = DEFAULT_BUDGET_S
+    n_batch: int = DEFAULT_N_BATCH
+
+    def validate(self) -> None:
+        engines.check_numerics(self.numerics)
+        if self.backend not in engines.OUR_BACKENDS:
+            raise GGUFParityError(
+                f"unknown backend '{self.backend}'; choose one of: {', '.join(engines.OUR_BACKENDS)}")
+        for name, value, low in (("-p", self.n_prompt, 1), ("-n", self.n_gen, 1), ("-d", self.n_depth, 0)):
+            if value is not None and value < low:
+                raise GGUFParityError(f"{name} must be at least {low} for compare (got {value})")
+        if self.reps < 1:
+            raise GGUFParityError(f"-r must be at least 1 (got {self.reps})")
+        if self.cold and self.cold_reps < 1:
+            raise GGUFParityError(f"--cold-reps must be at least 1 (got {self.cold_reps})")
+        if self.n_threads is not None and self.n_threads < 1:
+            raise GGUFParityError(f"-t must be at least 1 (got {self.n_threads})")
+        if self.budget_s <= 0:
+            raise GGUFParityError(f"--budget must be positive (got {self.budget_s})")
+        if not self.prompt.strip():
+            raise GGUFParityError("--prompt must not be empty")
+
+
+def default_threads() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def plan_tests(sizes: Sizes) -> list[TestSpec]:
+    tests = [pp_test(sizes.n_prompt), tg_test(sizes.n_gen)]
+    if sizes.n_depth > 0:
+        tests.append(tg_test(sizes.n_gen, sizes.n_depth))
+    return tests
+
+
+@dataclass
+class EngineRates:
+    """Costs measured by the probe, in seconds: a prefill call of n tokens costs ``prefill_call_s + n *
+    prefill_token_s``; a decode step ``decode_s``; a fresh process ``startup_s`` before its first token."""
+
+    prefill_call_s: float
+    prefill_token_s: float
+    decode_s: float
+    startup_s: float
+
+    def prefill(self, n_tokens: int, n_batch: int = DEFAULT_N_BATCH) -> float:
+        if n_tokens <= 0:
+            return 0.0
+        calls = -(-n_tokens // n_batch)
+        return calls * self.prefill_call_s + n_tokens * self.prefill_token_s
+
+
+def probe_rates(engine, allowed_ids: np.ndarray, seed: int, startup_s: float,
+                clock: Clock | None = None) -> EngineRates:
+    """Prefill and decode costs, after a tiny untimed warm-up (first calls compile / allocate)."""
+    clock = clock or timing.DEFAULT_CLOCK
+    toks = draw_tokens(pg_test(PROBE_PREFILL_LARGE, PROBE_DECODE), allowed_ids, seed)
+    engine.reset()
+    engine.prefill(toks.prompt[:4])
+    engine.decode(toks.gen[0])
+    times = {}
+    for n in (PROBE_PREFILL_SMALL, PROBE_PREFILL_LARGE):
+        engine.reset()
+        t0 = clock()
+        engine.prefill(toks.prompt[:n])
+        times[n] = (clock() - t0) / NS_PER_S
+    t0 = clock()
+    for t in toks.gen:
+        engine.decode(t)
+    decode_s = (clock() - t0) / NS_PER_S / PROBE_DECODE
+    engine.reset()
+    per_token = max(times[PROBE_PREFILL_LARGE] - times[PROBE_PREFILL_SMALL], 0.0) / (
+        PROBE_PREFILL_LARGE - PROBE_PREFILL_SMALL)
+    per_call = max(times[PROBE_PREFILL_SMALL] - PROBE_PREFILL_SMALL * per_token, 0.0)
+    return EngineRates(per_call, per_token, decode_s, startup_s)
+
+
+def project_seconds(rates: list[EngineRates], sizes: tuple[int, int, int], reps: int, ttft_tokens: int,
+                    cold_reps: int) -> float:
+    """Projected wall time of the measured part of a compare run with ``sizes`` (warm-ups included)."""
+    p, n, d = sizes
+    total = 0.0
+    for r in rates:
+        pp = (reps + 1) * r.prefill(p)
+        tg = (reps * n + 1) * r.decode_s
+        tgd = ((reps + 1) * r.prefill(d) + (reps * n + 1) * r.decode_s) if d > 0 else 0.0
+        ttft = (reps + 1) * r.prefill(ttft_tokens)
+        cold = cold_reps * (INTERPRETER_START_S + r.startup_s + r.prefill(ttft_tokens) + r.prefill(p)
+                            + n * r.decode_s)
+        pauses = 2 * (reps + 1) * 4 * INTERLEAVE_PAUSE_S / len(rates)
+        total += pp + tg + tgd + ttft + cold + pauses
+    return total * PROJECTION_SAFETY
+
+
+def size_candidates(ladder: tuple[tuple[int, int, int], ...]) -> list[tuple[int, int, int]]:
+    """Every (prompt/depth step, gen step) combination of the ladder, largest first.
+
+    Prompt and depth shrink together (both are prefill cost); generation shrinks on its own, so an engine with a
+    slow prefill but a fast decode still gets a long ``tg`` test. Order: fewest steps down in total, then the
+    longer generation first.
+    """
+    ranked = []
+    for i, (p, _, d) in enumerate(ladder):
+        for j, (_, n, _) in enumerate(ladder):
+            ranked.append((i + j, j, (p, n, d)))
+    ranked.sort(key=lambda r: (r[0], r[1]))
+    seen, out = set(), []
+    for _, _, s in ranked:
+        if s not in seen:
+            seen.add(s)
+            out.append(s)
+    return out
+
+
+def choose_sizes(rates: list[EngineRates], reps: int, ttft_tokens: int, cold_reps: int, budget_s: float,
+                 max_ctx: int, ladder: tuple[tuple[int, int, int], ...] = SIZE_LADDER) -> Sizes:
+    """The first (largest) of :func:`size_candidates` that fits the context and whose projected time fits
+    ``budget_s``; the note says why larger sizes were passed over."""
+    top = ladder[0]
+    fitting = [s for s in size_candidates(ladder) if s[2] + s[1] <= max_ctx and s[0] <= max_ctx]
+    reasons = [] if top in fitting else [f"the model's context ({max_ctx} tokens)"]
+    chosen = None
+    for s in fitting:
+        projected = project_seconds(rates, s, reps, ttft_tokens, cold_reps)
+        if projected <= budget_s:
+            chosen = s
+            break
+        if not any("budget" in r for r in reasons):
+            reasons.append(f"the {budget_s:.0f} s time budget")
+    if chosen is None:
+        chosen = fitting[-1] if fitting else ladder[-1]
+        projected = project_seconds(rates, chosen, reps, ttft_tokens, cold_reps)
+        return Sizes(*chosen, how="auto-scaled", note=(
+            f"even the smallest sizes (-p {chosen[0]} -n {chosen[1]} -d {chosen[2]}) are projected to take "
+            f"{projected:.0f} s, over the {budget_s:.0f} s budget"))
+    if chosen == top:
+        return Sizes(*chosen, how="default")
+    return Sizes(*chosen, how="auto-scaled", note=(
+        f"scaled down from -p {top[0]} -n {top[1]} -d {top[2]} to -p {chosen[0]} -n {chosen[1]} -d {chosen[2]} "
+        f"to fit {' and '.join(reasons)} (projected {projected:.0f} s); pass -p/-n/-d or --budget to choose"))
+
+
+@dataclass
+class CompareSession:
+    """A compare run in progress; ``results()`` is valid at any time (after Ctrl-C: what was measured)."""
+
+    config: CompareConfig
+    ours_name: str = ""
+    runner: Runner | None = None
+    cold_runs: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    cold_done: bool = False
+    sizes: Sizes | None = None
+    settings: dict[str, Any] = field(default_factory=dict)
+    load_s: dict[str, float] = field(default_factory=dict)
+
+    def results(self) -> list[TestResult]:
+        out: list[TestResult] = []
+        if self.runner is not None:
+            out += [from_measurement(m) for m in self.runner.measurements if m.samples_ns]
+        for engine, runs in self.cold_runs.items():
+            out += cold_runner.cold_results(engine, runs, complete=self.cold_done)
+        return out
+
+    def ratios(self) -> dict[str, float]:
+        return compute_ratios(self.results(), self.ours_name, REFERENCE_ENGINE)
+
+
+ProgressHook = Callable[[str], None]  # called with a short description after each unit of work
+
+
+def run_compare(cfg: CompareConfig, session: CompareSession, *, clock: Clock | None = None,
+                progress: Callable[[int], Any] | None = None, advance: ProgressHook | None = None,
+                say: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
+    """Run the whole comparison; fills ``session`` as it goes and returns the result JSON object.
+
+    ``progress(total)`` is called once the number of work units is known; ``advance(desc)`` after each unit.
+    """
+    cfg.validate()
+    clock = clock or timing.DEFAULT_CLOCK
+    n_threads = cfg.n_threads or default_threads()
+    path = resolve_model(cfg.model)
+    gguf = open_gguf(path)
+    max_ctx = int(gguf.arch_value("context_length", 0) or 0) or 1 << 30
+    _check_sizes_fit(cfg, max_ctx)
+
+    ours_spec = engines.EngineSpec("ours", cfg.backend)
+    ref_spec = engines.EngineSpec("llamacpp")
+    session.ours_name = ours_spec.name
+    advance = advance or (lambda desc: None)
+
+    # Context for the largest possible run; the engines are made once (weights loaded once, kept warm).
+    ladder_max = max(s[2] + s[1] for s in SIZE_LADDER + (QUICK_SIZES,))
+    want_ctx = max(ladder_max, (cfg.n_depth or 0) + (cfg.n_gen or 0), cfg.n_prompt or 0)
+    n_ctx = min(_round_up(want_ctx + 8, 256), max_ctx)
+
+    say(f"loading {ours_spec.name} and llama.cpp on {path.name} ({n_threads} threads)")
+    made: dict[str, Any] = {}
+    try:
+        # the reference first: a model llama.cpp cannot load has nothing to compare
+        for spec in (ref_spec, ours_spec):
+            t0 = clock()
+            engines.import_engine_modules(spec)
+            made[spec.name] = engines.make_engine(spec, path, n_threads=n_threads, n_ctx=n_ctx,
+                                                  numerics=cfg.numerics, n_batch=cfg.n_batch)
+            session.load_s[spec.name] = (clock() - t0) / NS_PER_S
+        ordered = {ours_spec.name: made[ours_spec.name], ref_spec.name: made[ref_spec.name]}  # run order: ours first
+        return _run_with_engines(cfg, session, ordered, gguf, path, n_threads, n_ctx, max_ctx, ours_spec, ref_spec,
+                                 clock, progress, advance, say)
+    finally:
+        for engine in made.values():
+            engine.close()
+
+
+def _run_with_engines(cfg, session, made, gguf, path, n_threads, n_ctx, max_ctx, ours_spec, ref_spec, clock,
+                      progress, advance, say) -> dict[str, Any]:
+    ours, ref = made[ours_spec.name], made[ref_spec.name]
+    allowed = token_ids_for_model(gguf, min(ours.n_vocab, ref.n_vocab))
+    ttft_tokens = len(ref.tokenize(cfg.prompt, add_bos=True))
+    if ttft_tokens > n_ctx:
+        raise GGUFParityError(f"the TTFT prompt is {ttft_tokens} tokens, more than the context of {n_ctx}")
+    cold_reps = (QUICK_COLD_REPS if cfg.quick else cfg.cold_reps) if cfg.cold else 0
+    reps = cfg.reps
+
+    sizes = _pick_sizes(cfg, made, allowed, session, ttft_tokens, cold_reps, max_ctx, clock, say)
+    session.sizes = sizes
+    if sizes.note:
+        say(sizes.note)
+    tests = plan_tests(sizes)
+    units = (len(tests) + 1) * 2 * (reps + 1) + 2 * cold_reps
+    if progress is not None:
+        progress(units)
+
+    settings = {
+        "n_threads": n_threads, "n_ctx": n_ctx, "reps": reps, "cold_reps": cold_reps, "seed": cfg.seed,
+        "n_prompt": sizes.n_prompt, "n_gen": sizes.n_gen, "n_depth": sizes.n_depth, "sizes_chosen": sizes.how,
+        "sizes_note": sizes.note, "prompt": cfg.prompt, "ttft_prompt_tokens": ttft_tokens, "quick": cfg.quick,
+        "budget_s": cfg.budget_s, "order": "interleaved per repetition: ours, llamacpp",
+        "engines": {
+            spec.name: engines.engine_settings(spec, n_threads=n_threads, n_ctx=n_ctx, numerics=cfg.numerics,
+                                               n_batch=cfg.n_batch)
+            for spec in (ours_spec, ref_spec)
+        },
+        "load_s_in_process": session.load_s,
+    }
+    session.settings = settings
+
+    runner = Runner({ours_spec.name: ours, ref_spec.name: ref}, allowed, reps=reps, clock=clock,
+                    n_batch=cfg.n_batch, seed=cfg.seed, pause_s=INTERLEAVE_PAUSE_S,
+                    on_progress=lambda label, test, what: advance(f"{test.name} {label}"))
+    session.runner = runner
+    for test in tests:
+        runner.run(test)
+    measure_ttft_hot(runner, cfg.prompt)
+
+    if cold_reps:
+        session.cold_runs = {ours_spec.name: [], ref_spec.name: []}
+        for _ in range(cold_reps):
+            for spec in (ours_spec, ref_spec):
+                run = cold_runner.run_cold_start_subprocess(
+                    spec, path, cfg.prompt, n_threads=n_threads, n_ctx=n_ctx, numerics=cfg.numerics,
+                    n_batch=cfg.n_batch, rss_prompt=sizes.n_prompt, rss_gen=sizes.n_gen, seed=cfg.seed)
+                session.cold_runs[spec.name].append(run)
+                advance(f"cold start {spec.name}")
+        session.cold_done = True
+    return build_result(session, gguf)
+
+
+def build_result(session: CompareSession, gguf) -> dict[str, Any]:
+    results = session.results()
+    meta = run_metadata(gguf, session.settings)
+    return {
+        "kind": COMPARE_KIND,
+        "schema_version": SCHEMA_VERSION,
+        "ours": session.ours_name,
+        "reference": REFERENCE_ENGINE,
+        "backend": session.config.backend,
+        "numerics": session.config.numerics,
+        **meta,
+        "results": [r.to_dict() for r in results],
+        "ratios": compute_ratios(results, session.ours_name, REFERENCE_ENGINE),
+        "ratio_orientation": "higher is better for ours: throughput ours/llamacpp, time and memory llamacpp/ours",
+    }
+
+
+def _pick_sizes(cfg, made, allowed, session, ttft_tokens, cold_reps, max_ctx, clock, say) -> Sizes:
+    given = (cfg.n_prompt, cfg.n_gen, cfg.n_depth)
+    if cfg.quick:
+        p, n, d = (g if g is not None else q for g, q in zip(given, QUICK_SIZES))
+        return Sizes(p, n, d, how="quick", note=f"--quick: -p {p} -n {n} -d {d} -r {cfg.reps}, cold runs "
+                     f"{QUICK_COLD_REPS if cfg.cold else 0}")
+    if all(g is not None for g in given):
+        return Sizes(*given, how="given")
+    say("probing per-token cost to fit the time budget")
+    rates = [probe_rates(engine, allowed, cfg.seed, session.load_s[name], clock) for name, engine in made.items()]
+    # Sizes the user gave are kept; only the others move down the ladder.
+    ladder = tuple(tuple(g if g is not None else s for g, s in zip(given, step)) for step in SIZE_LADDER)
+    return choose_sizes(rates, cfg.reps, ttft_tokens, cold_reps, cfg.budget_s, max_ctx, ladder)
+
+
+def _check_sizes_fit(cfg: CompareConfig, max_ctx: int) -> None:
+    need = max((cfg.n_depth or 0) + (cfg.n_gen or 0), cfg.n_prompt or 0)
+    if need > max_ctx:
+        raise GGUFParityError(
+            f"depth {cfg.n_depth or 0} + gen {cfg.n_gen or 0} (or prompt {cfg.n_prompt or 0}) needs {need} tokens of "
+            f"context but the model's context length is {max_ctx}")
+
+
+def _round_up(x: int, m: int) -> int:
+    return (x + m - 1) // m * m
+
+
+def config_dict(cfg: CompareConfig) -> dict[str, Any]:
+    return asdict(cfg)

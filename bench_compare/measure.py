@@ -1,0 +1,356 @@
+"""What one benchmark sample is, for any engine behind the Engine protocol.
+
+The tests follow llama-bench (tools/llama-bench/llama-bench.cpp in the vendored llama.cpp):
+
+* ``pp N``   one prefill of N random tokens on a fresh KV cache, fed in chunks of ``n_batch``; t/s = N / time.
+* ``tg N``   N single-token decode steps; t/s = N / time.
+* ``@ dD``   before the timed part, D random tokens are prefilled *untimed* (llama-bench's ``-d``).
+* ``pp N+tg M`` (``-pg``) prefill then generate, timed together; t/s = (N + M) / time.
+* ``ttft hot``  weights loaded and warm, fresh KV cache: from the tokenized prompt to the first greedy token
+  (prefill + argmax), in milliseconds.
+
+Every test is warmed up once, then repeated; the :class:`Runner` can interleave several engines per repetition
+(A, B, A, B, ...) so that machine drift hits all of them alike, with an optional untimed pause at each switch
+(an engine's idle worker threads may still spin: NumPy's OpenBLAS burns ~30 ms of CPU after a call here).
+The clock is injected (``timing.Clock``) so the arithmetic is tested with a fake clock. Results accumulate as
+they are measured, so a run interrupted with Ctrl-C still has everything finished before the interrupt.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from bench_compare import timing
+from bench_compare.timing import NS_PER_MS, Clock, Stats, summarize, tokens_per_second
+from inference_engine.errors import GGUFParityError
+from inference_engine.protocol import Engine
+
+DEFAULT_N_BATCH = 512  # llama-bench's n_ubatch: the chunk size llama.cpp actually computes a prefill in
+DEFAULT_SEED = 1234
+
+# gguf's TokenType.NORMAL: ordinary vocabulary entries (not control / unknown / user-defined / unused / byte).
+NORMAL_TOKEN_TYPE = 1
+
+KIND_PP = "pp"
+KIND_TG = "tg"
+KIND_PG = "pg"
+KIND_TTFT_HOT = "ttft_hot"
+KIND_TTFT_COLD = "ttft_cold"
+KIND_PEAK_RSS = "peak_rss"
+
+
+@dataclass(frozen=True)
+class TestSpec:
+    """One benchmark test. ``name`` is llama-bench's label (``pp512``, ``tg128 @ d512``, ``pp512+tg128``)."""
+
+    kind: str
+    n_prompt: int = 0
+    n_gen: int = 0
+    n_depth: int = 0
+
+    __test__ = False  # not a pytest test class
+
+    @property
+    def name(self) -> str:
+        if self.kind == KIND_TTFT_HOT:
+            return "ttft hot"
+        return llama_bench_test_name(self.n_prompt, self.n_gen, self.n_depth)
+
+    @property
+    def n_tokens(self) -> int:
+        """Tokens counted in t/s (llama-bench: ``n_prompt + n_gen``; depth is not counted)."""
+        return self.n_prompt + self.n_gen
+
+    @property
+    def n_ctx_needed(self) -> int:
+        return self.n_depth + self.n_prompt + self.n_gen
+
+    @property
+    def is_throughput(self) -> bool:
+        return self.kind in (KIND_PP, KIND_TG, KIND_PG)
+
+
+def llama_bench_test_name(n_prompt: int, n_gen: int, n_depth: int = 0) -> str:
+    """llama-bench's ``test`` column: ``pp512``, ``tg128``, ``pp512+tg128``, with `` @ d512`` for a depth."""
+    if n_prompt > 0 and n_gen == 0:
+        name = f"pp{n_prompt}"
+    elif n_gen > 0 and n_prompt == 0:
+        name = f"tg{n_gen}"
+    else:
+        name = f"pp{n_prompt}+tg{n_gen}"
+    if n_depth > 0:
+        name += f" @ d{n_depth}"
+    return name
+
+
+def pp_test(n_prompt: int, n_depth: int = 0) -> TestSpec:
+    return TestSpec(KIND_PP, n_prompt=n_prompt, n_depth=n_depth)
+
+
+def tg_test(n_gen: int, n_depth: int = 0) -> TestSpec:
+    return TestSpec(KIND_TG, n_gen=n_gen, n_depth=n_depth)
+
+
+def pg_test(n_prompt: int, n_gen: int, n_depth: int = 0) -> TestSpec:
+    return TestSpec(KIND_PG, n_prompt=n_prompt, n_gen=n_gen, n_depth=n_depth)
+
+
+def ttft_hot_test(n_prompt_tokens: int) -> TestSpec:
+    return TestSpec(KIND_TTFT_HOT, n_prompt=n_prompt_tokens)
+
+
+# --- random tokens ----------------------------------------------------------------------------------------------
+def normal_token_ids(token_types: Sequence[int] | None, n_vocab: int) -> np.ndarray:
+    """Ids of ordinary tokens (GGUF ``tokenizer.ggml.token_type == NORMAL``), below ``n_vocab``.
+
+    Random prompts avoid control tokens (BOS/EOS, chat markers), which some engines treat specially. Without a
+    token type table every id below ``n_vocab`` is allowed.
+    """
+    if token_types is None or len(token_types) == 0:
+        return np.arange(n_vocab, dtype=np.int64)
+    types = np.asarray(token_types[:n_vocab])
+    ids = np.flatnonzero(types == NORMAL_TOKEN_TYPE).astype(np.int64)
+    if ids.size == 0:
+        raise GGUFParityError("the model's vocabulary has no normal tokens to draw a random prompt from")
+    return ids
+
+
+def token_ids_for_model(gguf_file, n_vocab: int | None = None) -> np.ndarray:
+    """:func:`normal_token_ids` for an opened :class:`~inference_engine.gguf_file.GGUFFile`."""
+    field_ = gguf_file.reader.fields.get("tokenizer.ggml.token_type")
+    types = None if field_ is None else np.asarray(field_.contents())
+    if n_vocab is None:
+        tokens = gguf_file.reader.fields.get("tokenizer.ggml.tokens")
+        n_vocab = len(tokens.data) if tokens is not None else (len(types) if types is not None else 0)
+    return normal_token_ids(types, n_vocab)
+
+
+@dataclass(frozen=True)
+class TestTokens:
+    __test__ = False  # not a pytest test class
+
+    depth: list[int]
+    prompt: list[int]
+    gen: list[int]
+
+
+def draw_tokens(test: TestSpec, allowed_ids: np.ndarray, seed: int = DEFAULT_SEED) -> TestTokens:
+    """The random tokens of one test: a pure function of (test sizes, seed, vocabulary), so every engine and
+    every repetition gets exactly the same ones."""
+    rng = np.random.default_rng([seed, test.n_depth, test.n_prompt, test.n_gen])
+    depth = rng.choice(allowed_ids, size=test.n_depth).tolist()
+    prompt = rng.choice(allowed_ids, size=test.n_prompt).tolist()
+    gen = rng.choice(allowed_ids, size=test.n_gen).tolist()
+    return TestTokens([int(t) for t in depth], [int(t) for t in prompt], [int(t) for t in gen])
+
+
+# --- one sample -------------------------------------------------------------------------------------------------
+def prefill_chunked(engine: Engine, ids: Sequence[int], n_batch: int) -> np.ndarray | None:
+    """Feed ``ids`` in chunks of at most ``n_batch`` (llama-bench's ``test_prompt``); last chunk's logits."""
+    logits = None
+    for start in range(0, len(ids), n_batch):
+        logits = engine.prefill(list(ids[start : start + n_batch]))
+    return logits
+
+
+def run_sample(
+    engine: Engine,
+    test: TestSpec,
+    tokens: TestTokens,
+    clock: Clock | None = None,
+    n_batch: int = DEFAULT_N_BATCH,
+) -> int:
+    """One timed repetition of ``test`` on ``engine``; returns nanoseconds. Cache reset and depth are untimed."""
+    clock = clock or timing.DEFAULT_CLOCK
+    engine.reset()
+    if tokens.depth:
+        prefill_chunked(engine, tokens.depth, n_batch)
+    if test.kind == KIND_TTFT_HOT:
+        start = clock()
+        logits = prefill_chunked(engine, tokens.prompt, n_batch)
+        int(np.argmax(logits))  # the first greedy token
+        return clock() - start
+    start = clock()
+    if tokens.prompt:
+        prefill_chunked(engine, tokens.prompt, n_batch)
+    for token in tokens.gen:
+        engine.decode(token)
+    return clock() - start
+
+
+def warmup_tokens(test: TestSpec, tokens: TestTokens) -> TestTokens:
+    """llama-bench warms up with the full prompt and a single generated token."""
+    return TestTokens(tokens.depth, tokens.prompt, tokens.gen[:1])
+
+
+# --- results ----------------------------------------------------------------------------------------------------
+@dataclass
+class Measurement:
+    """The samples of one test on one engine (``samples_ns`` grows as repetitions finish)."""
+
+    test: TestSpec
+    engine: str
+    samples_ns: list[int] = field(default_factory=list)
+    reps_planned: int = 0
+
+    @property
+    def complete(self) -> bool:
+        return len(self.samples_ns) >= self.reps_planned
+
+    @property
+    def samples_ts(self) -> list[float]:
+        return [tokens_per_second(self.test.n_tokens, ns) for ns in self.samples_ns]
+
+    @property
+    def samples_ms(self) -> list[float]:
+        return [ns / NS_PER_MS for ns in self.samples_ns]
+
+    @property
+    def unit(self) -> str:
+        return "t/s" if self.test.is_throughput else "ms"
+
+    @property
+    def samples(self) -> list[float]:
+        """Samples in :attr:`unit` (t/s for throughput tests, ms for latencies)."""
+        return self.samples_ts if self.test.is_throughput else self.samples_ms
+
+    @property
+    def higher_is_better(self) -> bool:
+        return self.test.is_throughput
+
+    def stats(self) -> Stats:
+        return summarize(self.samples)
+
+    def stats_ns(self) -> Stats:
+        return summarize(self.samples_ns)
+
+
+ProgressCallback = Callable[[str, TestSpec, str], None]  # (engine label, test, "warmup" | "sample")
+
+
+class Runner:
+    """Runs tests on one or more engines: per test, a warm-up on each engine, then ``reps`` rounds in which each
+    engine runs once, in the given order (A, B, A, B, ...).
+
+    ``measurements`` fills in as samples finish, so after a ``KeyboardInterrupt`` it holds what was measured.
+    """
+
+    def __init__(
+        self,
+        engines: dict[str, Engine],
+        allowed_ids: np.ndarray,
+        *,
+        reps: int,
+        clock: Clock | None = None,
+        n_batch: int = DEFAULT_N_BATCH,
+        seed: int = DEFAULT_SEED,
+        warmup: bool = True,
+        on_progress: ProgressCallback | None = None,
+        pause_s: float = 0.0,
+        sleep: Callable[[float], None] = time.sleep,
+    ):
+        if reps < 1:
+            raise GGUFParityError(f"repetitions must be at least 1 (got {reps})")
+        if n_batch < 1:
+            raise GGUFParityError(f"batch size must be at least 1 (got {n_batch})")
+        self.engines = engines
+        self.allowed_ids = allowed_ids
+        self.reps = reps
+        self.clock = clock or timing.DEFAULT_CLOCK  # looked up at run time, so tests can swap the module's clock
+        self.n_batch = n_batch
+        self.seed = seed
+        self.warmup = warmup
+        self.on_progress = on_progress
+        self.pause_s = pause_s
+        self.sleep = sleep
+        self.measurements: list[Measurement] = []
+        self._last_engine: str | None = None
+
+    def check_fits(self, test: TestSpec) -> None:
+        for label, engine in self.engines.items():
+            if test.n_ctx_needed > engine.n_ctx:
+                raise GGUFParityError(
+                    f"test {test.name} needs {test.n_ctx_needed} tokens of context (depth {test.n_depth} + prompt "
+                    f"{test.n_prompt} + gen {test.n_gen}) but {label} has a context of {engine.n_ctx}"
+                )
+
+    def run(self, test: TestSpec, tokens: TestTokens | None = None) -> list[Measurement]:
+        """Measure ``test`` on every engine; returns this test's measurements (also kept in ``measurements``)."""
+        self.check_fits(test)
+        if tokens is None:
+            tokens = draw_tokens(test, self.allowed_ids, self.seed)
+        current = [Measurement(test, label, reps_planned=self.reps) for label in self.engines]
+        self.measurements.extend(current)
+        if self.warmup:
+            for label, engine in self.engines.items():
+                self._switch_to(label)
+                run_sample(engine, test, warmup_tokens(test, tokens), self.clock, self.n_batch)
+                self._progress(label, test, "warmup")
+        for _ in range(self.reps):
+            for m, (label, engine) in zip(current, self.engines.items()):
+                self._switch_to(label)
+                m.samples_ns.append(run_sample(engine, test, tokens, self.clock, self.n_batch))
+                self._progress(label, test, "sample")
+        return current
+
+    def _switch_to(self, label: str) -> None:
+        """Pause (untimed) when another engine ran last, so its idle worker threads stop spinning first."""
+        if self.pause_s > 0 and self._last_engine is not None and self._last_engine != label:
+            self.sleep(self.pause_s)
+        self._last_engine = label
+
+    def run_all(self, tests: Iterable[TestSpec]) -> list[Measurement]:
+        for test in tests:
+            self.run(test)
+        return self.measurements
+
+    def _progress(self, label: str, test: TestSpec, what: str) -> None:
+        if self.on_progress is not None:
+            self.on_progress(label, test, what)
+
+
+def ttft_prompt_tokens(engine: Engine, prompt: str) -> list[int]:
+    """The hot-TTFT prompt as this engine tokenizes it (with BOS, as a chat front end would)."""
+    ids = engine.tokenize(prompt, add_bos=True)
+    if not ids:
+        raise GGUFParityError("the TTFT prompt tokenizes to nothing; give a non-empty --prompt")
+    return list(ids)
+
+
+def measure_ttft_hot(runner: Runner, prompt: str) -> list[Measurement]:
+    """Hot TTFT on every engine of ``runner``: each engine gets its own tokenization of ``prompt``.
+
+    The engines should tokenize alike (tokenizer parity is validated elsewhere); when they do, they run the same
+    ids interleaved. When they do not, each runs its own ids (one engine after the other) and the token count of
+    each is recorded in its test (``n_prompt``), so the difference is visible rather than hidden.
+    """
+    per_engine = {label: ttft_prompt_tokens(engine, prompt) for label, engine in runner.engines.items()}
+    distinct = {tuple(ids) for ids in per_engine.values()}
+    if len(distinct) == 1:
+        ids = next(iter(per_engine.values()))
+        test = ttft_hot_test(len(ids))
+        return runner.run(test, TestTokens([], ids, []))
+    results = []
+    all_engines = runner.engines
+    try:
+        for label, engine in all_engines.items():
+            runner.engines = {label: engine}
+            ids = per_engine[label]
+            results += runner.run(ttft_hot_test(len(ids)), TestTokens([], ids, []))
+    finally:
+        runner.engines = all_engines
+    return results
+
+
+DEFAULT_TTFT_PROMPT = (
+    "You are a helpful assistant. Read the following note and answer briefly.\n"
+    "The river town kept its old stone bridge, although the new road crossed the valley two miles upstream. "
+    "Every spring the water rose to the second arch, and every summer the children counted the swallows that "
+    "nested under it. The council had argued for years about whether to repair the bridge or let it fall, and "
+    "in the end the decision was made by a storm that took the third arch away one night in October.\n"
+    "Question: what decided the fate of the bridge?\nAnswer:"
+)

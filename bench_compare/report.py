@@ -1,0 +1,366 @@
+"""Reports from result JSONs: Markdown with PNG plots, and a history file with one row per run.
+
+Two kinds of result are understood:
+
+* compare results (``bench-compare compare --json``): ``kind == "gguf-parity-compare"``, ``results`` and
+  ``ratios`` (higher is better for ours);
+* validation results (``bench-compare validate``): ``passed``, ``tensors`` ``[{name, nmse, ...}]`` and
+  ``logits`` ``{kld_mean, kld_max, top1_agreement}``.
+
+Anything else is refused with a one-line error. Every file is written atomically (:mod:`bench_compare.atomic`).
+Plots use matplotlib's Agg canvas directly (no pyplot, no display needed).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from bench_compare.atomic import atomic_open, atomic_write_bytes, atomic_write_text
+from bench_compare.results import COMPARE_KIND, utc_now
+from inference_engine.errors import GGUFParityError
+
+KIND_COMPARE = "compare"
+KIND_VALIDATION = "validation"
+WORST_TENSORS_SHOWN = 10
+
+UNIT_FORMATS = {"t/s": "{:.2f} t/s", "ms": "{:.1f} ms", "MiB": "{:.1f} MiB"}
+ENGINE_TITLES = {"llamacpp": "llama.cpp"}
+
+
+# --- loading ----------------------------------------------------------------------------------------------------
+def classify(obj: Any) -> str | None:
+    if not isinstance(obj, dict):
+        return None
+    if obj.get("kind") == COMPARE_KIND or (
+        isinstance(obj.get("results"), list) and isinstance(obj.get("ratios"), dict)
+    ):
+        return KIND_COMPARE
+    if "passed" in obj and (isinstance(obj.get("tensors"), list) or isinstance(obj.get("logits"), dict)):
+        return KIND_VALIDATION
+    return None
+
+
+def load_json(path: str | Path, what: str = "result") -> Any:
+    p = Path(path)
+    if not p.is_file():
+        raise GGUFParityError(f"{p}: no such {what} file")
+    try:
+        return json.loads(p.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise GGUFParityError(f"{p}: not valid JSON ({exc.__class__.__name__}: {str(exc)[:80]})") from None
+
+
+def load_result(path: str | Path) -> dict[str, Any]:
+    obj = load_json(path)
+    kind = classify(obj)
+    if kind is None:
+        raise GGUFParityError(
+            f"{path}: not a gguf-parity result (expected a compare JSON with 'results' and 'ratios', or a "
+            "validation JSON with 'passed', 'tensors' and 'logits')")
+    obj = dict(obj)
+    obj["_kind"] = kind
+    obj["_source"] = str(path)
+    return obj
+
+
+def as_number(value: Any) -> float | None:
+    """A metric as a float: validation JSON writes non-finite values as the strings "inf" / "nan"."""
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def tensors_with_nmse(obj: dict[str, Any]) -> list[dict[str, Any]]:
+    """The result's tensors with a numeric ``nmse`` (NaN counts as the worst possible)."""
+    out = []
+    for t in obj.get("tensors") or []:
+        if isinstance(t, dict) and as_number(t.get("nmse")) is not None:
+            v = as_number(t["nmse"])
+            out.append({**t, "nmse": math.inf if math.isnan(v) else v})
+    return out
+
+
+def validation_metrics(obj: dict[str, Any]) -> dict[str, Any]:
+    """The gateable numbers of a validation result: KL divergence, top-1 agreement, the worst tensor NMSE."""
+    out: dict[str, Any] = {"passed": bool(obj.get("passed"))}
+    logits = obj.get("logits") or {}
+    for key in ("kld_mean", "kld_max", "top1_agreement"):
+        value = as_number(logits.get(key))
+        if value is not None:
+            out[key] = value
+    tensors = tensors_with_nmse(obj)
+    finite = [t for t in tensors if math.isfinite(t["nmse"])]
+    if tensors:
+        worst = max(tensors, key=lambda t: t["nmse"])
+        out["worst_nmse"] = float(worst["nmse"])
+        out["worst_tensor"] = str(worst.get("name", "?"))
+        out["n_tensors"] = len(tensors)
+        out["n_tensors_finite"] = len(finite)
+    return out
+
+
+# --- formatting -------------------------------------------------------------------------------------------------
+def format_value(value: float, unit: str) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return UNIT_FORMATS.get(unit, "{:.3g} " + unit).format(value)
+
+
+def engine_title(name: str) -> str:
+    return ENGINE_TITLES.get(name, name)
+
+
+def markdown_table(headers: list[str], rows: list[list[str]], align: str | None = None) -> str:
+    align = align or "l" + "r" * (len(headers) - 1)
+    rule = ["---:" if a == "r" else "---" for a in align]
+    lines = ["| " + " | ".join(headers) + " |", "| " + " | ".join(rule) + " |"]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def compare_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per test: {test, unit, ours, reference, ratio} (values are medians)."""
+    ours, ref = result.get("ours"), result.get("reference", "llamacpp")
+    by_test: dict[str, dict[str, Any]] = {}
+    order: list[str] = []
+    for r in result.get("results", []):
+        if r["test"] not in by_test:
+            by_test[r["test"]] = {"test": r["test"], "unit": r["unit"], "ours": None, "reference": None}
+            order.append(r["test"])
+        slot = "ours" if r["engine"] == ours else "reference" if r["engine"] == ref else None
+        if slot:
+            by_test[r["test"]][slot] = r["median"]
+            if not r.get("complete", True):
+                by_test[r["test"]]["partial"] = True
+    ratios = result.get("ratios", {})
+    for test in order:
+        by_test[test]["ratio"] = ratios.get(test)
+    return [by_test[t] for t in order]
+
+
+def compare_table(result: dict[str, Any]) -> str:
+    ours = result.get("ours", "ours")
+    ref = result.get("reference", "llamacpp")
+    rows = []
+    for row in compare_rows(result):
+        ratio = row["ratio"]
+        rows.append([
+            row["test"] + (" (partial)" if row.get("partial") else ""),
+            format_value(row["ours"], row["unit"]),
+            format_value(row["reference"], row["unit"]),
+            "-" if ratio is None or math.isnan(ratio) else f"{ratio:.2f}",
+        ])
+    return markdown_table(["test", ours, engine_title(ref), "ratio"], rows)
+
+
+def cold_phase_table(result: dict[str, Any]) -> str | None:
+    cold = [r for r in result.get("results", []) if r.get("kind") == "ttft_cold" and r.get("extra")]
+    if not cold:
+        return None
+    engines_ = [r["engine"] for r in cold]
+    phases: list[str] = []
+    for r in cold:
+        for p in r["extra"].get("phases_median_ms", {}):
+            if p not in phases:
+                phases.append(p)
+    rows = []
+    for p in phases:
+        rows.append([p] + [format_value(r["extra"]["phases_median_ms"].get(p), "ms") for r in cold])
+    rows.append(["**total**"] + [f"**{format_value(r['median'], 'ms')}**" for r in cold])
+    return markdown_table(["phase (median)"] + [engine_title(e) for e in engines_], rows)
+
+
+def compare_summary_line(result: dict[str, Any]) -> str:
+    s = result.get("settings", {})
+    model = result.get("model", {})
+    git = result.get("git", {})
+    machine = result.get("machine", {})
+    return (f"model `{model.get('filename', '?')}` (sha256 {str(model.get('sha256', '?'))[:12]}), "
+            f"{result.get('ours')} numerics {result.get('numerics')}, {s.get('n_threads')} threads, "
+            f"-p {s.get('n_prompt')} -n {s.get('n_gen')} -d {s.get('n_depth')} -r {s.get('reps')} "
+            f"({s.get('sizes_chosen')}), git {str(git.get('sha', '?'))[:10]}{'+dirty' if git.get('dirty') else ''}, "
+            f"{result.get('date', '?')}, {machine.get('cpu', '?')}")
+
+
+# --- plots ------------------------------------------------------------------------------------------------------
+def _new_figure(width: float, height: float):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, height), dpi=100)
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _png_bytes(fig) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", bbox_inches="tight")
+    return buf.getvalue()
+
+
+def ratio_chart_png(result: dict[str, Any]) -> bytes:
+    """Bars from the parity line (1) to each ours/llama.cpp ratio on a log axis: right is better for ours, left
+    worse, and 0.5x and 2x are the same distance from parity."""
+    ratios = {k: v for k, v in result.get("ratios", {}).items() if v is not None and math.isfinite(v) and v > 0}
+    names = list(ratios)[::-1]
+    fig = _new_figure(7.0, 0.5 * max(len(names), 1) + 1.2)
+    ax = fig.add_subplot(1, 1, 1)
+    values = [ratios[n] for n in names]
+    colors = ["#2a9d8f" if v >= 1 else "#e76f51" for v in values]
+    ax.set_xscale("log")
+    ax.barh(names, [v - 1.0 for v in values], left=1.0, color=colors)
+    ax.axvline(1.0, color="black", linewidth=1)
+    for i, v in enumerate(values):
+        ax.text(v, i, f" {v:.2f} ", va="center", ha="left" if v >= 1 else "right", fontsize=9)
+    ax.set_xlabel(f"{result.get('ours', 'ours')} / llama.cpp (log scale; right of 1 is better for ours)")
+    ax.set_title(f"{result.get('model', {}).get('filename', '')}: ratio to llama.cpp")
+    if values:
+        ax.set_xlim(min(min(values), 1.0) / 2.0, max(max(values), 1.0) * 2.0)
+    return _png_bytes(fig)
+
+
+def nmse_chart_png(obj: dict[str, Any]) -> bytes | None:
+    tensors = tensors_with_nmse(obj)
+    if not tensors:
+        return None
+    fig = _new_figure(9.0, 3.5)
+    ax = fig.add_subplot(1, 1, 1)
+    ys = [max(float(t["nmse"]), 1e-30) if math.isfinite(t["nmse"]) else float("nan") for t in tensors]
+    ax.semilogy(range(len(ys)), ys, marker=".", linestyle="-", linewidth=0.6)
+    ax.set_xlabel("tensor (graph order)")
+    ax.set_ylabel("NMSE vs llama.cpp")
+    ax.set_title("per-tensor NMSE")
+    return _png_bytes(fig)
+
+
+# --- the report -------------------------------------------------------------------------------------------------
+def render_report(results: list[dict[str, Any]], images: dict[int, dict[str, str]],
+                  gate_section: str | None = None) -> str:
+    lines = ["# gguf-parity report", "", f"Generated {utc_now()} from {len(results)} result file(s).", ""]
+    for i, r in enumerate(results):
+        if r["_kind"] == KIND_COMPARE:
+            model = r.get("model", {}).get("filename", "?")
+            lines += [f"## Speed: {r.get('ours')} vs llama.cpp on {model}", "",
+                      f"Source: `{r['_source']}`  ", compare_summary_line(r), ""]
+            note = r.get("settings", {}).get("sizes_note")
+            if note:
+                lines += [f"> {note}", ""]
+            lines += ["Medians; ratio is oriented so that higher is better for ours (throughput ours/llama.cpp, "
+                      "time and memory llama.cpp/ours), measured in the same run.", "", compare_table(r), ""]
+            if "ratios" in images.get(i, {}):
+                lines += [f"![ratios to llama.cpp]({images[i]['ratios']})", ""]
+            phases = cold_phase_table(r)
+            if phases:
+                lines += ["### Cold start phases", "", phases, ""]
+        else:
+            m = validation_metrics(r)
+            lines += [f"## Validation: {_validation_title(r)}", "", f"Source: `{r['_source']}`", "",
+                      f"**{'PASSED' if m['passed'] else 'FAILED'}**", ""]
+            rows = [[k, _fmt_metric(m[k])] for k in ("kld_mean", "kld_max", "top1_agreement", "worst_nmse")
+                    if k in m]
+            if "worst_tensor" in m:
+                rows.append(["worst tensor", f"`{m['worst_tensor']}`"])
+            lines += [markdown_table(["metric", "value"], rows, "lr"), ""]
+            worst = sorted(tensors_with_nmse(r), key=lambda t: -t["nmse"])[:WORST_TENSORS_SHOWN]
+            if worst:
+                lines += [f"Worst {len(worst)} tensors:", "",
+                          markdown_table(["tensor", "nmse"], [[f"`{t.get('name')}`", _fmt_metric(t["nmse"])]
+                                                              for t in worst], "lr"), ""]
+            if "nmse" in images.get(i, {}):
+                lines += [f"![per-tensor NMSE]({images[i]['nmse']})", ""]
+    if gate_section:
+        lines += [gate_section, ""]
+    return "\n".join(lines)
+
+
+def _validation_title(r: dict[str, Any]) -> str:
+    model = r.get("model")
+    if isinstance(model, dict):
+        model = model.get("filename") or model.get("path") or model.get("name")
+    engine = r.get("engine") or r.get("ours") or (f"ours:{r['backend']}" if r.get("backend") else "")
+    return " ".join(str(x) for x in (engine, "on" if engine and model else "", model or "") if x).strip() or "result"
+
+
+def _fmt_metric(v: Any) -> str:
+    if isinstance(v, bool):
+        return str(v)
+    if isinstance(v, (int, float)):
+        return f"{v:.4g}"
+    return str(v)
+
+
+def write_report(results: list[dict[str, Any]], out_dir: str | Path, gate_section: str | None = None) -> Path:
+    """Write ``report.md`` and its PNGs into ``out_dir``; each file appears whole or not at all."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    images: dict[int, dict[str, str]] = {}
+    for i, r in enumerate(results):
+        suffix = "" if len(results) == 1 else f"-{i + 1}"
+        if r["_kind"] == KIND_COMPARE and r.get("ratios"):
+            name = f"ratios{suffix}.png"
+            atomic_write_bytes(out / name, ratio_chart_png(r))
+            images.setdefault(i, {})["ratios"] = name
+        elif r["_kind"] == KIND_VALIDATION:
+            png = nmse_chart_png(r)
+            if png is not None:
+                name = f"nmse{suffix}.png"
+                atomic_write_bytes(out / name, png)
+                images.setdefault(i, {})["nmse"] = name
+    path = out / "report.md"
+    atomic_write_text(path, render_report(results, images, gate_section))
+    return path
+
+
+# --- history ----------------------------------------------------------------------------------------------------
+def history_row(r: dict[str, Any]) -> dict[str, Any]:
+    model = r.get("model") if isinstance(r.get("model"), dict) else {"filename": r.get("model")}
+    git = r.get("git") if isinstance(r.get("git"), dict) else {}
+    row: dict[str, Any] = {
+        "recorded": utc_now(),
+        "date": r.get("date"),
+        "kind": r["_kind"],
+        "git_sha": git.get("sha") or r.get("git_sha"),
+        "git_dirty": git.get("dirty"),
+        "model": model.get("filename") or model.get("name"),
+        "model_sha256": model.get("sha256"),
+        "source": r["_source"],
+    }
+    if r["_kind"] == KIND_COMPARE:
+        s = r.get("settings", {})
+        row.update({"engine": r.get("ours"), "numerics": r.get("numerics"), "n_threads": s.get("n_threads"),
+                    "cpu": (r.get("machine") or {}).get("cpu")})
+        for test, ratio in r.get("ratios", {}).items():
+            row[f"ratio:{test}"] = ratio
+        for res in r.get("results", []):
+            row[f"{res['engine']}:{res['test']} [{res['unit']}]"] = res["median"]
+    else:
+        row["engine"] = r.get("engine")
+        row.update({k: v for k, v in validation_metrics(r).items()})
+    return row
+
+
+def append_history(history_path: str | Path, results: Iterable[dict[str, Any]]) -> Path:
+    """Append one row per result to a CSV history (new columns are added; old rows keep blanks there)."""
+    import pandas as pd
+
+    path = Path(history_path)
+    new = pd.DataFrame([history_row(r) for r in results])
+    if path.exists():
+        try:
+            old = pd.read_csv(path)
+        except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
+            raise GGUFParityError(f"{path}: history file is not a readable CSV ({exc.__class__.__name__})") from None
+        frame = pd.concat([old, new], ignore_index=True, sort=False)
+    else:
+        frame = new
+    with atomic_open(path, "w") as fh:
+        frame.to_csv(fh, index=False)
+    return path
