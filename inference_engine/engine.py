@@ -3,7 +3,8 @@
 ``OurEngine("model.gguf", backend="numpy", numerics="f32")`` opens the file (memory-mapped), builds the model for
 its architecture with every weight prepared by the backend, and preallocates the KV cache for ``n_ctx`` positions.
 ``prefill`` runs one batched pass over the prompt, ``decode`` one token; ``capture`` runs a fresh prefill with every
-intermediate tapped under llama.cpp's graph names and logits for every position, as llama.cpp's capture does.
+intermediate tapped under llama.cpp's graph names and logits for every position, as llama.cpp's capture does, and
+with ``force=`` a teacher-forced one (each op fed another engine's tensors; see :meth:`OurEngine.capture`).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import os
 import platform
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from functools import cached_property
 from typing import Any
 
@@ -129,19 +130,42 @@ class OurEngine:
     def decode(self, token_id: int) -> np.ndarray:
         return self._run(self._check_ids([token_id], "token"))[-1]
 
-    def capture(self, ids: list[int], names: Iterable[str] | None = None) -> dict[str, np.ndarray]:
+    def capture(
+        self,
+        ids: list[int],
+        names: Iterable[str] | None = None,
+        force: Mapping[str, np.ndarray] | None = None,
+    ) -> dict[str, np.ndarray]:
         """Fresh cache, one prefill of ``ids`` with every intermediate recorded (or only ``names``).
 
         Arrays follow ``protocol.py``: llama.cpp's graph names and shapes, token axis first; ``result_output``
         holds the logits of every position. The cache is left holding the prompt, as after ``prefill``.
+
+        ``force`` (teacher forcing): ``{name: array}``, typically another engine's capture of the same ``ids``. At
+        each tapped tensor whose name is in ``force`` we record *our* value, then continue with the forced one, so
+        each recorded tensor is our op(s) applied to the other engine's inputs: a wrong op still gives a wrong
+        output, while rounding differences no longer compound from layer to layer. Forced arrays are reshaped to
+        our shape (the capture contract drops leading size-1 axes); a size mismatch is an error. The KV cache then
+        holds the forced ``Kcur``/``Vcur``. Forced names we never tap are ignored.
         """
         tokens = self._check_ids(ids, "prompt")
         wanted = None if names is None else set(names)
+        forced = _forced_arrays(force)
         captured: dict[str, np.ndarray] = {}
+        backend = self.backend
 
-        def tap(name: str, x) -> None:
+        def tap(name: str, x):
             if wanted is None or name in wanted:
-                captured[name] = np.array(self.backend.to_numpy(x), dtype=np.float32)
+                captured[name] = np.array(backend.to_numpy(x), dtype=np.float32)
+            value = forced.get(name)
+            if value is None:
+                return x
+            if value.size != int(np.prod(x.shape)):
+                raise GGUFParityError(
+                    f"forced tensor {name} has shape {tuple(value.shape)}, which does not fit ours {tuple(x.shape)}"
+                )
+            # a copy: no op of ours may ever write into the caller's arrays (they are diffed afterwards)
+            return backend.from_numpy(value.reshape(tuple(x.shape)).copy())
 
         self.reset()
         self._run(tokens, tap=tap, all_logits=True)
@@ -192,6 +216,15 @@ def load_engine(
     from inference_engine.registry import resolve_model
 
     return OurEngine(resolve_model(str(model), progress=progress), backend, numerics, n_ctx, n_threads, kv_type)
+
+
+def _forced_arrays(force: Mapping[str, np.ndarray] | None) -> dict[str, np.ndarray]:
+    """``force`` as contiguous float32 NumPy arrays (what every backend's ``from_numpy`` accepts)."""
+    if force is None:
+        return {}
+    if not isinstance(force, Mapping):
+        raise GGUFParityError(f"force must map tensor names to arrays, got {type(force).__name__}")
+    return {str(k): np.ascontiguousarray(v, dtype=np.float32) for k, v in force.items()}
 
 
 def _version_of(module) -> str:

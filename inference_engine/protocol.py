@@ -12,6 +12,11 @@ Array conventions shared by every implementation:
   ``attn_norm-0`` is ``(n_tokens, n_embd)``, ``Qcur-0`` is ``(n_tokens, n_head, head_dim)``, ``result_output`` is
   ``(n_tokens, n_vocab)`` (logits for *every* prompt position). When a name is produced several times in one
   layer (llama.cpp reuses ``Qcur`` after reshape and RoPE) the last value wins.
+
+Teacher forcing (optional): an engine whose ``capture`` also accepts ``force={name: array}`` records each tensor as it
+computes it, then continues with the forced array of that name (reshaped to its own shape), so every recorded tensor is
+its op(s) applied to the forcing engine's inputs. Our engine does (``OurEngine.capture``); llama.cpp's adapter does
+not. ``validation`` checks for the parameter and falls back to a free-running comparison without it.
 """
 
 from __future__ import annotations

@@ -131,6 +131,22 @@ class DiffResult:
             "layers": self.by_layer(),
         }
 
+    def summary(self) -> dict:
+        """A compact view for a secondary comparison: verdict at the threshold, first failure, worst tensor,
+        per-layer rows, and per tensor only the whole-tensor metrics (no per-position lists)."""
+        worst = self.worst(1)
+        return {
+            "passed": self.passed,
+            "threshold": self.threshold,
+            "first_failure": self.first_failure,
+            "worst": ({"name": worst[0].name, "layer": worst[0].layer, "nmse": _json_float(worst[0].nmse)}
+                      if worst else None),
+            "layers": self.by_layer(),
+            "tensors": [{"name": t.name, "layer": t.layer, "kind": t.kind, "nmse": _json_float(t.nmse),
+                         "cosine": _json_float(t.cosine), "max_abs": _json_float(t.max_abs), "passed": t.passed,
+                         "error": t.error} for t in self.tensors],
+        }
+
 
 def diff_tensor(name: str, ours: np.ndarray, ref: np.ndarray, nmse_max: float) -> TensorDiff:
     kind, layer = split_name(name)

@@ -21,7 +21,7 @@ from bench_compare.atomic import atomic_write_json, atomic_write_text
 WORST_TENSORS_SHOWN = 15  # rows of the "worst tensors" table; the JSON and Markdown per-layer table hold the rest
 JSON_NAME = "validate.json"
 MARKDOWN_NAME = "report.md"
-PLOT_NAME = "per_layer_nmse.png"
+PLOT_NAME = "per_layer_nmse.png"  # teacher-forced and free-running panels
 # NMSE 0 (bit-identical tensors) cannot sit on a log axis: it is drawn a decade below the smallest non-zero NMSE
 # (or at this floor when every tensor is exact), and the axis label says so.
 PLOT_NMSE_FLOOR = 1e-20
@@ -97,45 +97,70 @@ def write_json(result: dict, path: str | os.PathLike) -> Path:
 
 
 def plot_per_layer(result: dict, path: str | os.PathLike) -> None:
-    """Log-scale NMSE per layer, one line per tensor kind, with the pass threshold as a dashed line."""
+    """Log-scale NMSE per layer, one line per tensor kind, with the pass threshold as a dashed red line: one panel
+    for the teacher-forced comparison (solid lines) and one for the free-running one (dashed), on a shared axis,
+    the gated one marked in its title. A result with only one comparison gets one panel."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
-    values = [(t, _as_float(t.get("nmse"))) for t in result.get("tensors", []) if t.get("layer") is not None]
-    values = [(t, v) for t, v in values if v is not None and not math.isnan(v)]
-    positive = [v for _, v in values if 0 < v < math.inf]
+    panels = [(label, section, style) for label, section, style in
+              (("teacher-forced", result.get("teacher_forced"), "-"),
+               ("free-running", result.get("free_running"), "--")) if section]
+    if not panels:  # a result from before the two modes: its top-level tensors are the only comparison
+        panels = [("", {"tensors": result.get("tensors", [])}, "-")]
+    points = {label: _layer_points(section) for label, section, _ in panels}
+    positive = [v for pts in points.values() for _, _, v in pts if 0 < v < math.inf]
     floor = min(positive) / 10 if positive else PLOT_NMSE_FLOOR
-    series: dict[str, list[tuple[int, float]]] = {}
-    for t, nmse in values:
-        series.setdefault(t["kind"], []).append((t["layer"], min(max(nmse, floor), 1e30)))
-    fig, ax = plt.subplots(figsize=(10, 5.5), dpi=110)
+    kinds = list(dict.fromkeys(kind for pts in points.values() for kind, _, _ in pts))
     colors = plt.get_cmap("tab20").colors
-    styles = ("-", "--", ":", "-.")
+    color_of = {kind: colors[i % len(colors)] for i, kind in enumerate(kinds)}
+    fig, axes = plt.subplots(len(panels), 1, figsize=(10, 4.2 * len(panels) + 0.6), dpi=110, sharex=True,
+                             sharey=True, squeeze=False)
+    threshold = _as_float(result.get("thresholds", {}).get("tensor_nmse_max"))
     try:
-        for i, (kind, points) in enumerate(series.items()):
-            points.sort()
-            xs, ys = zip(*points)
-            ax.plot(xs, ys, marker="o", markersize=3, linewidth=1.2, label=kind, color=colors[i % len(colors)],
-                    linestyle=styles[(i // len(colors)) % len(styles)])
-        threshold = _as_float(result.get("thresholds", {}).get("tensor_nmse_max"))
-        if threshold:
-            ax.axhline(threshold, color="red", linestyle="--", linewidth=1, label=f"pass threshold {threshold:g}")
-        ax.set_yscale("log")
-        ax.set_xlabel("layer")
-        ax.set_ylabel(f"NMSE (log; 0 drawn at {floor:.0e})")
+        for ax, (label, section, style) in zip(axes[:, 0], panels):
+            series: dict[str, list[tuple[int, float]]] = {}
+            for kind, layer, nmse in points[label]:
+                series.setdefault(kind, []).append((layer, min(max(nmse, floor), 1e30)))
+            for kind, pts in series.items():
+                pts.sort()
+                xs, ys = zip(*pts)
+                ax.plot(xs, ys, marker="o", markersize=3, linewidth=1.2, label=kind, color=color_of[kind],
+                        linestyle=style)
+            if threshold:
+                ax.axhline(threshold, color="red", linestyle="--", linewidth=1, label=f"pass threshold {threshold:g}")
+            ax.set_yscale("log")
+            ax.set_ylabel(f"NMSE (log; 0 drawn at {floor:.0e})")
+            if label:
+                gated = "gated" if section.get("gated") else "reported, not gated"
+                verdict = "every tensor within" if section.get("passed") else "tensors over"
+                ax.set_title(f"{label} ({gated}): {verdict} the per-op threshold", fontsize=10)
+            ax.grid(True, which="major", alpha=0.3)
+            if series or threshold:
+                ax.legend(fontsize=7, ncol=2, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+        axes[-1, 0].set_xlabel("layer")
+        axes[-1, 0].xaxis.set_major_locator(MaxNLocator(integer=True))
         verdict = "PASS" if result.get("passed") else "FAIL"
-        ax.set_title(f"{result['model']['name']}: {result['backend']}/{result['numerics']} vs "
+        fig.suptitle(f"{result['model']['name']}: {result['backend']}/{result['numerics']} vs "
                      f"{result['against']} -- {verdict}")
-        ax.grid(True, which="major", alpha=0.3)
-        if series or threshold:
-            ax.legend(fontsize=7, ncol=2, loc="upper left", bbox_to_anchor=(1.01, 1.0))
         fig.tight_layout()
         with open(path, "wb") as fh:
             fig.savefig(fh, format="png")
     finally:
         plt.close(fig)
+
+
+def _layer_points(section: dict) -> list[tuple[str, int, float]]:
+    """``(kind, layer, nmse)`` of every layered tensor with a number for its NMSE."""
+    out = []
+    for t in section.get("tensors", []):
+        v = _as_float(t.get("nmse"))
+        if t.get("layer") is not None and v is not None and not math.isnan(v):
+            out.append((t["kind"], t["layer"], v))
+    return out
 
 
 # --- text -------------------------------------------------------------------------------------------------------
@@ -178,7 +203,10 @@ def summary_lines(result: dict) -> list[str]:
     checks = result.get("checks", {})
     tensors = result.get("tensors", [])
     failed = [t for t in tensors if not t["passed"]]
-    lines.append(f"tensors: {len(tensors) - len(failed)}/{len(tensors)} pass NMSE <= "
+    mode = MODE_TITLES.get(result.get("mode"), result.get("mode"))
+    if mode:
+        lines.append(f"gated comparison: {mode} ({result.get('mode_reason')})")
+    lines.append(f"tensors{f' ({mode})' if mode else ''}: {len(tensors) - len(failed)}/{len(tensors)} pass NMSE <= "
                  f"{fmt(result['thresholds']['tensor_nmse_max'])}; first failure: {result.get('first_failure')}")
     um = result.get("unmatched", {})
     lines.append(f"unmatched names: {len(um.get('ours_only', []))} only ours, "
@@ -187,9 +215,11 @@ def summary_lines(result: dict) -> list[str]:
     if "error" in lg:
         lines.append(f"logits: FAIL ({lg['error']})")
     else:
-        lines.append(f"logits ({lg.get('positions')} positions): KLD mean {fmt(lg.get('kld_mean'))} max "
-                     f"{fmt(lg.get('kld_max'))}, top-1 agreement {fmt(lg.get('top1_agreement'))}, top-5 overlap "
-                     f"{fmt(lg.get('top5_overlap'))} -> {_verdict(checks.get('logits'))}")
+        lines.append(f"logits{f' ({mode})' if mode else ''} ({lg.get('positions')} positions): KLD mean "
+                     f"{fmt(lg.get('kld_mean'))} max {fmt(lg.get('kld_max'))}, top-1 agreement "
+                     f"{fmt(lg.get('top1_agreement'))}, top-5 overlap {fmt(lg.get('top5_overlap'))} -> "
+                     f"{_verdict(checks.get('logits'))}")
+    lines += _other_mode_lines(result)
     tok = result.get("tokenizer") or {}
     if tok.get("skipped"):
         lines.append(f"tokenizer: skipped ({tok['skipped']})")
@@ -217,6 +247,46 @@ def summary_lines(result: dict) -> list[str]:
     return lines
 
 
+MODE_TITLES = {"teacher_forced": "teacher-forced", "free_running": "free-running"}
+
+
+def _other_mode_lines(result: dict) -> list[str]:
+    """The comparison that is not the gated one (free-running drift, or teacher-forced under --free-running), and
+    the free-running logits against the reference's own noise floor."""
+    lines = []
+    tf, free = result.get("teacher_forced"), result.get("free_running")
+    if tf and not tf.get("gated"):
+        worst = tf.get("worst") or {}
+        lines.append(f"teacher-forced (reported): worst {worst.get('name')} NMSE {fmt(worst.get('nmse'))}; first "
+                     f"over the threshold: {tf.get('first_failure')}")
+    if not free:
+        return lines
+    if not free.get("gated"):
+        worst = free.get("worst") or {}
+        over = sum(1 for t in free.get("tensors", []) if not t.get("passed"))
+        lines.append(f"free-running tensors (reported, drift compounds over layers): worst {worst.get('name')} NMSE "
+                     f"{fmt(worst.get('nmse'))}; {over}/{len(free.get('tensors', []))} over the per-op threshold")
+    lg, noise = free.get("logits") or {}, free.get("reference_self_kld") or {}
+    if "error" in lg:
+        lines.append(f"free-running logits: FAIL ({lg['error']})")
+        return lines
+    excused = sum(1 for d in lg.get("top1_disagreements", []) if d["excused_by"])
+    line = (f"free-running logits: KLD mean {fmt(lg.get('kld_mean'))} max {fmt(lg.get('kld_max'))}, top-1 "
+            f"{fmt(lg.get('top1_agreement'))} ({excused}/{len(lg.get('top1_disagreements', []))} disagreements "
+            f"excused); reference against itself: KLD mean {fmt(noise.get('kld_mean'))} max "
+            f"{fmt(noise.get('kld_max'))}, top-1 {fmt(noise.get('top1_agreement'))} (worst: "
+            f"{noise.get('worst_variant')})")
+    if lg.get("gated"):
+        line += (f"; limit max(floor, {fmt(lg.get('noise_factor'))} x self) = {fmt(lg.get('kld_mean_limit'))} -> "
+                 f"{_verdict(result.get('checks', {}).get('free_running'))}")
+    elif lg.get("passed") is not None:
+        line += f"; noise-floor rule (not gated here): {'PASS' if lg['passed'] else 'FAIL'}"
+    else:
+        line += " (reported, not gated)"
+    lines.append(line)
+    return lines
+
+
 def _verdict(value: bool | None) -> str:
     return "skipped" if value is None else ("PASS" if value else "FAIL")
 
@@ -235,7 +305,7 @@ def markdown(result: dict) -> str:
         "",
         *[f"- {line}" for line in summary_lines(result)],
         "",
-        "## Worst tensors",
+        f"## Worst tensors ({MODE_TITLES.get(result.get('mode'), 'gated')})",
         "",
         "| tensor | layer | shape | NMSE | cosine | max abs | rel L2 | pass |",
         "|---|---:|---|---:|---:|---:|---:|---|",
@@ -247,14 +317,26 @@ def markdown(result: dict) -> str:
         out.append(f"| `{t['name']}` | {t['layer'] if t['layer'] is not None else ''} | {shape} | {fmt(t['nmse'])} "
                    f"| {fmt(t['cosine'], 6)} | {fmt(t['max_abs'])} | {fmt(t['rel_l2'])} | "
                    f"{'yes' if t['passed'] else '**no**'} |")
-    out += ["", "## Per layer", "", "| layer | tensors | failed | worst tensor | worst NMSE |",
-            "|---:|---:|---:|---|---:|"]
+    other_label, other = _other_section(result)
+    mode = MODE_TITLES.get(result.get("mode"), "gated")
+    other_rows = {row["layer"]: row for row in (other or {}).get("layers", [])}
+    head = f"| layer | tensors | failed | worst tensor ({mode}) | worst NMSE |"
+    rule = "|---:|---:|---:|---|---:|"
+    if other:
+        head += f" worst tensor ({other_label}) | worst NMSE ({other_label}) |"
+        rule += "---|---:|"
+    out += ["", "## Per layer", "", head, rule]
     for row in result.get("layers", []):
         layer = "-" if row["layer"] is None else row["layer"]
-        out.append(f"| {layer} | {row['tensors']} | {row['failed']} | `{row['worst']}` | {fmt(row['worst_nmse'])} |")
+        line = f"| {layer} | {row['tensors']} | {row['failed']} | `{row['worst']}` | {fmt(row['worst_nmse'])} |"
+        if other:
+            o = other_rows.get(row["layer"], {})
+            line += f" `{o.get('worst')}` | {fmt(o.get('worst_nmse'))} |"
+        out.append(line)
+    out += _modes_markdown(result)
     if result.get("logit_lens"):
-        out += ["", "## Logit lens", "", "| layer | KLD mean | KLD max | top-1 agreement | top-5 overlap | "
-                "top-1 (ref / ours, last position) |", "|---:|---:|---:|---:|---:|---|"]
+        out += ["", "## Logit lens (free-running captures)", "", ("| layer | KLD mean | KLD max | top-1 agreement | "
+                "top-5 overlap | top-1 (ref / ours, last position) |"), "|---:|---:|---:|---:|---:|---|"]
         for row in result["logit_lens"]:
             if "error" in row:
                 out.append(f"| {row['layer']} | {row['error']} | | | | |")
@@ -271,6 +353,60 @@ def markdown(result: dict) -> str:
     return "\n".join(out)
 
 
+def _other_section(result: dict) -> tuple[str, dict | None]:
+    """The comparison that is not gated: ``("free-running", section)``, ``("teacher-forced", section)`` or none."""
+    for key in ("free_running", "teacher_forced"):
+        section = result.get(key)
+        if section and not section.get("gated"):
+            return MODE_TITLES[key], section
+    return "", None
+
+
+def _modes_markdown(result: dict) -> list[str]:
+    """What the two comparisons mean, and the free-running logits next to the reference's own noise floor."""
+    tf, free = result.get("teacher_forced"), result.get("free_running")
+    if not free and not tf:
+        return []
+    gated = f"Gated: **{MODE_TITLES.get(result.get('mode'))}** -- {result.get('mode_reason')}."
+    out = ["", "## Teacher-forced and free-running", "", gated, ""]
+    for section in (tf, free):
+        if section:
+            out += [f"- {section['explanation']}"]
+    out += ["", ("| comparison | gated | worst tensor | worst NMSE | first over threshold | KLD mean | KLD max | "
+                 "top-1 |"), "|---|---|---|---:|---|---:|---:|---:|"]
+    for label, section in (("teacher-forced", tf), ("free-running", free)):
+        if not section:
+            continue
+        worst = section.get("worst") or {}
+        lg = (result.get("logits") if section.get("gated") else None) or section.get("logits") or {}
+        out.append(f"| {label} | {'yes' if section.get('gated') else 'no'} | `{worst.get('name')}` | "
+                   f"{fmt(worst.get('nmse'))} | {section.get('first_failure') or '-'} | {fmt(lg.get('kld_mean'))} | "
+                   f"{fmt(lg.get('kld_max'))} | {fmt(lg.get('top1_agreement'))} |")
+    noise = (free or {}).get("reference_self_kld")
+    if noise:
+        lg = free.get("logits") or {}
+        out += ["", "### Free-running logits against the reference's own noise floor", "",
+                "| logits compared with the reference's one-batch prefill | KLD mean | KLD max | top-1 |",
+                "|---|---:|---:|---:|",
+                (f"| ours, free-running | {fmt(lg.get('kld_mean'))} | {fmt(lg.get('kld_max'))} | "
+                 f"{fmt(lg.get('top1_agreement'))} |")]
+        for label, v in noise.get("variants", {}).items():
+            out.append(f"| reference, {label} | {fmt(v.get('kld_mean'))} | {fmt(v.get('kld_max'))} | "
+                       f"{fmt(v.get('top1_agreement'))} |")
+        for label, error in noise.get("errors", {}).items():
+            out.append(f"| reference, {label} | {error} | | |")
+        if lg.get("kld_mean_limit") is not None:
+            out += ["", (f"KLD mean limit: max({fmt(result['thresholds'].get('kld_mean_max'))}, "
+                         f"{fmt(lg.get('noise_factor'))} x {fmt(noise.get('kld_mean'))}) = "
+                         f"{fmt(lg['kld_mean_limit'])} ({'gated' if lg.get('gated') else 'not gated in this mode'}); "
+                         f"verdict: {'PASS' if lg.get('passed') else 'FAIL'}.")]
+        for d in lg.get("top1_disagreements", []):
+            out.append(f"- top-1 differs at position {d['position']}: reference {d['reference_token']}, ours "
+                       f"{d['ours_token']}, reference margin {fmt(d['margin'])}; excused by: "
+                       f"{'; '.join(d['excused_by']) or '**nothing**'}")
+    return out
+
+
 def print_result(result: dict, console=None) -> None:
     """The terminal view: verdict, worst tensors, per-layer summary, the other checks."""
     from rich.console import Console
@@ -283,7 +419,8 @@ def print_result(result: dict, console=None) -> None:
                   f"{result['backend']}/{result['numerics']} vs {result['against']}, "
                   f"{result['prompt']['n_tokens']} prompt tokens -> {verdict}")
 
-    worst = Table(title=f"worst tensors (of {len(result.get('tensors', []))})", title_justify="left")
+    mode_title = MODE_TITLES.get(result.get("mode"), "gated")
+    worst = Table(title=f"worst tensors, {mode_title} (of {len(result.get('tensors', []))})", title_justify="left")
     for col, justify in (("tensor", "left"), ("layer", "right"), ("NMSE", "right"), ("cosine", "right"),
                          ("max abs", "right"), ("rel L2", "right"), ("pass", "center")):
         worst.add_column(col, justify=justify)
@@ -293,17 +430,28 @@ def print_result(result: dict, console=None) -> None:
                       fmt(t["max_abs"]), fmt(t["rel_l2"]), "[green]yes[/]" if t["passed"] else "[red]no[/]")
     console.print(worst)
 
-    layers = Table(title="per layer", title_justify="left")
-    for col in ("layer", "tensors", "failed", "worst tensor", "worst NMSE"):
-        layers.add_column(col, justify="left" if col == "worst tensor" else "right")
+    mode = MODE_TITLES.get(result.get("mode"), "gated")
+    other_label, other = _other_section(result)
+    other_rows = {row["layer"]: row for row in (other or {}).get("layers", [])}
+    layers = Table(title=f"per layer ({mode}{f' and {other_label}' if other else ''})", title_justify="left")
+    short = {"teacher-forced": "forced", "free-running": "free"}
+    columns = ["layer", "tensors", "failed", f"worst {short.get(mode, '')}".strip(), "NMSE"]
+    if other:
+        columns += [f"worst {short[other_label]}", f"NMSE {short[other_label]}"]
+    for col in columns:
+        name_column = col.startswith("worst")
+        layers.add_column(col, justify="left" if name_column else "right", no_wrap=name_column)
     for row in result.get("layers", []):
-        layers.add_row("-" if row["layer"] is None else str(row["layer"]), str(row["tensors"]),
-                       f"[red]{row['failed']}[/]" if row["failed"] else "0", str(row["worst"]),
-                       fmt(row["worst_nmse"]))
+        cells = ["-" if row["layer"] is None else str(row["layer"]), str(row["tensors"]),
+                 f"[red]{row['failed']}[/]" if row["failed"] else "0", str(row["worst"]), fmt(row["worst_nmse"])]
+        if other:
+            o = other_rows.get(row["layer"], {})
+            cells += [str(o.get("worst")), fmt(o.get("worst_nmse"))]
+        layers.add_row(*cells)
     console.print(layers)
 
     if result.get("logit_lens"):
-        lens = Table(title="logit lens", title_justify="left")
+        lens = Table(title="logit lens (free-running captures)", title_justify="left")
         for col in ("layer", "KLD mean", "KLD max", "top-1", "top-5", "top-1 ref/ours (last)"):
             lens.add_column(col, justify="right")
         for row in result["logit_lens"]:

@@ -4,22 +4,34 @@ The command ``bench-compare validate`` only parses flags and calls :func:`valida
 script or a test can run the same checks. The checks, all between *ours* and a *reference* engine (llama.cpp by
 default, or our NumPy backend with ``against="numpy"``: any two engines, one code path):
 
-1. tensors: one prefill of the prompt on each engine with every intermediate captured; :mod:`validation.diff`
-   matches them by llama.cpp graph name and gates each on NMSE (threshold by numerics mode, see
-   :mod:`validation.metrics`); the first failing tensor in graph order is named;
-2. logits: ``result_output`` at every prompt position: KLD mean/max, top-1 agreement, top-5 overlap;
-3. tokenizer parity on a corpus (built-in or JSONL);
-4. greedy smoke: N tokens from each engine's own decode loop (:mod:`validation.smoke`);
-5. optionally the logit lens per layer (:mod:`validation.logit_lens`, diagnostic).
+1. tensors, teacher-forced (the gated mode): one prefill of the prompt on the reference with every intermediate
+   captured, then one on ours with the reference's tensors forced in (``capture(ids, force=...)``): each of our
+   tensors is our op(s) applied to the reference's inputs. :mod:`validation.diff` matches them by llama.cpp graph name
+   and gates each on NMSE (threshold by numerics mode, see :mod:`validation.metrics`); the first failing tensor in
+   graph order is named. A wrong op still gives a wrong output from the right inputs, but rounding differences can no
+   longer compound from layer to layer, so the per-op threshold is meaningful for every tensor;
+2. logits: the teacher-forced ``result_output`` at every prompt position: KLD mean/max, top-1, top-5 overlap;
+3. free running (reported, and its logits gated against a noise floor): the same diff with each engine on its own
+   values end to end, and the free-running logits next to how far the reference's logits move against *itself*
+   (:mod:`validation.free_running`);
+4. tokenizer parity on a corpus (built-in or JSONL);
+5. greedy smoke: N tokens from each engine's own decode loop (:mod:`validation.smoke`);
+6. optionally the logit lens per layer on the free-running captures (:mod:`validation.logit_lens`, diagnostic).
+
+``free_running=True`` (``--free-running``) gates checks 1-2 on the free-running comparison instead (every tensor at
+the per-op threshold, the strict logits thresholds), with the teacher-forced result reported beside it. An engine
+under test whose ``capture`` takes no ``force`` (a plain :class:`~inference_engine.protocol.Engine`) is compared
+free-running only, and the result says so (``mode``, ``mode_reason``).
 
 The prompt is tokenized by the *reference* and the same ids go to both engines, so a tokenizer difference shows up in
-check 3 and never disguises itself as a numerics difference in checks 1-2.
+check 4 and never disguises itself as a numerics difference in checks 1-3.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
 import importlib.metadata
+import inspect
 import os
 import platform
 import subprocess
@@ -32,6 +44,12 @@ import numpy as np
 from inference_engine.errors import GGUFParityError
 from inference_engine.protocol import Engine
 from validation.diff import diff_captures
+from validation.free_running import (
+    FREE_RUNNING_EXPLANATION,
+    TEACHER_FORCED_EXPLANATION,
+    free_running_logits,
+    measure_self_noise,
+)
 from validation.metrics import THRESHOLDS, logit_metrics, logits_pass, thresholds_for
 from validation.smoke import greedy_smoke
 from validation.tokenizer_parity import builtin_corpus, load_jsonl_corpus, tokenizer_parity
@@ -49,6 +67,8 @@ DEFAULT_SMOKE_TOKENS = 16
 REFERENCE_BUILD_KEYS = ("llama_cpp_python", "llama_version", "ggml_version", "ggml_commit")
 # The context each engine is created with (both engines' own default): prompt plus smoke tokens must fit in it.
 DEFAULT_N_CTX = 2048
+TEACHER_FORCED = "teacher_forced"
+FREE_RUNNING = "free_running"
 
 
 @dataclass
@@ -63,6 +83,7 @@ class ValidateOptions:
     smoke_tokens: int = DEFAULT_SMOKE_TOKENS
     threads: int | None = None
     n_ctx: int = DEFAULT_N_CTX
+    free_running: bool = False  # gate the free-running comparison instead of the teacher-forced one
 
     def check(self) -> None:
         """Reject bad choices before anything is loaded."""
@@ -139,6 +160,25 @@ def validate(options: ValidateOptions, ours_opener: Callable | None = None,
         _close(reference)
 
 
+def supports_teacher_forcing(engine: Engine) -> bool:
+    """Whether ``engine.capture`` takes ``force=`` (see ``inference_engine/protocol.py``)."""
+    try:
+        return "force" in inspect.signature(engine.capture).parameters
+    except (TypeError, ValueError, AttributeError):
+        return False
+
+
+def gated_mode(ours: Engine, options: ValidateOptions) -> tuple[str, str]:
+    """Which comparison the tensor and logits checks gate, and why."""
+    if options.free_running:
+        return FREE_RUNNING, "--free-running: the free-running comparison is gated at the per-op thresholds"
+    if not supports_teacher_forcing(ours):
+        return FREE_RUNNING, (f"the engine under test ({getattr(ours, 'name', type(ours).__name__)}) cannot be "
+                              "teacher-forced (its capture() takes no force=), so the free-running comparison is gated")
+    return TEACHER_FORCED, ("the engine under test takes force=, so every tensor is gated given the reference's "
+                            "inputs; free-running drift is reported under free_running")
+
+
 def validate_engines(ours: Engine, reference: Engine, gguf, options: ValidateOptions,
                      corpus_texts: list[str] | None = None, corpus_source: str = "builtin") -> dict[str, Any]:
     """All checks between two open engines on one model file (the library core; no model loading here)."""
@@ -151,31 +191,61 @@ def validate_engines(ours: Engine, reference: Engine, gguf, options: ValidateOpt
     if needed > min(ours.n_ctx, reference.n_ctx):
         raise GGUFParityError(f"prompt ({len(ids)} tokens) plus --smoke-tokens ({options.smoke_tokens}) needs a "
                               f"context of {needed}, more than the engines' {min(ours.n_ctx, reference.n_ctx)}")
+    mode, mode_reason = gated_mode(ours, options)
 
     captured_ref = reference.capture(ids)
-    captured_ours = ours.capture(ids)
-    diff = diff_captures(captured_ours, captured_ref, thresholds.tensor_nmse_max)
+    captured_free = ours.capture(ids)
+    free_diff = diff_captures(captured_free, captured_ref, thresholds.tensor_nmse_max)
+    free_logits = _logits_check(captured_free, captured_ref, thresholds)
+    lens = None
+    if options.logit_lens:
+        from validation.logit_lens import LogitLens, logit_lens
+
+        lens = logit_lens(LogitLens(gguf), captured_free, captured_ref)
+    ours_free_logits = captured_free.get("result_output")
+    del captured_free
+
+    teacher = None
+    if supports_teacher_forcing(ours):
+        captured_forced = ours.capture(ids, force=captured_ref)
+        tf_diff = diff_captures(captured_forced, captured_ref, thresholds.tensor_nmse_max)
+        tf_logits = _logits_check(captured_forced, captured_ref, thresholds)
+        del captured_forced
+        teacher = {"gated": mode == TEACHER_FORCED, "explanation": TEACHER_FORCED_EXPLANATION, **tf_diff.summary(),
+                   "logits": tf_logits}
+
+    free = {"gated": mode == FREE_RUNNING, "explanation": FREE_RUNNING_EXPLANATION, **free_diff.summary()}
+    free.update(_free_running_logits(reference, ids, captured_ref.get("result_output"), ours_free_logits,
+                                     thresholds))
+    # The noise-floor gate is a check of its own only beside a teacher-forced gate; when free running is the gated
+    # mode, its logits face the strict thresholds (``logits``) and the noise-floor verdict is for the reader.
+    free["logits"]["gated"] = bool(free["logits"].get("gated")) and mode == TEACHER_FORCED
+    del captured_ref
+
+    gated_diff, gated_logits = (tf_diff, tf_logits) if mode == TEACHER_FORCED else (free_diff, free_logits)
     result: dict[str, Any] = {
         "passed": False,
         "checks": {},
+        "mode": mode,
+        "mode_reason": mode_reason,
         "backend": options.backend,
         "numerics": options.numerics,
         "against": options.against,
         "model": _model_identity(options.model, gguf),
         "prompt": {"text": prompt, "ids": ids, "n_tokens": len(ids)},
         "thresholds": thresholds.to_dict(),
-        **diff.to_dict(),
+        **gated_diff.to_dict(),
+        "logits": gated_logits,
+        "teacher_forced": teacher,
+        "free_running": free,
     }
-    result["checks"]["tensors"] = diff.passed
-
-    result["logits"] = _logits_check(captured_ours, captured_ref, thresholds)
-    result["checks"]["logits"] = result["logits"]["passed"]
-
-    if options.logit_lens:
-        from validation.logit_lens import LogitLens, logit_lens
-
-        result["logit_lens"] = logit_lens(LogitLens(gguf), captured_ours, captured_ref)
-    del captured_ours, captured_ref
+    result["checks"]["tensors"] = gated_diff.passed
+    result["checks"]["logits"] = gated_logits["passed"]
+    if mode == TEACHER_FORCED:
+        # None in f32 numerics (reported, not gated), like the f32 logits themselves
+        result["checks"]["free_running"] = free["logits"].get("passed")
+    if lens is not None:
+        result["logit_lens"] = lens
 
     if corpus_texts is None:
         result["tokenizer"] = {"source": "builtin", "skipped": "no built-in corpus available", "passed": None,
@@ -198,6 +268,36 @@ def validate_engines(ours: Engine, reference: Engine, gguf, options: ValidateOpt
     if build:
         result["versions"]["reference_build"] = build
     return result
+
+
+def _free_running_logits(reference: Engine, ids: list[int], ref_logits, ours_logits,
+                         thresholds) -> dict[str, Any]:
+    """The reference's noise floor (``reference_self_kld``) and our free-running logits judged against it."""
+    if ref_logits is None or ours_logits is None:
+        missing = " and ".join(side for side, x in (("ours", ours_logits), ("reference", ref_logits)) if x is None)
+        return {"reference_self_kld": None,
+                "logits": {"passed": False, "error": f"result_output missing from the {missing} capture"}}
+    variants, errors = _rounding_variants(reference)
+    try:
+        noise = measure_self_noise(reference, ids, ref_logits, variants)
+    finally:
+        for engine in variants.values():
+            _close(engine)
+    noise.errors.update(errors)
+    return {"reference_self_kld": noise.to_dict(),
+            "logits": free_running_logits(ours_logits, ref_logits, noise, thresholds)}
+
+
+def _rounding_variants(reference: Engine) -> tuple[dict[str, Engine], dict[str, str]]:
+    """The reference's own rounding-level variants (llama.cpp: flash attention toggled) when it offers any, and
+    why they could not be opened when that failed."""
+    make = getattr(reference, "rounding_variants", None)
+    if not callable(make):
+        return {}, {}
+    try:
+        return dict(make()), {}
+    except Exception as exc:  # noqa: BLE001 - the noise floor is diagnostic; report, never sink the run
+        return {}, {"rounding variants": _one_line(exc)}
 
 
 def _logits_check(ours: dict, reference: dict, thresholds) -> dict[str, Any]:

@@ -19,11 +19,16 @@ from inference_engine.errors import GGUFParityError
 from inference_engine.gguf_file import GGUFFile
 from inference_engine.kv_cache import KVCache
 
-Tap = Callable[[str, Array], None]
+# ``x = tap(name, x)``: every named intermediate passes through the tap, and what the tap returns is what flows on.
+# Capturing records ``x`` and returns it; teacher forcing (``OurEngine.capture(..., force=...)``) records ``x`` and
+# returns the reference engine's tensor of that name instead, so everything downstream is computed from the
+# reference's values.
+Tap = Callable[[str, Array], Array]
 
 
-def no_tap(name: str, x: Array) -> None:
-    """The tap when nothing is captured: one call that does nothing."""
+def no_tap(name: str, x: Array) -> Array:
+    """The tap when nothing is captured: one call that hands ``x`` straight back."""
+    return x
 
 
 def _int(f: GGUFFile, key: str, default: int | None = None) -> int:
@@ -137,6 +142,11 @@ class Model(ABC):
     returns logits ``(rows, n_vocab)`` as a backend array: every row when ``all_logits`` (capture), else only the
     last row (llama.cpp's ``inp_out_ids``: the last layer keeps only output rows before its residual add, and only
     those go through the LM head).
+
+    Every tensor llama.cpp names is passed through ``tap`` at the point where llama.cpp's graph names it, written
+    ``x = tap(name, x)``: the returned value is the one that flows on (after RoPE for ``Qcur``/``Kcur``, before the
+    KV cache stores ``Kcur``/``Vcur``; the residual stream itself for ``ffn_inp``/``sa_out``/``l_out``), so a tap
+    that substitutes a value substitutes it for everything downstream.
     """
 
     hparams_class: ClassVar[type]

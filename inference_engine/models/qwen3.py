@@ -73,48 +73,48 @@ class Qwen3Model(Model):
         rope = {"n_dims": hp.n_rot, "freq_base": hp.rope_freq_base, "neox": True, "freq_scale": hp.rope_freq_scale}
 
         x = b.embed(self.token_embd, ids)  # (T, n_embd)
-        tap("embd", x)
+        x = tap("embd", x)
 
         for il, layer in enumerate(self.layers):
             h = b.rms_norm(x, layer.attn_norm, hp.rms_eps)  # (T, n_embd)
-            tap(f"attn_norm-{il}", h)
+            h = tap(f"attn_norm-{il}", h)
 
             q, k, v = project_qkv(b, layer.qkv, h, hp)  # (T, n_head, d), (T, n_head_kv, d), (T, n_head_kv, d)
             q = b.rms_norm(q, layer.attn_q_norm, hp.rms_eps)  # (T, n_head, d): per head
-            tap(f"Qcur_normed-{il}", q)
+            q = tap(f"Qcur_normed-{il}", q)
             q = b.rope(q, positions, **rope)  # (T, n_head, d)
             k = b.rms_norm(k, layer.attn_k_norm, hp.rms_eps)  # (T, n_head_kv, d): per head
-            tap(f"Kcur_normed-{il}", k)
+            k = tap(f"Kcur_normed-{il}", k)
             k = b.rope(k, positions, **rope)  # (T, n_head_kv, d)
-            tap(f"Qcur-{il}", q)
-            tap(f"Kcur-{il}", k)
-            tap(f"Vcur-{il}", v)
+            q = tap(f"Qcur-{il}", q)
+            k = tap(f"Kcur-{il}", k)
+            v = tap(f"Vcur-{il}", v)
 
             attn = self_attention(b, cache, il, q, k, v, positions, kq_scale)  # (T, n_head * d)
-            tap(f"kqv_out-{il}", attn)
+            attn = tap(f"kqv_out-{il}", attn)
             attn = b.matmul(layer.attn_output, attn)  # (T, n_embd)
 
             if il == hp.n_layer - 1 and not all_logits:
                 attn, x = attn[-1:], x[-1:]  # only the output row goes on: (1, n_embd)
             x = b.add(attn, x)  # (T, n_embd)
-            tap(f"ffn_inp-{il}", x)
+            x = tap(f"ffn_inp-{il}", x)
 
             h = b.rms_norm(x, layer.ffn_norm, hp.rms_eps)  # (T, n_embd)
-            tap(f"ffn_norm-{il}", h)
+            h = tap(f"ffn_norm-{il}", h)
             up = b.matmul(layer.ffn_up, h)  # (T, n_ff)
-            tap(f"ffn_up-{il}", up)
+            up = tap(f"ffn_up-{il}", up)
             gate = b.matmul(layer.ffn_gate, h)  # (T, n_ff)
-            tap(f"ffn_gate-{il}", gate)
+            gate = tap(f"ffn_gate-{il}", gate)
             h = b.swiglu(gate, up)  # (T, n_ff)
-            tap(f"ffn_swiglu-{il}", h)
+            h = tap(f"ffn_swiglu-{il}", h)
             h = b.matmul(layer.ffn_down, h)  # (T, n_embd)
-            tap(f"ffn_out-{il}", h)
+            h = tap(f"ffn_out-{il}", h)
 
             x = b.add(h, x)  # (T, n_embd)
-            tap(f"l_out-{il}", x)
+            x = tap(f"l_out-{il}", x)
 
         x = b.rms_norm(x, self.output_norm, hp.rms_eps)  # (rows, n_embd)
-        tap("result_norm", x)
+        x = tap("result_norm", x)
         logits = b.matmul(self.output, x)  # (rows, n_vocab)
-        tap("result_output", logits)
+        logits = tap("result_output", logits)
         return logits

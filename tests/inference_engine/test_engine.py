@@ -126,6 +126,64 @@ def test_capture_shapes_follow_the_protocol(tiny_model):
     assert engine.n_past == 4  # capture leaves the prompt in the cache, as prefill does
 
 
+# --- teacher forcing: capture(ids, force=...) ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_forcing_our_own_values_changes_nothing(tiny_model, arch):
+    """Every tap hands on a value of the right shape at the right place: forced with its own tensors, the engine
+    computes exactly what it computes free-running (llama.cpp-side numbers are in tests/.../models/)."""
+    engine = OurEngine(tiny_model(arch, "Q4_K"), numerics="ggml", n_ctx=32)
+    ids = random_ids(engine, 6)
+    free = engine.capture(ids)
+    forced = engine.capture(ids, force=free)
+    assert forced.keys() == free.keys()
+    assert all(np.array_equal(forced[name], free[name]) for name in free)
+
+
+@pytest.mark.parametrize("arch", ("llama", "gemma3"))
+def test_a_forced_value_flows_on_and_ours_is_recorded(tiny_model, arch):
+    engine = OurEngine(tiny_model(arch), n_ctx=32)
+    ids = random_ids(engine, 5)
+    free = engine.capture(ids)
+    residual = np.random.default_rng(3).standard_normal(free["l_out-0"].shape).astype(np.float32)
+    forced = engine.capture(ids, force={"l_out-0": residual})
+    assert np.array_equal(forced["l_out-0"], free["l_out-0"])  # what we computed, not what was forced
+    layer1, b, hp = engine.model.layers[1], engine.backend, engine.model.hp
+    expected = b.to_numpy(b.rms_norm(b.from_numpy(residual), layer1.attn_norm, hp.rms_eps))
+    assert np.array_equal(forced["attn_norm-1"], expected)  # layer 1 reads the forced residual stream
+    assert not np.array_equal(forced["result_output"], free["result_output"])
+
+
+def test_forced_k_and_v_are_what_the_cache_holds(tiny_model):
+    engine = OurEngine(tiny_model("qwen2"), n_ctx=32)
+    ids = random_ids(engine, 4)
+    free = engine.capture(ids)
+    rng = np.random.default_rng(5)
+    k = rng.standard_normal(free["Kcur-1"].shape).astype(np.float32)
+    v = rng.standard_normal(free["Vcur-1"].shape).astype(np.float32)
+    forced = engine.capture(ids, force={"Kcur-1": k, "Vcur-1": v})
+    b = engine.backend
+    assert np.array_equal(b.to_numpy(b.kv_view(engine.cache.k[1], len(ids))), k)
+    assert np.array_equal(b.to_numpy(b.kv_view(engine.cache.v[1], len(ids))), v)
+    assert np.array_equal(forced["Qcur-1"], free["Qcur-1"])
+    assert not np.array_equal(forced["kqv_out-1"], free["kqv_out-1"])  # attention read the forced K and V
+
+
+def test_forced_arrays_are_reshaped_to_ours(tiny_model):
+    """llama.cpp's capture drops leading size-1 axes (a one-token prompt's attn_norm is (n_embd,)): forcing takes
+    any array with our element count; one that does not fit is a one-line error."""
+    engine = OurEngine(tiny_model("qwen3"), n_ctx=16)
+    free = engine.capture([7])
+    squeezed = {name: a.reshape(a.shape[1:]) for name, a in free.items()}
+    forced = engine.capture([7], force=squeezed)
+    assert all(np.array_equal(forced[name], free[name]) for name in free)
+    with pytest.raises(GGUFParityError, match="forced tensor Vcur-0 has shape"):
+        engine.capture([7], force={"Vcur-0": np.zeros(3, dtype=np.float32)})
+    with pytest.raises(GGUFParityError, match="force must map tensor names to arrays"):
+        engine.capture([7], force=[("Vcur-0", free["Vcur-0"])])
+
+
 def test_prompt_longer_than_context_is_refused(tiny_model):
     engine = OurEngine(tiny_model("llama"), n_ctx=8)
     with pytest.raises(GGUFParityError, match="prompt of 9 tokens does not fit the context of 8"):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from validation_fakes import FakeEngine, Faults, TinyWeights, write_tiny_gguf
+from validation_fakes import FakeEngine, Faults, TeacherForcedFakeEngine, TinyWeights, write_tiny_gguf
 
 from bench_compare.cli import main
 from validation import run as run_module
@@ -33,8 +33,9 @@ def engines(monkeypatch):
 
     class Config:
         faults = None
+        engine_class = FakeEngine  # TeacherForcedFakeEngine: ours takes capture(..., force=)
 
-    monkeypatch.setattr(run_module, "open_ours", lambda o, p: FakeEngine(WEIGHTS, Config.faults, name="ours"))
+    monkeypatch.setattr(run_module, "open_ours", lambda o, p: Config.engine_class(WEIGHTS, Config.faults, name="ours"))
     monkeypatch.setattr(run_module, "open_reference",
                         lambda o, p: FakeEngine(WEIGHTS, name="ref", extra_taps=("kq",)))
     return Config
@@ -66,6 +67,28 @@ def test_pass_exit_0_writes_report_and_json(model_path, corpus, engines, tmp_pat
     assert {"cases", "mismatches", "first_mismatch"} <= set(data["tokenizer"]) and data["tokenizer"]["cases"] == 2
     assert {"tokens", "matched", "first_divergence", "passed"} <= set(data["smoke"])
     assert "# Validation" in (report / "report.md").read_text()
+    # The fake cannot be teacher-forced: free running is the gated comparison, and the result says so.
+    assert data["mode"] == "free_running" and data["teacher_forced"] is None
+    free = data["free_running"]
+    assert {"gated", "worst", "layers", "tensors", "logits", "reference_self_kld", "explanation"} <= set(free)
+    assert {"kld_mean", "kld_max", "top1_agreement", "kld_mean_limit", "top1_disagreements"} <= set(free["logits"])
+    assert {"kld_mean", "kld_max", "top1_agreement", "variants"} <= set(free["reference_self_kld"])
+
+
+@pytest.mark.parametrize("flag, mode", [([], "teacher_forced"), (["--free-running"], "free_running")])
+def test_teacher_forced_by_default_free_running_on_request(model_path, corpus, engines, tmp_path, capsys, flag,
+                                                           mode):
+    engines.engine_class = TeacherForcedFakeEngine
+    report = tmp_path / "rep"
+    assert main(_args(model_path, corpus, report, *flag)) == 0
+    data = json.loads((report / "validate.json").read_text())
+    assert data["mode"] == mode
+    assert data["teacher_forced"]["gated"] is (mode == "teacher_forced")
+    assert data["free_running"]["gated"] is (mode == "free_running")
+    assert ("free_running" in data["checks"]) is (mode == "teacher_forced")
+    md = (report / "report.md").read_text()
+    assert "## Teacher-forced and free-running" in md and "reference, token by token" in md
+    assert f"gated comparison: {mode.replace('_', '-')}" in capsys.readouterr().out
 
 
 def test_fail_exit_1_still_writes_the_report(model_path, corpus, engines, tmp_path, capsys):

@@ -6,7 +6,7 @@ import json
 import math
 
 import pytest
-from validation_fakes import FakeEngine, Faults, TinyWeights, write_tiny_gguf
+from validation_fakes import FakeEngine, Faults, TeacherForcedFakeEngine, TinyWeights, write_tiny_gguf
 
 from inference_engine.errors import GGUFParityError
 from validation import report as report_module
@@ -16,8 +16,7 @@ from validation.run import ValidateOptions, validate
 WEIGHTS = TinyWeights(seed=5)
 
 
-@pytest.fixture(scope="module")
-def result(tmp_path_factory):
+def _validate(tmp_path_factory, engine_class):
     path = write_tiny_gguf(tmp_path_factory.mktemp("rep") / "tiny.gguf", WEIGHTS)
     options = ValidateOptions(model=path, smoke_tokens=3, logit_lens=True)
     import validation.run as run_module
@@ -25,10 +24,22 @@ def result(tmp_path_factory):
     original = run_module._load_corpus
     run_module._load_corpus = lambda corpus: (["abc"], "test")
     try:
-        return validate(options, lambda o, p: FakeEngine(WEIGHTS, Faults(rope_base={1: 99.0})),
+        return validate(options, lambda o, p: engine_class(WEIGHTS, Faults(rope_base={1: 99.0})),
                         lambda o, p: FakeEngine(WEIGHTS))
     finally:
         run_module._load_corpus = original
+
+
+@pytest.fixture(scope="module")
+def result(tmp_path_factory):
+    """Ours cannot be teacher-forced here: a free-running result."""
+    return _validate(tmp_path_factory, FakeEngine)
+
+
+@pytest.fixture(scope="module")
+def forced_result(tmp_path_factory):
+    """Ours takes force=: a teacher-forced result with the free-running comparison beside it."""
+    return _validate(tmp_path_factory, TeacherForcedFakeEngine)
 
 
 def test_failed_write_leaves_nothing_behind(result, tmp_path, monkeypatch):
@@ -65,3 +76,30 @@ def test_markdown_names_the_failure_and_every_section(result):
     assert "FAIL" in md and "first failure: Qcur-1" in md
     for heading in ("## Checks", "## Worst tensors", "## Per layer", "## Logit lens", "## Unmatched names"):
         assert heading in md
+
+
+def test_markdown_explains_both_comparisons(forced_result, result):
+    md = markdown(forced_result)
+    assert "first failure: Qcur-1" in md and "Gated: **teacher-forced**" in md
+    for text in ("## Teacher-forced and free-running", "- Teacher-forced: ", "- Free-running: ",
+                 "### Free-running logits against the reference's own noise floor", "| ours, free-running |",
+                 "| reference, token by token |", "worst tensor (free-running)", "## Logit lens (free-running"):
+        assert text in md, text
+    assert "Gated: **free-running**" in markdown(result) and "cannot be teacher-forced" in markdown(result)
+
+
+def test_plot_has_a_panel_per_comparison(forced_result, result, tmp_path, monkeypatch):
+    import matplotlib.pyplot as plt
+
+    panels = []
+    subplots = plt.subplots
+
+    def counting(n, *args, **kwargs):
+        panels.append(n)
+        return subplots(n, *args, **kwargs)
+
+    monkeypatch.setattr(plt, "subplots", counting)
+    report_module.plot_per_layer(forced_result, tmp_path / "both.png")
+    report_module.plot_per_layer(result, tmp_path / "one.png")
+    assert panels == [2, 1]
+    assert (tmp_path / "both.png").read_bytes()[:4] == b"\x89PNG"

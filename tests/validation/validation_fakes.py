@@ -1,6 +1,7 @@
 """A tiny NumPy transformer behind the Engine protocol, with switchable faults, for testing the validation logic.
 
-It is *not* a model under test: it is a controlled pair of engines. Two instances built from the same seed compute
+It is *not* a model under test: it is a controlled pair of engines (``TeacherForcedFakeEngine`` also accepts
+``capture(..., force=)``, as our engine does; the plain ``FakeEngine`` stands for an engine that cannot be forced). Two instances built from the same seed compute
 bit-identical tensors; a fault (a different RoPE base in one layer, a permuted weight in one layer, a dropped
 character in the tokenizer, a logit bias) changes exactly one known place, so a test can check that the diff names
 that place. The forward pass follows llama.cpp's llama graph and tap names (attn_norm, Qcur, Kcur, Vcur, kqv_out,
@@ -132,9 +133,12 @@ class FakeEngine:
         return self._forward(self.ids, None)[-1]
 
     def capture(self, ids: list[int], names=None) -> dict[str, np.ndarray]:
+        return self._capture(ids, names, None)
+
+    def _capture(self, ids, names, force) -> dict[str, np.ndarray]:
         self.reset()
         taps: dict[str, np.ndarray] = {}
-        self._forward(list(ids), taps)
+        self._forward(list(ids), taps, force)
         self.ids = list(ids)
         if names is not None:
             taps = {k: v for k, v in taps.items() if k in set(names)}
@@ -150,58 +154,69 @@ class FakeEngine:
             w = w[::-1].copy()
         return w
 
-    def _forward(self, ids: list[int], taps: dict | None) -> np.ndarray:
+    def _forward(self, ids: list[int], taps: dict | None, force: dict | None = None) -> np.ndarray:
         def tap(name, x):
             if taps is not None:
                 taps[name] = np.array(x, dtype=np.float32)
+            if force and name in force:
+                return np.asarray(force[name], dtype=np.float32).reshape(np.shape(x))
+            return np.asarray(x, dtype=np.float32)  # what flows on is what is recorded (and what a force replaces)
 
         w, e, h = self.w, self.w.n_embd, self.w.n_head
         hd = e // h
         t = len(ids)
         x = w.tensors["token_embd.weight"][np.asarray(ids)]  # (T, E)
-        tap("inp_embd", x)
+        x = tap("inp_embd", x)
         for il in range(w.n_layer):
             cur = _rms_norm(x, w.tensors[f"blk.{il}.attn_norm.weight"], w.eps)
-            tap(f"attn_norm-{il}", cur)
+            cur = tap(f"attn_norm-{il}", cur)
             q = (cur @ self._weight("attn_q", il).T).reshape(t, h, hd)
             k = (cur @ self._weight("attn_k", il).T).reshape(t, h, hd)
             v = (cur @ self._weight("attn_v", il).T).reshape(t, h, hd)
             base = self.faults.rope_base.get(il, w.rope_base)
             q, k = _rope_norm(q, base), _rope_norm(k, base)
-            tap(f"Qcur-{il}", q)
-            tap(f"Kcur-{il}", k)
-            tap(f"Vcur-{il}", v)
-            scores = np.einsum("qhd,khd->hqk", q, k) / np.sqrt(hd)
+            q = tap(f"Qcur-{il}", q)
+            k = tap(f"Kcur-{il}", k)
+            v = tap(f"Vcur-{il}", v)
+            scores = np.einsum("qhd,khd->hqk", q, k) / np.float32(np.sqrt(hd))  # float32 throughout
             scores = scores + np.triu(np.full((t, t), -np.inf, dtype=np.float32), 1)
             if "kq" in self.extra_taps:
-                tap(f"kq-{il}", scores)
+                scores = tap(f"kq-{il}", scores)
             p = np.exp(scores - scores.max(-1, keepdims=True))
             p /= p.sum(-1, keepdims=True)
             att = np.einsum("hqk,khd->qhd", p, v).reshape(t, e)
-            tap(f"kqv_out-{il}", att)
+            att = tap(f"kqv_out-{il}", att)
             att = att @ self._weight("attn_output", il).T
-            tap(f"attn_out-{il}", att)
+            att = tap(f"attn_out-{il}", att)
             ffn_inp = att + x
-            tap(f"ffn_inp-{il}", ffn_inp)
+            ffn_inp = tap(f"ffn_inp-{il}", ffn_inp)
             cur = _rms_norm(ffn_inp, w.tensors[f"blk.{il}.ffn_norm.weight"], w.eps)
-            tap(f"ffn_norm-{il}", cur)
+            cur = tap(f"ffn_norm-{il}", cur)
             gate = cur @ self._weight("ffn_gate", il).T
             up = cur @ self._weight("ffn_up", il).T
-            tap(f"ffn_gate-{il}", gate)
-            tap(f"ffn_up-{il}", up)
+            gate = tap(f"ffn_gate-{il}", gate)
+            up = tap(f"ffn_up-{il}", up)
             act = gate / (1.0 + np.exp(-gate)) * up
-            tap(f"ffn_swiglu-{il}", act)
+            act = tap(f"ffn_swiglu-{il}", act)
             out = act @ self._weight("ffn_down", il).T
-            tap(f"ffn_out-{il}", out)
+            out = tap(f"ffn_out-{il}", out)
             x = (out + ffn_inp).astype(np.float32)
-            tap(f"l_out-{il}", x)
+            x = tap(f"l_out-{il}", x)
         cur = _rms_norm(x, w.tensors["output_norm.weight"], w.eps)
-        tap("result_norm", cur)
+        cur = tap("result_norm", cur)
         logits = (cur @ w.tensors["token_embd.weight"].T).astype(np.float32)
         for tok, bias in self.faults.logit_bias.items():
             logits[:, tok] += bias
-        tap("result_output", logits)
+        logits = tap("result_output", logits)
         return logits
+
+
+class TeacherForcedFakeEngine(FakeEngine):
+    """A :class:`FakeEngine` whose ``capture`` also takes ``force=`` (teacher forcing, as OurEngine's does): each
+    tapped tensor is recorded, then the forced value of that name flows on."""
+
+    def capture(self, ids: list[int], names=None, force=None) -> dict[str, np.ndarray]:
+        return self._capture(ids, names, force)
 
 
 class ScriptedEngine:

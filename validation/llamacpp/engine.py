@@ -393,6 +393,22 @@ class LlamaCppEngine:
             self._recorder.stop()
         self._capture_n_tokens = len(tokens)
 
+    # --- llama.cpp against itself -------------------------------------------------------------------------------
+    def rounding_variants(self) -> dict[str, LlamaCppEngine]:
+        """llama.cpp computing the same model with its other attention kernel: ``{label: engine}`` (caller closes).
+
+        Flash attention (llama.cpp's CPU default, "auto" -> on) and the plain KQ / softmax / KQV path compute the
+        same attention with float32 sums in different orders. Comparing the two measures how far llama.cpp's own
+        output moves under a rounding-level change, which validation uses as a noise floor for free-running
+        comparisons. Everything else (KV type, threads, batch, extra buffer types) is kept.
+        """
+        self._require_open()
+        other = "on" if self.flash_attn_resolved == "off" else "off"
+        variant = LlamaCppEngine(self.path, n_ctx=self._n_ctx, n_threads=self.n_threads, n_batch=self.n_batch,
+                                 kv_type=self.kv_type, flash_attn=other, extra_bufts=self.extra_bufts,
+                                 verbose=self.verbose)
+        return {f"flash attention {other}": variant}
+
     # --- helpers ------------------------------------------------------------------------------------------------
     def _check_ids(self, ids: list[int], allow_empty: bool = False) -> list[int]:
         if not ids and not allow_empty:
