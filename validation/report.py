@@ -242,9 +242,18 @@ def summary_lines(result: dict) -> list[str]:
         if div:
             line += (f"; diverged at step {div['step']}: reference {div['reference_token']} "
                      f"({div.get('reference_text')!r}) vs ours {div['ours_token']} ({div.get('ours_text')!r}), "
-                     f"margin {fmt(div['margin'])} ({'near tie' if div['near_tie'] else 'not a near tie'})")
+                     f"margin {fmt(div['margin'])} ({_divergence_verdict(div)})")
         lines.append(line + f" -> {_verdict(checks.get('smoke'))}")
     return lines
+
+
+def _divergence_verdict(div: dict) -> str:
+    if div["near_tie"]:
+        return "near tie"
+    agreeing = div.get("reference_variants_agreeing")
+    if agreeing:
+        return f"not a near tie, but llama.cpp with {', '.join(agreeing)} also picks ours"
+    return "not a near tie, and no llama.cpp rounding variant picks ours"
 
 
 MODE_TITLES = {"teacher_forced": "teacher-forced", "free_running": "free-running"}

@@ -255,7 +255,12 @@ def validate_engines(ours: Engine, reference: Engine, gguf, options: ValidateOpt
     result["checks"]["tokenizer"] = result["tokenizer"]["passed"]
 
     if options.smoke_tokens > 0:
-        result["smoke"] = greedy_smoke(ours, reference, ids, options.smoke_tokens).to_dict()
+        variants, _ = _rounding_variants(reference)
+        try:
+            result["smoke"] = greedy_smoke(ours, reference, ids, options.smoke_tokens, variants).to_dict()
+        finally:
+            for engine in variants.values():
+                _close(engine)
         result["checks"]["smoke"] = result["smoke"]["passed"]
     else:
         result["smoke"] = None

@@ -16,12 +16,17 @@ reference's logits at that step (where both engines saw the identical prefix):
 
 The smoke test passes when there is no divergence, or when the divergence is a near tie: ``margin`` below
 :data:`NEAR_TIE_MARGIN`. A near tie is a legitimate outcome of rounding-level differences (the greedy choice between
-two almost equal logits can flip under any reordering of a float sum); anything more is a bug.
+two almost equal logits can flip under any reordering of a float sum). A wider gap is also excused when one of the
+reference's own *rounding variants* (llama.cpp with its other attention kernel, see
+``LlamaCppEngine.rounding_variants``), run on the identical prefix, picks our token: then llama.cpp itself flips
+that choice under a rounding-level change (seen on Gemma 3 in ggml numerics, where every activation is re-quantized
+to 8 bits and a last-bit difference can move a logit by more than 0.05). Anything else is a bug.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Mapping
 
 import numpy as np
 
@@ -43,7 +48,8 @@ class SmokeResult:
 
     @property
     def passed(self) -> bool:
-        return self.first_divergence is None or bool(self.first_divergence["near_tie"])
+        d = self.first_divergence
+        return d is None or bool(d["near_tie"]) or bool(d.get("reference_variants_agreeing"))
 
     def to_dict(self) -> dict:
         return {
@@ -57,8 +63,13 @@ class SmokeResult:
         }
 
 
-def greedy_smoke(ours: Engine, reference: Engine, prompt_ids: list[int], n_tokens: int) -> SmokeResult:
-    """Lockstep greedy generation of ``n_tokens`` on both engines; stop at the first divergence (see module doc)."""
+def greedy_smoke(ours: Engine, reference: Engine, prompt_ids: list[int], n_tokens: int,
+                 variants: Mapping[str, Engine] | None = None) -> SmokeResult:
+    """Lockstep greedy generation of ``n_tokens`` on both engines; stop at the first divergence (see module doc).
+
+    ``variants`` are the reference's rounding variants ({label: engine}); at a divergence each one prefills the
+    identical prefix and the labels of those whose greedy pick is ours are recorded.
+    """
     ours.reset()
     reference.reset()
     logits_ours = np.asarray(ours.prefill(list(prompt_ids)))
@@ -68,8 +79,11 @@ def greedy_smoke(ours: Engine, reference: Engine, prompt_ids: list[int], n_token
         tok_ours = int(np.argmax(logits_ours))
         tok_ref = int(np.argmax(logits_ref))
         if tok_ours != tok_ref:
-            return SmokeResult(n_tokens, step, generated + [tok_ref], generated + [tok_ours],
-                               _divergence(step, tok_ours, tok_ref, logits_ref, reference))
+            divergence = _divergence(step, tok_ours, tok_ref, logits_ref, reference)
+            if not divergence["near_tie"]:
+                prefix = list(prompt_ids) + generated
+                divergence["reference_variants_agreeing"] = _variants_picking(variants or {}, prefix, tok_ours)
+            return SmokeResult(n_tokens, step, generated + [tok_ref], generated + [tok_ours], divergence)
         generated.append(tok_ref)
         if step + 1 < n_tokens:
             logits_ours = np.asarray(ours.decode(tok_ref))
@@ -91,6 +105,16 @@ def _divergence(step: int, tok_ours: int, tok_ref: int, logits_ref: np.ndarray, 
         "margin": margin,
         "near_tie": bool(margin < NEAR_TIE_MARGIN),
     }
+
+
+def _variants_picking(variants: Mapping[str, Engine], prefix: list[int], token: int) -> list[str]:
+    """Labels of the reference variants whose greedy pick after ``prefix`` is ``token``."""
+    agreeing = []
+    for label, engine in variants.items():
+        engine.reset()
+        if int(np.argmax(np.asarray(engine.prefill(prefix)))) == token:
+            agreeing.append(label)
+    return agreeing
 
 
 def _text(engine: Engine, token: int) -> str | None:

@@ -71,3 +71,22 @@ def test_a_biased_engine_fails_at_the_first_step():
     r = greedy_smoke(ours, ref, ids, 6)
     assert r.first_divergence["step"] == 0 and r.first_divergence["ours_token"] == other
     assert not r.first_divergence["near_tie"] and not r.passed
+
+
+def test_divergence_excused_only_when_a_reference_variant_picks_our_token():
+    """A wide gap is rounding when llama.cpp's own variant, on the identical prefix, flips to our token."""
+    ref = ScriptedEngine([_logits(3), _logits(5, second=7, gap=0.3)])
+    variant_agrees = ScriptedEngine([_logits(7, second=5, gap=0.1)])
+    variant_disagrees = ScriptedEngine([_logits(5, second=7, gap=0.2)])
+    ours = ScriptedEngine([_logits(3), _logits(7)])
+    r = greedy_smoke(ours, ref, [0, 1], 4, {"agrees": variant_agrees, "disagrees": variant_disagrees})
+    div = r.first_divergence
+    assert div["step"] == 1 and not div["near_tie"]
+    assert div["reference_variants_agreeing"] == ["agrees"] and r.passed
+    assert variant_agrees.fed == [0, 1, 3]  # the variant saw exactly the shared prefix
+
+    ref = ScriptedEngine([_logits(3), _logits(5, second=7, gap=0.3)])
+    ours = ScriptedEngine([_logits(3), _logits(7)])
+    variant_disagrees = ScriptedEngine([_logits(5, second=7, gap=0.2)])
+    r = greedy_smoke(ours, ref, [0, 1], 4, {"disagrees": variant_disagrees})
+    assert r.first_divergence["reference_variants_agreeing"] == [] and not r.passed
