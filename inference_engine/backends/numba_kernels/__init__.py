@@ -1,0 +1,45 @@
+"""Numba kernels for the CPU backend: fused quantized mat-vec / mat-mul on the GGUF blocks, and the hot ops.
+
+Modules:
+
+- :mod:`.simd`: the explicit 16-lane vector vocabulary (Numba intrinsics emitting generic LLVM vector IR) that
+  every kernel is written in; why auto-vectorization was not enough is measured in its docstring.
+- :mod:`.floats` (F32, F16, BF16), :mod:`.q4` (Q4_0, Q4_1), :mod:`.q5` (Q5_0, Q5_1), :mod:`.q8_0`,
+  :mod:`.k_quants` (Q2_K..Q6_K): per type a ``matvec_<type>(w, xv, xs, out)`` (one token, weights read once,
+  rows split over threads) and a ``dequant_<type>(w, row0, out)`` (ggml's exact dequantization of rows).
+- :mod:`.activations`: the activation side of both numerics (``f32``; ``ggml``: Q8_0 / Q8_1 / Q8_K / F16 / BF16
+  quantizers bit-exact with libggml).
+- :mod:`.dispatch`: the dispatcher: :func:`pack_matrix` wraps a GGUF tensor, :func:`matmul` runs ``x @ W.T``
+  (mat-vec per token for a few tokens, dequantized tiles times a GEMM beyond), :func:`dequantize_rows` serves
+  embedding look-ups.
+- :mod:`.gemm` (a Numba float32 GEMM for the tiles) and :mod:`.blocked` (a fused blocked Q4_1 prefill kernel):
+  the measured alternatives for prefill.
+- :mod:`.ops`: RMSNorm, RoPE, attention, SwiGLU, GEGLU with the NumPy reference's numerics.
+
+Every kernel is ``@njit(cache=True)``: a second process loads the machine code from Numba's cache instead of
+compiling (``python -m bench_compare.kernel_bench --only compile`` measures both). Numba's cache tracks the
+modification time of the file defining each kernel only, so after editing :mod:`.simd` delete the
+``__pycache__/*.nbi`` / ``*.nbc`` files of this package.
+"""
+
+from inference_engine.backends.numba_kernels.dispatch import (
+    KERNELS,
+    MATVEC_MAX_TOKENS,
+    NUMERICS,
+    QMatrix,
+    dequantize_rows,
+    matmul,
+    pack_matrix,
+    supported_types,
+)
+
+__all__ = [
+    "KERNELS",
+    "MATVEC_MAX_TOKENS",
+    "NUMERICS",
+    "QMatrix",
+    "dequantize_rows",
+    "matmul",
+    "pack_matrix",
+    "supported_types",
+]

@@ -1,0 +1,218 @@
+"""``y = x @ W.T`` for a GGUF weight with the Numba kernels: one fused mat-vec per token, or tiles + a GEMM.
+
+- **Decode (few tokens)**: one ``matvec_<type>`` call per token. It reads each weight byte once, from the GGUF
+  blocks as they are in the file, and multiplies as it unpacks: no dequantized copy of the weight ever exists.
+- **Prefill (more than ``MATVEC_MAX_TOKENS``)**: the weight is dequantized a tile of rows at a time
+  (``dequant_<type>``, exactly ggml's values) into a reused float32 buffer, and each tile is multiplied with all
+  the tokens by BLAS ``sgemm`` on one thread, by the Numba GEMM (:mod:`.gemm`) on more (``TILE_GEMM``). Measured
+  here (``kernel_bench --only prefill``, SmolLM2's 1536x576 Q4_1, ms):
+
+  ======================  ===========  ============  ===========  =========================
+  path                    T=64 1 thr.  T=512 1 thr.  T=64 2 thr.  T=512 2 thr.
+  ======================  ===========  ============  ===========  =========================
+  tiles + BLAS            1.45         7.0           7.7          5.6 (two thread pools)
+  tiles + Numba GEMM      1.75         12.5          0.92         5.3
+  fused blocked (Q4_1)    1.80         19.4          -            16
+  mat-vec per token       3.2          31.7          1.8          14.4
+  ======================  ===========  ============  ===========  =========================
+
+  Below 4 to 8 tokens the mat-vec path wins (it pays no dequantization pass).
+
+Both paths compute the same sum and agree to float rounding. ``numerics`` picks the activation side
+(:mod:`.activations`); ``ggml`` through a GEMM multiplies the dequantized weight with the fake-quantized
+activation, which is ggml's integer dot product exactly except for Q4_1 / Q5_1, whose block constant ``m`` ggml
+multiplies by the activation's *f16-rounded* block sum ``s``: that difference, ``(s - sum(xv)) @ m.T``, is added
+back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numba
+import numpy as np
+from gguf import GGMLQuantizationType as T
+
+from inference_engine.backends.numba_kernels import activations, floats, gemm, k_quants, q4, q5, q8_0
+from inference_engine.errors import GGUFParityError
+
+NUMERICS: tuple[str, ...] = ("f32", "ggml")
+
+# Up to this many tokens, T mat-vec calls (each reading the weight once) beat dequantize-a-tile + GEMM, which pays
+# one full dequantization pass however few tokens there are: they cross between 4 and 8 tokens on SmolLM2's and
+# Gemma 3's matrices, on one thread and on two (kernel_bench --only prefill).
+MATVEC_MAX_TOKENS = 4
+# Who multiplies the dequantized tiles: "blas" (NumPy's OpenBLAS, its own thread pool), "numba" (gemm.matmul_t
+# on Numba's threads) or "auto": BLAS on one Numba thread, Numba beyond. Measured here, 512-token prefill of the
+# whole model: on 1 thread BLAS is faster (SmolLM2 310 vs 236 tok/s, Gemma 3 362 vs 263); on 2 threads Numba's
+# and OpenBLAS's thread pools alternating on the same cores stall each other (BLAS 161-199 tok/s) while the Numba
+# GEMM, one pool throughout, gives 401-419.
+TILE_GEMMS: tuple[str, ...] = ("auto", "blas", "numba")
+TILE_GEMM = "auto"
+# Rows dequantized per BLAS call: big enough to keep sgemm efficient, small enough that the float32 tile stays
+# within a few MB (the Gemma 3 output matrix is 262144 rows; dequantized at once it would be 671 MB).
+TILE_BYTES = 8 << 20
+
+
+@dataclass(frozen=True)
+class Kernels:
+    """Everything the dispatcher needs to know about one tensor type."""
+
+    matvec: Callable  # (w uint8 (N, row_bytes), xv f32 (K,), xs f32 (K/sub,), out f32 (N,)) -> None
+    dequant: Callable  # (w, row0, out f32 (rows, K)) -> None: ggml's dequantize_row for rows row0..
+    vec_dot_type: str  # the activation type ggml quantizes to for this weight (activations.prepare)
+    sub: int  # sub-block length of the constant terms (xs), 0 if none
+
+
+KERNELS: dict[T, Kernels] = {
+    T.F32: Kernels(floats.matvec_f32, floats.dequant_f32, "f32", 0),
+    T.F16: Kernels(floats.matvec_f16, floats.dequant_f16, "f16", 0),
+    T.BF16: Kernels(floats.matvec_bf16, floats.dequant_bf16, "bf16", 0),
+    T.Q4_0: Kernels(q4.matvec_q4_0, q4.dequant_q4_0, "q8_0", 32),
+    T.Q4_1: Kernels(q4.matvec_q4_1, q4.dequant_q4_1, "q8_1", 32),
+    T.Q5_0: Kernels(q5.matvec_q5_0, q5.dequant_q5_0, "q8_0", 32),
+    T.Q5_1: Kernels(q5.matvec_q5_1, q5.dequant_q5_1, "q8_1", 32),
+    T.Q8_0: Kernels(q8_0.matvec_q8_0, q8_0.dequant_q8_0, "q8_0", 0),
+    T.Q2_K: Kernels(k_quants.matvec_q2_k, k_quants.dequant_q2_k, "q8_K", 16),
+    T.Q3_K: Kernels(k_quants.matvec_q3_k, k_quants.dequant_q3_k, "q8_K", 16),
+    T.Q4_K: Kernels(k_quants.matvec_q4_k, k_quants.dequant_q4_k, "q8_K", 32),
+    T.Q5_K: Kernels(k_quants.matvec_q5_k, k_quants.dequant_q5_k, "q8_K", 32),
+    T.Q6_K: Kernels(k_quants.matvec_q6_k, k_quants.dequant_q6_k, "q8_K", 16),
+}
+
+# Byte offset of the block min ``m`` (f16) and block size in bytes, for the ggml correction of Q4_1 / Q5_1.
+_BLOCK_MIN = {T.Q4_1: (2, 20), T.Q5_1: (2, 24)}
+
+
+def supported_types() -> tuple[T, ...]:
+    return tuple(KERNELS)
+
+
+@dataclass
+class QMatrix:
+    """A weight matrix ``(n_out, n_in)`` as the kernels read it: the GGUF bytes, one row per output.
+
+    ``rows`` is normally a view of the memory-mapped file (nothing is copied at load time).
+    """
+
+    name: str
+    qtype: T
+    rows: np.ndarray  # uint8 (n_out, row_bytes), C-contiguous
+    n_out: int
+    n_in: int
+    kernels: Kernels = field(repr=False)
+    _block_mins: np.ndarray | None = field(default=None, repr=False)
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.rows.nbytes)
+
+    def block_mins(self) -> np.ndarray:
+        """Q4_1 / Q5_1 per-block ``m`` as float32 ``(n_out, n_in/32)`` (made on first use, for ggml prefill)."""
+        if self._block_mins is None:
+            off, size = _BLOCK_MIN[self.qtype]
+            blocks = self.rows.reshape(self.n_out, -1, size)
+            self._block_mins = np.ascontiguousarray(blocks[:, :, off : off + 2]).view(np.float16)[..., 0]
+            self._block_mins = self._block_mins.astype(np.float32)
+        return self._block_mins
+
+
+def pack_matrix(name: str, qtype, raw: np.ndarray, shape: tuple[int, int], copy: bool = False) -> QMatrix:
+    """Wrap a GGUF tensor (``TensorInfo.raw`` and its NumPy-order ``shape``) for the kernels.
+
+    ``copy=False`` reads the bytes where they are (the file's memory map); ``copy=True`` copies them once into
+    ordinary process memory, which the kernels stream faster: measured here on the 178 MB Gemma 3 output matrix,
+    7 -> 10 GB/s on one thread and 13 -> 20 GB/s on two (page-cache pages of the mapped file read slower than
+    anonymous memory on this VM; huge pages made no further difference).
+    """
+    qtype = T(int(qtype))
+    kernels = KERNELS.get(qtype)
+    if kernels is None:
+        raise GGUFParityError(
+            f"tensor '{name}': the numba backend has no kernel for {qtype.name}; supported: "
+            f"{', '.join(t.name for t in KERNELS)}"
+        )
+    if len(shape) != 2:
+        raise GGUFParityError(f"tensor '{name}' has shape {tuple(shape)}; a matmul weight must be 2-D (n_out, n_in)")
+    n_out, n_in = int(shape[0]), int(shape[1])
+    # a plain ndarray view (gguf-py hands out np.memmap slices) of the bytes, one row per output
+    rows = np.ascontiguousarray(raw).view(np.uint8).view(np.ndarray).reshape(n_out, -1)
+    if copy:
+        rows = rows.copy()
+    return QMatrix(name, qtype, rows, n_out, n_in, kernels)
+
+
+def matmul(w: QMatrix, x: np.ndarray, numerics: str = "f32") -> np.ndarray:
+    """``x (T, n_in) @ W.T -> (T, n_out)`` float32 (a 1-D ``x`` gives a 1-D result)."""
+    if numerics not in NUMERICS:
+        raise GGUFParityError(f"unknown numerics '{numerics}'; supported: {', '.join(NUMERICS)}")
+    x = np.asarray(x, dtype=np.float32)
+    squeeze = x.ndim == 1
+    x2 = np.ascontiguousarray(x.reshape(-1, x.shape[-1]) if x.ndim else x.reshape(1, 1))
+    if x2.shape[1] != w.n_in:
+        raise GGUFParityError(f"matmul with '{w.name}' expects activations (..., {w.n_in}), got shape {x.shape}")
+    xv, xs = activations.prepare(x2, numerics, w.kernels.vec_dot_type, w.kernels.sub)
+    if x2.shape[0] <= MATVEC_MAX_TOKENS:
+        y = matmul_by_matvec(w, xv, xs)
+    else:
+        y = matmul_by_tiles(w, xv, xs, numerics)
+    if squeeze:
+        return y[0]
+    return y.reshape(*x.shape[:-1], w.n_out)
+
+
+def matmul_by_matvec(w: QMatrix, xv: np.ndarray, xs: np.ndarray) -> np.ndarray:
+    """One fused mat-vec per token: ``(T, n_out)``."""
+    y = np.empty((xv.shape[0], w.n_out), np.float32)
+    for t in range(xv.shape[0]):
+        w.kernels.matvec(w.rows, xv[t], xs[t], y[t])
+    return y
+
+
+def matmul_by_tiles(
+    w: QMatrix, xv: np.ndarray, xs: np.ndarray, numerics: str, tile_rows: int = 0, tile_gemm: str = ""
+) -> np.ndarray:
+    """Dequantize ``tile_rows`` rows at a time (ggml's exact values) and multiply each tile with BLAS (or the
+    Numba GEMM, ``tile_gemm="numba"``)."""
+    tile_gemm = tile_gemm or TILE_GEMM
+    if tile_gemm == "auto":
+        tile_gemm = "numba" if numba.get_num_threads() > 1 else "blas"
+    n_tokens = xv.shape[0]
+    if tile_rows <= 0:
+        tile_rows = max(16, min(w.n_out, TILE_BYTES // (4 * w.n_in)))
+    tile = np.empty((min(tile_rows, w.n_out), w.n_in), np.float32)
+    y = np.empty((n_tokens, w.n_out), np.float32)
+    for r0 in range(0, w.n_out, tile_rows):
+        rows = min(tile_rows, w.n_out - r0)
+        w.kernels.dequant(w.rows, r0, tile[:rows])
+        if tile_gemm == "numba":
+            gemm.matmul_t(xv, tile[:rows], y, r0)
+        elif rows == w.n_out:
+            np.matmul(xv, tile.T, out=y)  # sgemm with a transposed operand: no copy
+        else:
+            y[:, r0 : r0 + rows] = xv @ tile[:rows].T
+    if numerics == "ggml" and w.qtype in _BLOCK_MIN:
+        # ggml's Q4_1 / Q5_1 dot adds m * s with s = f16(d_a * sum(q_a)); the tile product added m * sum(xv).
+        sums = np.empty_like(xs)
+        activations.block_sums(xv, 32, sums)
+        correction = np.empty_like(y)
+        gemm.matmul_t(np.ascontiguousarray(xs - sums), w.block_mins(), correction, 0)  # not BLAS: see gemm.py
+        y += correction
+    return y
+
+
+def dequantize_rows(w: QMatrix, ids: np.ndarray) -> np.ndarray:
+    """Rows ``ids`` of the matrix as float32 ``(len(ids), n_in)``, ggml's exact values (embedding look-ups)."""
+    ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+    if ids.size and (ids.min() < 0 or ids.max() >= w.n_out):
+        raise GGUFParityError(f"token id out of range for '{w.name}': ids must be in 0..{w.n_out - 1}")
+    out = np.empty((ids.size, w.n_in), np.float32)
+    start = 0
+    while start < ids.size:  # one kernel call per run of consecutive ids
+        stop = start + 1
+        while stop < ids.size and ids[stop] == ids[stop - 1] + 1:
+            stop += 1
+        w.kernels.dequant(w.rows, int(ids[start]), out[start:stop])
+        start = stop
+    return out

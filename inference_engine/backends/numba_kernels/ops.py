@@ -1,0 +1,276 @@
+"""The element-wise and attention ops of the forward pass as Numba kernels, with the NumPy reference's numerics.
+
+Element-wise ops come in two compiled forms, serial (a decoded token: no thread launch) and ``*_parallel``
+(rows split over threads, for prefill); the backend picks by row count. Why these kernels at all: once the
+matmuls run near memory speed, a decoded token of a small model is dominated by the per-call cost
+of the NumPy ops (30-150 us each for a few hundred values; 30 layers x ~8 ops). These kernels cost a few
+microseconds a call. Each follows the same operations in the same order as
+:class:`~inference_engine.backends.numpy_ref.NumpyBackend` and :mod:`~inference_engine.backends.numerics`
+(float32 products, double sums where ggml sums in double, no ``fastmath``), so the two backends agree bit for bit
+except where noted:
+
+- ``rms_norm``: the sum of squares is accumulated in double in order (ggml's loop); NumPy sums pairwise, which can
+  differ in the last bits of the double and, rarely, by one float32 ulp of the scale.
+- ``attention``: q.k and p.v are float32 sums in another order than BLAS (float rounding).
+- ``rope`` (and ggml-numerics SiLU) use a true single-rounding FMA where libggml's compiled code has one; the NumPy
+  reference emulates it in double, which differs only when the double result falls exactly halfway between two
+  floats (about one case in 2**29).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit, prange
+
+from inference_engine.backends.numba_kernels.simd import (
+    f16_bits,
+    fma32,
+    load_f16,
+    load_f32,
+    round_f16,
+    vfma,
+    vload,
+    vload_f16,
+    vload_f32,
+    vsplat,
+    vstore,
+    vsum,
+    vzero,
+)
+
+_F32 = np.float32
+
+
+# --- RMSNorm -----------------------------------------------------------------------------------------------------
+@njit(inline="always", cache=True)
+def _rms_norm_row(x, weight, eps, out, t):
+    n = x.shape[1]
+    total = 0.0  # double, as ggml_float
+    for i in range(n):
+        sq = x[t, i] * x[t, i]  # float32 product
+        total += np.float64(sq)
+    mean = _F32(total / n)
+    scale = _F32(1.0) / np.sqrt(mean + eps)
+    if weight.shape[0]:
+        for i in range(n):
+            out[t, i] = (x[t, i] * scale) * weight[i]
+    else:
+        for i in range(n):
+            out[t, i] = x[t, i] * scale
+
+
+@njit(cache=True)
+def rms_norm(x, weight, eps, out):
+    """``out = x * (1/sqrtf(mean(x*x) + eps)) [* weight]`` per row; x (T, n) float32, weight (n,) or (0,)."""
+    for t in range(x.shape[0]):
+        _rms_norm_row(x, weight, eps, out, t)
+
+
+@njit(parallel=True, cache=True)
+def rms_norm_parallel(x, weight, eps, out):
+    """:func:`rms_norm` with the rows split over threads (prefill)."""
+    for t in prange(x.shape[0]):
+        _rms_norm_row(x, weight, eps, out, t)
+
+
+# --- RoPE --------------------------------------------------------------------------------------------------------
+@njit(cache=True)
+def rope(x, cos, sin, n_dims, neox, out):
+    """Rotate the first ``n_dims`` of each head of ``x (T, H, D)``; cos/sin ``(T, n_dims/2)``; the rest copied."""
+    half = n_dims // 2
+    for t in range(x.shape[0]):
+        for h in range(x.shape[1]):
+            for i in range(n_dims, x.shape[2]):
+                out[t, h, i] = x[t, h, i]
+            for i in range(half):
+                c, s = cos[t, i], sin[t, i]
+                # rotate_pairs: x0*cos - x1*sin and x0*sin + x1*cos, each contracted to one FMA by the compiler
+                if neox:  # pairs (i, i + n_dims/2)
+                    a, b = i, i + half
+                else:  # adjacent pairs (2i, 2i+1)
+                    a, b = 2 * i, 2 * i + 1
+                x0, x1 = x[t, h, a], x[t, h, b]
+                out[t, h, a] = fma32(x0, c, -(x1 * s))
+                out[t, h, b] = fma32(x0, s, x1 * c)
+
+
+# --- exp / SiLU / GELU -------------------------------------------------------------------------------------------
+def _hexf(literal: str) -> np.float32:
+    return _F32(float.fromhex(literal))
+
+
+# ggml_v_expf's constants, as vec.h writes them
+_EXP_SHIFT = _hexf("0x1.8p23")
+_EXP_LOG2E = _hexf("0x1.715476p+0")
+_EXP_LN2_HI = _hexf("0x1.62e4p-1")
+_EXP_LN2_LO = _hexf("0x1.7f7d1cp-20")
+_EXP_C5, _EXP_C4 = _hexf("0x1.0e4020p-7"), _hexf("0x1.573e2ep-5")
+_EXP_C3, _EXP_C2 = _hexf("0x1.555e66p-3"), _hexf("0x1.fffdb6p-2")
+_EXP_C1 = _hexf("0x1.ffffecp-1")
+
+
+@njit(inline="always", cache=True)
+def expf_ggml(x):
+    """``ggml_v_expf`` (vec.h, AVX-512 branch) on one float32: ARM's optimized-routines polynomial."""
+    z = fma32(x, _EXP_LOG2E, _EXP_SHIFT)
+    n = z - _EXP_SHIFT
+    b = fma32(-n, _EXP_LN2_LO, fma32(-n, _EXP_LN2_HI, x))
+    u = b * b
+    j = fma32(fma32(fma32(_EXP_C5, b, _EXP_C4), u, fma32(_EXP_C3, b, _EXP_C2)), u, fma32(_EXP_C1, b, _F32(1.0)))
+    if abs(n) > _F32(192.0):
+        return _F32(0.0) if n <= _F32(0.0) else _F32(np.inf)
+    return _F32(math.ldexp(np.float64(j), int(n)))  # _mm512_scalef_ps(j, n): exact in double, one rounding
+
+
+@njit(inline="always", cache=True)
+def silu_f32(x):
+    """``x / (1 + expf(-x))`` with a correctly rounded expf (f32 numerics, ggml's scalar tail)."""
+    return x / (_F32(1.0) + _F32(math.exp(-np.float64(x))))
+
+
+@njit(inline="always", cache=True)
+def _swiglu_row(gate, up, ggml, out, t):
+    n = gate.shape[1]
+    n_vec = n - n % 16 if ggml else 0
+    for i in range(n_vec):
+        x = gate[t, i]
+        out[t, i] = (x / (_F32(1.0) + expf_ggml(_F32(0.0) - x))) * up[t, i]
+    for i in range(n_vec, n):
+        out[t, i] = silu_f32(gate[t, i]) * up[t, i]
+
+
+@njit(cache=True)
+def swiglu(gate, up, ggml, out):
+    """``silu(gate) * up`` over rows (T, n). ggml: ``ggml_v_silu`` on the first ``n - n % 16``, scalar on the rest."""
+    for t in range(gate.shape[0]):
+        _swiglu_row(gate, up, ggml, out, t)
+
+
+@njit(parallel=True, cache=True)
+def swiglu_parallel(gate, up, ggml, out):
+    for t in prange(gate.shape[0]):
+        _swiglu_row(gate, up, ggml, out, t)
+
+
+_GELU_COEF_A = _F32(0.044715)
+_SQRT_2_OVER_PI = _F32(0.79788456080286535587989211986876)
+_GELU_LIMIT = _F32(10.0)
+
+
+@njit(inline="always", cache=True)
+def gelu_tanh(x):
+    """numerics.gelu_tanh: ``0.5 x (1 + tanh(sqrt(2/pi) x fma(0.044715 x, x, 1)))``, the FMA and tanh in double."""
+    inner_fma = _F32(np.float64(_GELU_COEF_A * x) * np.float64(x) + 1.0)
+    inner = (_SQRT_2_OVER_PI * x) * inner_fma
+    th = _F32(math.tanh(np.float64(inner)))
+    return _F32(0.5) * x * (_F32(1.0) + th)
+
+
+@njit(inline="always", cache=True)
+def _geglu_row(gate, up, ggml, table, out, t):
+    for i in range(gate.shape[1]):
+        x = gate[t, i]
+        if ggml:
+            if x <= -_GELU_LIMIT:
+                g = _F32(0.0)
+            elif x >= _GELU_LIMIT:
+                g = x
+            else:
+                g = table[f16_bits(x)]
+        else:
+            g = gelu_tanh(x)
+        out[t, i] = g * up[t, i]
+
+
+@njit(cache=True)
+def geglu(gate, up, ggml, table, out):
+    """``gelu(gate) * up`` over rows. ggml: ``ggml_vec_geglu_f32`` (0 below -10, x above 10, else the F16 table)."""
+    for t in range(gate.shape[0]):
+        _geglu_row(gate, up, ggml, table, out, t)
+
+
+@njit(parallel=True, cache=True)
+def geglu_parallel(gate, up, ggml, table, out):
+    for t in prange(gate.shape[0]):
+        _geglu_row(gate, up, ggml, table, out, t)
+
+
+# --- attention ---------------------------------------------------------------------------------------------------
+@njit(inline="always", cache=True)
+def _dot_head(qv, kv, j_off, d, f16):
+    """``q . k_j`` for one head: q float32 ``(d,)``, the key row at byte ``j_off`` of ``kv`` (f32 or f16 bytes)."""
+    acc = vzero()
+    e = 0
+    while e + 16 <= d:
+        k = vload_f16(kv, j_off + 2 * e) if f16 else vload_f32(kv, j_off + 4 * e)
+        acc = vfma(vload(qv, e), k, acc)
+        e += 16
+    total = vsum(acc)
+    for i in range(e, d):
+        kf = load_f16(kv, j_off + 2 * i) if f16 else load_f32(kv, j_off + 4 * i)
+        total += qv[i] * kf
+    return total
+
+
+@njit(parallel=True, cache=True)
+def attention(q, k, v, positions, kv_len, scale, window, ggml, f16, out):
+    """Causal (sliding-window) grouped-query attention, as NumpyBackend.attention.
+
+    ``q (T, H, dk)`` float32; ``k (S, Hkv * dk * esize)``, ``v (S, Hkv * dv * esize)`` the cache rows as bytes
+    (``f16``: F16 storage, else F32); ``out (T, H * dv)``. ggml numerics with an F16 cache round q and the
+    probabilities to F16 first (ggml's F16 mul_mat converts its F32 operand) and exponentiate with ggml_v_expf.
+    """
+    n_tokens, n_head, dk = q.shape
+    dv = out.shape[1] // n_head
+    esize = 2 if f16 else 4
+    n_head_kv = k.shape[1] // (dk * esize)
+    group = n_head // n_head_kv
+    for th in prange(n_tokens * n_head):
+        t, h = th // n_head, th % n_head
+        g = h // group
+        p = positions[t]
+        qv = np.empty(dk, np.float32)
+        for i in range(dk):
+            qv[i] = round_f16(q[t, h, i]) if (ggml and f16) else q[t, h, i]
+        scores = np.empty(kv_len, np.float32)
+        visible = np.zeros(kv_len, np.bool_)
+        top = -np.inf
+        for j in range(kv_len):
+            if j <= p and (window <= 0 or p - j < window):
+                visible[j] = True
+                s = _dot_head(qv, k[j], g * dk * esize, dk, f16) * scale
+                scores[j] = s
+                top = max(top, s)
+        total = 0.0  # double
+        for j in range(kv_len):
+            if visible[j]:
+                shifted = scores[j] - _F32(top)
+                e = expf_ggml(shifted) if ggml else _F32(math.exp(np.float64(shifted)))
+                scores[j] = e
+                total += np.float64(e)
+            else:
+                scores[j] = _F32(0.0)
+        inv = _F32(1.0 / total)
+        for j in range(kv_len):
+            pj = scores[j] * inv
+            scores[j] = round_f16(pj) if (ggml and f16) else pj
+        dst = out[t]
+        base = h * dv
+        e0 = 0
+        while e0 + 16 <= dv:
+            acc = vzero()
+            for j in range(kv_len):
+                if scores[j] != _F32(0.0):
+                    off = (g * dv + e0) * esize
+                    vj = vload_f16(v[j], off) if f16 else vload_f32(v[j], off)
+                    acc = vfma(vsplat(scores[j]), vj, acc)
+            vstore(dst, base + e0, acc)
+            e0 += 16
+        for i in range(e0, dv):
+            total32 = _F32(0.0)
+            for j in range(kv_len):
+                off = (g * dv + i) * esize
+                total32 += scores[j] * (load_f16(v[j], off) if f16 else load_f32(v[j], off))
+            dst[base + i] = total32
