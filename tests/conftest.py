@@ -59,3 +59,14 @@ def bad_model_files(tmp_path_factory, tiny_model) -> dict[str, Path]:
         "directory": root / "a_directory.gguf",
         "missing": root / "missing.gguf",
     }
+
+
+@pytest.fixture(scope="session")
+def oracle():
+    """llama.cpp's own CPU kernels (libggml through ctypes): the exact reference for quantizers and dot products."""
+    from inference_engine.quants.ggml_oracle import get_oracle, oracle_available
+
+    ok, why = oracle_available()
+    if not ok:
+        pytest.skip(f"llama.cpp's libggml is not loadable, so there is no oracle: {why}")
+    return get_oracle()

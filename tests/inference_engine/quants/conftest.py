@@ -1,4 +1,4 @@
-"""Shared fixtures for the quants tests: libggml's own kernels as the oracle, random weight tensors."""
+"""Shared fixtures for the quants tests: random weight tensors."""
 
 from __future__ import annotations
 
@@ -7,15 +7,6 @@ import pytest
 
 from inference_engine.gguf_file import TensorInfo
 from inference_engine.quants import quant_for
-from inference_engine.quants.ggml_oracle import get_oracle, oracle_available
-
-
-@pytest.fixture(scope="session")
-def oracle():
-    ok, why = oracle_available()
-    if not ok:
-        pytest.skip(f"llama.cpp's libggml is not loadable, so there is no oracle: {why}")
-    return get_oracle()
 
 
 @pytest.fixture

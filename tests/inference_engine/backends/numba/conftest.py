@@ -1,4 +1,4 @@
-"""Fixtures for the Numba kernel tests: llama.cpp's own kernels as the oracle, a seeded generator, thread counts."""
+"""Fixtures for the Numba kernel tests: a seeded generator, thread counts."""
 
 from __future__ import annotations
 
@@ -6,15 +6,6 @@ import numba
 import numpy as np
 import pytest
 
-from inference_engine.quants.ggml_oracle import get_oracle, oracle_available
-
-
-@pytest.fixture(scope="session")
-def oracle():
-    ok, why = oracle_available()
-    if not ok:
-        pytest.skip(f"llama.cpp's libggml is not loadable, so there is no oracle: {why}")
-    return get_oracle()
 
 
 @pytest.fixture
