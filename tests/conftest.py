@@ -13,7 +13,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from fixtures.tiny_models import (  # noqa: F401  (ARCHITECTURES, TENSOR_TYPES: re-exported for parametrizing)
     ARCHITECTURES,
     TENSOR_TYPES,

@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 
 
-
 @pytest.fixture
 def rng():
     return np.random.default_rng(20251122)
