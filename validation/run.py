@@ -182,6 +182,36 @@ def gated_mode(ours: Engine, options: ValidateOptions) -> tuple[str, str]:
 def validate_engines(ours: Engine, reference: Engine, gguf, options: ValidateOptions,
                      corpus_texts: list[str] | None = None, corpus_source: str = "builtin") -> dict[str, Any]:
     """All checks between two open engines on one model file (the library core; no model loading here)."""
+    variants = _ReferenceVariants(reference)
+    try:
+        return _validate_engines(ours, reference, gguf, options, corpus_texts, corpus_source, variants)
+    finally:
+        variants.close()
+
+
+class _ReferenceVariants:
+    """The reference's rounding variants, opened once on first use (noise floor, then smoke) and closed at the end."""
+
+    def __init__(self, reference: Engine):
+        self.reference = reference
+        self._opened: tuple[dict[str, Engine], dict[str, str]] | None = None
+
+    def get(self) -> tuple[dict[str, Engine], dict[str, str]]:
+        """``({label: engine}, {label: why it could not be opened})``."""
+        if self._opened is None:
+            self._opened = _rounding_variants(self.reference)
+        return self._opened
+
+    def close(self) -> None:
+        if self._opened is not None:
+            for engine in self._opened[0].values():
+                _close(engine)
+            self._opened = None
+
+
+def _validate_engines(ours: Engine, reference: Engine, gguf, options: ValidateOptions,
+                      corpus_texts: list[str] | None, corpus_source: str,
+                      variants: _ReferenceVariants) -> dict[str, Any]:
     thresholds = thresholds_for(options.numerics)
     prompt = options.prompt if options.prompt is not None else DEFAULT_PROMPT
     ids = list(reference.tokenize(prompt, add_bos=True))
@@ -216,7 +246,7 @@ def validate_engines(ours: Engine, reference: Engine, gguf, options: ValidateOpt
 
     free = {"gated": mode == FREE_RUNNING, "explanation": FREE_RUNNING_EXPLANATION, **free_diff.summary()}
     free.update(_free_running_logits(reference, ids, captured_ref.get("result_output"), ours_free_logits,
-                                     thresholds))
+                                     thresholds, variants))
     # The noise-floor gate is a check of its own only beside a teacher-forced gate; when free running is the gated
     # mode, its logits face the strict thresholds (``logits``) and the noise-floor verdict is for the reader.
     free["logits"]["gated"] = bool(free["logits"].get("gated")) and mode == TEACHER_FORCED
@@ -255,12 +285,7 @@ def validate_engines(ours: Engine, reference: Engine, gguf, options: ValidateOpt
     result["checks"]["tokenizer"] = result["tokenizer"]["passed"]
 
     if options.smoke_tokens > 0:
-        variants, _ = _rounding_variants(reference)
-        try:
-            result["smoke"] = greedy_smoke(ours, reference, ids, options.smoke_tokens, variants).to_dict()
-        finally:
-            for engine in variants.values():
-                _close(engine)
+        result["smoke"] = greedy_smoke(ours, reference, ids, options.smoke_tokens, variants.get()[0]).to_dict()
         result["checks"]["smoke"] = result["smoke"]["passed"]
     else:
         result["smoke"] = None
@@ -276,18 +301,14 @@ def validate_engines(ours: Engine, reference: Engine, gguf, options: ValidateOpt
 
 
 def _free_running_logits(reference: Engine, ids: list[int], ref_logits, ours_logits,
-                         thresholds) -> dict[str, Any]:
+                         thresholds, variants: _ReferenceVariants) -> dict[str, Any]:
     """The reference's noise floor (``reference_self_kld``) and our free-running logits judged against it."""
     if ref_logits is None or ours_logits is None:
         missing = " and ".join(side for side, x in (("ours", ours_logits), ("reference", ref_logits)) if x is None)
         return {"reference_self_kld": None,
                 "logits": {"passed": False, "error": f"result_output missing from the {missing} capture"}}
-    variants, errors = _rounding_variants(reference)
-    try:
-        noise = measure_self_noise(reference, ids, ref_logits, variants)
-    finally:
-        for engine in variants.values():
-            _close(engine)
+    engines, errors = variants.get()
+    noise = measure_self_noise(reference, ids, ref_logits, engines)
     noise.errors.update(errors)
     return {"reference_self_kld": noise.to_dict(),
             "logits": free_running_logits(ours_logits, ref_logits, noise, thresholds)}
