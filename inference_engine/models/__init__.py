@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import importlib
-
 from inference_engine.backends.base import Backend
-from inference_engine.errors import GGUFParityError
 from inference_engine.gguf_file import GGUFFile
 from inference_engine.models.base import Model
+from inference_engine.registries import Registry
 
 # architecture -> "module:class"; imported on first use.
 ARCHITECTURES: dict[str, str] = {
@@ -16,14 +14,12 @@ ARCHITECTURES: dict[str, str] = {
     "qwen3": "inference_engine.models.qwen3:Qwen3Model",
     "gemma3": "inference_engine.models.gemma3:Gemma3Model",
 }
+MODELS: Registry[type[Model]] = Registry("architecture", ARCHITECTURES, base=Model, unknown="unsupported",
+                                         listing="supported")
 
 
 def model_class(architecture: str) -> type[Model]:
-    target = ARCHITECTURES.get(architecture)
-    if target is None:
-        raise GGUFParityError(f"unsupported architecture '{architecture}'; supported: {', '.join(ARCHITECTURES)}")
-    module, name = target.split(":")
-    return getattr(importlib.import_module(module), name)
+    return MODELS.get(architecture)
 
 
 def build_model(f: GGUFFile, backend: Backend) -> Model:

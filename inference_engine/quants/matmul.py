@@ -37,8 +37,7 @@ from gguf import GGMLQuantizationType as T
 from inference_engine.errors import GGUFParityError
 from inference_engine.quants.activations import fake_quantize, quantize_q8_1
 from inference_engine.quants.base import QuantType, quant_for
-
-NUMERICS: tuple[str, ...] = ("f32", "ggml")
+from inference_engine.registries import NUMERICS
 
 
 def _weight_rows(t) -> np.ndarray:
@@ -156,7 +155,7 @@ def prepare_matmul(t, numerics: str = "f32", extra_bufts: bool = False) -> F32Ma
         return F32Matmul(t)
     if numerics == "ggml":
         return prepare_ggml_matmul(t, extra_bufts)
-    raise GGUFParityError(f"unknown numerics '{numerics}'; supported: {', '.join(NUMERICS)}")
+    raise NUMERICS.error(numerics)
 
 
 __all__ = [
