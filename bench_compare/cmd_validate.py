@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import click
 
+from bench_compare import engines
+from inference_engine.backends import BACKENDS
 from inference_engine.errors import GGUFParityError
+from validation.run import REFERENCES
 
 
 class ValidationFailed(GGUFParityError):
@@ -23,11 +26,12 @@ class ValidationFailed(GGUFParityError):
 
 @click.command("validate")
 @click.option("--model", default="smollm2-135m", show_default=True, help="A named model or a path to a .gguf file.")
-@click.option("--backend", default="numpy", show_default=True, help="Our backend: numpy, numba or mlx.")
+@click.option("--backend", default="numpy", show_default=True, help=f"Our backend: {', '.join(BACKENDS)}.")
+@engines.engine_options("Engine under test instead of ours:<backend>")
 @click.option("--numerics", default="ggml", show_default=True,
               help="ggml (emulate llama.cpp's CPU rounding; strict thresholds) or f32 (plain float32; loose).")
 @click.option("--prompt", default=None, help="Text to run through both engines (default: a built-in sentence).")
-@click.option("--against", default="llamacpp", show_default=True, help="Reference engine: llamacpp or numpy.")
+@click.option("--against", default="llamacpp", show_default=True, help=f"Reference engine: {', '.join(REFERENCES)}.")
 @click.option("--logit-lens", is_flag=True, help="Also compare every layer's l_out through the output head.")
 @click.option("--corpus", default=None, metavar="FILE.jsonl",
               help="Tokenizer parity corpus, one {\"text\": ...} per line (default: the built-in corpus).")
@@ -41,8 +45,8 @@ class ValidationFailed(GGUFParityError):
 @click.option("--json", "json_path", default=None, metavar="PATH", help="Also write the result JSON here.")
 @click.option("--report", "report_dir", default=None, metavar="DIR",
               help="Report directory (default: reports/validate/<model>-<backend>-<numerics>-<timestamp>/).")
-def validate(model, backend, numerics, prompt, against, logit_lens, corpus, smoke_tokens, threads, free_running,
-             json_path, report_dir) -> None:
+def validate(model, backend, engine, engine_opts, numerics, prompt, against, logit_lens, corpus, smoke_tokens,
+             threads, free_running, json_path, report_dir) -> None:
     """Diff our engine against a reference tensor by tensor; exit 0 pass, 1 fail, 2 bad input."""
     from validation.report import check_report_target, default_report_dir, print_result, write_json, write_report_dir
     from validation.run import ValidateOptions
@@ -51,10 +55,20 @@ def validate(model, backend, numerics, prompt, against, logit_lens, corpus, smok
     options = ValidateOptions(model=model, backend=backend, numerics=numerics, prompt=prompt, against=against,
                               logit_lens=logit_lens, corpus=corpus, smoke_tokens=smoke_tokens, threads=threads,
                               free_running=free_running)
+    ours_opener = None
+    spec = engines.parse_engine_spec(engine, engines.parse_engine_opts(engine_opts)) if engine else None
+    if spec is not None and spec.backend is not None and not spec.options:
+        options.backend = spec.backend  # ours:<backend>: the same as --backend
+    elif spec is not None:
+        options.engine = spec.name
+
+        def ours_opener(opts, model_path):
+            return engines.make_engine(spec, model_path, n_threads=opts.threads, n_ctx=opts.n_ctx,
+                                       numerics=opts.numerics)
     options.check()
     if report_dir:
         check_report_target(report_dir)
-    result = run_validate(options)
+    result = run_validate(options, ours_opener=ours_opener)
     print_result(result)
     directory = write_report_dir(result, report_dir or default_report_dir(result))
     click.echo(f"report: {directory}")

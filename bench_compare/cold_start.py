@@ -156,7 +156,8 @@ def _plain(d: dict) -> dict:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m bench_compare.cold_start", description=__doc__.split("\n")[0])
-    p.add_argument("--engine", required=True, help="ours:numpy | ours:numba | ours:mlx | llamacpp")
+    p.add_argument("--engine", required=True, help="an engine spec (bench-compare engines list)")
+    p.add_argument("--engine-opt", action="append", default=[], help="KEY=VALUE for the engine's factory")
     p.add_argument("--model", required=True, help="path to a .gguf file (or a named model)")
     p.add_argument("--prompt", required=True)
     p.add_argument("--threads", type=int, default=None)
@@ -177,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from bench_compare import engines
 
-        spec = engines.parse_engine_spec(args.engine)
+        spec = engines.parse_engine_spec(args.engine, engines.parse_engine_opts(args.engine_opt))
 
         def make():
             return engines.make_engine(

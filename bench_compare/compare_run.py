@@ -95,6 +95,8 @@ class CompareConfig:
     model: str = "smollm2-135m"
     backend: str = field(default_factory=engines.default_backend)
     numerics: str = "f32"
+    engine: str | None = None  # an engine spec to compare instead of ours:<backend>
+    engine_opts: tuple[tuple[str, str], ...] = ()
     n_prompt: int | None = None
     n_gen: int | None = None
     n_depth: int | None = None
@@ -108,11 +110,19 @@ class CompareConfig:
     budget_s: float = DEFAULT_BUDGET_S
     n_batch: int = DEFAULT_N_BATCH
 
+    def engine_spec(self) -> engines.EngineSpec:
+        """The engine compared with llama.cpp: ``--engine`` when given, else ours on ``--backend``."""
+        if self.engine:
+            return engines.parse_engine_spec(self.engine, self.engine_opts)
+        return engines.EngineSpec("ours", self.backend)
+
     def validate(self) -> None:
+        from inference_engine.backends import BACKENDS
+
         engines.check_numerics(self.numerics)
-        if self.backend not in engines.OUR_BACKENDS:
-            raise GGUFParityError(
-                f"unknown backend '{self.backend}'; choose one of: {', '.join(engines.OUR_BACKENDS)}")
+        if self.backend not in BACKENDS:
+            raise GGUFParityError(f"unknown backend '{self.backend}'; choose one of: {BACKENDS.listing()}")
+        self.engine_spec()
         for name, value, low in (("-p", self.n_prompt, 1), ("-n", self.n_gen, 1), ("-d", self.n_depth, 0)):
             if value is not None and value < low:
                 raise GGUFParityError(f"{name} must be at least {low} for compare (got {value})")
@@ -289,8 +299,8 @@ def run_compare(cfg: CompareConfig, session: CompareSession, *, clock: Clock | N
     max_ctx = int(gguf.arch_value("context_length", 0) or 0) or 1 << 30
     _check_sizes_fit(cfg, max_ctx)
 
-    ours_spec = engines.EngineSpec("ours", cfg.backend)
-    ref_spec = engines.EngineSpec("llamacpp")
+    ours_spec = cfg.engine_spec()
+    ref_spec = engines.parse_engine_spec(REFERENCE_ENGINE)
     session.ours_name = ours_spec.name
     advance = advance or (lambda desc: None)
 

@@ -37,7 +37,10 @@ def default_report_dir(result: dict, root: str | os.PathLike = "reports/validate
         model = Path(model).stem
     model = re.sub(r"[^A-Za-z0-9_.-]+", "_", model)
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    return Path(root) / f"{model}-{result['backend']}-{result['numerics']}-{stamp}"
+    engine = str(result.get("engine") or "")
+    # ours:<backend> is named by its backend as before; any other engine by its spec, made file-name safe
+    under_test = result["backend"] if engine in ("", f"ours:{result['backend']}") else re.sub(r"[^A-Za-z0-9_.-]+", "_", engine)
+    return Path(root) / f"{model}-{under_test}-{result['numerics']}-{stamp}"
 
 
 # --- writing ----------------------------------------------------------------------------------------------------
