@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from bench_compare import compare_run, engines, report
-from bench_compare.atomic import atomic_write_json
+from validation.atomic import atomic_write_json
 from bench_compare.cmd_bench import parse_positive_int
 from bench_compare.measure import DEFAULT_SEED
 from bench_compare.results import REFERENCE_ENGINE

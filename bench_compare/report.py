@@ -7,7 +7,7 @@ Two kinds of result are understood:
 * validation results (``bench-compare validate``): ``passed``, ``tensors`` ``[{name, nmse, ...}]`` and
   ``logits`` ``{kld_mean, kld_max, top1_agreement}``.
 
-Anything else is refused with a one-line error. Every file is written atomically (:mod:`bench_compare.atomic`).
+Anything else is refused with a one-line error. Every file is written atomically (:mod:`validation.atomic`).
 Plots use matplotlib's Agg canvas directly (no pyplot, no display needed).
 """
 
@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from bench_compare.atomic import atomic_open, atomic_write_bytes, atomic_write_text
+from validation.atomic import atomic_open, atomic_write_bytes, atomic_write_text
 from bench_compare.results import COMPARE_KIND, utc_now
 from inference_engine.errors import GGUFParityError
 

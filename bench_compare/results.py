@@ -23,6 +23,7 @@ from typing import Any
 
 from bench_compare.measure import Measurement
 from bench_compare.timing import Stats, summarize
+from inference_engine.errors import GGUFParityError
 
 COMPARE_KIND = "gguf-parity-compare"
 SCHEMA_VERSION = 1
@@ -133,19 +134,14 @@ def package_versions() -> dict[str, str | None]:
 
 def ggml_build() -> dict[str, str | None]:
     """The ggml build inside llama-cpp-python (``ggml_version`` / ``ggml_commit`` from libggml-base)."""
+    from validation.ggml_libs import PLAIN_FIRST, load_library
+
     try:
-        spec = importlib.util.find_spec("llama_cpp")
-        if spec is None or not spec.origin:
-            return {"ggml": None, "ggml_commit": None}
-        lib_dir = Path(spec.origin).parent / "lib"
-        names = [p for p in lib_dir.glob("libggml-base.*") if p.suffix in (".so", ".dylib", ".dll")]
-        if not names:
-            return {"ggml": None, "ggml_commit": None}
-        lib = ctypes.CDLL(str(names[0]))
+        lib = load_library("libggml-base", PLAIN_FIRST)
         lib.ggml_version.restype = ctypes.c_char_p
         lib.ggml_commit.restype = ctypes.c_char_p
         return {"ggml": lib.ggml_version().decode(), "ggml_commit": lib.ggml_commit().decode()}
-    except (OSError, AttributeError):
+    except (GGUFParityError, AttributeError):  # no llama-cpp-python, or a build without these symbols
         return {"ggml": None, "ggml_commit": None}
 
 

@@ -63,7 +63,7 @@ def bad_model_files(tmp_path_factory, tiny_model) -> dict[str, Path]:
 @pytest.fixture(scope="session")
 def oracle():
     """llama.cpp's own CPU kernels (libggml through ctypes): the exact reference for quantizers and dot products."""
-    from inference_engine.quants.ggml_oracle import get_oracle, oracle_available
+    from validation.ggml_oracle import get_oracle, oracle_available
 
     ok, why = oracle_available()
     if not ok:

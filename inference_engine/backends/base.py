@@ -38,7 +38,7 @@ import numpy as np
 
 from inference_engine.errors import GGUFParityError
 from inference_engine.gguf_file import TensorInfo
-from inference_engine.registries import NUMERICS, check_numerics
+from inference_engine.registries import check_numerics
 
 KV_TYPES: tuple[str, ...] = ("f32", "f16")
 

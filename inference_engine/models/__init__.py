@@ -3,7 +3,14 @@
 from __future__ import annotations
 
 from inference_engine.backends.base import Backend
-from inference_engine.gguf_file import GGUFFile
+from inference_engine.errors import GGUFParityError
+from inference_engine.gguf_file import (
+    ARCHITECTURE_ALIASES,
+    SUPPORTED_ARCHITECTURES,
+    SUPPORTED_TENSOR_TYPES,
+    GGUFFile,
+    supported_type_names,
+)
 from inference_engine.models.base import Model
 from inference_engine.registries import Registry
 
@@ -22,6 +29,23 @@ def model_class(architecture: str) -> type[Model]:
     return MODELS.get(architecture)
 
 
+def check_runnable(f: GGUFFile) -> None:
+    """The run policy: ``f``'s architecture and every tensor type are ones we run (``GGUFFile`` itself opens any
+    file, for ``inspect``). One line naming the problem and what is supported."""
+    if f.architecture not in SUPPORTED_ARCHITECTURES or f.architecture not in MODELS:
+        raise GGUFParityError(
+            f"{f.path}: unsupported architecture '{f.raw_architecture}'; supported: "
+            f"{', '.join(SUPPORTED_ARCHITECTURES)} (aliases: "
+            f"{', '.join(f'{a}->{b}' for a, b in ARCHITECTURE_ALIASES.items())})"
+        )
+    for t in f.tensors.values():
+        if t.qtype not in SUPPORTED_TENSOR_TYPES:
+            raise GGUFParityError(
+                f"{f.path}: tensor '{t.name}' has unsupported type {t.qtype.name}; supported: {supported_type_names()}"
+            )
+
+
 def build_model(f: GGUFFile, backend: Backend) -> Model:
     """The model for ``f``'s architecture with every weight loaded through ``backend``."""
+    check_runnable(f)
     return model_class(f.architecture)(f, backend)
