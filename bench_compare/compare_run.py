@@ -36,9 +36,7 @@ from bench_compare.measure import (
     token_ids_for_model,
 )
 from bench_compare.results import (
-    COMPARE_KIND,
     REFERENCE_ENGINE,
-    SCHEMA_VERSION,
     TestResult,
     compute_ratios,
     from_measurement,
@@ -48,6 +46,7 @@ from bench_compare.timing import NS_PER_S, Clock
 from inference_engine.errors import GGUFParityError
 from inference_engine.gguf_file import open_gguf
 from inference_engine.registry import resolve_model
+from validation.results import CompareResult
 
 DEFAULT_REPS = 3
 DEFAULT_COLD_REPS = 3
@@ -384,18 +383,18 @@ def _run_with_engines(cfg, session, made, gguf, path, n_threads, n_ctx, max_ctx,
 def build_result(session: CompareSession, gguf) -> dict[str, Any]:
     results = session.results()
     meta = run_metadata(gguf, session.settings)
-    return {
-        "kind": COMPARE_KIND,
-        "schema_version": SCHEMA_VERSION,
-        "ours": session.ours_name,
-        "reference": REFERENCE_ENGINE,
-        "backend": session.config.backend,
-        "numerics": session.config.numerics,
-        **meta,
-        "results": [r.to_dict() for r in results],
-        "ratios": compute_ratios(results, session.ours_name, REFERENCE_ENGINE),
-        "ratio_orientation": "higher is better for ours: throughput ours/llamacpp, time and memory llamacpp/ours",
-    }
+    return CompareResult(
+        ours=session.ours_name,
+        reference=REFERENCE_ENGINE,
+        backend=session.config.backend,
+        numerics=session.config.numerics,
+        model=meta.pop("model"),
+        settings=meta.pop("settings"),
+        provenance=meta,
+        results=[r.to_dict() for r in results],
+        ratios=compute_ratios(results, session.ours_name, REFERENCE_ENGINE),
+        ratio_orientation="higher is better for ours: throughput ours/llamacpp, time and memory llamacpp/ours",
+    ).to_dict()
 
 
 def _pick_sizes(cfg, made, allowed, session, ttft_tokens, cold_reps, max_ctx, clock, say) -> Sizes:

@@ -29,12 +29,7 @@ check 4 and never disguises itself as a numerics difference in checks 1-3.
 
 from __future__ import annotations
 
-import datetime as _dt
-import importlib.metadata
 import inspect
-import os
-import platform
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -53,6 +48,7 @@ from validation.free_running import (
     measure_self_noise,
 )
 from validation.metrics import THRESHOLDS, logit_metrics, logits_pass, thresholds_for
+from validation.results import ValidationResult
 from validation.smoke import greedy_smoke
 from validation.tokenizer_parity import builtin_corpus, load_jsonl_corpus, tokenizer_parity
 
@@ -333,7 +329,7 @@ def _validate_engines(ours: Engine, reference: Engine, gguf, options: ValidateOp
     build = {k: v for k, v in result["engines"]["reference"].items() if k in REFERENCE_BUILD_KEYS}
     if build:
         result["versions"]["reference_build"] = build
-    return result
+    return ValidationResult.from_dict(result).to_dict()  # the typed, versioned record, as JSON
 
 
 def _free_running_logits(reference: Engine, ids: list[int], ref_logits, ours_logits,
@@ -400,36 +396,12 @@ def _info(engine: Engine) -> dict[str, Any]:
 
 
 def provenance(backend: str | None = None) -> dict[str, Any]:
-    """Versions, git sha, date and machine: what every result records."""
-    packages = ["gguf-parity", "numpy", "gguf", "llama-cpp-python", "numba", "tokenizers", "sentencepiece"]
-    if backend == "mlx":
-        packages.append("mlx")
-    versions = {"python": platform.python_version()}
-    for pkg in packages:
-        try:
-            versions[pkg] = importlib.metadata.version(pkg)
-        except importlib.metadata.PackageNotFoundError:
-            versions[pkg] = None
-    return {
-        "versions": versions,
-        "git_sha": _git_sha(),
-        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "machine": {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
-                    "cpu_count": os.cpu_count()},
-    }
+    """What every result records (:func:`validation.provenance.provenance`), plus ``git_sha`` as one string."""
+    from validation.provenance import git_sha_label
+    from validation.provenance import provenance as build
 
-
-def _git_sha() -> str | None:
-    repo = Path(__file__).resolve().parent.parent
-    try:
-        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True, timeout=10)
-        if sha.returncode != 0:
-            return None
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=repo,
-                               capture_output=True, text=True, timeout=10)
-        return sha.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
-    except (OSError, subprocess.SubprocessError):
-        return None
+    made = build()
+    return {**made, "git_sha": git_sha_label(made["git"])}
 
 
 def _close(engine: Engine | None) -> None:
