@@ -11,7 +11,7 @@ import sys
 
 import click
 
-from inference_engine.errors import GGUFParityError
+from inference_engine.errors import CheckFailed, GGUFParityError
 from inference_engine.registries import Registry
 
 # command name -> "module:attribute"
@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         # With standalone_mode=False, click returns a command's ctx.exit(code) as the return value.
         returned = cli.main(args=argv, prog_name="bench-compare", standalone_mode=False)
-    except GGUFParityError as exc:
+    except (GGUFParityError, CheckFailed) as exc:  # exit 2 (bad input) or 1 (a check failed)
         click.echo(f"error: {exc}", err=True)
         return exc.exit_code
     except click.exceptions.Abort:

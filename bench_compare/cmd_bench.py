@@ -40,7 +40,7 @@ from bench_compare.results import git_info, machine_info, model_description, pac
 from inference_engine.errors import GGUFParityError
 from inference_engine.gguf_file import open_gguf
 from inference_engine.registries import numerics_help
-from inference_engine.registry import DEFAULT_MODEL, resolve_model
+from inference_engine.model_cache import DEFAULT_MODEL, resolve_model
 
 LLAMA_BENCH_DEFAULT_PROMPT = (512,)
 LLAMA_BENCH_DEFAULT_GEN = (128,)

@@ -16,7 +16,7 @@ from bench_compare.results import REFERENCE_ENGINE
 from inference_engine.backends import BACKENDS
 from inference_engine.errors import GGUFParityError
 from inference_engine.registries import numerics_help
-from inference_engine.registry import DEFAULT_MODEL
+from inference_engine.model_cache import DEFAULT_MODEL
 
 
 def _reps(text: str, quick: bool) -> int:

@@ -14,14 +14,12 @@ import click
 
 from bench_compare import engines
 from inference_engine.backends import BACKENDS
-from inference_engine.errors import GGUFParityError
+from inference_engine.errors import CheckFailed
 from validation.run import REFERENCES
 
 
-class ValidationFailed(GGUFParityError):
+class ValidationFailed(CheckFailed):
     """A validation that ran to the end and found a difference: exit code 1, not a user error (exit 2)."""
-
-    exit_code = 1
 
 
 @click.command("validate")

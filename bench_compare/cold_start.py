@@ -190,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
         def workload() -> tuple[list[int], list[int]]:
             from bench_compare.measure import draw_tokens, pg_test, token_ids_for_model
             from inference_engine.gguf_file import open_gguf
-            from inference_engine.registry import resolve_model
+            from inference_engine.model_cache import resolve_model
 
             allowed = token_ids_for_model(open_gguf(resolve_model(args.model, progress=False)))
             toks = draw_tokens(pg_test(args.rss_prompt, args.rss_gen), allowed, args.seed)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -45,7 +45,7 @@ from bench_compare.results import (
 from bench_compare.timing import NS_PER_S, Clock
 from inference_engine.errors import GGUFParityError
 from inference_engine.gguf_file import open_gguf
-from inference_engine.registry import resolve_model
+from inference_engine.model_cache import resolve_model
 from validation.results import CompareResult
 
 DEFAULT_REPS = 3
@@ -422,7 +422,3 @@ def _check_sizes_fit(cfg: CompareConfig, max_ctx: int) -> None:
 
 def _round_up(x: int, m: int) -> int:
     return (x + m - 1) // m * m
-
-
-def config_dict(cfg: CompareConfig) -> dict[str, Any]:
-    return asdict(cfg)

@@ -191,16 +191,3 @@ def _csv_value(value: Any) -> str:
 
 def format_csv(records: Iterable[dict[str, Any]]) -> str:
     return csv_header() + "".join(csv_row(r) for r in records)
-
-
-def format_records(records: Sequence[dict[str, Any]], fmt: str, build_commit: str = "",
-                   build_number: int | str = 0) -> str:
-    if fmt == "md":
-        return format_markdown(records, build_commit, build_number)
-    if fmt == "json":
-        return format_json(records)
-    if fmt == "jsonl":
-        return format_jsonl(records)
-    if fmt == "csv":
-        return format_csv(records)
-    raise ValueError(f"unknown output format {fmt!r}")

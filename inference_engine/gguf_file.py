@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, LlamaFileType
+from gguf import GGMLQuantizationType, GGUFReader, LlamaFileType
 from gguf.constants import GGUFValueType
 
 from inference_engine.errors import GGUFParityError
@@ -239,8 +239,3 @@ def _short(exc: BaseException) -> str:
 
 def open_gguf(path: str | os.PathLike) -> GGUFFile:
     return GGUFFile(path)
-
-
-def row_bytes(qtype: GGMLQuantizationType, n_cols: int) -> int:
-    block, size = GGML_QUANT_SIZES[qtype]
-    return n_cols // block * size

@@ -152,7 +152,7 @@ def validate(options: ValidateOptions, ours_opener: Callable | None = None,
     User mistakes raise :class:`GGUFParityError`, before any work is done where they can be seen early.
     """
     from inference_engine.gguf_file import open_gguf
-    from inference_engine.registry import resolve_model
+    from inference_engine.model_cache import resolve_model
 
     options.check()
     corpus_texts, corpus_source = _load_corpus(options.corpus)

@@ -306,18 +306,6 @@ class LlamaCppEngine:
                 return buf.raw[:n]
             capacity = -n
 
-    def token_to_piece(self, token_id: int, special: bool = True) -> bytes:
-        """One token's bytes (a piece may be part of a UTF-8 character)."""
-        self._require_open()
-        (token,) = self._check_ids([token_id])
-        capacity = 64
-        while True:
-            buf = ctypes.create_string_buffer(capacity)
-            n = ll.llama_token_to_piece(self._vocab, token, buf, capacity, 0, special)
-            if n >= 0:
-                return buf.raw[:n]
-            capacity = -n
-
     # --- Engine protocol: running -----------------------------------------------------------------------------------
     def reset(self) -> None:
         self._require_open()

@@ -149,7 +149,7 @@ REAL_MODEL_LOGITS_TOL = 1e-4
 @pytest.mark.parametrize("model", ["smollm2-135m", "gemma3-270m"])
 def test_real_models_agree_with_the_numpy_backend(model):
     from inference_engine.engine import OurEngine
-    from inference_engine.registry import fetch
+    from inference_engine.model_cache import fetch
 
     path = fetch(model, progress=False)
     logits = {}
