@@ -28,7 +28,7 @@ from typing import Callable
 
 import numpy as np
 
-from inference_engine.errors import GGUFParityError
+from inference_engine.registries import Registry
 
 # --- thresholds -------------------------------------------------------------------------------------------------
 
@@ -75,13 +75,11 @@ THRESHOLDS: dict[str, Thresholds] = {
 }
 
 
+THRESHOLD_TABLE: Registry[Thresholds] = Registry("numerics", THRESHOLDS, base=Thresholds, listing="supported")
+
+
 def thresholds_for(numerics: str) -> Thresholds:
-    try:
-        return THRESHOLDS[numerics]
-    except KeyError:
-        raise GGUFParityError(
-            f"unknown numerics '{numerics}'; supported: {', '.join(THRESHOLDS)}"
-        ) from None
+    return THRESHOLD_TABLE.get(numerics)
 
 
 # --- registries -------------------------------------------------------------------------------------------------

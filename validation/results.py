@@ -28,6 +28,9 @@ class Result:
     kind: ClassVar[str]
     schema_version: ClassVar[int]
     provenance: dict[str, Any] = field(default_factory=dict)  # {date, git, versions, machine}, see provenance.py
+    backend: str = ""  # what ran: the backend (ours) and numerics mode, and the model file
+    numerics: str = ""
+    model: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON object: kind and schema_version first, then the fields, the provenance keys at top level."""
@@ -58,11 +61,8 @@ class ValidationResult(Result):
     checks: dict[str, bool | None] = field(default_factory=dict)
     mode: str = ""
     mode_reason: str = ""
-    backend: str = ""
     engine: str = ""
-    numerics: str = ""
     against: str = ""
-    model: dict[str, Any] = field(default_factory=dict)
     prompt: dict[str, Any] = field(default_factory=dict)
     thresholds: dict[str, Any] = field(default_factory=dict)
     threshold: float | None = None
@@ -87,9 +87,6 @@ class CompareResult(Result):
     schema_version: ClassVar[int] = 1
     ours: str = ""
     reference: str = ""
-    backend: str = ""
-    numerics: str = ""
-    model: dict[str, Any] = field(default_factory=dict)
     settings: dict[str, Any] = field(default_factory=dict)
     results: list[dict[str, Any]] = field(default_factory=list)
     ratios: dict[str, float] = field(default_factory=dict)

@@ -55,6 +55,13 @@ def test_a_newer_schema_is_refused_in_one_line(tmp_path):
         load_result(path)
 
 
+def test_every_numerics_mode_has_thresholds():
+    from inference_engine.registries import NUMERICS
+    from validation.metrics import THRESHOLDS
+
+    assert set(THRESHOLDS) == set(NUMERICS)
+
+
 def test_unknown_shapes_are_not_results():
     assert upgrade_legacy({"hello": 1}) is None and upgrade_legacy([1, 2]) is None
     assert upgrade_legacy({"kind": "something-else"}) is None
