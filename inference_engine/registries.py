@@ -68,16 +68,11 @@ class Registry(Generic[T]):
                  meta: MutableMapping[str, dict[str, Any]] | None = None,
                  check: Callable[[Any], None] | None = None, group: str | None = None, unknown: str = "unknown",
                  listing: str = "available", normalize: Callable[[Any], Any] | None = None, quote: bool = True):
-        self.what = what
+        self.what, self.base, self.check, self.group = what, base, check, group
         self.entries: MutableMapping[str, Any] = {} if entries is None else entries
-        self.base = base
-        self.check = check
-        self.group = group
-        self.unknown_word = unknown
-        self.listing_word = listing
-        self.quote = quote
-        self.normalize = normalize or (lambda name: name)
         self.meta: MutableMapping[str, dict[str, Any]] = {} if meta is None else meta
+        self.normalize = normalize or (lambda name: name)
+        self.wording = (unknown, listing, quote)  # of the "unknown name" error
 
     # --- registration -----------------------------------------------------------------------------------------
     def register(self, name: str, target: Any = None, **meta: Any):
@@ -133,8 +128,9 @@ class Registry(Generic[T]):
 
     def error(self, name: Any, listing: str | None = None) -> GGUFParityError:
         """The one-line "unknown name" error (``listing`` overrides the list of names shown)."""
-        shown = f"'{label(name)}'" if self.quote else label(name)
-        return GGUFParityError(f"{self.unknown_word} {self.what} {shown}; {self.listing_word}: "
+        unknown, listing_word, quote = self.wording
+        shown = f"'{label(name)}'" if quote else label(name)
+        return GGUFParityError(f"{unknown} {self.what} {shown}; {listing_word}: "
                                f"{self.listing() if listing is None else listing}")
 
     def validate(self, name: Any) -> Any:
