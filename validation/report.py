@@ -2,7 +2,7 @@
 
 The report directory is written whole or not at all: every file goes into a temporary sibling directory that is
 renamed into place at the end, so an interrupted or failed run never leaves a half-written report behind. A
-``--json PATH`` outside the directory is written with :func:`bench_compare.atomic.atomic_write_json`.
+``--json PATH`` outside the directory is written with :func:`validation.atomic.atomic_write_json`.
 """
 
 from __future__ import annotations
