@@ -34,18 +34,12 @@ class PluginEngine:
 
         self._inner = OurEngine(model, backend=backend, numerics=numerics, n_ctx=n_ctx, n_threads=n_threads)
         self.name = f"plugin:{backend}"
+        self.n_vocab = self._inner.n_vocab  # plain attributes do: the harness only reads them
+        self.n_ctx = self._inner.n_ctx
 
     @property
     def model_info(self) -> dict[str, Any]:  # what ran: recorded in every result
         return {**self._inner.model_info, "engine": self.name}
-
-    @property
-    def n_vocab(self) -> int:
-        return self._inner.n_vocab
-
-    @property
-    def n_ctx(self) -> int:
-        return self._inner.n_ctx
 
     def tokenize(self, text: str, add_bos: bool = True) -> list[int]:
         return self._inner.tokenize(text, add_bos)
