@@ -44,6 +44,7 @@ from bench_compare.results import (
 )
 from bench_compare.timing import NS_PER_S, Clock
 from inference_engine.errors import GGUFParityError
+from inference_engine.generate import ForcedTokens, generate_step
 from inference_engine.gguf_file import open_gguf
 from inference_engine.model_cache import resolve_model
 from validation.results import CompareResult
@@ -180,8 +181,8 @@ def probe_rates(engine, allowed_ids: np.ndarray, seed: int, startup_s: float,
         engine.prefill(toks.prompt[:n])
         times[n] = (clock() - t0) / NS_PER_S
     t0 = clock()
-    for t in toks.gen:
-        engine.decode(t)
+    for _ in generate_step(engine, [], ForcedTokens(toks.gen), reset=False, n_past=PROBE_PREFILL_LARGE):
+        pass  # each given token decoded, as the tg tests do
     decode_s = (clock() - t0) / NS_PER_S / PROBE_DECODE
     engine.reset()
     per_token = max(times[PROBE_PREFILL_LARGE] - times[PROBE_PREFILL_SMALL], 0.0) / (

@@ -6,7 +6,8 @@ logits of the position before it; the next step decodes that token. It ends when
 :class:`ForcedTokens` sampler that has run out: llama-bench's ``tg`` decodes given tokens this way) or when the
 context is full; the caller stops it whenever it likes (end-of-generation, a token budget). ``generate`` (CLI
 ``generate``), the benchmark's decode timing (``bench_compare.measure``), cold start (``bench_compare.cold_start``),
-the greedy smoke test (``validation.smoke``) and the server build on it.
+the greedy smoke test (``validation.smoke``), compare's cost probe (``bench_compare.compare_run``) and
+the server build on it.
 
 :func:`generate`:
 
