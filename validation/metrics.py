@@ -95,18 +95,18 @@ class Metric:
     description: str
 
 
-TENSOR_METRICS: dict[str, Metric] = {}
-LOGIT_METRICS: dict[str, Metric] = {}
+TENSOR_METRICS: Registry[Metric] = Registry("tensor metric", base=Metric)
+LOGIT_METRICS: Registry[Metric] = Registry("logit metric", base=Metric)
 
 
-def _register(registry: dict[str, Metric], name: str, higher_is_better: bool, description: str):
+def _register(registry: Registry[Metric], name: str, higher_is_better: bool, description: str):
     def wrap(fn: RowMetric) -> RowMetric:
         @functools.wraps(fn)
         def quiet(ours: np.ndarray, ref: np.ndarray) -> np.ndarray:
             with np.errstate(all="ignore"):  # inf/NaN inputs are turned into failing values, not warnings
                 return fn(ours, ref)
 
-        registry[name] = Metric(name, quiet, higher_is_better, description)
+        registry.register(name, Metric(name, quiet, higher_is_better, description))
         return quiet
 
     return wrap
