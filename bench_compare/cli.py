@@ -72,6 +72,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         click.echo("interrupted", err=True)
         return 130
+    except click.UsageError as exc:  # one line, not click's usage + hint + error block
+        click.echo(f"error: {' '.join(exc.format_message().split())}", err=True)
+        return exc.exit_code
     except click.ClickException as exc:
         exc.show()
         return exc.exit_code

@@ -7,6 +7,7 @@ import importlib
 from inference_engine.backends.base import Backend
 from inference_engine.errors import GGUFParityError
 from inference_engine.gguf_file import GGUFFile
+from inference_engine.gguf_validate import check_model
 from inference_engine.models.base import Model
 
 # architecture -> "module:class"; imported on first use.
@@ -27,5 +28,8 @@ def model_class(architecture: str) -> type[Model]:
 
 
 def build_model(f: GGUFFile, backend: Backend) -> Model:
-    """The model for ``f``'s architecture with every weight loaded through ``backend``."""
-    return model_class(f.architecture)(f, backend)
+    """The model for ``f``'s architecture with every weight loaded through ``backend`` (hyperparameters, shapes and
+    vocabulary validated first: :func:`inference_engine.gguf_validate.check_model`)."""
+    cls = model_class(f.architecture)
+    check_model(f)
+    return cls(f, backend)
