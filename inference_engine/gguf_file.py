@@ -189,7 +189,8 @@ class GGUFFile:
         for t in self.reader.tensors:
             qtype = GGMLQuantizationType(int(t.tensor_type))
             if qtype not in SUPPORTED_TENSOR_TYPES:
-                self.problems.append(f"tensor '{t.name}' has unsupported type {qtype.name}")
+                self.problems.append(f"tensor '{t.name}' has unsupported type {qtype.name}; supported: "
+                                     f"{supported_type_names()}")
             shape = tuple(int(d) for d in reversed(t.shape.tolist()))
             self.tensors[t.name] = TensorInfo(t.name, qtype, shape, int(t.n_bytes), t.data)
         if self.architecture in SUPPORTED_ARCHITECTURES:
