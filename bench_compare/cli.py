@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         click.echo("interrupted", err=True)
         return 130
     except click.UsageError as exc:  # one line, not click's usage + hint + error block
-        click.echo(f"error: {' '.join(exc.format_message().split())}", err=True)
+        click.echo(f"error: {usage_error_line(exc)}", err=True)
         return exc.exit_code
     except click.ClickException as exc:
         exc.show()
@@ -81,6 +81,17 @@ def main(argv: list[str] | None = None) -> int:
     except click.exceptions.Exit as exc:
         return exc.exit_code
     return returned if isinstance(returned, int) else 0
+
+
+def usage_error_line(exc: click.UsageError) -> str:
+    """``--seed must be at least 0, got -1`` for a bad value (the flag first), Click's own text otherwise."""
+    param = getattr(exc, "param", None)
+    if isinstance(exc, click.BadParameter) and param is not None and getattr(param, "opts", None):
+        flag = next((o for o in param.opts if o.startswith("--")), param.opts[0])
+        if isinstance(param, click.Argument):
+            flag = param.human_readable_name
+        return " ".join(f"{flag} {exc.message}".split())
+    return " ".join(exc.format_message().split())
 
 
 def entry_point() -> None:

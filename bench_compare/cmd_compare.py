@@ -56,7 +56,7 @@ def _optional_int(text: str | None, flag: str, minimum: int) -> int | None:
               help="Text prompt for TTFT (default: a built-in ~110-token paragraph).")
 @click.option("--seed", metavar="N", default=str(DEFAULT_SEED), show_default=True)
 @click.option("--json", "json_path", metavar="PATH", default=None, type=OutputFile(), help="Write the result JSON here.")
-@click.option("--report", "report_dir", metavar="DIR", default=None, type=ReportDir(),
+@click.option("--report", "report_dir", metavar="DIR", default=None, type=ReportDir(empty=False),
               help="Write report.md + ratios.png (+ compare.json) here.")
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Progress bar on stderr.")
 def compare(model, backend, numerics, n_prompt, n_gen, n_depth, reps, threads, cold_reps, no_cold, quick, budget,

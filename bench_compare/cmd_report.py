@@ -38,7 +38,7 @@ def parse_percent(text: str) -> float:
 
 @click.command("report")
 @click.argument("results", nargs=-1, required=True, metavar="RESULT.json...")
-@click.option("--out", "out_dir", default=None, type=ReportDir(), metavar="DIR",
+@click.option("--out", "out_dir", default=None, type=ReportDir(empty=False), metavar="DIR",
               help="Report directory (default reports/report-<UTC time>).")
 @click.option("--history", "history", default=None, type=OutputFile(), metavar="FILE", help="CSV file to append one row per result to.")
 @click.option("--baseline", "baseline", default=None, metavar="FILE", help="Baseline JSON to gate against.")

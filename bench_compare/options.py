@@ -20,6 +20,18 @@ from pathlib import Path
 import click
 
 
+def _interval(lo, hi, lo_open: bool = False, hi_open: bool = False) -> str:
+    """``at least 1``, ``above 0``, ``at most 5``, ``in (0, 1]``: the bounds as the error says them."""
+    def num(x) -> str:
+        return str(x) if isinstance(x, int) else f"{x:g}"
+
+    if lo is not None and hi is not None:
+        return f"in {'(' if lo_open else '['}{num(lo)}, {num(hi)}{')' if hi_open else ']'}"
+    if lo is not None:
+        return f"{'above' if lo_open else 'at least'} {num(lo)}"
+    return f"{'below' if hi_open else 'at most'} {num(hi)}"
+
+
 class Number(click.ParamType):
     """A finite float in ``[lo, hi]`` (``lo_open`` / ``hi_open``: excluding that end)."""
 
@@ -36,22 +48,14 @@ class Number(click.ParamType):
             try:
                 number = float(str(value).strip())
             except ValueError:
-                self.fail(f"'{value}' is not a number", param, ctx)
+                self.fail(f"must be a number, got '{value}'", param, ctx)
         if not math.isfinite(number):
-            self.fail(f"'{value}' is not a finite number", param, ctx)
-        if self.lo is not None and (number < self.lo or (self.lo_open and number == self.lo)):
-            self.fail(f"{value} is out of range; expected {self._range()}", param, ctx)
-        if self.hi is not None and (number > self.hi or (self.hi_open and number == self.hi)):
-            self.fail(f"{value} is out of range; expected {self._range()}", param, ctx)
+            self.fail(f"must be a finite number, got {value}", param, ctx)
+        below = self.lo is not None and (number < self.lo or (self.lo_open and number == self.lo))
+        above = self.hi is not None and (number > self.hi or (self.hi_open and number == self.hi))
+        if below or above:
+            self.fail(f"must be {_interval(self.lo, self.hi, self.lo_open, self.hi_open)}, got {value}", param, ctx)
         return number
-
-    def _range(self) -> str:
-        parts = []
-        if self.lo is not None:
-            parts.append(f"{'>' if self.lo_open else '>='} {self.lo:g}")
-        if self.hi is not None:
-            parts.append(f"{'<' if self.hi_open else '<='} {self.hi:g}")
-        return " and ".join(parts)
 
 
 class Integer(click.ParamType):
@@ -69,11 +73,9 @@ class Integer(click.ParamType):
             try:
                 number = int(str(value).strip())
             except ValueError:
-                self.fail(f"'{value}' is not an integer", param, ctx)
+                self.fail(f"must be an integer, got '{value}'", param, ctx)
         if (self.lo is not None and number < self.lo) or (self.hi is not None and number > self.hi):
-            bounds = (f"{self.lo}..{self.hi}" if self.lo is not None and self.hi is not None
-                      else f">= {self.lo}" if self.lo is not None else f"<= {self.hi}")
-            self.fail(f"{value} is out of range; expected {bounds}", param, ctx)
+            self.fail(f"must be {_interval(self.lo, self.hi)}, got {value}", param, ctx)
         return number
 
 
@@ -103,15 +105,19 @@ class OutputFile(click.ParamType):
 
 
 class ReportDir(click.ParamType):
-    """A report directory: created by the run (only it), so its parent must exist; if it exists, it is empty."""
+    """A report directory: created by the run (only it), so its parent must exist. ``empty``: if it exists, it
+    must be empty (``validate`` never writes over an earlier report; ``report --out`` rewrites its own files)."""
 
     name = "directory"
+
+    def __init__(self, empty: bool = True):
+        self.empty = empty
 
     def convert(self, value, param, ctx):
         path = Path(value)
         if path.exists() and not path.is_dir():
             self.fail(f"{path} is a file; give a directory for the report", param, ctx)
-        if path.is_dir() and any(path.iterdir()):
+        if self.empty and path.is_dir() and any(path.iterdir()):
             self.fail(f"{path} exists and is not empty; choose another directory", param, ctx)
         parent = path.parent if str(path.parent) else Path(".")
         if not parent.is_dir():

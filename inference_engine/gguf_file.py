@@ -107,14 +107,20 @@ class FastGGUFReader(GGUFReader):
         nptype = self.gguf_scalar_to_np.get(item_type)
         if nptype is not None:
             values = self._get(offs, nptype, count)
+            if values.shape[0] != count:  # gguf-py's _get returns what is left when the file ends early
+                raise ValueError(f"array of {count} values at offset {orig_offs} runs past the end of the file")
             return 12 + int(values.nbytes), [raw_itype, alen, values], [2], types
         if item_type != GGUFValueType.STRING:  # nested arrays: rare, leave them to gguf-py
             return super()._get_field_parts(orig_offs, raw_type)
         buf = self.data.view(np.ndarray)
+        if count > (len(buf) - offs) // 8:  # each string takes at least its 8-byte length
+            raise ValueError(f"array of {count} strings at offset {orig_offs} cannot fit in the file")
         parts: list[np.ndarray] = [raw_itype, alen]
         unpack = self._U64.unpack_from
         for _ in range(count):
             (length,) = unpack(buf, offs)
+            if length > len(buf) - offs - 8:
+                raise ValueError(f"string of {length} bytes at offset {offs} runs past the end of the file")
             parts.append(buf[offs + 8 : offs + 8 + length])
             offs += 8 + length
         return offs - orig_offs, parts, list(range(2, count + 2)), types
@@ -143,7 +149,7 @@ class GGUFFile:
             self.reader = FastGGUFReader(self.path, "r", problems=None if strict else self.problems)
         except gguf_validate.StructureError as exc:
             raise GGUFParityError(f"{self.path}: {exc}") from None
-        except (ValueError, IndexError, OSError, KeyError, struct.error) as exc:  # how truncation surfaces
+        except (ValueError, IndexError, OSError, KeyError, OverflowError, struct.error) as exc:  # truncation
             raise GGUFParityError(f"{self.path}: truncated or corrupt GGUF file ({_short(exc)})") from None
         self.problems += gguf_validate.metadata_problems(self.reader)
         if strict and self.problems:

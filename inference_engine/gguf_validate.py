@@ -362,7 +362,7 @@ def model_problems(f: GGUFFile, reference: bool = False) -> tuple[list[str], Mod
     key_length = c.number("attention.key_length", "int", lo=1, hi=MAX_EMBEDDING)
     value_length = c.number("attention.value_length", "int", lo=1, hi=MAX_EMBEDDING)
     n_rot = c.number("rope.dimension_count", "int", lo=1, hi=MAX_EMBEDDING)
-    c.number("context_length", "int", lo=0, hi=INT64_MAX)
+    n_ctx_train = c.number("context_length", "int", lo=0, hi=INT64_MAX)
     c.number("attention.layer_norm_rms_epsilon", "float", required=True, lo=0, hi=1)
     c.number("rope.freq_base", "float", lo=1e-6)
     c.number("rope.freq_base_swa", "float", lo=1e-6)
@@ -399,7 +399,7 @@ def model_problems(f: GGUFFile, reference: bool = False) -> tuple[list[str], Mod
         c.problems.append(f"metadata {c.arch}.rope.dimension_count is {n_rot}; expected an even number of at most "
                           f"the head size {head_dim_k}")
     shape = ModelShape(int(n_layer), int(n_embd), n_head, n_head_kv, head_dim_k, head_dim_v,
-                       int(f.arch_value("context_length", 0) or 0))
+                       int(n_ctx_train or 0))
     n_vocab = _vocab_problems(f, c.problems)
     if not reference:
         _shape_problems(f, shape, n_ff, n_vocab, c.problems)
