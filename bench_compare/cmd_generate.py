@@ -60,7 +60,7 @@ def generate(
     from inference_engine.engine import OurEngine
     from inference_engine.generate import generate as run_generation
     from inference_engine.gguf_file import open_gguf
-    from inference_engine.gguf_validate import check_model, check_training_context
+    from inference_engine.gguf_validate import check_context, check_model, check_training_context
     from inference_engine.registry import resolve_model
     from inference_engine.sampling import Sampler
 
@@ -71,6 +71,7 @@ def generate(
     if ctx is None:
         ctx = min(DEFAULT_CTX, shape.n_ctx_train) if shape.n_ctx_train else DEFAULT_CTX
     check_training_context(f.path, shape, ctx)
+    check_context(f.path, shape, ctx, 2 if kv_type == "f16" else 4)
     engine = OurEngine(f, backend=backend, numerics=numerics, n_ctx=ctx, n_threads=threads, kv_type=kv_type)
     tokenizer = engine.tokenizer
     if chat:
