@@ -400,18 +400,20 @@ def model_problems(f: GGUFFile, reference: bool = False) -> tuple[list[str], Mod
                           f"the head size {head_dim_k}")
     shape = ModelShape(int(n_layer), int(n_embd), n_head, n_head_kv, head_dim_k, head_dim_v,
                        int(n_ctx_train or 0))
-    n_vocab = _vocab_problems(f, c.problems)
+    n_vocab = _vocab_problems(f, c.problems, required=not reference)
     if not reference:
         _shape_problems(f, shape, n_ff, n_vocab, c.problems)
     return c.problems, shape
 
 
-def _vocab_problems(f: GGUFFile, problems: list[str]) -> int | None:
-    """Token list vs embedding rows, the parallel arrays' lengths, special ids; returns the token count."""
+def _vocab_problems(f: GGUFFile, problems: list[str], required: bool = True) -> int | None:
+    """Token list vs embedding rows, the parallel arrays' lengths, special ids; returns the token count.
+    ``required``: a file without a vocabulary is a problem (llama.cpp names what it misses itself)."""
     fields = f.reader.fields
     tokens = fields.get("tokenizer.ggml.tokens")
     if tokens is None:
-        problems.append("missing required metadata key tokenizer.ggml.tokens (the vocabulary)")
+        if required:
+            problems.append("missing required metadata key tokenizer.ggml.tokens (the vocabulary)")
         return None
     n_tokens = len(tokens.data)
     if n_tokens == 0:
