@@ -428,7 +428,7 @@ def _vocab_problems(f: GGUFFile, problems: list[str], required: bool = True) -> 
     tokens = fields.get("tokenizer.ggml.tokens")
     if tokens is None:
         if required:
-            problems.append("missing required metadata key tokenizer.ggml.tokens (the vocabulary)")
+            problems.append("missing required metadata key tokenizer.ggml.tokens (the file has no tokenizer)")
         return None
     n_tokens = len(tokens.data)
     if n_tokens == 0:
@@ -457,6 +457,14 @@ def _vocab_problems(f: GGUFFile, problems: list[str], required: bool = True) -> 
         problems.append(f"tokenizer.ggml.tokens has {n_tokens} tokens but token_embd.weight has {embd.shape[0]} rows; "
                         f"they must be equal")
     return n_tokens
+
+
+def check_vocab(f: GGUFFile) -> None:
+    """Raise the first vocabulary problem (token arrays' lengths, special ids, embedding rows) as one line."""
+    problems: list[str] = []
+    _vocab_problems(f, problems, required=False)  # no vocabulary at all: the tokenizer's own message says so
+    if problems:
+        raise_first(f.path, problems)
 
 
 def _array_length(field: Any) -> int:
