@@ -144,6 +144,7 @@ class GGUFFile:
     def __init__(self, path: str | os.PathLike, strict: bool = True):
         self.path = Path(path)
         self.problems: list[str] = []
+        self.unsupported: list[str] = []  # strict=False only: the problems that are our engine's limits
         _check_path(self.path)
         try:
             self.reader = FastGGUFReader(self.path, "r", problems=None if strict else self.problems)
@@ -189,18 +190,19 @@ class GGUFFile:
         self.raw_architecture = str(self.metadata_value("general.architecture", "") or "")
         self.architecture = ARCHITECTURE_ALIASES.get(self.raw_architecture, self.raw_architecture)
         if self.architecture not in SUPPORTED_ARCHITECTURES:
-            self.problems.append(f"unsupported architecture '{self.raw_architecture}'; supported: "
-                                 f"{', '.join(SUPPORTED_ARCHITECTURES)}")
+            self.unsupported.append(f"unsupported architecture '{self.raw_architecture}'; supported: "
+                                    f"{', '.join(SUPPORTED_ARCHITECTURES)}")
         self.tensors = {}
         for t in self.reader.tensors:
             qtype = GGMLQuantizationType(int(t.tensor_type))
             if qtype not in SUPPORTED_TENSOR_TYPES:
-                self.problems.append(f"tensor '{t.name}' has unsupported type {qtype.name}; supported: "
-                                     f"{supported_type_names()}")
+                self.unsupported.append(f"tensor '{t.name}' has unsupported type {qtype.name}; supported: "
+                                        f"{supported_type_names()}")
             shape = tuple(int(d) for d in reversed(t.shape.tolist()))
             self.tensors[t.name] = TensorInfo(t.name, qtype, shape, int(t.n_bytes), t.data)
         if self.architecture in SUPPORTED_ARCHITECTURES:
             self.problems += gguf_validate.model_problems(self)[0]
+        self.problems += self.unsupported
 
     # --- metadata -------------------------------------------------------------------------------------------
     @cached_property

@@ -368,17 +368,18 @@ def model_problems(f: GGUFFile, reference: bool = False) -> tuple[list[str], Mod
     not run, such as experts, and no shape checks of our architectures' tensor names).
     """
     c = _Checker(f)
+    ours = not reference  # keys llama.cpp reads only for some architectures are required for ours, checked if present
     n_layer = c.number("block_count", "int", required=True, lo=1, hi=MAX_LAYERS)
     n_embd = c.number("embedding_length", "int", required=True, lo=1, hi=MAX_EMBEDDING)
     n_layer_or_none = int(n_layer) if n_layer is not None else None
-    n_head = c.per_layer("attention.head_count", n_layer_or_none, required=True, hi=MAX_HEADS)
+    n_head = c.per_layer("attention.head_count", n_layer_or_none, required=ours, hi=MAX_HEADS)
     n_head_kv = c.per_layer("attention.head_count_kv", n_layer_or_none, hi=MAX_HEADS)
-    n_ff = c.per_layer("feed_forward_length", n_layer_or_none, required=True, hi=MAX_EMBEDDING * 64)
+    n_ff = c.per_layer("feed_forward_length", n_layer_or_none, required=ours, hi=MAX_EMBEDDING * 64)
     key_length = c.number("attention.key_length", "int", lo=1, hi=MAX_EMBEDDING)
     value_length = c.number("attention.value_length", "int", lo=1, hi=MAX_EMBEDDING)
     n_rot = c.number("rope.dimension_count", "int", lo=1, hi=MAX_EMBEDDING)
     n_ctx_train = c.number("context_length", "int", lo=0, hi=INT64_MAX)
-    c.number("attention.layer_norm_rms_epsilon", "float", required=True, lo=0, hi=1)
+    c.number("attention.layer_norm_rms_epsilon", "float", required=ours, lo=0, hi=1)
     c.number("rope.freq_base", "float", lo=1e-6)
     c.number("rope.freq_base_swa", "float", lo=1e-6)
     c.number("rope.scaling.factor", "float", lo=0)

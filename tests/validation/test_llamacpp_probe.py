@@ -99,3 +99,10 @@ def test_validate_cli_on_an_aborting_file_is_one_line(base, tmp_path):
     assert done.returncode == 2, done.stderr
     assert done.stderr.count("\n") == 1 and "llama.block_count is 0; expected 1..512" in done.stderr
     assert not (tmp_path / "report").exists()
+
+
+def test_reference_still_loads_what_only_our_engine_refuses(bad_model_files, probe_on):
+    """A tensor type our engine does not run (IQ4_NL) is llama.cpp's to load: validated, probed, accepted."""
+    path = bad_model_files["unsupported_type"]
+    probe.ensure_loadable(path)
+    assert probe.is_known_good(path)
