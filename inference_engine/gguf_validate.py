@@ -52,6 +52,10 @@ INTEGER_TYPES = frozenset({
 FLOAT_TYPES = frozenset({GGUFValueType.FLOAT32, GGUFValueType.FLOAT64})
 NUMBER_TYPES = INTEGER_TYPES | FLOAT_TYPES
 
+# Architectures whose every layer has attention and a feed-forward block (ours and their aliases): 0 heads or a
+# 0-wide feed-forward in a layer is malformed there (llama.cpp asserts on a 0 in head_count_kv).
+ATTENTION_EVERY_LAYER = ("llama", "mistral", "qwen2", "qwen3", "gemma3")
+
 # Keys whose value, when an array, holds one entry per layer (llama.cpp's get_key_or_arr over n_layer).
 PER_LAYER_KEYS = ("feed_forward_length", "attention.head_count", "attention.head_count_kv")
 
@@ -369,12 +373,14 @@ def model_problems(f: GGUFFile, reference: bool = False) -> tuple[list[str], Mod
     """
     c = _Checker(f)
     ours = not reference  # keys llama.cpp reads only for some architectures are required for ours, checked if present
+    # 0 heads in a layer is legal only where llama.cpp builds layers without attention (hybrid recurrent models).
+    min_heads = 1 if ours or f.raw_architecture in ATTENTION_EVERY_LAYER else 0
     n_layer = c.number("block_count", "int", required=True, lo=1, hi=MAX_LAYERS)
     n_embd = c.number("embedding_length", "int", required=True, lo=1, hi=MAX_EMBEDDING)
     n_layer_or_none = int(n_layer) if n_layer is not None else None
-    n_head = c.per_layer("attention.head_count", n_layer_or_none, required=ours, hi=MAX_HEADS)
-    n_head_kv = c.per_layer("attention.head_count_kv", n_layer_or_none, hi=MAX_HEADS)
-    n_ff = c.per_layer("feed_forward_length", n_layer_or_none, required=ours, hi=MAX_EMBEDDING * 64)
+    n_head = c.per_layer("attention.head_count", n_layer_or_none, required=ours, lo=min_heads, hi=MAX_HEADS)
+    n_head_kv = c.per_layer("attention.head_count_kv", n_layer_or_none, lo=min_heads, hi=MAX_HEADS)
+    n_ff = c.per_layer("feed_forward_length", n_layer_or_none, required=ours, lo=min_heads, hi=MAX_EMBEDDING * 64)
     key_length = c.number("attention.key_length", "int", lo=1, hi=MAX_EMBEDDING)
     value_length = c.number("attention.value_length", "int", lo=1, hi=MAX_EMBEDDING)
     n_rot = c.number("rope.dimension_count", "int", lo=1, hi=MAX_EMBEDDING)
@@ -401,10 +407,12 @@ def model_problems(f: GGUFFile, reference: bool = False) -> tuple[list[str], Mod
         return c.problems, None
     n_head_kv = n_head_kv or list(n_head)
     for il, (h, hkv) in enumerate(zip(n_head, n_head_kv)):
-        if h % hkv:
+        if (h == 0) != (hkv == 0) or (hkv and h % hkv):
             c.problems.append(f"layer {il}: {h} attention heads cannot share {hkv} KV heads evenly "
                               f"({c.arch}.attention.head_count / head_count_kv)")
             break
+    if not n_head[0]:  # a hybrid model's first layer without attention (reference only): nothing more to derive
+        return c.problems, None
     if (key_length is None or value_length is None) and n_embd % n_head[0]:
         c.problems.append(f"{c.arch}.embedding_length {n_embd} is not divisible by {c.arch}.attention.head_count "
                           f"{n_head[0]} (and the file gives no attention.key_length/value_length)")
@@ -502,13 +510,27 @@ def _shape_problems(f: GGUFFile, s: ModelShape, n_ff: list[int], n_vocab: int | 
                 return
 
 
-def check_model(f: GGUFFile, reference: bool = False) -> ModelShape:
-    """Raise the first model-level problem of ``f`` as one line (with a count of the rest); else its shape."""
+def check_model(f: GGUFFile, reference: bool = False) -> ModelShape | None:
+    """Raise the first model-level problem of ``f`` as one line (with a count of the rest); else its shape (always
+    there for our architectures; ``reference`` on another architecture may not derive one)."""
     problems, shape = model_problems(f, reference)
     if problems:
         raise_first(f.path, problems)
-    assert shape is not None
+    if shape is None and not reference:
+        raise GGUFParityError(f"{f.path}: the hyperparameters do not describe an attention model")
     return shape
+
+
+def check_reference_file(path: str | os.PathLike) -> None:
+    """What a file must pass before llama.cpp loads it: every structural, metadata and hyperparameter problem
+    refused in one line; an architecture or tensor type only our engine does not run is llama.cpp's to load."""
+    from inference_engine.gguf_file import open_gguf
+
+    f = open_gguf(path, strict=False)
+    refused = [p for p in f.problems if p not in f.unsupported]
+    if refused:
+        raise_first(path, refused)
+    check_model(f, reference=True)
 
 
 def raise_first(path: str | os.PathLike, problems: list[str]) -> None:

@@ -24,7 +24,7 @@ from bench_compare.cli import main
 from inference_engine.engine import OurEngine
 from inference_engine.errors import GGUFParityError
 from inference_engine.gguf_file import open_gguf
-from inference_engine.gguf_validate import check_model
+from inference_engine.gguf_validate import check_model, check_reference_file
 
 # A few hundred mutations in a few seconds each run (derandomized: the same ones every run, so CI is stable).
 N_EXAMPLES = 300
@@ -144,6 +144,16 @@ def run_contract(path) -> str:
         return "refused"
 
 
+def run_reference_checks(path) -> str:
+    """What llama.cpp's load is gated on (validation/llamacpp/probe.py): "ok" or "refused", nothing else."""
+    try:
+        check_reference_file(path)
+        return "ok"
+    except GGUFParityError as exc:
+        assert "\n" not in str(exc)
+        return "refused"
+
+
 def run_inspect(path) -> int:
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()) as err:
         code = main(["inspect", str(path)])
@@ -176,8 +186,9 @@ def test_random_mutations_exit_2_or_run(base_layout, scratch):
         outcome = run_contract(scratch)
         outcomes[outcome] = outcomes.get(outcome, 0) + 1
         code = run_inspect(scratch)  # 0 or 2, never an exception
+        reference = run_reference_checks(scratch)
         if outcome == "ok":
-            assert code == 0  # a file that runs has no problem for inspect to list
+            assert code == 0 and reference == "ok"  # a file that runs has no problem for inspect or llama.cpp
 
     check()
     growth_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss_before) / 1024  # Linux: KiB

@@ -110,16 +110,9 @@ def ensure_loadable(path: str | os.PathLike) -> None:
     path = Path(path)
     if is_known_good(path):
         return
-    from inference_engine.gguf_file import open_gguf
-    from inference_engine.gguf_validate import check_model, raise_first
+    from inference_engine.gguf_validate import check_reference_file
 
-    # One line, exit 2, for everything we know llama.cpp would abort on. Opened leniently: an architecture or tensor
-    # type our engine does not run is llama.cpp's to load (f.unsupported), every other problem is refused.
-    f = open_gguf(path, strict=False)
-    refused = [p for p in f.problems if p not in f.unsupported]
-    if refused:
-        raise_first(path, refused)
-    check_model(f, reference=True)
+    check_reference_file(path)  # one line, exit 2, for everything we know llama.cpp would abort on
     if os.environ.get(PROBE_SWITCH_ENV, "on").lower() == "off":
         return
     identity = _identity(path)
