@@ -13,7 +13,6 @@ from bench_compare.atomic import atomic_write_json
 from bench_compare.cmd_bench import parse_positive_int
 from bench_compare.measure import DEFAULT_SEED
 from bench_compare.options import Number, OutputFile, ReportDir
-from inference_engine.errors import GGUFParityError
 from inference_engine.registry import DEFAULT_MODEL
 
 
@@ -55,7 +54,8 @@ def _optional_int(text: str | None, flag: str, minimum: int) -> int | None:
 @click.option("--prompt", metavar="TEXT", default=None,
               help="Text prompt for TTFT (default: a built-in ~110-token paragraph).")
 @click.option("--seed", metavar="N", default=str(DEFAULT_SEED), show_default=True)
-@click.option("--json", "json_path", metavar="PATH", default=None, type=OutputFile(), help="Write the result JSON here.")
+@click.option("--json", "json_path", metavar="PATH", default=None, type=OutputFile(),
+              help="Write the result JSON here.")
 @click.option("--report", "report_dir", metavar="DIR", default=None, type=ReportDir(empty=False),
               help="Write report.md + ratios.png (+ compare.json) here.")
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Progress bar on stderr.")

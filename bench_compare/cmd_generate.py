@@ -18,7 +18,8 @@ DEFAULT_MODEL = "smollm2-135m"
 DEFAULT_CTX = 2048
 
 
-def _check_flags(max_tokens: int, ctx: int | None, threads: int | None, backend: str, numerics: str, kv_type: str) -> None:
+def _check_flags(max_tokens: int, ctx: int | None, threads: int | None, backend: str, numerics: str,
+                 kv_type: str) -> None:
     """Refuse bad flags before anything slow happens (one line each, exit 2)."""
     from inference_engine.backends import BACKENDS, KV_TYPES, NUMERICS
 
@@ -48,7 +49,8 @@ def _check_flags(max_tokens: int, ctx: int | None, threads: int | None, backend:
 @click.option("--threads", "-t", default=None, type=POSITIVE, help="Threads (backend default when omitted).")
 @click.option("--kv-type", default="f32", show_default=True, help="KV cache storage: f32 or f16.")
 @click.option("--temperature", default=0.0, show_default=True, type=Number(0.0), help="0 = greedy.")
-@click.option("--top-k", default=0, show_default=True, type=NON_NEGATIVE, help="Keep the k most likely tokens (0 = off).")
+@click.option("--top-k", default=0, show_default=True, type=NON_NEGATIVE,
+              help="Keep the k most likely tokens (0 = off).")
 @click.option("--top-p", default=1.0, show_default=True, type=Number(0.0, 1.0, lo_open=True),
               help="Nucleus sampling mass (1 = off).")
 @click.option("--seed", default=None, type=SEED, help="Random seed for sampling.")

@@ -40,7 +40,8 @@ def parse_percent(text: str) -> float:
 @click.argument("results", nargs=-1, required=True, metavar="RESULT.json...")
 @click.option("--out", "out_dir", default=None, type=ReportDir(empty=False), metavar="DIR",
               help="Report directory (default reports/report-<UTC time>).")
-@click.option("--history", "history", default=None, type=OutputFile(), metavar="FILE", help="CSV file to append one row per result to.")
+@click.option("--history", "history", default=None, type=OutputFile(), metavar="FILE",
+              help="CSV file to append one row per result to.")
 @click.option("--baseline", "baseline", default=None, metavar="FILE", help="Baseline JSON to gate against.")
 @click.option("--max-regression", "max_regression", default=None, metavar="PCT",
               help=f"Allowed regression in percent (default {DEFAULT_MAX_REGRESSION_PCT:g}); needs --baseline.")

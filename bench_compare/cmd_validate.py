@@ -39,7 +39,8 @@ class ValidationFailed(GGUFParityError):
               help="Gate the free-running comparison (each engine on its own values end to end) at the per-op "
                    "thresholds instead of the teacher-forced one (each op given the reference's inputs); the other "
                    "is reported either way.")
-@click.option("--json", "json_path", default=None, type=OutputFile(), metavar="PATH", help="Also write the result JSON here.")
+@click.option("--json", "json_path", default=None, type=OutputFile(), metavar="PATH",
+              help="Also write the result JSON here.")
 @click.option("--report", "report_dir", default=None, type=ReportDir(), metavar="DIR",
               help="Report directory (default: reports/validate/<model>-<backend>-<numerics>-<timestamp>/).")
 def validate(model, backend, numerics, prompt, against, logit_lens, corpus, smoke_tokens, threads, free_running,

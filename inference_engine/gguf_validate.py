@@ -78,7 +78,8 @@ def tensor_entry(index: int, field: Any) -> tuple[TensorEntry | None, str | None
     try:
         name = bytes(name_data).decode("utf-8")
     except UnicodeDecodeError as exc:
-        return None, f"tensor #{index}: name is not valid UTF-8 (byte {exc.start} of the name at offset {field.offset})"
+        return None, (f"tensor #{index}: name is not valid UTF-8 (byte {exc.start} of the name at offset "
+                      f"{field.offset})")
     return TensorEntry(index, name, tuple(int(d) for d in dims.tolist()), int(raw_dtype[0]), int(offset[0])), None
 
 
@@ -169,7 +170,7 @@ def checked_tensor_fields(reader: Any, data_start: int, fields: list[Any], probl
         if problem:
             found.append(problem)
     valid = [e for e in entries if e is not None]
-    table, bad = tensor_table_problems(valid, int(data_start), int(reader.alignment), int(len(reader.data)))
+    table, bad = tensor_table_problems(valid, int(data_start), int(reader.alignment), len(reader.data))
     found += table
     if found and problems is None:
         raise StructureError(found[0] + (f" (and {len(found) - 1} more problem(s))" if len(found) > 1 else ""))
@@ -342,7 +343,8 @@ class _Checker:
         elif len(types) == 1 and types[0] in INTEGER_TYPES:
             values = [int(self.f.metadata_value(key))] * (n_layer or 1)
         else:
-            self.problems.append(f"metadata {key} must be an integer or an array of integers, got {_type_text(types)}")
+            self.problems.append(f"metadata {key} must be an integer or an array of integers, "
+                                 f"got {_type_text(types)}")
             return None
         for i, v in enumerate(values):
             if self._bounded(key if len(set(values)) == 1 else f"{key}[{i}]", v, lo, hi) is None:
@@ -463,8 +465,8 @@ def _vocab_problems(f: GGUFFile, problems: list[str], required: bool = True) -> 
             problems.append(f"metadata {key} is {value}, outside the vocabulary of {n_tokens} tokens")
     embd = f.tensors.get("token_embd.weight")
     if embd is not None and embd.shape[0] != n_tokens:
-        problems.append(f"tokenizer.ggml.tokens has {n_tokens} tokens but token_embd.weight has {embd.shape[0]} rows; "
-                        f"they must be equal")
+        problems.append(f"tokenizer.ggml.tokens has {n_tokens} tokens but token_embd.weight has {embd.shape[0]} "
+                        f"rows; they must be equal")
     return n_tokens
 
 
@@ -496,7 +498,8 @@ def _shape_problems(f: GGUFFile, s: ModelShape, n_ff: list[int], n_vocab: int | 
             f"{blk}.attn_norm.weight": (s.n_embd,), f"{blk}.ffn_norm.weight": (s.n_embd,),
             f"{blk}.post_attention_norm.weight": (s.n_embd,), f"{blk}.post_ffw_norm.weight": (s.n_embd,),
             f"{blk}.attn_q.weight": (q, s.n_embd), f"{blk}.attn_k.weight": (kv_k, s.n_embd),
-            f"{blk}.attn_v.weight": (kv_v, s.n_embd), f"{blk}.attn_output.weight": (s.n_embd, s.n_head[il] * s.head_dim_v),
+            f"{blk}.attn_v.weight": (kv_v, s.n_embd),
+            f"{blk}.attn_output.weight": (s.n_embd, s.n_head[il] * s.head_dim_v),
             f"{blk}.attn_q.bias": (q,), f"{blk}.attn_k.bias": (kv_k,), f"{blk}.attn_v.bias": (kv_v,),
             f"{blk}.attn_q_norm.weight": (s.head_dim_k,), f"{blk}.attn_k_norm.weight": (s.head_dim_k,),
             f"{blk}.ffn_gate.weight": (n_ff[il], s.n_embd), f"{blk}.ffn_up.weight": (n_ff[il], s.n_embd),
@@ -534,7 +537,8 @@ def check_reference_file(path: str | os.PathLike) -> None:
 
 
 def raise_first(path: str | os.PathLike, problems: list[str]) -> None:
-    more = f" (and {len(problems) - 1} more problem(s); `bench-compare inspect` lists them)" if len(problems) > 1 else ""
+    more = (f" (and {len(problems) - 1} more problem(s); `bench-compare inspect` lists them)"
+            if len(problems) > 1 else "")
     raise GGUFParityError(f"{path}: {problems[0]}{more}")
 
 

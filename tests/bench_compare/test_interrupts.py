@@ -33,7 +33,7 @@ sys.exit(main(sys.argv[1:]))
 def run_child(tmp_path, setup: str, *args, env: dict | None = None) -> subprocess.CompletedProcess:
     script = tmp_path / "child.py"
     script.write_text(PRELUDE + textwrap.dedent(setup) + RUN_CLI)
-    return subprocess.run([sys.executable, str(script), *map(str, args)], capture_output=True, text=True,
+    return subprocess.run([sys.executable, str(script), *map(str, args)], check=False, capture_output=True, text=True,
                           timeout=CHILD_TIMEOUT_S, cwd=REPO, env={**os.environ, **(env or {})})
 
 

@@ -62,7 +62,7 @@ def test_ctx_beyond_memory_says_how_much(long_context_model, capsys, ctx):
 
 def test_default_ctx_fits_a_small_training_context(tiny_model, capsys):
     """No --ctx: min(2048, the training context), so a tiny model (256) runs without a flag."""
-    code, out, err = run(capsys, "generate", "hi", "--model", tiny_model("llama"), "--max-tokens", 2)
+    code, _, err = run(capsys, "generate", "hi", "--model", tiny_model("llama"), "--max-tokens", 2)
     assert code == 0, err
 
 

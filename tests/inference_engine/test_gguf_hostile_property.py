@@ -16,9 +16,9 @@ import struct
 import numpy as np
 import pytest
 from fixtures.hostile_gguf import KV, Layout, header_size, parse_layout, serialize
+from gguf.constants import GGUFValueType as T
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from gguf.constants import GGUFValueType as T
 
 from bench_compare.cli import main
 from inference_engine.engine import OurEngine

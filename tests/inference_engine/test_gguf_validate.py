@@ -91,15 +91,15 @@ def test_invalid_utf8_in_a_token(base, tmp_path):
     ("llama.attention.head_count", U32, 0, "llama.attention.head_count is 0; expected 1.."),
     ("llama.attention.head_count", I32, -4, "llama.attention.head_count is -4; expected 1.."),
     ("llama.rope.dimension_count", U32, 0, "llama.rope.dimension_count is 0; expected 1.."),
-    ("llama.rope.dimension_count", U32, 1000, "rope.dimension_count is 1000; expected an even number of at most "
-                                              "the head size 64"),
+    ("llama.rope.dimension_count", U32, 1000, ("rope.dimension_count is 1000; expected an even number of at most "
+                                               "the head size 64")),
     ("llama.embedding_length", STR, "256", "llama.embedding_length must be an integer, got string"),
     ("llama.attention.layer_norm_rms_epsilon", STR, "1e-5",
      "llama.attention.layer_norm_rms_epsilon must be a number, got string"),
-    ("llama.feed_forward_length", ARR, [512, 512, 512], "feed_forward_length has 3 entries; expected one per layer "
-                                                        "(block_count = 2)"),
-    ("llama.embedding_length", U32, 128, "tensor 'token_embd.weight' has shape [314, 256]; the hyperparameters say "
-                                         "[314, 128]"),  # 314: the tiny gpt2 vocabulary's size
+    ("llama.feed_forward_length", ARR, [512, 512, 512], ("feed_forward_length has 3 entries; expected one per "
+                                                         "layer (block_count = 2)")),
+    ("llama.embedding_length", U32, 128, ("tensor 'token_embd.weight' has shape [314, 256]; the hyperparameters "
+                                          "say [314, 128]")),  # 314: the tiny gpt2 vocabulary's size
     ("llama.feed_forward_length", U32, 1024, "tensor 'blk.0.ffn_gate.weight' has shape [512, 256]"),
 ])
 def test_bad_hyperparameter(base, tmp_path, key, vtype, value, expected):
@@ -134,7 +134,8 @@ def test_offset_near_two_to_the_64(base, tmp_path, offset, expected):
 def test_overlapping_tensor_data(base, tmp_path):
     first = base.tensor("blk.0.attn_norm.weight").offset
     message = problem_of(with_tensor(base, "blk.0.attn_q.weight", offset=first), tmp_path)
-    assert "tensor 'blk.0.attn_q.weight' data (offset" in message and "overlaps tensor 'blk.0.attn_norm.weight'" in message
+    assert "tensor 'blk.0.attn_q.weight' data (offset" in message
+    assert "overlaps tensor 'blk.0.attn_norm.weight'" in message
 
 
 def test_misaligned_tensor_data(base, tmp_path):

@@ -123,8 +123,8 @@ def ensure_loadable(path: str | os.PathLike) -> None:
 def run_probe(path: Path) -> None:
     """Load ``path`` and decode one token in a child process; raise one line on anything but success."""
     try:
-        done = subprocess.run([sys.executable, "-c", PROBE_SCRIPT, str(path)], capture_output=True, text=True,
-                              errors="replace", timeout=PROBE_TIMEOUT_S, stdin=subprocess.DEVNULL,
+        done = subprocess.run([sys.executable, "-c", PROBE_SCRIPT, str(path)], check=False, capture_output=True,
+                              text=True, errors="replace", timeout=PROBE_TIMEOUT_S, stdin=subprocess.DEVNULL,
                               env={**os.environ, "GGML_NO_BACKTRACE": "1"})  # ggml's backtrace costs seconds
     except subprocess.TimeoutExpired:
         raise GGUFParityError(f"{path}: llama.cpp did not load this file within {PROBE_TIMEOUT_S:.0f} s") from None
