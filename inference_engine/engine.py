@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from inference_engine.backends import get_backend
+from inference_engine.backends import numerics as nx
 from inference_engine.backends.base import check_kv_type
 from inference_engine.errors import GGUFParityError
 from inference_engine.gguf_file import GGUFFile, open_gguf
@@ -100,6 +101,7 @@ class OurEngine:
             "backend": self.backend.name,
             "backend_description": self.backend.description,
             "numerics": self.numerics,
+            "ggml_simd": nx.ggml_simd() if self.numerics == "ggml" else None,
             "kv_type": self.kv_type,
             "threads": self.n_threads,
             "versions": self.versions(),

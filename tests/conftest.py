@@ -5,7 +5,9 @@
 user-error tests need. Parametrize over ``ARCHITECTURES`` and ``TENSOR_TYPES``, imported from
 ``fixtures.tiny_models`` (pytest puts ``tests/`` on ``sys.path`` because ``tests/`` has no ``__init__.py``).
 
-Real-model tests are marked ``@pytest.mark.slow``; deselect them with ``-m "not slow"``.
+Real-model tests are marked ``@pytest.mark.slow``; deselect them with ``-m "not slow"``. Minutes-long tests (the
+1.5B model, long contexts) are also marked ``@pytest.mark.heavy`` and are skipped unless the ``-m`` expression names
+``heavy`` (``python -m pytest -m heavy``), so the README's test command stays well inside CI's time.
 """
 
 from __future__ import annotations
@@ -29,6 +31,15 @@ from fixtures.tiny_models import (  # noqa: F401  (ARCHITECTURES, TENSOR_TYPES: 
 # file; the suite loads hundreds of tiny fixtures that our own writer made, so it skips the child (validation still
 # runs). tests/validation/test_llamacpp_probe.py tests the child with the switch on.
 os.environ.setdefault("GGUF_PARITY_PROBE", "off")
+
+
+def pytest_collection_modifyitems(config, items):
+    if "heavy" in (config.option.markexpr or ""):
+        return
+    skip = pytest.mark.skip(reason="minutes-long (heavy): run with python -m pytest -m heavy")
+    for item in items:
+        if "heavy" in item.keywords:
+            item.add_marker(skip)
 
 
 @pytest.fixture(scope="session")

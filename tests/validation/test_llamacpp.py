@@ -406,3 +406,24 @@ def test_gemma3_capture_extras():
         np.testing.assert_array_equal(cap["sa_out-1"], cap["attn_post_norm-1"] + cap["l_out-0"])
         logits = gemma.prefill(ids)
         np.testing.assert_allclose(cap["result_output"][-1], logits, rtol=0, atol=CAPTURE_VS_RUN_LOGIT_ATOL)
+
+
+@pytest.mark.parametrize(
+    "system_info, flavour",
+    [
+        ("CPU : SSE3 = 1 | AVX = 1 | AVX2 = 1 | F16C = 1 | FMA = 1 | REPACK = 1 | ", "avx2"),
+        ("CPU : AVX2 = 1 | AVX512 = 1 | AVX512_VNNI = 1 | AMX_INT8 = 1 | ", "avx512"),
+        ("CPU : NEON = 1 | ARM_FMA = 1 | DOTPROD = 1 | ", "neon"),
+        ("CPU : SSE3 = 1 | ", "avx2"),
+    ],
+)
+def test_simd_flavour_is_read_from_llamacpps_build(monkeypatch, system_info, flavour):
+    """The flavour our ggml-numerics emulation follows comes from how llama.cpp was compiled, not from this CPU."""
+    from validation.llamacpp import library
+
+    monkeypatch.setattr(library.ll, "llama_print_system_info", lambda: system_info.encode())
+    library.simd_flavour.cache_clear()
+    try:
+        assert library.simd_flavour() == flavour
+    finally:
+        library.simd_flavour.cache_clear()

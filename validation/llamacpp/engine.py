@@ -39,6 +39,7 @@ import numpy as np
 from gguf import LlamaFileType
 from llama_cpp import llama_cpp as ll
 
+from inference_engine.backends.numerics import set_ggml_simd
 from inference_engine.errors import GGUFParityError
 from inference_engine.gguf_file import GGUF_MAGIC, GGUFFile, open_gguf, sha256_of_file
 from validation.ggml_ctypes import check_layout
@@ -51,6 +52,7 @@ from validation.llamacpp.library import (
     raise_if_interrupted,
     recent_log,
     set_llama_logging,
+    simd_flavour,
 )
 from validation.llamacpp.probe import ensure_loadable
 
@@ -139,6 +141,8 @@ class LlamaCppEngine:
         t0 = time.perf_counter()
         set_llama_logging(verbose)
         init_backend()
+        # Our ggml-numerics emulation follows the SIMD flavour this llama.cpp build runs (exp / SiLU last bits).
+        set_ggml_simd(simd_flavour())
         check_layout()
         check_model_path(self.path)
         ensure_loadable(self.path)  # our validation, then llama.cpp's first load in a child (cached per file)
