@@ -145,6 +145,7 @@ class GGUFFile:
         self.path = Path(path)
         self.problems: list[str] = []
         self.unsupported: list[str] = []  # strict=False only: the problems that are our engine's limits
+        self.structure_problems: list[str] = []  # strict=False only: tensor table and metadata problems
         _check_path(self.path)
         try:
             self.reader = FastGGUFReader(self.path, "r", problems=None if strict else self.problems)
@@ -200,6 +201,7 @@ class GGUFFile:
                                         f"{supported_type_names()}")
             shape = tuple(int(d) for d in reversed(t.shape.tolist()))
             self.tensors[t.name] = TensorInfo(t.name, qtype, shape, int(t.n_bytes), t.data)
+        self.structure_problems = list(self.problems)  # what every reader of the file must refuse
         if self.architecture in SUPPORTED_ARCHITECTURES:
             self.problems += gguf_validate.model_problems(self)[0]
         self.problems += self.unsupported
