@@ -137,8 +137,11 @@ def tensor_table_problems(entries: list[TensorEntry], data_start: int, alignment
             elif entry.offset < expected and prev is not None:
                 problem = f"{where} data (offset {entry.offset}) overlaps tensor '{prev.name}' (ends at {expected})"
             elif entry.offset != expected:
+                before = (f"; tensor '{prev.name}' before it holds more data than its type "
+                          f"{GGMLQuantizationType(prev.type_id).name} and shape {list(prev.dims)} declare"
+                          if prev is not None else "")
                 problem = (f"{where} data starts at offset {entry.offset}, expected {expected} (tensors are packed "
-                           f"in order; the previous tensor's data is larger than its type and shape declare)")
+                           f"in order{before})")
             expected = max(expected, entry.offset + _pad(nbytes, alignment))
             prev = entry
         if problem is not None:
