@@ -201,8 +201,14 @@ INTEGER_ARRAY_KEYS = ("tokenizer.ggml.token_type",)
 NUMBER_ARRAY_KEYS = ("tokenizer.ggml.scores",)
 
 
-def metadata_problems(reader: Any) -> list[str]:
-    """Strings that do not decode (key and byte offset named), and fixed-type keys of the wrong type."""
+# The vocabulary's string arrays: decoded (and their UTF-8 checked, the bad item named) by the tokenizer when it is
+# built, so a plain open does not decode Gemma 3's 262,144 tokens twice. inspect and the llama.cpp gate check them.
+VOCAB_STRING_KEYS = ("tokenizer.ggml.tokens", "tokenizer.ggml.merges")
+
+
+def metadata_problems(reader: Any, skip_strings: tuple[str, ...] = ()) -> list[str]:
+    """Strings that do not decode (key and byte offset named; not checked for ``skip_strings``), and fixed-type keys
+    of the wrong type."""
     problems: list[str] = []
     base = _base_address(reader)
     for key, field in reader.fields.items():
@@ -211,8 +217,9 @@ def metadata_problems(reader: Any) -> list[str]:
         types = list(field.types)
         if not types:
             continue
-        if types[0] == GGUFValueType.STRING or types[:2] == [GGUFValueType.ARRAY, GGUFValueType.STRING]:
-            problem = _first_bad_string(key, field, types[0] == GGUFValueType.ARRAY, base)
+        is_string = types[0] == GGUFValueType.STRING or types[:2] == [GGUFValueType.ARRAY, GGUFValueType.STRING]
+        if is_string and key not in skip_strings:
+            problem = first_bad_string(key, field, types[0] == GGUFValueType.ARRAY, base)
             if problem:
                 problems.append(problem)
         expected = _expected_type(key)
@@ -221,7 +228,7 @@ def metadata_problems(reader: Any) -> list[str]:
     return problems
 
 
-def _first_bad_string(key: str, field: Any, is_array: bool, base: int) -> str | None:
+def first_bad_string(key: str, field: Any, is_array: bool, base: int) -> str | None:
     """The first string of ``field`` that is not UTF-8, named with its index and file offset; else None.
 
     One decode of all strings joined by NUL (an ASCII byte ends any multi-byte sequence, so no invalid string can
@@ -268,6 +275,12 @@ def _type_text(types: list[GGUFValueType]) -> str:
     if types and types[0] == GGUFValueType.ARRAY:
         return f"an array of {types[1].name.lower()}" if len(types) > 1 else "an empty array"
     return types[0].name.lower() if types else "nothing"
+
+
+def string_array_problem(reader: Any, key: str) -> str | None:
+    """The first item of the string array ``key`` that is not UTF-8, named with its index and offset; else None."""
+    field = reader.fields.get(key)
+    return None if field is None else first_bad_string(key, field, True, _base_address(reader))
 
 
 def _address(part: np.ndarray) -> int:

@@ -3,6 +3,8 @@ one line naming the key or tensor, as a GGUFParityError (exit 2), before any wei
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from fixtures.hostile_gguf import Layout, parse_layout, write_layout
 from gguf import GGMLQuantizationType
@@ -12,7 +14,8 @@ from bench_compare.cli import main
 from inference_engine.engine import OurEngine
 from inference_engine.errors import GGUFParityError
 from inference_engine.gguf_file import open_gguf
-from inference_engine.gguf_validate import check_model
+from inference_engine.gguf_validate import check_model, check_reference_file
+from inference_engine.tokenizer import GGUFTokenizer
 
 U32, I32, STR, ARR = T.UINT32, T.INT32, T.STRING, T.ARRAY
 
@@ -79,12 +82,20 @@ def test_invalid_utf8_in_a_string_key(base, tmp_path, key):
         open_gguf(write_layout(layout, tmp_path / "bad.gguf"))
 
 
-def test_invalid_utf8_in_a_token(base, tmp_path):
-    tokens = list(base.kv("tokenizer.ggml.tokens").value)
-    tokens[7] = b"\xc3\x28"
-    layout = base.set("tokenizer.ggml.tokens", ARR, tokens, STR)
-    with pytest.raises(GGUFParityError, match=r"tokenizer.ggml.tokens item 7 is not valid UTF-8"):
-        open_gguf(write_layout(layout, tmp_path / "bad.gguf"))
+@pytest.mark.parametrize("key", ["tokenizer.ggml.tokens", "tokenizer.ggml.merges"])
+def test_invalid_utf8_in_a_token_or_merge(base, tmp_path, capsys, key):
+    """The vocabulary's strings are checked where they are decoded (the tokenizer: one decode of 262k tokens, not
+    two), by inspect, and before llama.cpp loads the file; each names the item."""
+    items = list(base.kv(key).value)
+    items[7] = b"\xc3\x28"
+    path = write_layout(base.set(key, ARR, items, STR), tmp_path / "bad.gguf")
+    expected = rf"{key} item 7 is not valid UTF-8 \(at byte offset \d+ of the file\)"
+    with pytest.raises(GGUFParityError, match=expected):
+        GGUFTokenizer.from_gguf(open_gguf(path))
+    with pytest.raises(GGUFParityError, match=expected):
+        check_reference_file(path)
+    assert main(["inspect", str(path)]) == 2
+    assert re.search(expected, capsys.readouterr().out)
 
 
 @pytest.mark.parametrize("key, vtype, value, expected", [
