@@ -14,6 +14,9 @@ import click
 from inference_engine.errors import CheckFailed, GGUFParityError
 from inference_engine.registries import Registry
 
+# click >= 8.2 raises this for a group called without a command; older versions print the help themselves.
+_NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())
+
 # command name -> "module:attribute"
 COMMANDS: dict[str, str] = {
     "models": "bench_compare.cmd_models:models",
@@ -63,8 +66,11 @@ def cli() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     try:
-        # With standalone_mode=False, click returns a command's ctx.exit(code) as the return value.
-        returned = cli.main(args=argv, prog_name="bench-compare", standalone_mode=False)
+        # click's own main() would print a blank line on Ctrl-C before its Abort; parse and invoke directly so
+        # that an interrupt is the one line below. A command's ctx.exit(code) arrives as click.exceptions.Exit.
+        args = list(sys.argv[1:] if argv is None else argv)
+        with cli.make_context("bench-compare", args) as ctx:
+            returned = cli.invoke(ctx)
     except (GGUFParityError, CheckFailed) as exc:  # exit 2 (bad input) or 1 (a check failed)
         click.echo(f"error: {exc}", err=True)
         return exc.exit_code
@@ -74,12 +80,29 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         click.echo("interrupted", err=True)
         return 130
+    except _NO_ARGS_IS_HELP as exc:  # bare `bench-compare`: the help text, as click shows it
+        exc.show()
+        return exc.exit_code
+    except click.UsageError as exc:  # one line, not click's usage + hint + error block
+        click.echo(f"error: {usage_error_line(exc)}", err=True)
+        return exc.exit_code
     except click.ClickException as exc:
         exc.show()
         return exc.exit_code
     except click.exceptions.Exit as exc:
         return exc.exit_code
     return returned if isinstance(returned, int) else 0
+
+
+def usage_error_line(exc: click.UsageError) -> str:
+    """``--seed must be at least 0, got -1`` for a bad value (the flag first), Click's own text otherwise."""
+    param = getattr(exc, "param", None)
+    if isinstance(exc, click.BadParameter) and param is not None and getattr(param, "opts", None):
+        flag = next((o for o in param.opts if o.startswith("--")), param.opts[0])
+        if isinstance(param, click.Argument):
+            flag = param.human_readable_name
+        return " ".join(f"{flag} {exc.message}".split())
+    return " ".join(exc.format_message().split())
 
 
 def entry_point() -> None:

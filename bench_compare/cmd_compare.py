@@ -14,9 +14,9 @@ from bench_compare.cmd_bench import parse_positive_int
 from bench_compare.measure import DEFAULT_SEED
 from bench_compare.results import REFERENCE_ENGINE
 from inference_engine.backends import BACKENDS
-from inference_engine.errors import GGUFParityError
 from inference_engine.registries import numerics_help
 from inference_engine.model_cache import DEFAULT_MODEL
+from bench_compare.options import Number, OutputFile, ReportDir
 
 
 def _reps(text: str, quick: bool) -> int:
@@ -52,23 +52,22 @@ def _optional_int(text: str | None, flag: str, minimum: int) -> int | None:
 @click.option("--quick", is_flag=True,
               help=f"Small fixed preset for CI: -p {compare_run.QUICK_SIZES[0]} -n {compare_run.QUICK_SIZES[1]} "
                    f"-d {compare_run.QUICK_SIZES[2]} -r {compare_run.QUICK_REPS}, one cold run.")
-@click.option("--budget", metavar="SECONDS", default=str(compare_run.DEFAULT_BUDGET_S), show_default=True,
+@click.option("--budget", metavar="SECONDS", default=compare_run.DEFAULT_BUDGET_S, show_default=True,
+              type=Number(0.0, lo_open=True),
               help="Seconds the measurements may take when -p/-n/-d are not all given.")
 @click.option("--prompt", metavar="TEXT", default=None,
               help="Text prompt for TTFT (default: a built-in ~110-token paragraph).")
 @click.option("--seed", metavar="N", default=str(DEFAULT_SEED), show_default=True)
-@click.option("--json", "json_path", metavar="PATH", default=None, help="Write the result JSON here.")
-@click.option("--report", "report_dir", metavar="DIR", default=None,
+@click.option("--json", "json_path", metavar="PATH", default=None, type=OutputFile(),
+              help="Write the result JSON here.")
+@click.option("--report", "report_dir", metavar="DIR", default=None, type=ReportDir(empty=False),
               help="Write report.md + ratios.png (+ compare.json) here.")
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Progress bar on stderr.")
 def compare(model, backend, engine, engine_opts, numerics, n_prompt, n_gen, n_depth, reps, threads, cold_reps, no_cold, quick, budget,
             prompt, seed, json_path, report_dir, progress) -> None:
     """Benchmark our engine and llama.cpp side by side, interleaved: pp, tg, tg @ depth, hot and cold TTFT and
     peak RSS, with ratios (higher is better for ours)."""
-    try:
-        budget_s = float(budget)
-    except ValueError:
-        raise GGUFParityError(f"--budget must be a number of seconds, got '{budget}'") from None
+    budget_s = float(budget)
     cfg = compare_run.CompareConfig(
         model=model, backend=backend or engines.default_backend(), numerics=numerics, engine=engine,
         engine_opts=engines.parse_engine_opts(engine_opts),

@@ -78,6 +78,9 @@ class GGUFTokenizer:
         """Build from an open :class:`~inference_engine.gguf_file.GGUFFile` (or a path to one)."""
         if isinstance(f, (str, os.PathLike)):
             f = open_gguf(f)
+        from inference_engine.gguf_validate import check_vocab
+
+        check_vocab(f)  # token arrays of matching lengths, special ids inside the vocabulary
         return cls(read_vocab(f.reader, str(f.path)))
 
     # --- attributes -------------------------------------------------------------------------------------------

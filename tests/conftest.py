@@ -12,6 +12,7 @@ Real-model tests are marked ``@pytest.mark.slow``; deselect them with ``-m "not 
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,11 @@ from fixtures.tiny_models import (  # noqa: F401  (ARCHITECTURES, TENSOR_TYPES: 
     write_unknown_arch_model,
     write_unsupported_type_model,
 )
+
+# llama.cpp's first load of each file runs in a child process (validation/llamacpp/probe.py), about a second per new
+# file; the suite loads hundreds of tiny fixtures that our own writer made, so it skips the child (validation still
+# runs). tests/validation/test_llamacpp_probe.py tests the child with the switch on.
+os.environ.setdefault("GGUF_PARITY_PROBE", "off")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -11,6 +11,7 @@ from inference_engine.gguf_file import (
     GGUFFile,
     supported_type_names,
 )
+from inference_engine.gguf_validate import check_model
 from inference_engine.models.base import Model
 from inference_engine.registries import Registry
 
@@ -46,6 +47,8 @@ def check_runnable(f: GGUFFile) -> None:
 
 
 def build_model(f: GGUFFile, backend: Backend) -> Model:
-    """The model for ``f``'s architecture with every weight loaded through ``backend``."""
+    """The model for ``f``'s architecture with every weight loaded through ``backend`` (the run policy, then
+    hyperparameters, shapes and vocabulary validated first: :func:`inference_engine.gguf_validate.check_model`)."""
     check_runnable(f)
+    check_model(f)
     return model_class(f.architecture)(f, backend)

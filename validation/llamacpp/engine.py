@@ -49,10 +49,12 @@ from validation.llamacpp.library import (
     clear_log,
     init_backend,
     last_error,
+    raise_if_interrupted,
     recent_log,
     set_llama_logging,
     simd_flavour,
 )
+from validation.llamacpp.probe import ensure_loadable
 
 KV_TYPES: dict[str, int] = {"f32": ll.GGML_TYPE_F32, "f16": ll.GGML_TYPE_F16}
 FLASH_ATTN: dict[str, int] = {
@@ -143,10 +145,12 @@ class LlamaCppEngine:
         set_ggml_simd(simd_flavour())
         check_layout()
         check_model_path(self.path)
+        ensure_loadable(self.path)  # our validation, then llama.cpp's first load in a child (cached per file)
         params = ll.llama_model_default_params()
         params.use_extra_bufts = self.extra_bufts
         clear_log()
         self._model = ll.llama_model_load_from_file(str(self.path).encode(), params)
+        raise_if_interrupted()
         if not self._model:
             open_gguf(self.path)  # our reader's one-line reason (truncated file, bad tensor type...) where it has one
             reason = last_error() or "see its log with verbose=True"
@@ -178,6 +182,12 @@ class LlamaCppEngine:
             p.cb_eval = recorder.callback
             p.cb_eval_user_data = None
         ctx = ll.llama_init_from_model(self._model, p)
+        if ctx:
+            try:
+                raise_if_interrupted()
+            except KeyboardInterrupt:
+                ll.llama_free(ctx)
+                raise
         if not ctx:
             raise GGUFParityError(
                 f"{self.path}: llama.cpp could not create a context (n_ctx={n_ctx}, n_batch={n_batch}, "
