@@ -57,10 +57,34 @@ def _optional_int(text: str | None, flag: str, minimum: int) -> int | None:
 @click.option("--report", "report_dir", metavar="DIR", default=None,
               help="Write report.md + ratios.png (+ compare.json) here.")
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Progress bar on stderr.")
+@click.option("--engine", "engine_spec", metavar="SPEC", default=None,
+              help="An HTTP engine: openai:http://HOST:PORT/v1 (any OpenAI-compatible server) or llamacpp-server "
+                   "(llama.cpp's, started here); -p/-n/-d then take comma lists.")
+@click.option("--engine-opt", "engine_opts", metavar="KEY=VALUE", multiple=True,
+              help="Option for the engine, e.g. model_name=NAME, api_key=KEY, read_timeout=S (repeatable).")
+@click.option("--against", metavar="REF", default="llamacpp-server", show_default=True,
+              help="HTTP engines only: llamacpp-server (started here) | llamacpp (in-process) | none.")
+@click.option("--concurrency", metavar="LIST", default="1", show_default=True,
+              help="HTTP engines only: concurrent clients per sweep level, e.g. 1,4,16.")
+@click.option("--warmup", metavar="N", default="2", show_default=True, help="HTTP engines only: warm-up requests.")
+@click.option("--requests-per-client", metavar="N", default="2", show_default=True,
+              help="HTTP engines only: requests each client sends per concurrency level.")
+@click.option("-c", "n_ctx", metavar="N", default="2048", show_default=True,
+              help="HTTP engines only: context of the llama.cpp server / in-process reference.")
 def compare(model, backend, numerics, n_prompt, n_gen, n_depth, reps, threads, cold_reps, no_cold, quick, budget,
-            prompt, seed, json_path, report_dir, progress) -> None:
+            prompt, seed, json_path, report_dir, progress, engine_spec, engine_opts, against, concurrency, warmup,
+            requests_per_client, n_ctx) -> None:
     """Benchmark our engine and llama.cpp side by side, interleaved: pp, tg, tg @ depth, hot and cold TTFT and
-    peak RSS, with ratios (higher is better for ours)."""
+    peak RSS, with ratios (higher is better for ours). With --engine openai:URL: a serving benchmark over HTTP."""
+    from bench_compare.adapters import http_cli
+
+    if http_cli.is_http_spec(engine_spec):
+        return _http_compare(http_cli, engine_spec, engine_opts, against, model, threads, n_ctx, n_prompt, n_gen,
+                             n_depth, reps, concurrency, warmup, requests_per_client, seed, json_path, report_dir,
+                             progress, quick)
+    if engine_spec is not None:
+        raise GGUFParityError(f"compare --engine takes an HTTP engine (openai:URL, llamacpp-server), got "
+                              f"'{engine_spec}'; our engine is chosen with --backend")
     try:
         budget_s = float(budget)
     except ValueError:
@@ -124,6 +148,26 @@ def compare(model, backend, numerics, n_prompt, n_gen, n_depth, reps, threads, c
         atomic_write_json(out / "compare.json", result)
         loaded = report.load_result(out / "compare.json")
         click.echo(f"report: {report.write_report([loaded], out)}")
+
+
+def _http_compare(http_cli, engine_spec, engine_opts, against, model, threads, n_ctx, n_prompt, n_gen, n_depth,
+                  reps, concurrency, warmup, requests_per_client, seed, json_path, report_dir, progress, quick):
+    from bench_compare.adapters.http_bench import HttpBenchConfig
+
+    quick_sizes = ([64], [16], [0]) if quick else ([512], [128], [0])
+    cfg = HttpBenchConfig(
+        n_prompt=http_cli.parse_int_list(n_prompt, "-p", quick_sizes[0], 1),
+        n_gen=http_cli.parse_int_list(n_gen, "-n", quick_sizes[1], 1),
+        depths=http_cli.parse_int_list(n_depth, "-d", quick_sizes[2], 0),
+        concurrency=http_cli.parse_int_list(concurrency, "--concurrency", [1], 1),
+        reps=parse_positive_int(reps, "-r"), warmup=parse_positive_int(warmup, "--warmup", 0),
+        requests_per_client=parse_positive_int(requests_per_client, "--requests-per-client"),
+        seed=parse_positive_int(seed, "--seed", 0),
+    )
+    http_cli.run_compare(engine_spec=engine_spec, against=against, model=model,
+                         threads=_optional_int(threads, "-t", 1), n_ctx=parse_positive_int(n_ctx, "-c"),
+                         options=http_cli.parse_engine_opts(engine_opts), cfg=cfg, json_path=json_path,
+                         report_dir=report_dir, progress=progress)
 
 
 def _partial_result(session: compare_run.CompareSession) -> dict:

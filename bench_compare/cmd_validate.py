@@ -41,9 +41,30 @@ class ValidationFailed(GGUFParityError):
 @click.option("--json", "json_path", default=None, metavar="PATH", help="Also write the result JSON here.")
 @click.option("--report", "report_dir", default=None, metavar="DIR",
               help="Report directory (default: reports/validate/<model>-<backend>-<numerics>-<timestamp>/).")
+@click.option("--engine", "engine_spec", metavar="SPEC", default=None,
+              help="An HTTP engine: openai:http://HOST:PORT/v1 or llamacpp-server; compared with llama.cpp "
+                   "in-process on top-k log-probabilities (no tensors over HTTP).")
+@click.option("--engine-opt", "engine_opts", metavar="KEY=VALUE", multiple=True,
+              help="Option for the engine, e.g. model_name=NAME, api_key=KEY (repeatable).")
+@click.option("--top-k", "top_k", default=5, show_default=True, type=int,
+              help="HTTP engines: log-probabilities per position to compare.")
 def validate(model, backend, numerics, prompt, against, logit_lens, corpus, smoke_tokens, threads, free_running,
-             json_path, report_dir) -> None:
+             json_path, report_dir, engine_spec, engine_opts, top_k) -> None:
     """Diff our engine against a reference tensor by tensor; exit 0 pass, 1 fail, 2 bad input."""
+    from bench_compare.adapters import http_cli
+
+    if engine_spec is not None:
+        if not http_cli.is_http_spec(engine_spec):
+            raise GGUFParityError(f"validate --engine takes an HTTP engine (openai:URL, llamacpp-server), got "
+                                  f"'{engine_spec}'; our engine is chosen with --backend")
+        result = http_cli.run_validate(engine_spec=engine_spec, model=model, prompt=prompt, threads=threads,
+                                       n_tokens=smoke_tokens, top_k=top_k,
+                                       options=http_cli.parse_engine_opts(engine_opts), json_path=json_path,
+                                       report_dir=report_dir)
+        if not result["passed"]:
+            failed = [name for name, ok in result["checks"].items() if not ok]
+            raise ValidationFailed(f"HTTP validation failed: {', '.join(failed)}")
+        return
     from validation.report import check_report_target, default_report_dir, print_result, write_json, write_report_dir
     from validation.run import ValidateOptions
     from validation.run import validate as run_validate

@@ -24,6 +24,14 @@ OUR_BACKENDS = ("numpy", "numba", "mlx")
 ENGINE_CHOICES = tuple(f"ours:{b}" for b in OUR_BACKENDS) + ("llamacpp",)
 NUMERICS_CHOICES = ("f32", "ggml")
 
+# Engines behind a spec scheme (the text before the first ':'): scheme -> "module:factory". A factory is called as
+# ``open_engine(target, model, **options)`` (target: the text after the first ':'; options: n_threads, n_ctx,
+# numerics, n_batch and the user's --engine-opt KEY=VALUE pairs; a factory ignores what it does not use).
+ENGINE_SCHEMES: dict[str, str] = {
+    "openai": "bench_compare.adapters.openai_http:open_engine",
+    "llamacpp-server": "bench_compare.adapters.llamacpp_server:open_engine",
+}
+
 # llama-bench defaults (cmd_params_defaults in llama-bench.cpp): type_k = type_v = F16, flash_attn = AUTO.
 LLAMA_BENCH_KV_TYPE = "f16"
 LLAMA_BENCH_FLASH_ATTN = "auto"  # resolves to enabled on the CPU backend
@@ -41,11 +49,13 @@ _BACKEND_MODULES = {
 
 @dataclass(frozen=True)
 class EngineSpec:
-    kind: str  # "ours" | "llamacpp"
-    backend: str | None = None
+    kind: str  # "ours" | "llamacpp" | a key of ENGINE_SCHEMES
+    backend: str | None = None  # our backend, or the target after "scheme:"
 
     @property
     def name(self) -> str:
+        if self.kind in ENGINE_SCHEMES:
+            return f"{self.kind}:{self.backend}" if self.backend else self.kind
         return f"ours:{self.backend}" if self.kind == "ours" else "llamacpp"
 
     @property
@@ -66,7 +76,11 @@ def parse_engine_spec(text: str) -> EngineSpec:
         backend = value.split(":", 1)[1]
         if backend in OUR_BACKENDS:
             return EngineSpec("ours", backend)
-    raise GGUFParityError(f"unknown engine '{text}'; choose one of: {', '.join(ENGINE_CHOICES)}")
+    scheme, _, target = (text or "").strip().partition(":")
+    if scheme.lower() in ENGINE_SCHEMES:
+        return EngineSpec(scheme.lower(), target or None)
+    raise GGUFParityError(f"unknown engine '{text}'; choose one of: {', '.join(ENGINE_CHOICES)}, "
+                          "openai:URL, llamacpp-server")
 
 
 def check_numerics(numerics: str) -> str:
@@ -122,11 +136,17 @@ def engine_settings(spec: EngineSpec, *, n_threads: int | None, n_ctx: int, nume
 
 
 def make_engine(spec: EngineSpec | str, model: str | Path, *, n_threads: int | None = None, n_ctx: int = 2048,
-                numerics: str = "f32", n_batch: int = LLAMA_BENCH_N_BATCH):
-    """Construct the engine ``spec`` on ``model`` (a named model or a path). ``n_threads=None``: engine default."""
+                numerics: str = "f32", n_batch: int = LLAMA_BENCH_N_BATCH, **options):
+    """Construct the engine ``spec`` on ``model`` (a named model or a path). ``n_threads=None``: engine default.
+    ``options`` (--engine-opt pairs) go to a scheme's factory (ENGINE_SCHEMES) and are ignored otherwise."""
     if isinstance(spec, str):
         spec = parse_engine_spec(spec)
     check_numerics(numerics)
+    if spec.kind in ENGINE_SCHEMES:
+        module_name, factory = ENGINE_SCHEMES[spec.kind].split(":")
+        module = _import(module_name, f"engine '{spec.kind}' ({module_name})")
+        return getattr(module, factory)(spec.backend or "", str(model), n_threads=n_threads, n_ctx=n_ctx,
+                                        numerics=numerics, n_batch=n_batch, **options)
     from inference_engine.registry import resolve_model
 
     path = resolve_model(str(model), progress=False)
