@@ -109,9 +109,9 @@ def _send_prompt(engine, ids: list[int], add_bos: bool, max_tokens: int, k: int,
             state["prompt_as"] = "token ids"
             return data
         except GGUFParityError as exc:
-            if " HTTP 4" not in str(exc) or state.get("prompt_as") == "token ids":
-                raise
-            state["token_ids_refused"] = str(exc)
+            if " HTTP " not in str(exc) or state.get("prompt_as") == "token ids":
+                raise  # not a refusal of the request (down, timeout, malformed answer)
+            state["token_ids_refused"] = str(exc)[:120]
     text = check_text_round_trip(engine.tokenizer, ids, add_bos)
     state["prompt_as"] = "text (checked to tokenize to the same ids)"
     return engine.client.complete({**body, "prompt": text})
@@ -181,47 +181,54 @@ def run_http_fidelity(engine, reference, prompt: str, *, n_tokens: int = DEFAULT
 
 
 def _echo_positions(engine, reference, ids, add_bos, top_k, state, positions) -> dict[str, Any]:
-    n_gen = 4  # generated entries to verify the alignment on
+    n_gen = 4  # greedy tokens requested with the echo, to verify the alignment on
     try:
         data = _send_prompt(engine, ids, add_bos, n_gen, top_k, True, state)
     except GGUFParityError as exc:
-        return {"compared": 0, "note": f"echo request failed: {exc}"}
+        return {"compared": 0, "alignment": "unverified", "note": f"echo request failed: {exc}"}
     lp = data["choices"][0].get("logprobs") or {}
     tops = lp.get("top_logprobs") or []
     tokens = [str(t) for t in lp.get("tokens") or []]
-    if len(tops) != len(tokens) or len(tokens) < n_gen + 1:
-        return {"compared": 0, "note": "echo response has no per-token entries for the prompt"}
-    n_prompt_entries = len(tokens) - n_gen
-    first = len(tokens) - n_gen  # index of the first generated entry
+    texts = [_token_text(engine.tokenizer, t) for t in ids]
+    # Where the echoed entries start in the sequence: servers drop a leading BOS or keep it.
+    offset = next((off for off in (0, 1) if len(tokens) > len(ids) - off
+                   and tokens[: len(ids) - off] == texts[off:]), None)
+    if offset is None or len(tops) != len(tokens):
+        return {"compared": 0, "alignment": "unverified",
+                "note": "the echoed tokens do not spell the prompt's tokens; prompt positions not compared"}
+    first = len(ids) - offset  # entry index of the first generated token
+    generated = range(first, len(tokens))
+
     def top1(i):
         t = _server_topk(tops[i], 1)
         return None if not t else next(iter(t))
-    aligned = all(top1(i) == tokens[i] for i in range(first, len(tokens)))
-    shifted = all(top1(i - 1) == tokens[i] for i in range(first, len(tokens)))
+
+    aligned = all(top1(i) == tokens[i] for i in generated)
+    shifted = all(top1(i - 1) == tokens[i] for i in generated)
     if aligned == shifted:
         return {"compared": 0, "alignment": "unverified",
-                "note": "the server's echo log-probabilities line up with neither its own greedy tokens nor the "
-                        "next ones; prompt positions not compared"}
+                "note": "the server's echo log-probabilities line up neither with its own greedy tokens nor with "
+                        "the next ones; prompt positions not compared"}
     shift = 0 if aligned else 1
-    offset = len(ids) - n_prompt_entries  # sequence index of the token of entry 0 (a dropped BOS)
     reference.capture(ids, names=["result_output"])
     ref_logits = reference.capture_logits()
     compared = 0
-    for i in range(n_prompt_entries):
+    for i in range(first):
         predicted = offset + i + shift  # sequence index of the token this entry's distribution predicts
-        if predicted < 1 or predicted >= len(ids) or tops[i] is None:
-            continue  # the first token has no prediction; entries past the prompt belong to generation
+        if predicted < 1 or predicted >= len(ids):
+            continue  # the first token has no prediction; the last prompt entry (shifted) predicts generation
         server_top = _server_topk(tops[i], top_k)
         if server_top is None:
-            continue
-        row = compare_position(server_top, reference_topk(engine.tokenizer, _log_softmax(ref_logits[predicted - 1]),
-                                                          top_k), top_k)
+            continue  # the API leaves the first entry empty
+        ref_top = reference_topk(engine.tokenizer, _log_softmax(ref_logits[predicted - 1]), top_k)
+        row = compare_position(server_top, ref_top, top_k)
         row.update({"where": "prompt", "index": predicted})
         positions.append(row)
         compared += 1
-    note = ("aligned: each entry is the distribution for its own token" if shift == 0 else
-            "shifted by one: the server paired the distribution after token i with token i (llama-cpp-python "
-            "without a BOS token); realigned before comparing")
+    note = (f"aligned (verified on {len(generated)} greedy tokens): each entry is the distribution for its own "
+            "token" if shift == 0 else
+            f"shifted by one (verified on {len(generated)} greedy tokens): the server paired the distribution "
+            "after token i with token i (llama-cpp-python when the model adds no BOS token); realigned")
     return {"compared": compared, "alignment": "aligned" if shift == 0 else "shifted-by-one", "note": note}
 
 

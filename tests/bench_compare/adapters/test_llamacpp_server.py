@@ -118,3 +118,42 @@ def test_openai_client_library_against_llamacpp_server(logprob_server):
                                        temperature=0, stream=True, extra_body={"repeat_penalty": 1.0})
     text = "".join(chunk.choices[0].text for chunk in stream)
     assert text.strip()
+
+
+def test_ctrl_c_stops_the_server_the_harness_started(smollm2_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    root = Path(__file__).resolve().parents[3]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    cmd = [sys.executable, "-m", "bench_compare.cli", "compare", "--engine", "llamacpp-server", "-m",
+           str(smollm2_path), "--against", "none", "-p", "16", "-n", "64", "-r", "1000", "--warmup", "0",
+           "--no-progress", "-t", "1", "-c", "256"]
+    proc = subprocess.Popen(cmd, env=env, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    server_pid = None
+    try:
+        deadline = time.monotonic() + 120
+        while server_pid is None and time.monotonic() < deadline and proc.poll() is None:
+            for entry in Path("/proc").iterdir():
+                if entry.name.isdigit():
+                    try:
+                        stat = (entry / "stat").read_text()
+                        cmdline = (entry / "cmdline").read_bytes()
+                    except OSError:
+                        continue
+                    if (int(stat.rsplit(")", 1)[1].split()[1]) == proc.pid
+                            and b"bench_compare.adapters.llamacpp_server" in cmdline):
+                        server_pid = int(entry.name)
+            time.sleep(0.2)
+        assert server_pid is not None, "the harness did not start llama.cpp's server"
+        time.sleep(8)  # let it load the model and take requests
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    assert "interrupted" in err
+    assert not Path(f"/proc/{server_pid}").exists()
