@@ -30,8 +30,9 @@ def smollm2_path() -> Path:
     return resolve_model("smollm2-135m", progress=False)
 
 
-def _server_children() -> list[int]:
-    """Live processes started from this test process that run the harness's llama.cpp server launcher."""
+def _server_children(keep: LlamaCppServer | None = None) -> list[int]:
+    """Live processes started from this test process that run the harness's llama.cpp server launcher (other than
+    ``keep``'s, a server the test itself holds)."""
     me = os.getpid()
     found = []
     for entry in Path("/proc").iterdir():
@@ -44,6 +45,8 @@ def _server_children() -> list[int]:
             continue
         ppid = int(stat.rsplit(")", 1)[1].split()[1])
         state = stat.rsplit(")", 1)[1].split()[0]
+        if keep is not None and keep.process is not None and int(entry.name) == keep.process.pid:
+            continue
         if ppid == me and state != "Z" and "bench_compare.adapters.llamacpp_server" in cmdline:
             found.append(int(entry.name))
     return found
@@ -81,7 +84,7 @@ def test_compare_openai_against_llamacpp_server(logprob_server, smollm2_path, tm
         assert result["summary"][side]["c2"]["aggregate_tps"] > 0
     assert result["ratios"]["tg8"]["tps"] > 0
     assert any("one request at a time" in n for n in result["notes"])
-    assert not _server_children()  # the harness stopped the reference server it started
+    assert not _server_children(keep=logprob_server)  # the harness stopped the reference server it started
 
 
 def test_http_overhead_of_llamacpp_server_over_in_process(smollm2_path, tmp_path, capsys):
