@@ -165,3 +165,24 @@ def test_openai_client_library_reads_the_fake_stream(fake):
     texts = [c.choices[0].text for c in client.completions.create(model="fake-model", prompt="hi", max_tokens=3,
                                                                   stream=True)]
     assert texts == ["", " w0", " w1", " w2"]
+
+
+def test_against_llamacpp_in_process_then_report_and_gate(fake, model, tmp_path, capsys):
+    """The in-process reference side (llama.cpp on the tiny model) gives ratios; `report` renders the HTTP result,
+    appends history and gates it against itself as the baseline."""
+    pytest.importorskip("llama_cpp")
+    out = tmp_path / "http.json"
+    rc = cli.main(_compare(fake.url("ok"), model, "--against", "llamacpp", "--concurrency", "1,2", "-t", "1",
+                           "-c", "128", "--json", str(out)))
+    assert rc == 0, capsys.readouterr().err
+    result = json.loads(out.read_text())
+    assert result["sides"]["llamacpp"]["kind"] == "in-process"
+    assert "c2" not in result["summary"]["llamacpp"]  # one sequence in-process: no concurrency above 1
+    assert result["summary"]["llamacpp"]["tg4"]["output_tokens"] == 4
+    assert result["ratios"]["tg4"]["tps"] > 0 and "c2" not in result["ratios"]
+    rc = cli.main(["report", str(out), "--out", str(tmp_path / "rep"), "--history", str(tmp_path / "h.csv"),
+                   "--baseline", str(out), "--max-regression", "50"])
+    assert rc == 0, capsys.readouterr().err
+    text = (tmp_path / "rep" / "report.md").read_text()
+    assert "## HTTP compare" in text and "`tg4 tps`" in text  # the gate checked the flattened ratios
+    assert "ratio:tg4 tps" in (tmp_path / "h.csv").read_text()
