@@ -255,35 +255,35 @@ def run_http_bench(cfg: HttpBenchConfig, sides: list, prompts: PromptMaker, meas
             if level > 1 and side.kind == "in-process":
                 continue
             jobs = [(prompts.make(n_prompt, next(salt)), n_gen) for _ in range(level * cfg.requests_per_client)]
-            results, wall = _run_level(side, level, jobs, cfg.requests_per_client)
-            for (count, record) in results:
+            results, wall, error = _run_level(side, level, jobs, cfg.requests_per_client)
+            for (count, record) in results:  # kept even when another client failed
                 measured.add(side.name, RequestResult.from_record(f"c{level}", level, count, n_gen, record))
+            if error is not None:
+                raise error
             measured.level_wall_s.setdefault(side.name, {})[level] = wall
             advance(f"concurrency {level} {side.name}")
     return measured
 
 
-def _run_level(side, level: int, jobs: list, per_client: int) -> tuple[list[tuple[int, StreamRecord]], float]:
-    def client(index: int) -> list[tuple[int, StreamRecord]]:
-        done = []
+def _run_level(side, level: int, jobs: list, per_client: int):
+    """``level`` clients, each sending its share of ``jobs`` back to back. Returns (the completed requests, wall
+    seconds, the first error or None): a failing client stops itself only; the others' requests are kept."""
+    results: list[tuple[int, StreamRecord]] = []
+    errors: list[BaseException] = []
+
+    def client(index: int) -> None:
         for (text, count), n_gen in jobs[index * per_client:(index + 1) * per_client]:
-            done.append((count, side.request(text, n_gen)))
-        return done
+            try:
+                results.append((count, side.request(text, n_gen)))
+            except Exception as exc:  # noqa: BLE001 - reported by the caller after the other clients finish
+                errors.append(exc)
+                return
 
     t0 = time.perf_counter()
     with ThreadPoolExecutor(max_workers=level) as pool:
-        futures = [pool.submit(client, i) for i in range(level)]
-        results = []
-        error = None
-        for future in futures:
-            try:
-                results.extend(future.result())
-            except BaseException as exc:  # keep the other clients' results; raise the first error after
-                error = error or exc
-    wall = time.perf_counter() - t0
-    if error is not None:
-        raise error
-    return results, wall
+        for future in [pool.submit(client, i) for i in range(level)]:
+            future.result()
+    return results, time.perf_counter() - t0, (errors[0] if errors else None)
 
 
 # --- summary --------------------------------------------------------------------------------------------------------

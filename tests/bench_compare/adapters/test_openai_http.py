@@ -186,3 +186,18 @@ def test_against_llamacpp_in_process_then_report_and_gate(fake, model, tmp_path,
     text = (tmp_path / "rep" / "report.md").read_text()
     assert "## HTTP compare" in text and "`tg4 tps`" in text  # the gate checked the flattened ratios
     assert "ratio:tg4 tps" in (tmp_path / "h.csv").read_text()
+
+
+def test_bench_points_http_engines_to_compare(model, capsys):
+    rc = cli.main(["bench", "-m", model, "--engine", "openai:http://127.0.0.1:1/v1"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "compare --engine SPEC --against none" in err and err.count("\n") == 1
+
+
+def test_a_client_failing_mid_sweep_keeps_the_other_requests(fake, model, tmp_path, capsys):
+    out = tmp_path / "sweep.json"
+    # requests 1-2: pp8, tg4; 3-6: two clients x two requests at concurrency 2, of which the 5th and 6th drop
+    rc = cli.main(_compare(fake.url("fail-after-4"), model, "--concurrency", "2", "--json", str(out)))
+    assert rc == 2 and "dropped" in capsys.readouterr().err
+    requests = json.loads(out.read_text())["requests"][f"openai:{fake.url('fail-after-4')}"]
+    assert [r["test"] for r in requests] == ["pp8", "tg4", "c2", "c2"]
