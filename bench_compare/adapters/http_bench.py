@@ -376,7 +376,8 @@ def _ms_p(stat: dict, key: str) -> str:
 
 
 def markdown(result: dict[str, Any]) -> str:
-    lines = [f"# HTTP compare: {result['engine']}" + (f" vs {result['reference']}" if result.get("reference") else ""),
+    vs = f" vs {result['reference']}" if result.get("reference") else ""
+    lines = [f"# HTTP compare: {result['engine']}{vs}",
              ""]
     if not result.get("complete", True):
         lines += [f"**Incomplete**: {result.get('error')}. What was measured before is below.", ""]
@@ -402,7 +403,8 @@ def markdown(result: dict[str, Any]) -> str:
     if result.get("ratios"):
         lines += ["", f"Ratios {result['engine']} vs {result['reference']} on medians, higher is better for "
                       f"{result['engine']} (times inverted):", "",
-                  "| test | t/s | TTFT | TPOT | E2E | aggregate tok/s |", "| --- | ---: | ---: | ---: | ---: | ---: |"]
+                  "| test | t/s | TTFT | TPOT | E2E | aggregate tok/s |",
+                  "| --- | ---: | ---: | ---: | ---: | ---: |"]
         for test, row in result["ratios"].items():
             def f(key):
                 v = row.get(key)

@@ -29,7 +29,7 @@ def parse_engine_opts(pairs: tuple[str, ...]) -> dict[str, str]:
     for pair in pairs or ():
         key, sep, value = pair.partition("=")
         if not sep or not key.strip():
-            raise GGUFParityError(f"--engine-opt takes KEY=VALUE (e.g. model_name=llama, api_key=sk-...), got '{pair}'")
+            raise GGUFParityError(f"--engine-opt takes KEY=VALUE (e.g. model_name=llama, api_key=KEY), got '{pair}'")
         out[key.strip()] = value.strip()
     return out
 

@@ -16,12 +16,17 @@ For one prompt (token ids from the GGUF's tokenizer, which equals llama.cpp's):
    shifted by one (llama-cpp-python 0.3.36 does this when the model adds no BOS token: it pairs the distribution
    after token i with token i) and are realigned; anything else and the prompt positions are not compared, saying so.
 
-Per compared position: **top-1 agreement**, **top-k overlap** (|server top-k ∩ llama.cpp top-k| / k) and a **KLD over
+Per compared position: **top-1 agreement**, **top-k overlap** (|server top-k & llama.cpp top-k| / k) and a **KLD over
 the shared top-k**: both sides' probabilities of the tokens in both top-k sets, each renormalised to sum to 1 over
 that shared set (p_i = exp(lp_i) / sum_shared exp(lp_j)), then KL(llama.cpp || server). It compares the *shape* of
 the two distributions on the tokens both rank highest and ignores the mass outside them: 0 when those shared
 probabilities are proportional, not a full-vocabulary KLD (which needs every logit; HTTP gives only k). The largest
 absolute log-probability difference on shared tokens is reported beside it.
+
+The gates allow for llama.cpp's own rounding noise, measured in the same run: llama.cpp's rounding variant (its other
+attention kernel) against llama.cpp on the same positions by the same metrics (:func:`noise_floor`). The KLD gate is
+max(:data:`SHARED_KLD_MEAN_MAX`, :data:`SHARED_KLD_NOISE_FACTOR` x that floor), and a top-1 or greedy disagreement
+also passes when the variant picks the server's token there (as in ``validation.smoke``).
 
 Tokens are matched by their text, as servers return them (``top_logprobs`` is ``{token text: logprob}``); llama.cpp's
 top-k ids are turned into text the same way (the token's bytes, invalid UTF-8 dropped; when two tokens render the same
@@ -39,6 +44,7 @@ import numpy as np
 
 from bench_compare.adapters.openai_http import NOT_OVER_HTTP, check_text_round_trip
 from inference_engine.errors import GGUFParityError
+from validation.free_running import NOISE_FACTOR
 from validation.smoke import NEAR_TIE_MARGIN
 
 DEFAULT_TOP_K = 5
@@ -48,6 +54,13 @@ DEFAULT_TOKENS = 16
 # ~1e-3 in log-probabilities, a renormalised KLD ~1e-6; 1e-4 is the validate command's own ggml logits KLD gate
 # (validation.metrics.KLD_MEAN_MAX_GGML), reused so the two gates mean the same.
 SHARED_KLD_MEAN_MAX = 1e-4
+# A server need not compute exactly as the in-process reference does (llama.cpp's own server with flash attention
+# off, another engine): the KLD gate is max(SHARED_KLD_MEAN_MAX, factor x llama.cpp's own noise floor), the floor
+# being the same metric between llama.cpp and its rounding variant (the other attention kernel) on the same positions,
+# with the factor (and its reasons) of the free-running logits gate (validation.free_running.NOISE_FACTOR). Seen on
+# SmolLM2 Q4_1: a server with flash attention off gave shared-top-k KLD mean 2.2e-3 (log-prob differences up to 0.54)
+# against the in-process reference with it on.
+SHARED_KLD_NOISE_FACTOR = NOISE_FACTOR
 # Top-k overlap: near-tied k-th and (k+1)-th tokens may swap at the edge of the list; one swap at k=5 is 0.8.
 TOPK_OVERLAP_MEAN_MIN = 0.8
 
@@ -153,8 +166,9 @@ def run_http_fidelity(engine, reference, prompt: str, *, n_tokens: int = DEFAULT
         if server_top is None:
             raise GGUFParityError(f"{engine.client.base_url}/completions: empty top_logprobs at generated "
                                   f"position {step}")
-        row = compare_position(server_top, reference_topk(tok, lp, top_k), top_k)
-        row.update({"where": "generated", "index": step})
+        ref_top = reference_topk(tok, lp, top_k)
+        row = compare_position(server_top, ref_top, top_k)
+        row.update({"where": "generated", "index": step, "server_topk": server_top, "reference_topk": ref_top})
         positions.append(row)
         ref_ids.append(ref_tok)
         server_tok_text = server_tokens[step] if step < len(server_tokens) else None
@@ -176,8 +190,50 @@ def run_http_fidelity(engine, reference, prompt: str, *, n_tokens: int = DEFAULT
     if echo:
         echo_info.update(_echo_positions(engine, reference, ids, add_bos, top_k, state, positions))
 
+    floor = noise_floor(reference, tok, ids, ref_ids, positions, top_k)
     return _summarize(engine, reference, ids, positions, divergence, server_text, reference_text, n_tokens, top_k,
-                      state, echo_info)
+                      state, echo_info, floor)
+
+
+def noise_floor(reference, tok, ids: list[int], ref_ids: list[int], positions: list[dict], top_k: int) -> dict:
+    """How far llama.cpp moves from *itself* on the compared positions, by the same metrics: each of its rounding
+    variants (``rounding_variants()``: the other attention kernel) against it. Sets ``variant_top1`` on each row
+    (whether a variant picks the server's top-1 there) and returns {label: shared-top-k KLD mean}, the largest as
+    ``floor`` (see :data:`SHARED_KLD_NOISE_FACTOR`)."""
+    variants = reference.rounding_variants() if hasattr(reference, "rounding_variants") else {}
+    out: dict[str, Any] = {"variants": {}, "floor": 0.0}
+    try:
+        for label, variant in variants.items():
+            klds = []
+            generated = [p for p in positions if p["where"] == "generated"]
+            if generated:
+                variant.reset()
+                logits = np.asarray(variant.prefill(ids))
+                for step, row in enumerate(generated):
+                    _variant_row(row, reference_topk(tok, _log_softmax(logits), top_k), top_k, label, klds)
+                    if step + 1 < len(generated):
+                        logits = np.asarray(variant.decode(ref_ids[step]))
+            prompt_rows = [p for p in positions if p["where"] == "prompt"]
+            if prompt_rows:
+                variant.capture(ids, names=["result_output"])
+                v_logits = variant.capture_logits()
+                for row in prompt_rows:
+                    top = reference_topk(tok, _log_softmax(v_logits[row["index"] - 1]), top_k)
+                    _variant_row(row, top, top_k, label, klds)
+            out["variants"][label] = float(np.mean(klds)) if klds else 0.0
+    finally:
+        for variant in variants.values():
+            variant.close()
+    out["floor"] = max(out["variants"].values(), default=0.0)
+    return out
+
+
+def _variant_row(row: dict, variant_top: dict[str, float], top_k: int, label: str, klds: list[float]) -> None:
+    cmp = compare_position(variant_top, row["reference_topk"], top_k)
+    if cmp["shared_kld"] is not None:
+        klds.append(cmp["shared_kld"])
+    if not row["top1_agree"] and cmp["server_top1"] == row["server_top1"]:
+        row.setdefault("variants_agreeing", []).append(label)
 
 
 def _echo_positions(engine, reference, ids, add_bos, top_k, state, positions) -> dict[str, Any]:
@@ -222,7 +278,7 @@ def _echo_positions(engine, reference, ids, add_bos, top_k, state, positions) ->
             continue  # the API leaves the first entry empty
         ref_top = reference_topk(engine.tokenizer, _log_softmax(ref_logits[predicted - 1]), top_k)
         row = compare_position(server_top, ref_top, top_k)
-        row.update({"where": "prompt", "index": predicted})
+        row.update({"where": "prompt", "index": predicted, "server_topk": server_top, "reference_topk": ref_top})
         positions.append(row)
         compared += 1
     note = (f"aligned (verified on {len(generated)} greedy tokens): each entry is the distribution for its own "
@@ -233,12 +289,16 @@ def _echo_positions(engine, reference, ids, add_bos, top_k, state, positions) ->
 
 
 def _summarize(engine, reference, ids, positions, divergence, server_text, reference_text, n_tokens, top_k, state,
-               echo_info) -> dict[str, Any]:
+               echo_info, floor) -> dict[str, Any]:
     kld = [p["shared_kld"] for p in positions if p.get("shared_kld") is not None]
     overlap = [p["topk_overlap"] for p in positions]
     disagreements = [p for p in positions if not p["top1_agree"]]
-    unexcused = [p for p in disagreements if not p.get("near_tie")]
-    greedy_ok = divergence is None or bool(divergence["near_tie"])
+    unexcused = [p for p in disagreements if not p.get("near_tie") and not p.get("variants_agreeing")]
+    kld_limit = max(SHARED_KLD_MEAN_MAX, SHARED_KLD_NOISE_FACTOR * floor["floor"])
+    if divergence is not None:
+        at = [p for p in positions if p["where"] == "generated" and p["index"] == divergence["step"]]
+        divergence["reference_variants_agreeing"] = at[0].get("variants_agreeing", []) if at else []
+    greedy_ok = divergence is None or bool(divergence["near_tie"]) or bool(divergence["reference_variants_agreeing"])
     metrics = {
         "positions": len(positions),
         "top1_agreement": (sum(p["top1_agree"] for p in positions) / len(positions)) if positions else None,
@@ -251,15 +311,19 @@ def _summarize(engine, reference, ids, positions, divergence, server_text, refer
     }
     checks = {
         "top1": bool(positions) and not unexcused,
-        "topk_overlap": metrics["topk_overlap_mean"] is not None and metrics["topk_overlap_mean"] >= TOPK_OVERLAP_MEAN_MIN,
-        "shared_kld": metrics["shared_kld_mean"] is not None and metrics["shared_kld_mean"] <= SHARED_KLD_MEAN_MAX,
+        "topk_overlap": (metrics["topk_overlap_mean"] is not None
+                         and metrics["topk_overlap_mean"] >= TOPK_OVERLAP_MEAN_MIN),
+        "shared_kld": metrics["shared_kld_mean"] is not None and metrics["shared_kld_mean"] <= kld_limit,
         "greedy_text": greedy_ok,
     }
     return {
         "kind": "http-validate", "engine": engine.name, "reference": reference.name,
         "model": engine.model_info, "prompt_tokens": len(ids), "prompt_sent_as": state.get("prompt_as"),
         "token_ids_refused": state.get("token_ids_refused"), "top_k": top_k, "n_tokens": n_tokens,
-        "thresholds": {"shared_kld_mean_max": SHARED_KLD_MEAN_MAX, "topk_overlap_mean_min": TOPK_OVERLAP_MEAN_MIN,
+        "noise_floor": floor,
+        "thresholds": {"shared_kld_mean_max": kld_limit, "shared_kld_floor_free": SHARED_KLD_MEAN_MAX,
+                       "shared_kld_noise_factor": SHARED_KLD_NOISE_FACTOR,
+                       "topk_overlap_mean_min": TOPK_OVERLAP_MEAN_MIN,
                        "near_tie_margin": NEAR_TIE_MARGIN},
         "metrics": metrics, "checks": checks, "passed": all(checks.values()),
         "greedy": {"server_text": server_text, "reference_text": reference_text,
@@ -284,11 +348,16 @@ def markdown(result: dict[str, Any]) -> str:
              f"- verdict: **{'PASS' if result['passed'] else 'FAIL'}**", "",
              "| check | value | gate | ok |", "| --- | ---: | --- | --- |",
              f"| top-1 agreement | {fmt(m['top1_agreement'], '.3f')} over {m['positions']} positions | every "
-             f"disagreement a near tie (< {result['thresholds']['near_tie_margin']}) | {c['top1']} |",
+             f"disagreement a near tie (< {result['thresholds']['near_tie_margin']}) or picked by a llama.cpp "
+             f"variant | {c['top1']} |",
              f"| top-k overlap mean | {fmt(m['topk_overlap_mean'], '.3f')} | >= "
              f"{result['thresholds']['topk_overlap_mean_min']} | {c['topk_overlap']} |",
              f"| KLD over shared top-k, mean (max) | {fmt(m['shared_kld_mean'])} ({fmt(m['shared_kld_max'])}) | <= "
-             f"{result['thresholds']['shared_kld_mean_max']:g} | {c['shared_kld']} |",
+             f"{result['thresholds']['shared_kld_mean_max']:.3g} "
+             f"(max of {result['thresholds']['shared_kld_floor_free']:g}"
+             f" and {result['thresholds']['shared_kld_noise_factor']:g} x llama.cpp's own floor "
+             f"{fmt(result['noise_floor']['floor'])}: {', '.join(result['noise_floor']['variants']) or 'none'}) | "
+             f"{c['shared_kld']} |",
              f"| max abs logprob diff (shared) | {fmt(m['max_abs_logprob_diff'])} | reported | |",
              f"| greedy text equal | {result['greedy']['equal']} | equal or near tie | {c['greedy_text']} |", "",
              f"{result['kld_note']}.", "", "## Not checkable over HTTP", ""]

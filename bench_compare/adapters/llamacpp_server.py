@@ -92,7 +92,8 @@ class LlamaCppServer:
         return {
             "server": "llama-cpp-python llama_cpp.server", "n_threads": self.n_threads, "n_ctx": self.n_ctx,
             "n_batch": self.n_batch, "type_k": "f16", "type_v": "f16", "flash_attn": True, "extra_bufts": False,
-            "logits_all": self.logits_all, "interrupt_requests": False, "concurrency_note": ONE_REQUEST_AT_A_TIME_NOTE,
+            "logits_all": self.logits_all, "interrupt_requests": False,
+            "concurrency_note": ONE_REQUEST_AT_A_TIME_NOTE,
         }
 
     def command(self) -> list[str]:

@@ -30,9 +30,12 @@ def smollm2_path() -> Path:
     return resolve_model("smollm2-135m", progress=False)
 
 
-def _server_children(keep: LlamaCppServer | None = None) -> list[int]:
-    """Live processes started from this test process that run the harness's llama.cpp server launcher (other than
-    ``keep``'s, a server the test itself holds)."""
+TEST_SERVER_PIDS: set[int] = set()  # servers the tests themselves hold (the module fixture), not the harness
+
+
+def _server_children() -> list[int]:
+    """Live processes started from this test process that run the harness's llama.cpp server launcher, other than
+    the servers the tests hold themselves."""
     me = os.getpid()
     found = []
     for entry in Path("/proc").iterdir():
@@ -45,7 +48,7 @@ def _server_children(keep: LlamaCppServer | None = None) -> list[int]:
             continue
         ppid = int(stat.rsplit(")", 1)[1].split()[1])
         state = stat.rsplit(")", 1)[1].split()[0]
-        if keep is not None and keep.process is not None and int(entry.name) == keep.process.pid:
+        if int(entry.name) in TEST_SERVER_PIDS:
             continue
         if ppid == me and state != "Z" and "bench_compare.adapters.llamacpp_server" in cmdline:
             found.append(int(entry.name))
@@ -56,7 +59,9 @@ def _server_children(keep: LlamaCppServer | None = None) -> list[int]:
 def logprob_server(smollm2_path):
     """The engine under test for validate: llama.cpp's server with logits_all (needed for logprobs)."""
     with LlamaCppServer(smollm2_path, n_threads=N_THREADS, n_ctx=512, logits_all=True) as server:
+        TEST_SERVER_PIDS.add(server.process.pid)
         yield server
+    TEST_SERVER_PIDS.clear()
     assert not _server_children()
 
 
@@ -84,7 +89,7 @@ def test_compare_openai_against_llamacpp_server(logprob_server, smollm2_path, tm
         assert result["summary"][side]["c2"]["aggregate_tps"] > 0
     assert result["ratios"]["tg8"]["tps"] > 0
     assert any("one request at a time" in n for n in result["notes"])
-    assert not _server_children(keep=logprob_server)  # the harness stopped the reference server it started
+    assert not _server_children()  # the harness stopped the reference server it started
 
 
 def test_http_overhead_of_llamacpp_server_over_in_process(smollm2_path, tmp_path, capsys):
