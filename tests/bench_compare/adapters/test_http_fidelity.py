@@ -18,18 +18,40 @@ class Tokenizer:
     n_vocab = N_VOCAB
     bos_id = None
 
+    def encode(self, text):
+        return list(IDS)
+
+    def decode(self, ids):
+        return "".join(f"t{i}" for i in ids)
+
     def token_bytes(self, i: int) -> bytes:
         return f"t{i}".encode()
 
 
-def logits_after(prefix: list[int]) -> np.ndarray:
-    """A deterministic, well-separated distribution for each prefix (the 'model')."""
-    rng = np.random.default_rng(abs(hash(tuple(prefix))) % (2**32))
+def logits_after(prefix: list[int], model: int = 0) -> np.ndarray:
+    """A deterministic, well-separated distribution for each prefix (the 'model'; another ``model`` differs)."""
+    rng = np.random.default_rng(abs(hash((model, *prefix))) % (2**32))
     return rng.normal(0.0, 3.0, N_VOCAB)
 
 
 class Reference:
+    """llama.cpp in-process, as far as the fidelity check uses it."""
+
     name = "reference"
+
+    def tokenize(self, text):
+        return list(IDS)
+
+    def reset(self):
+        self._seq = []
+
+    def prefill(self, ids):
+        self._seq = list(ids)
+        return logits_after(self._seq)
+
+    def decode(self, token):
+        self._seq.append(int(token))
+        return logits_after(self._seq)
 
     def capture(self, ids, names=None):
         self._ids = list(ids)
@@ -62,16 +84,32 @@ def echo_answer(ids: list[int], n_gen: int, layout: str) -> dict:
 
 
 class Engine:
-    def __init__(self, answer):
+    name = "server"
+    model_info = {"file": "fake.gguf", "sha256": "0" * 64}
+
+    def __init__(self, answer, generation=None):
         self.tokenizer = Tokenizer()
         self.answer = answer
+        self.generation = generation
         self.client = self
 
     def completion_body(self, prompt, max_tokens, **kw):
         return {"prompt": prompt, "max_tokens": max_tokens, **kw}
 
     def complete(self, body):
-        return self.answer
+        return self.answer if body.get("echo") or self.generation is None else self.generation
+
+
+def generation_answer(ids: list[int], n_gen: int, model: int) -> dict:
+    """A server's non-echo answer: ``n_gen`` greedy tokens of ``model`` with their top-k."""
+    tok, seq, tops = Tokenizer(), list(ids), []
+    for _ in range(n_gen):
+        lp = http_fidelity._log_softmax(logits_after(seq, model))
+        tops.append(http_fidelity.reference_topk(tok, lp, TOP_K))
+        seq.append(int(np.argmax(lp)))
+    gen = seq[len(ids):]
+    return {"choices": [{"text": tok.decode(gen), "logprobs": {"tokens": [f"t{t}" for t in gen],
+                                                                "top_logprobs": tops}}]}
 
 
 IDS = [5, 9, 13, 2, 30, 7, 21, 11]
@@ -115,3 +153,16 @@ def test_top1_disagreement_is_a_near_tie_only_below_the_margin():
     assert http_fidelity.compare_position({"b": -0.6, "a": -0.8, "c": -3.0}, ref, 3)["near_tie"] is True
     wide = {"a": -0.7, "b": -1.5, "c": -3.0}
     assert http_fidelity.compare_position({"b": -0.6, "a": -0.8, "c": -3.0}, wide, 3)["near_tie"] is False
+
+
+def test_same_model_passes_and_another_model_fails_end_to_end():
+    same = Engine(echo_answer(IDS, 4, "shifted"), generation_answer(IDS, 6, model=0))
+    result = http_fidelity.run_http_fidelity(same, Reference(), "prompt", n_tokens=6, top_k=TOP_K)
+    assert result["passed"] and result["greedy"]["equal"] and result["prompt_sent_as"] == "token ids"
+    assert result["metrics"]["positions"] == 6 + len(IDS) - 2 and result["metrics"]["shared_kld_mean"] < 1e-12
+    # a server computing another model: its own greedy tokens and distributions, same prompt
+    other = Engine(echo_answer(IDS, 4, "shifted"), generation_answer(IDS, 6, model=1))
+    result = http_fidelity.run_http_fidelity(other, Reference(), "prompt", n_tokens=6, top_k=TOP_K)
+    assert not result["passed"]
+    assert not result["checks"]["top1"] and not result["checks"]["greedy_text"]
+    assert result["greedy"]["first_divergence"]["step"] == 0
