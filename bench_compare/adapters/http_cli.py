@@ -71,11 +71,11 @@ def run_compare(*, engine_spec: str, against: str, model: str, threads: int | No
         raise GGUFParityError(f"--against for an HTTP engine must be one of {', '.join(AGAINST_CHOICES)}, "
                               f"got '{against}'")
     spec = engines.parse_engine_spec(engine_spec)
+    cfg.check(n_ctx)
     notes = []
     sides = []
     with ExitStack() as stack:
         engine = _close_later(stack, engines.make_engine(spec, model, n_threads=threads, n_ctx=n_ctx, **options))
-        cfg.check(n_ctx)
         engine.model_name  # noqa: B018 - asks /models now: an unreachable URL fails before anything is measured
         prompts = http_bench.PromptMaker(engine.tokenizer, seed=cfg.seed)
         sides.append(_with_settings(http_bench.HttpSide(engine), engine))

@@ -151,6 +151,8 @@ def test_what_was_measured_is_kept_when_the_server_fails(fake, model, tmp_path, 
     (["--engine", "openai:ftp://x/v1"], "http(s) base URL"),
     (["--engine", "openai:http://127.0.0.1:1/v1", "--concurrency", "0"], "--concurrency needs integers"),
     (["--engine", "openai:http://127.0.0.1:1/v1", "--engine-opt", "novalue"], "KEY=VALUE"),
+    (["--engine", "openai:http://127.0.0.1:1/v1", "-p", "4000"], "more than the context"),
+    (["--engine", "openai:http://127.0.0.1:1/v1", "--against", "vllm"], "--against for an HTTP engine"),
 ])
 def test_bad_flags_are_one_line_exit_2(model, args, message, capsys):
     rc = cli.main(["compare", "-m", model, "--against", "none", "--no-progress", *args])
