@@ -12,22 +12,24 @@ from __future__ import annotations
 
 import click
 
-from inference_engine.errors import GGUFParityError
+from bench_compare import engines
+from inference_engine.backends import BACKENDS
+from inference_engine.errors import CheckFailed
+from validation.run import REFERENCES
 
 
-class ValidationFailed(GGUFParityError):
+class ValidationFailed(CheckFailed):
     """A validation that ran to the end and found a difference: exit code 1, not a user error (exit 2)."""
-
-    exit_code = 1
 
 
 @click.command("validate")
 @click.option("--model", default="smollm2-135m", show_default=True, help="A named model or a path to a .gguf file.")
-@click.option("--backend", default="numpy", show_default=True, help="Our backend: numpy, numba or mlx.")
+@click.option("--backend", default="numpy", show_default=True, help=f"Our backend: {', '.join(BACKENDS)}.")
+@engines.engine_options("Engine under test instead of ours:<backend>")
 @click.option("--numerics", default="ggml", show_default=True,
               help="ggml (emulate llama.cpp's CPU rounding; strict thresholds) or f32 (plain float32; loose).")
 @click.option("--prompt", default=None, help="Text to run through both engines (default: a built-in sentence).")
-@click.option("--against", default="llamacpp", show_default=True, help="Reference engine: llamacpp or numpy.")
+@click.option("--against", default="llamacpp", show_default=True, help=f"Reference engine: {', '.join(REFERENCES)}.")
 @click.option("--logit-lens", is_flag=True, help="Also compare every layer's l_out through the output head.")
 @click.option("--corpus", default=None, metavar="FILE.jsonl",
               help="Tokenizer parity corpus, one {\"text\": ...} per line (default: the built-in corpus).")
@@ -41,25 +43,18 @@ class ValidationFailed(GGUFParityError):
 @click.option("--json", "json_path", default=None, metavar="PATH", help="Also write the result JSON here.")
 @click.option("--report", "report_dir", default=None, metavar="DIR",
               help="Report directory (default: reports/validate/<model>-<backend>-<numerics>-<timestamp>/).")
-@click.option("--engine", "engine_spec", metavar="SPEC", default=None,
-              help="An HTTP engine: openai:http://HOST:PORT/v1 or llamacpp-server; compared with llama.cpp "
-                   "in-process on top-k log-probabilities (no tensors over HTTP).")
-@click.option("--engine-opt", "engine_opts", metavar="KEY=VALUE", multiple=True,
-              help="Option for the engine, e.g. model_name=NAME, api_key=KEY (repeatable).")
 @click.option("--top-k", "top_k", default=5, show_default=True, type=int,
-              help="HTTP engines: log-probabilities per position to compare.")
-def validate(model, backend, numerics, prompt, against, logit_lens, corpus, smoke_tokens, threads, free_running,
-             json_path, report_dir, engine_spec, engine_opts, top_k) -> None:
-    """Diff our engine against a reference tensor by tensor; exit 0 pass, 1 fail, 2 bad input."""
-    from bench_compare.adapters import http_cli
+              help="HTTP engines (--engine openai:URL | llamacpp-server): log-probabilities per position to compare.")
+def validate(model, backend, engine, engine_opts, numerics, prompt, against, logit_lens, corpus, smoke_tokens,
+             threads, free_running, json_path, report_dir, top_k) -> None:
+    """Diff our engine against a reference tensor by tensor; exit 0 pass, 1 fail, 2 bad input. With --engine
+    openai:URL (or llamacpp-server): top-k log-probabilities against llama.cpp in-process (no tensors over HTTP)."""
+    spec = engines.parse_engine_spec(engine, engines.parse_engine_opts(engine_opts)) if engine else None
+    if spec is not None and spec.over_http:
+        from bench_compare.adapters import http_cli
 
-    if engine_spec is not None:
-        if not http_cli.is_http_spec(engine_spec):
-            raise GGUFParityError(f"validate --engine takes an HTTP engine (openai:URL, llamacpp-server), got "
-                                  f"'{engine_spec}'; our engine is chosen with --backend")
-        result = http_cli.run_validate(engine_spec=engine_spec, model=model, prompt=prompt, threads=threads,
-                                       n_tokens=smoke_tokens, top_k=top_k,
-                                       options=http_cli.parse_engine_opts(engine_opts), json_path=json_path,
+        result = http_cli.run_validate(spec=spec, model=model, prompt=prompt, threads=threads,
+                                       n_tokens=smoke_tokens, top_k=top_k, json_path=json_path,
                                        report_dir=report_dir)
         if not result["passed"]:
             failed = [name for name, ok in result["checks"].items() if not ok]
@@ -72,10 +67,19 @@ def validate(model, backend, numerics, prompt, against, logit_lens, corpus, smok
     options = ValidateOptions(model=model, backend=backend, numerics=numerics, prompt=prompt, against=against,
                               logit_lens=logit_lens, corpus=corpus, smoke_tokens=smoke_tokens, threads=threads,
                               free_running=free_running)
+    ours_opener = None
+    if spec is not None and spec.backend is not None and not spec.options:
+        options.backend = spec.backend  # ours:<backend>: the same as --backend
+    elif spec is not None:
+        options.engine = spec.name
+
+        def ours_opener(opts, model_path):
+            return engines.make_engine(spec, model_path, n_threads=opts.threads, n_ctx=opts.n_ctx,
+                                       numerics=opts.numerics)
     options.check()
     if report_dir:
         check_report_target(report_dir)
-    result = run_validate(options)
+    result = run_validate(options, ours_opener=ours_opener)
     print_result(result)
     directory = write_report_dir(result, report_dir or default_report_dir(result))
     click.echo(f"report: {directory}")

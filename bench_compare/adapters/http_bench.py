@@ -37,6 +37,8 @@ import numpy as np
 
 from bench_compare.adapters.openai_http import StreamRecord
 from inference_engine.errors import GGUFParityError
+from validation.provenance import provenance
+from validation.results import HttpCompareResult
 
 TG_MIN_PROMPT = 8  # tokens of prompt for tg at depth 0
 DEFAULT_WARMUP = 2
@@ -346,7 +348,7 @@ def build_result(cfg: HttpBenchConfig, sides: list, measured: Measurements, *, m
     summaries = {s.name: summarize_side(measured.requests.get(s.name, []), measured.level_wall_s.get(s.name, {}))
                  for s in sides}
     result: dict[str, Any] = {
-        "kind": "http-compare", "engine": sides[0].name,
+        "engine": sides[0].name,
         "reference": sides[1].name if len(sides) > 1 else None,
         "config": asdict(cfg), "model": model_info, "notes": [TTFT_NOTE, *notes],
         "sides": {s.name: {"kind": s.kind, "settings": getattr(s, "settings", {})} for s in sides},
@@ -363,7 +365,7 @@ def build_result(cfg: HttpBenchConfig, sides: list, measured: Measurements, *, m
             }
     if error:
         result["error"] = error
-    return result
+    return HttpCompareResult.from_dict({**result, **provenance()}).to_dict()  # the typed, versioned record
 
 
 # --- presentation ---------------------------------------------------------------------------------------------------

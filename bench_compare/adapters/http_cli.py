@@ -13,25 +13,10 @@ from pathlib import Path
 import click
 
 from bench_compare import engines
-from bench_compare.atomic import atomic_write_json, atomic_write_text
+from validation.atomic import atomic_write_json, atomic_write_text
 from inference_engine.errors import GGUFParityError
 
-HTTP_SCHEMES = ("openai", "llamacpp-server")
 AGAINST_CHOICES = ("llamacpp-server", "llamacpp", "none")
-
-
-def is_http_spec(text: str | None) -> bool:
-    return bool(text) and text.strip().partition(":")[0].lower() in HTTP_SCHEMES
-
-
-def parse_engine_opts(pairs: tuple[str, ...]) -> dict[str, str]:
-    out = {}
-    for pair in pairs or ():
-        key, sep, value = pair.partition("=")
-        if not sep or not key.strip():
-            raise GGUFParityError(f"--engine-opt takes KEY=VALUE (e.g. model_name=llama, api_key=KEY), got '{pair}'")
-        out[key.strip()] = value.strip()
-    return out
 
 
 def parse_int_list(text: str | None, flag: str, default: list[int], minimum: int) -> list[int]:
@@ -61,7 +46,7 @@ def _write_outputs(result: dict, markdown: str, json_path: str | None, report_di
         click.echo(f"report: {atomic_write_text(out / 'report.md', markdown)}")
 
 
-def run_compare(*, engine_spec: str, against: str, model: str, threads: int | None, n_ctx: int, options: dict,
+def run_compare(*, spec: engines.EngineSpec, against: str, model: str, threads: int | None, n_ctx: int,
                 cfg, json_path: str | None, report_dir: str | None, progress: bool) -> None:
     """``compare --engine openai:URL``: the serving benchmark (see ``http_bench``)."""
     from bench_compare.adapters import http_bench
@@ -70,12 +55,11 @@ def run_compare(*, engine_spec: str, against: str, model: str, threads: int | No
     if against not in AGAINST_CHOICES:
         raise GGUFParityError(f"--against for an HTTP engine must be one of {', '.join(AGAINST_CHOICES)}, "
                               f"got '{against}'")
-    spec = engines.parse_engine_spec(engine_spec)
     cfg.check(n_ctx)
     notes = []
     sides = []
     with ExitStack() as stack:
-        engine = _close_later(stack, engines.make_engine(spec, model, n_threads=threads, n_ctx=n_ctx, **options))
+        engine = _close_later(stack, engines.make_engine(spec, model, n_threads=threads, n_ctx=n_ctx))
         engine.model_name  # noqa: B018 - asks /models now: an unreachable URL fails before anything is measured
         prompts = http_bench.PromptMaker(engine.tokenizer, seed=cfg.seed)
         sides.append(_with_settings(http_bench.HttpSide(engine), engine))
@@ -129,16 +113,14 @@ def _with_settings(side, engine):
     return side
 
 
-def run_validate(*, engine_spec: str, model: str, prompt: str | None, threads: int | None, n_tokens: int,
-                 top_k: int, options: dict, json_path: str | None, report_dir: str | None) -> dict:
+def run_validate(*, spec: engines.EngineSpec, model: str, prompt: str | None, threads: int | None, n_tokens: int,
+                 top_k: int, json_path: str | None, report_dir: str | None) -> dict:
     """``validate --engine openai:URL``: top-k logprob fidelity against llama.cpp in-process (``http_fidelity``)."""
     from bench_compare.adapters import http_fidelity
 
     if top_k < 1 or n_tokens < 1:
         raise GGUFParityError(f"--top-k and --smoke-tokens must be >= 1 for an HTTP engine, got {top_k}, {n_tokens}")
-    spec = engines.parse_engine_spec(engine_spec)
-    if spec.kind == "llamacpp-server":
-        options = {**options, "logits_all": "true"}  # its server returns logprobs only with logits_all
+    options = {"logits_all": "true"} if spec.scheme == "llamacpp-server" else {}  # its logprobs need logits_all
     text = prompt or DEFAULT_PROMPT
     with ExitStack() as stack:
         engine = _close_later(stack, engines.make_engine(spec, model, n_threads=threads, **options))

@@ -45,6 +45,8 @@ import numpy as np
 from bench_compare.adapters.openai_http import NOT_OVER_HTTP, check_text_round_trip
 from inference_engine.errors import GGUFParityError
 from validation.free_running import NOISE_FACTOR
+from validation.provenance import provenance
+from validation.results import HttpValidateResult
 from validation.smoke import NEAR_TIE_MARGIN
 
 DEFAULT_TOP_K = 5
@@ -316,8 +318,8 @@ def _summarize(engine, reference, ids, positions, divergence, server_text, refer
         "shared_kld": metrics["shared_kld_mean"] is not None and metrics["shared_kld_mean"] <= kld_limit,
         "greedy_text": greedy_ok,
     }
-    return {
-        "kind": "http-validate", "engine": engine.name, "reference": reference.name,
+    return HttpValidateResult.from_dict({
+        **provenance(), "engine": engine.name, "reference": reference.name,
         "model": engine.model_info, "prompt_tokens": len(ids), "prompt_sent_as": state.get("prompt_as"),
         "token_ids_refused": state.get("token_ids_refused"), "top_k": top_k, "n_tokens": n_tokens,
         "noise_floor": floor,
@@ -332,7 +334,7 @@ def _summarize(engine, reference, ids, positions, divergence, server_text, refer
         "kld_note": ("KLD over the shared top-k: both sides' probabilities of the tokens in both top-k lists, each "
                      "renormalised to sum to 1 over that shared set; not a full-vocabulary KLD"),
         "not_checkable_over_http": list(NOT_OVER_HTTP.values()),
-    }
+    }).to_dict()  # the typed, versioned record
 
 
 def markdown(result: dict[str, Any]) -> str:

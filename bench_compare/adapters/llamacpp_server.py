@@ -203,10 +203,12 @@ class ServerBackedEngine:
 
 
 def open_engine(target: str, model: str, **options) -> ServerBackedEngine:
-    """Factory for ``--engine llamacpp-server``: start llama.cpp's server on ``model`` and return an HTTP engine on
+    """llama.cpp's own OpenAI server (llama-cpp-python), started here on a free 127.0.0.1 port and always stopped.
+
+    Factory for ``--engine llamacpp-server``: start llama.cpp's server on ``model`` and return an HTTP engine on
     it (close it to stop the server). Options: n_threads, n_ctx, n_batch, logits_all."""
     from bench_compare.adapters.openai_http import OpenAIHTTPEngine
-    from inference_engine.registry import resolve_model
+    from inference_engine.model_cache import resolve_model
 
     path = resolve_model(str(model), progress=False)
     server = LlamaCppServer(path, n_threads=options.get("n_threads"), n_ctx=int(options.get("n_ctx") or 2048),
@@ -219,6 +221,9 @@ def open_engine(target: str, model: str, **options) -> ServerBackedEngine:
         server.stop()
         raise
     return ServerBackedEngine(server, engine)
+
+
+open_engine.unavailable = lambda: server_available()[1] or None  # type: ignore[attr-defined]  # engines list
 
 
 def _serve() -> None:

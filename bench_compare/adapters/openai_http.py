@@ -256,7 +256,7 @@ class OpenAIHTTPEngine:
                  api_key: str | None = None, read_timeout: float = READ_TIMEOUT_S,
                  request_timeout: float = REQUEST_TIMEOUT_S, label: str | None = None):
         from inference_engine.gguf_file import open_gguf
-        from inference_engine.registry import resolve_model
+        from inference_engine.model_cache import resolve_model
         from inference_engine.tokenizer import GGUFTokenizer
 
         self.client = OpenAIClient(base_url, api_key=api_key, read_timeout=read_timeout,
@@ -375,7 +375,9 @@ def _float_opt(options: dict, key: str, default: float) -> float:
 
 
 def open_engine(target: str, model: str, **options) -> OpenAIHTTPEngine:
-    """Factory for ``--engine openai:URL`` (``engines.ENGINE_SCHEMES['openai']``). Options used: ``model_name``,
+    """Any OpenAI-compatible server at URL (/v1/completions, streamed; tokenizer from the GGUF).
+
+    Factory for ``--engine openai:URL`` (``engines.ENGINE_SCHEMES['openai']``). Options used: ``model_name``,
     ``api_key``, ``read_timeout``, ``request_timeout``; others (n_threads, n_ctx, numerics, ...) are ignored: the
     server was started with its own."""
     return OpenAIHTTPEngine(

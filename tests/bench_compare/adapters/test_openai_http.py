@@ -42,7 +42,7 @@ def _compare(url: str, model: str, *extra: str) -> list[str]:
 
 def test_spec_reaches_the_factory(fake, model):
     spec = engines.parse_engine_spec(f"openai:{fake.url('ok')}")
-    assert (spec.kind, spec.backend) == ("openai", fake.url("ok"))
+    assert (spec.scheme, spec.target, spec.over_http) == ("openai", fake.url("ok"), True)
     with engines.make_engine(spec, model, n_threads=1, unknown_option="ignored") as engine:
         assert isinstance(engine, openai_http.OpenAIHTTPEngine)
         assert engine.model_name == "fake-model"  # the server's first listed model
@@ -97,6 +97,9 @@ def test_compare_cli_end_to_end_with_concurrency(fake, model, tmp_path, capsys):
     rc = cli.main(_compare(fake.url("ok"), model, "--concurrency", "1,3", "--json", str(out)))
     assert rc == 0, capsys.readouterr().err
     result = json.loads(out.read_text())
+    # the typed record (validation.results.HttpCompareResult) with the one provenance block
+    assert (result["kind"], result["schema_version"]) == ("http-compare", 1)
+    assert {"date", "git", "versions", "machine"} <= set(result)
     summary = result["summary"][f"openai:{fake.url('ok')}"]
     assert set(summary) == {"pp8", "tg4", "c1", "c3"}
     assert summary["c3"]["requests"] == 3 * http_bench.DEFAULT_REQUESTS_PER_CLIENT
@@ -147,7 +150,7 @@ def test_what_was_measured_is_kept_when_the_server_fails(fake, model, tmp_path, 
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--engine", "bogus:thing"], "compare --engine takes an HTTP engine"),
+    (["--engine", "bogus:thing"], "unknown engine 'bogus:thing'; choose one of"),
     (["--engine", "openai:ftp://x/v1"], "http(s) base URL"),
     (["--engine", "openai:http://127.0.0.1:1/v1", "--concurrency", "0"], "--concurrency needs integers"),
     (["--engine", "openai:http://127.0.0.1:1/v1", "--engine-opt", "novalue"], "KEY=VALUE"),
@@ -203,3 +206,15 @@ def test_a_client_failing_mid_sweep_keeps_the_other_requests(fake, model, tmp_pa
     assert rc == 2 and "dropped" in capsys.readouterr().err
     requests = json.loads(out.read_text())["requests"][f"openai:{fake.url('fail-after-4')}"]
     assert [r["test"] for r in requests] == ["pp8", "tg4", "c2", "c2"]
+
+
+def test_engines_list_shows_the_http_engines(capsys):
+    """The two HTTP schemes are lines of the one engine registry, listed with their factories' descriptions."""
+    assert cli.main(["engines", "list"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    openai = next(ln for ln in lines if ln.split()[0] == "openai:URL")
+    server = next(ln for ln in lines if ln.split()[0] == "llamacpp-server")
+    assert "OpenAI-compatible server" in openai
+    assert "llama.cpp's own OpenAI server" in server
+    assert engines.parse_engine_spec("llamacpp-server").over_http
+    assert not engines.parse_engine_spec("llamacpp").over_http
