@@ -1,6 +1,6 @@
 """Reports from result JSONs: Markdown with PNG plots, and a history file with one row per run.
 
-Two kinds of result are understood, by their ``kind`` (:mod:`validation.results`):
+The kinds of result understood, by their ``kind`` (:mod:`validation.results`):
 
 * compare results (``bench-compare compare --json``, :class:`~validation.results.CompareResult`): ``results`` and
   ``ratios`` (higher is better for ours);

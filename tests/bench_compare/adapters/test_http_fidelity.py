@@ -166,3 +166,18 @@ def test_same_model_passes_and_another_model_fails_end_to_end():
     assert not result["passed"]
     assert not result["checks"]["top1"] and not result["checks"]["greedy_text"]
     assert result["greedy"]["first_divergence"]["step"] == 0
+
+
+def test_result_is_a_typed_record_that_report_reads(tmp_path):
+    """run_http_fidelity writes an HttpValidateResult (kind, schema version, provenance); `report` loads it by kind
+    and gates its top-1 agreement."""
+    from bench_compare import report
+    from validation.atomic import atomic_write_json
+
+    same = Engine(echo_answer(IDS, 4, "shifted"), generation_answer(IDS, 6, model=0))
+    result = http_fidelity.run_http_fidelity(same, Reference(), "prompt", n_tokens=6, top_k=TOP_K)
+    assert (result["kind"], result["schema_version"]) == ("http-validate", 1)
+    assert {"date", "git", "versions", "machine"} <= set(result)
+    loaded = report.load_result(atomic_write_json(tmp_path / "v.json", result))
+    assert loaded["_kind"] == report.KIND_HTTP_VALIDATE
+    assert report.validation_metrics(loaded) == {"passed": True, "top1_agreement": 1.0}
