@@ -191,6 +191,9 @@ def bench(model, n_prompt, n_gen, pg, n_depth, reps, threads, n_batch, fmt, engi
         raise GGUFParityError(f"unknown output format '{fmt}'; choose one of: {', '.join(OUTPUT_FORMATS)}")
     spec = engines.parse_engine_spec(engine or f"ours:{engines.default_backend()}",
                                      engines.parse_engine_opts(engine_opts))
+    if spec.over_http:
+        raise GGUFParityError(f"bench drives an engine's prefill/decode in this process; '{spec.name}' is reached "
+                              "over HTTP: use bench-compare compare --engine SPEC --against none (pp/tg over HTTP)")
     engines.check_numerics(numerics)
     reps_n = parse_positive_int(reps, "-r")
     batch = parse_positive_int(n_batch, "-b")

@@ -63,10 +63,24 @@ def _optional_int(text: str | None, flag: str, minimum: int) -> int | None:
 @click.option("--report", "report_dir", metavar="DIR", default=None, type=ReportDir(empty=False),
               help="Write report.md + ratios.png (+ compare.json) here.")
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Progress bar on stderr.")
-def compare(model, backend, engine, engine_opts, numerics, n_prompt, n_gen, n_depth, reps, threads, cold_reps, no_cold, quick, budget,
-            prompt, seed, json_path, report_dir, progress) -> None:
+@click.option("--against", metavar="REF", default="llamacpp-server", show_default=True,
+              help="HTTP engines only: llamacpp-server (started here) | llamacpp (in-process) | none.")
+@click.option("--concurrency", metavar="LIST", default="1", show_default=True,
+              help="HTTP engines only: concurrent clients per sweep level, e.g. 1,4,16.")
+@click.option("--warmup", metavar="N", default="2", show_default=True, help="HTTP engines only: warm-up requests.")
+@click.option("--requests-per-client", metavar="N", default="2", show_default=True,
+              help="HTTP engines only: requests each client sends per concurrency level.")
+@click.option("-c", "n_ctx", metavar="N", default="2048", show_default=True,
+              help="HTTP engines only: context of the llama.cpp server / in-process reference.")
+def compare(model, backend, engine, engine_opts, numerics, n_prompt, n_gen, n_depth, reps, threads, cold_reps,
+            no_cold, quick, budget, prompt, seed, json_path, report_dir, progress, against, concurrency, warmup,
+            requests_per_client, n_ctx) -> None:
     """Benchmark our engine and llama.cpp side by side, interleaved: pp, tg, tg @ depth, hot and cold TTFT and
-    peak RSS, with ratios (higher is better for ours)."""
+    peak RSS, with ratios (higher is better for ours). With --engine openai:URL: a serving benchmark over HTTP."""
+    spec = engines.parse_engine_spec(engine, engines.parse_engine_opts(engine_opts)) if engine else None
+    if spec is not None and spec.over_http:
+        return _http_compare(spec, against, model, threads, n_ctx, n_prompt, n_gen, n_depth, reps, concurrency, warmup,
+                             requests_per_client, seed, json_path, report_dir, progress, quick)
     budget_s = float(budget)
     cfg = compare_run.CompareConfig(
         model=model, backend=backend or engines.default_backend(), numerics=numerics, engine=engine,
@@ -128,6 +142,27 @@ def compare(model, backend, engine, engine_opts, numerics, n_prompt, n_gen, n_de
         atomic_write_json(out / "compare.json", result)
         loaded = report.load_result(out / "compare.json")
         click.echo(f"report: {report.write_report([loaded], out)}")
+
+
+def _http_compare(spec, against, model, threads, n_ctx, n_prompt, n_gen, n_depth, reps, concurrency, warmup,
+                  requests_per_client, seed, json_path, report_dir, progress, quick):
+    """``compare --engine openai:URL | llamacpp-server``: the serving benchmark (bench_compare.adapters)."""
+    from bench_compare.adapters import http_cli
+    from bench_compare.adapters.http_bench import HttpBenchConfig
+
+    quick_sizes = ([64], [16], [0]) if quick else ([512], [128], [0])
+    cfg = HttpBenchConfig(
+        n_prompt=http_cli.parse_int_list(n_prompt, "-p", quick_sizes[0], 1),
+        n_gen=http_cli.parse_int_list(n_gen, "-n", quick_sizes[1], 1),
+        depths=http_cli.parse_int_list(n_depth, "-d", quick_sizes[2], 0),
+        concurrency=http_cli.parse_int_list(concurrency, "--concurrency", [1], 1),
+        reps=parse_positive_int(reps, "-r"), warmup=parse_positive_int(warmup, "--warmup", 0),
+        requests_per_client=parse_positive_int(requests_per_client, "--requests-per-client"),
+        seed=parse_positive_int(seed, "--seed", 0),
+    )
+    http_cli.run_compare(spec=spec, against=against, model=model, threads=_optional_int(threads, "-t", 1),
+                         n_ctx=parse_positive_int(n_ctx, "-c"), cfg=cfg, json_path=json_path,
+                         report_dir=report_dir, progress=progress)
 
 
 def _partial_result(session: compare_run.CompareSession) -> dict:

@@ -45,9 +45,23 @@ class ValidationFailed(CheckFailed):
               help="Also write the result JSON here.")
 @click.option("--report", "report_dir", default=None, type=ReportDir(), metavar="DIR",
               help="Report directory (default: reports/validate/<model>-<backend>-<numerics>-<timestamp>/).")
+@click.option("--top-k", "top_k", default=5, show_default=True, type=int,
+              help="HTTP engines (--engine openai:URL | llamacpp-server): log-probabilities per position to compare.")
 def validate(model, backend, engine, engine_opts, numerics, prompt, against, logit_lens, corpus, smoke_tokens,
-             threads, free_running, json_path, report_dir) -> None:
-    """Diff our engine against a reference tensor by tensor; exit 0 pass, 1 fail, 2 bad input."""
+             threads, free_running, json_path, report_dir, top_k) -> None:
+    """Diff our engine against a reference tensor by tensor; exit 0 pass, 1 fail, 2 bad input. With --engine
+    openai:URL (or llamacpp-server): top-k log-probabilities against llama.cpp in-process (no tensors over HTTP)."""
+    spec = engines.parse_engine_spec(engine, engines.parse_engine_opts(engine_opts)) if engine else None
+    if spec is not None and spec.over_http:
+        from bench_compare.adapters import http_cli
+
+        result = http_cli.run_validate(spec=spec, model=model, prompt=prompt, threads=threads,
+                                       n_tokens=smoke_tokens, top_k=top_k, json_path=json_path,
+                                       report_dir=report_dir)
+        if not result["passed"]:
+            failed = [name for name, ok in result["checks"].items() if not ok]
+            raise ValidationFailed(f"HTTP validation failed: {', '.join(failed)}")
+        return
     from validation.report import check_report_target, default_report_dir, print_result, write_json, write_report_dir
     from validation.run import ValidateOptions
     from validation.run import validate as run_validate
@@ -56,7 +70,6 @@ def validate(model, backend, engine, engine_opts, numerics, prompt, against, log
                               logit_lens=logit_lens, corpus=corpus, smoke_tokens=smoke_tokens, threads=threads,
                               free_running=free_running)
     ours_opener = None
-    spec = engines.parse_engine_spec(engine, engines.parse_engine_opts(engine_opts)) if engine else None
     if spec is not None and spec.backend is not None and not spec.options:
         options.backend = spec.backend  # ours:<backend>: the same as --backend
     elif spec is not None:

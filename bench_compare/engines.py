@@ -14,7 +14,9 @@ called the same way::
 accept ``**options`` and ignore what they do not use. What they return is checked against the Engine protocol
 (:data:`inference_engine.protocol.REQUIRED_ENGINE_MEMBERS`). A factory may carry two optional attributes:
 ``settings(target, **options) -> dict`` (what is recorded with each result) and ``import_modules(target)`` (what a cold
-start imports before it loads the model, timed on its own).
+start imports before it loads the model, timed on its own); ``unavailable() -> str | None`` (why it cannot run here)
+is shown by ``engines list``. Engines reached over HTTP (``openai:URL``, ``llamacpp-server``, marked ``http`` in
+:data:`ENGINE_META`) live in :mod:`bench_compare.adapters`; ``compare`` and ``validate`` route them there.
 
 The benchmark runs llama.cpp with llama-bench's defaults (tools/llama-bench/llama-bench.cpp, 0.3.36):
 F16 K and V caches and flash attention ``auto`` (llama.cpp resolves it to *on* for the CPU backend: it probes
@@ -43,12 +45,20 @@ from inference_engine.registries import NUMERICS, Registry, load_target
 ENGINE_SCHEMES: dict[str, str] = {
     "ours": "bench_compare.engines:open_ours",
     "llamacpp": "bench_compare.engines:open_llamacpp",
+    "openai": "bench_compare.adapters.openai_http:open_engine",
+    "llamacpp-server": "bench_compare.adapters.llamacpp_server:open_engine",
+}
+# Per-scheme facts that need no import: ``usage`` (what to type, where it is not ``scheme:TARGET``) and ``http``
+# (the engine is reached over HTTP: compare/validate route it to bench_compare.adapters; bench cannot drive it).
+ENGINE_META: dict[str, dict[str, Any]] = {
+    "openai": {"usage": "openai:URL", "http": True},
+    "llamacpp-server": {"usage": "llamacpp-server", "http": True},
 }
 ENGINE_ENTRY_POINT_GROUP = "gguf_parity.engines"
 PLUGIN_USAGE = "package.module:factory"
 # Other spellings of a scheme users type (``llama.cpp`` has a dot but is not a plugin).
 SCHEME_ALIASES = {"llama.cpp": "llamacpp", "llama_cpp": "llamacpp", "llama-cpp": "llamacpp"}
-ENGINES: Registry[Any] = Registry("engine", ENGINE_SCHEMES, group=ENGINE_ENTRY_POINT_GROUP,
+ENGINES: Registry[Any] = Registry("engine", ENGINE_SCHEMES, meta=ENGINE_META, group=ENGINE_ENTRY_POINT_GROUP,
                                   listing="choose one of")
 
 # llama-bench defaults (cmd_params_defaults in llama-bench.cpp): type_k = type_v = F16, flash_attn = AUTO.
@@ -86,6 +96,11 @@ class EngineSpec:
         return self.target if self.scheme == "ours" else None
 
     @property
+    def over_http(self) -> bool:
+        """An engine reached over HTTP (``openai:URL``, ``llamacpp-server``): see bench_compare.adapters."""
+        return not self.is_plugin and bool(ENGINES.info(self.scheme).get("http"))
+
+    @property
     def is_reference(self) -> bool:
         return self.scheme == "llamacpp"
 
@@ -115,7 +130,7 @@ def engine_choices() -> list[str]:
         elif scheme == "llamacpp":
             shown.append("llamacpp")
         elif scheme in ENGINE_SCHEMES:
-            shown.append(f"{scheme}:TARGET")
+            shown.append(ENGINES.info(scheme).get("usage", f"{scheme}:TARGET"))
         else:
             shown.append(scheme)  # an entry-point plugin, by name
     return shown + [PLUGIN_USAGE]
@@ -352,7 +367,8 @@ def list_engines() -> list[EngineListing]:
             continue
         target = str(ENGINES.target(scheme))
         source = f"entry point {target}" if scheme in eps else "built in"
-        spec = scheme if (scheme == "llamacpp" or scheme in eps) else f"{scheme}:TARGET"
+        spec = scheme if (scheme == "llamacpp" or scheme in eps) else ENGINES.info(scheme).get("usage",
+                                                                                                f"{scheme}:TARGET")
         description, unavailable = _describe_factory(target)
         if scheme == "llamacpp" and unavailable is None and importlib.util.find_spec("llama_cpp") is None:
             unavailable = "needs llama-cpp-python: pip install llama-cpp-python"
@@ -371,4 +387,5 @@ def _describe_factory(target: str) -> tuple[str, str | None]:
     except ImportError as exc:
         return "", f"cannot be imported: {exc}"
     doc = inspect.getdoc(factory) or ""
-    return (doc.strip().splitlines() or [""])[0], None
+    check = getattr(factory, "unavailable", None)  # optional: why it cannot run here (e.g. a missing extra)
+    return (doc.strip().splitlines() or [""])[0], (check() if callable(check) else None)

@@ -1,4 +1,5 @@
-"""Typed, versioned result records: what ``validate`` and ``compare`` write, and what ``report`` reads.
+"""Typed, versioned result records: what ``validate`` and ``compare`` write (in-process engines, and HTTP engines
+through ``bench_compare.adapters``), and what ``report`` reads.
 
 (``bench`` writes llama-bench's own row format, unchanged, so that llama-bench tooling reads it; it has no record
 here.)
@@ -94,10 +95,47 @@ class CompareResult(Result):
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass
+class HttpCompareResult(Result):
+    """``bench-compare compare --engine openai:URL``: a serving benchmark over HTTP (TTFT, ITL, TPOT, E2E per side,
+    ratios per test and metric; written by ``bench_compare.adapters.http_bench``)."""
+
+    kind: ClassVar[str] = "http-compare"
+    schema_version: ClassVar[int] = 1
+    engine: str = ""
+    reference: str | None = None
+    config: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    sides: dict[str, Any] = field(default_factory=dict)
+    summary: dict[str, Any] = field(default_factory=dict)
+    requests: dict[str, Any] = field(default_factory=dict)
+    complete: bool = True
+    ratios: dict[str, dict[str, float | None]] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)  # http_overhead, error
+
+
+@dataclass
+class HttpValidateResult(Result):
+    """``bench-compare validate --engine openai:URL``: top-k log-probability fidelity of an HTTP engine against
+    llama.cpp in-process (written by ``bench_compare.adapters.http_fidelity``)."""
+
+    kind: ClassVar[str] = "http-validate"
+    schema_version: ClassVar[int] = 1
+    passed: bool = False
+    checks: dict[str, bool] = field(default_factory=dict)
+    engine: str = ""
+    reference: str = ""
+    metrics: dict[str, Any] = field(default_factory=dict)
+    thresholds: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)  # prompt, greedy, echo, positions, noise floor, notes
+
+
 # kind -> result class
 RESULT_KINDS: Registry[type[Result]] = Registry("result kind", {
     ValidationResult.kind: ValidationResult,
     CompareResult.kind: CompareResult,
+    HttpCompareResult.kind: HttpCompareResult,
+    HttpValidateResult.kind: HttpValidateResult,
 }, base=Result)
 
 
