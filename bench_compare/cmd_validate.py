@@ -38,11 +38,19 @@ class ValidationFailed(GGUFParityError):
               help="Gate the free-running comparison (each engine on its own values end to end) at the per-op "
                    "thresholds instead of the teacher-forced one (each op given the reference's inputs); the other "
                    "is reported either way.")
+@click.option("--engine", "engine", default=None, metavar="SPEC",
+              help="The engine under test instead of ours with --backend: dump:DIR (a tensor dump), "
+                   "'cmd:PROGRAM {request} {out}' (a program run per request), hf: (Hugging Face transformers on "
+                   "the same GGUF), ours:BACKEND.")
+@click.option("--engine-opt", "engine_opts", multiple=True, metavar="KEY=VALUE",
+              help="An option for the --engine factory (repeatable), e.g. timeout=120 for cmd:.")
+@click.option("--name-map", "name_map", default=None, metavar="FILE",
+              help="Map a dump's own tensor names to llama.cpp's: JSON object or 'theirs = ours' lines.")
 @click.option("--json", "json_path", default=None, metavar="PATH", help="Also write the result JSON here.")
 @click.option("--report", "report_dir", default=None, metavar="DIR",
               help="Report directory (default: reports/validate/<model>-<backend>-<numerics>-<timestamp>/).")
 def validate(model, backend, numerics, prompt, against, logit_lens, corpus, smoke_tokens, threads, free_running,
-             json_path, report_dir) -> None:
+             engine, engine_opts, name_map, json_path, report_dir) -> None:
     """Diff our engine against a reference tensor by tensor; exit 0 pass, 1 fail, 2 bad input."""
     from validation.report import check_report_target, default_report_dir, print_result, write_json, write_report_dir
     from validation.run import ValidateOptions
@@ -50,7 +58,8 @@ def validate(model, backend, numerics, prompt, against, logit_lens, corpus, smok
 
     options = ValidateOptions(model=model, backend=backend, numerics=numerics, prompt=prompt, against=against,
                               logit_lens=logit_lens, corpus=corpus, smoke_tokens=smoke_tokens, threads=threads,
-                              free_running=free_running)
+                              free_running=free_running, engine=engine,
+                              engine_options=_engine_options(engine_opts, name_map))
     options.check()
     if report_dir:
         check_report_target(report_dir)
@@ -65,3 +74,16 @@ def validate(model, backend, numerics, prompt, against, logit_lens, corpus, smok
         raise ValidationFailed(f"validation failed: {', '.join(failed)}"
                                + (f" (first failing tensor: {result['first_failure']})"
                                   if result.get("first_failure") else ""))
+
+
+def _engine_options(pairs: tuple[str, ...], name_map: str | None) -> dict[str, str]:
+    """``("timeout=60",)`` -> ``{"timeout": "60"}``; ``--name-map FILE`` is ``name_map=FILE``."""
+    options = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise GGUFParityError(f"--engine-opt {pair!r}: expected KEY=VALUE")
+        options[key.strip()] = value
+    if name_map is not None:
+        options["name_map"] = name_map
+    return options

@@ -39,13 +39,26 @@ _BACKEND_MODULES = {
 }
 
 
+# Engines behind a spec scheme (``scheme:target``): the module:factory that opens them. A factory is
+# ``open_engine(target, model, **options)`` (options: n_threads, n_ctx, numerics, n_batch and the user's
+# ``--engine-opt KEY=VALUE`` pairs; it ignores the ones it does not use) returning an Engine.
+ENGINE_SCHEMES: dict[str, str] = {
+    "dump": "bench_compare.adapters.dump:open_engine",
+    "cmd": "bench_compare.adapters.command:open_engine",
+    "hf": "bench_compare.adapters.hf_transformers:open_engine",
+}
+
+
 @dataclass(frozen=True)
 class EngineSpec:
-    kind: str  # "ours" | "llamacpp"
-    backend: str | None = None
+    kind: str  # "ours" | "llamacpp" | "scheme" (an ENGINE_SCHEMES entry)
+    backend: str | None = None  # ours: the backend; scheme: the scheme
+    target: str = ""  # scheme: the text after the first ':' (case kept: paths, commands)
 
     @property
     def name(self) -> str:
+        if self.kind == "scheme":
+            return f"{self.backend}:{self.target}"
         return f"ours:{self.backend}" if self.kind == "ours" else "llamacpp"
 
     @property
@@ -59,6 +72,9 @@ class EngineSpec:
 
 
 def parse_engine_spec(text: str) -> EngineSpec:
+    scheme, sep, target = (text or "").strip().partition(":")
+    if sep and scheme.lower() in ENGINE_SCHEMES:
+        return EngineSpec("scheme", scheme.lower(), target.strip())
     value = (text or "").strip().lower()
     if value in ("llamacpp", "llama.cpp", "llama_cpp", "llama-cpp"):
         return EngineSpec("llamacpp")
@@ -66,7 +82,8 @@ def parse_engine_spec(text: str) -> EngineSpec:
         backend = value.split(":", 1)[1]
         if backend in OUR_BACKENDS:
             return EngineSpec("ours", backend)
-    raise GGUFParityError(f"unknown engine '{text}'; choose one of: {', '.join(ENGINE_CHOICES)}")
+    raise GGUFParityError(f"unknown engine '{text}'; choose one of: {', '.join(ENGINE_CHOICES)}, "
+                          + ", ".join(f"{scheme}:..." for scheme in ENGINE_SCHEMES))
 
 
 def check_numerics(numerics: str) -> str:
@@ -79,6 +96,9 @@ def import_engine_modules(spec: EngineSpec) -> None:
     """Import what the engine needs (timed separately from loading the model in cold starts)."""
     if spec.kind == "llamacpp":
         _import("validation.llamacpp", "llama.cpp adapter (validation.llamacpp)")
+        return
+    if spec.kind == "scheme":
+        _scheme_factory(spec.backend)
         return
     _import("inference_engine.engine", "our engine (inference_engine.engine)")
     module = _BACKEND_MODULES[spec.backend]
@@ -98,6 +118,11 @@ def _import(module: str, what: str):
         raise GGUFParityError(f"{what} cannot be imported: missing module '{exc.name}'") from None
 
 
+def _scheme_factory(scheme: str):
+    module, _, attr = ENGINE_SCHEMES[scheme].partition(":")
+    return getattr(_import(module, f"the '{scheme}:' engine ({module})"), attr)
+
+
 def _backend_import_message(backend: str, exc: BaseException) -> str:
     hint = " (pip install 'gguf-parity[mlx]')" if backend == "mlx" else ""
     return f"backend '{backend}' cannot be imported{hint}: {exc}"
@@ -106,6 +131,9 @@ def _backend_import_message(backend: str, exc: BaseException) -> str:
 def engine_settings(spec: EngineSpec, *, n_threads: int | None, n_ctx: int, numerics: str,
                     n_batch: int = LLAMA_BENCH_N_BATCH) -> dict[str, Any]:
     """The settings :func:`make_engine` uses for ``spec`` (recorded with every result)."""
+    if spec.kind == "scheme":
+        return {"engine": spec.name, "backend": spec.backend, "numerics": numerics, "n_threads": n_threads,
+                "n_ctx": n_ctx, "n_batch": n_batch}
     if spec.kind == "llamacpp":
         return {
             "engine": spec.name, "backend": "CPU", "numerics": "ggml", "n_threads": n_threads, "n_ctx": n_ctx,
@@ -122,8 +150,9 @@ def engine_settings(spec: EngineSpec, *, n_threads: int | None, n_ctx: int, nume
 
 
 def make_engine(spec: EngineSpec | str, model: str | Path, *, n_threads: int | None = None, n_ctx: int = 2048,
-                numerics: str = "f32", n_batch: int = LLAMA_BENCH_N_BATCH):
-    """Construct the engine ``spec`` on ``model`` (a named model or a path). ``n_threads=None``: engine default."""
+                numerics: str = "f32", n_batch: int = LLAMA_BENCH_N_BATCH, **options):
+    """Construct the engine ``spec`` on ``model`` (a named model or a path). ``n_threads=None``: engine default.
+    ``options`` (``--engine-opt`` pairs) go to a scheme's factory only."""
     if isinstance(spec, str):
         spec = parse_engine_spec(spec)
     check_numerics(numerics)
@@ -131,6 +160,9 @@ def make_engine(spec: EngineSpec | str, model: str | Path, *, n_threads: int | N
 
     path = resolve_model(str(model), progress=False)
     import_engine_modules(spec)
+    if spec.kind == "scheme":
+        return _scheme_factory(spec.backend)(spec.target, str(path), n_threads=n_threads, n_ctx=n_ctx,
+                                             numerics=numerics, n_batch=n_batch, **options)
     if spec.kind == "llamacpp":
         from validation.llamacpp import LlamaCppEngine
 

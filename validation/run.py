@@ -35,14 +35,14 @@ import inspect
 import os
 import platform
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 
 from inference_engine.errors import GGUFParityError
-from inference_engine.protocol import Engine
+from inference_engine.protocol import Engine, EngineCapabilityError
 from validation.diff import diff_captures
 from validation.free_running import (
     FREE_RUNNING_EXPLANATION,
@@ -84,9 +84,17 @@ class ValidateOptions:
     threads: int | None = None
     n_ctx: int = DEFAULT_N_CTX
     free_running: bool = False  # gate the free-running comparison instead of the teacher-forced one
+    engine: str | None = None  # --engine SPEC: the engine under test (default: ours with ``backend``)
+    engine_options: dict = field(default_factory=dict)  # --engine-opt KEY=VALUE pairs for that engine's factory
 
     def check(self) -> None:
         """Reject bad choices before anything is loaded."""
+        if self.engine is not None:
+            from bench_compare.engines import parse_engine_spec
+
+            parse_engine_spec(self.engine)
+        elif self.engine_options:
+            raise GGUFParityError(f"engine options ({', '.join(self.engine_options)}) need --engine SPEC")
         _choice("--against", self.against, AGAINST_CHOICES)
         _choice("--backend", self.backend, BACKEND_CHOICES)
         _choice("--numerics", self.numerics, NUMERICS_CHOICES)
@@ -121,6 +129,11 @@ def open_reference(options: ValidateOptions, model_path: Path) -> Engine:
 
 
 def open_ours(options: ValidateOptions, model_path: Path) -> Engine:
+    if options.engine is not None:
+        from bench_compare.engines import make_engine
+
+        return make_engine(options.engine, model_path, n_threads=options.threads, n_ctx=options.n_ctx,
+                           numerics=options.numerics, **options.engine_options)
     return _open_ours(model_path, options.backend, options)
 
 
@@ -245,20 +258,27 @@ def _validate_engines(ours: Engine, reference: Engine, gguf, options: ValidateOp
                    "logits": tf_logits}
 
     free = {"gated": mode == FREE_RUNNING, "explanation": FREE_RUNNING_EXPLANATION, **free_diff.summary()}
-    free.update(_free_running_logits(reference, ids, captured_ref.get("result_output"), ours_free_logits,
-                                     thresholds, variants))
+    if ours_free_logits is None and getattr(ours, "partial_capture", False):
+        free.update({"reference_self_kld": None, "logits": {"passed": None, "not_checked": "no result_output"}})
+    else:
+        free.update(_free_running_logits(reference, ids, captured_ref.get("result_output"), ours_free_logits,
+                                         thresholds, variants))
     # The noise-floor gate is a check of its own only beside a teacher-forced gate; when free running is the gated
     # mode, its logits face the strict thresholds (``logits``) and the noise-floor verdict is for the reader.
     free["logits"]["gated"] = bool(free["logits"].get("gated")) and mode == TEACHER_FORCED
     del captured_ref
 
     gated_diff, gated_logits = (tf_diff, tf_logits) if mode == TEACHER_FORCED else (free_diff, free_logits)
+    not_checked: dict[str, str] = {}
+    if ours_free_logits is None and getattr(ours, "partial_capture", False):
+        not_checked["logits"] = f"{_name(ours)} provided no result_output"
+        gated_logits = {"passed": None, "not_checked": not_checked["logits"]}
     result: dict[str, Any] = {
         "passed": False,
         "checks": {},
         "mode": mode,
         "mode_reason": mode_reason,
-        "backend": options.backend,
+        "backend": options.backend if options.engine is None else _name(ours),
         "numerics": options.numerics,
         "against": options.against,
         "model": _model_identity(options.model, gguf),
@@ -269,7 +289,13 @@ def _validate_engines(ours: Engine, reference: Engine, gguf, options: ValidateOp
         "teacher_forced": teacher,
         "free_running": free,
     }
-    result["checks"]["tensors"] = gated_diff.passed
+    if getattr(ours, "partial_capture", False):
+        # what the engine does not provide is listed (not_provided), not failed; what it provides is gated
+        result["checks"]["tensors"] = gated_diff.first_failure is None if gated_diff.tensors else None
+        if not gated_diff.tensors:
+            not_checked["tensors"] = f"{_name(ours)} provided no tensor llama.cpp produces"
+    else:
+        result["checks"]["tensors"] = gated_diff.passed
     result["checks"]["logits"] = gated_logits["passed"]
     if mode == TEACHER_FORCED:
         # None in f32 numerics (reported, not gated), like the f32 logits themselves
@@ -281,18 +307,29 @@ def _validate_engines(ours: Engine, reference: Engine, gguf, options: ValidateOp
         result["tokenizer"] = {"source": "builtin", "skipped": "no built-in corpus available", "passed": None,
                                "cases": 0, "mismatches": 0, "first_mismatch": None, "special_tokens": None}
     else:
-        result["tokenizer"] = tokenizer_parity(ours, reference, corpus_texts, corpus_source).to_dict()
+        try:
+            result["tokenizer"] = tokenizer_parity(ours, reference, corpus_texts, corpus_source).to_dict()
+        except EngineCapabilityError as gap:
+            not_checked["tokenizer"] = str(gap)
+            result["tokenizer"] = {"source": corpus_source, "skipped": str(gap), "passed": None, "cases": 0,
+                                   "mismatches": 0, "first_mismatch": None, "special_tokens": None}
     result["checks"]["tokenizer"] = result["tokenizer"]["passed"]
 
     if options.smoke_tokens > 0:
-        result["smoke"] = greedy_smoke(ours, reference, ids, options.smoke_tokens, variants.get()[0]).to_dict()
+        try:
+            result["smoke"] = greedy_smoke(ours, reference, ids, options.smoke_tokens, variants.get()[0]).to_dict()
+        except EngineCapabilityError as gap:
+            not_checked["smoke"] = str(gap)
+            result["smoke"] = {"skipped": str(gap), "passed": None}
         result["checks"]["smoke"] = result["smoke"]["passed"]
     else:
         result["smoke"] = None
+    result["not_checked"] = not_checked
 
     # A check that did not run (None) does not fail the run; every check that ran must pass.
     result["passed"] = all(v for v in result["checks"].values() if v is not None)
     result["engines"] = {"ours": _info(ours), "reference": _info(reference)}
+    result["engine_notes"] = list(result["engines"]["ours"].get("notes") or [])
     result.update(provenance(options.backend))
     build = {k: v for k, v in result["engines"]["reference"].items() if k in REFERENCE_BUILD_KEYS}
     if build:
@@ -394,6 +431,10 @@ def _git_sha() -> str | None:
         return sha.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
     except (OSError, subprocess.SubprocessError):
         return None
+
+
+def _name(engine: Engine) -> str:
+    return str(getattr(engine, "name", type(engine).__name__))
 
 
 def _close(engine: Engine | None) -> None:
