@@ -282,6 +282,7 @@ class DumpEngine:
     ``prefill``'s logits) for the dump's ids; everything else raises :class:`EngineCapabilityError`."""
 
     partial_capture = True  # an engine dumps what it can; validation lists the rest as not provided
+    timed = False  # nothing here measures the engine's speed: bench/compare should refuse it
 
     def __init__(self, directory: str | Path, model: str | Path, *, n_ctx: int = 2048,
                  name_map: str | Path | None = None, label: str | None = None):
@@ -359,10 +360,22 @@ class DumpEngine:
         return dict(tensors) if wanted is None else {k: v for k, v in tensors.items() if k in set(wanted)}
 
     def prefill(self, ids: list[int]) -> np.ndarray:
+        self._check_prefill_ids(list(ids))
         logits = self.dump_for(list(ids), ["result_output"]).tensors.get("result_output")
         if logits is None:
             raise EngineCapabilityError(f"{self.name} has no result_output, so it gives no logits")
         return np.asarray(logits).reshape(-1, self.dims.n_vocab)[-1]
+
+    def _check_prefill_ids(self, ids: list[int]) -> None:
+        """Logits exist only for the dump's own ids: any other prompt (a benchmark's) is a capability gap."""
+        manifest = self.directory / MANIFEST_FILE
+        try:
+            dumped = json.loads(manifest.read_text(encoding="utf-8")).get("token_ids")
+        except (OSError, ValueError):
+            dumped = None
+        if dumped != ids:
+            raise EngineCapabilityError(f"{self.name} holds one prefill of its request's token ids and nothing else: "
+                                        "it cannot run other prompts, and nothing in a dump can be timed")
 
     def decode(self, token_id: int) -> np.ndarray:
         raise EngineCapabilityError(f"{self.name} holds one prefill of the requested ids; it cannot decode further "

@@ -37,7 +37,9 @@ after recording it, so validation gates every hooked op teacher-forced, as it do
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
+import io
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -102,10 +104,12 @@ class HFTransformersEngine:
         self._torch = torch
         transformers.utils.logging.disable_progress_bar()  # one line per tensor on stderr otherwise
         try:
-            self.model = transformers.AutoModelForCausalLM.from_pretrained(
-                str(self.path.parent), gguf_file=self.path.name, dtype=torch.float32)
-            self.tokenizer = transformers.AutoTokenizer.from_pretrained(str(self.path.parent),
-                                                                        gguf_file=self.path.name)
+            # the GGUF conversion draws its own tqdm bar on stderr, one redraw per tensor: keep the terminal clean
+            with contextlib.redirect_stderr(io.StringIO()):
+                self.model = transformers.AutoModelForCausalLM.from_pretrained(
+                    str(self.path.parent), gguf_file=self.path.name, dtype=torch.float32)
+                self.tokenizer = transformers.AutoTokenizer.from_pretrained(str(self.path.parent),
+                                                                            gguf_file=self.path.name)
         except Exception as exc:  # noqa: BLE001 - transformers' own load failures become one user-facing line
             raise GGUFParityError(f"--engine hf: transformers cannot load {self.path}: "
                                   f"{' '.join(str(exc).split())[:200]}") from None
