@@ -86,6 +86,11 @@ HOOKS: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
 )
 
 
+# Modules whose output transformers lays out head-major, (batch, n_head, n_tokens, head_dim): Gemma 3 transposes
+# Q and K to heads-first before its q/k norms (qwen3 norms them token-major, then transposes).
+_HEAD_MAJOR = {"gemma3": ("Qcur_normed", "Kcur_normed")}
+
+
 class HFTransformersEngine:
     """The Engine protocol over a transformers causal LM loaded from a GGUF (float32, CPU)."""
 
@@ -193,13 +198,20 @@ class HFTransformersEngine:
         captured: dict[str, np.ndarray] = {}
         handles = []
 
+        head_major = _HEAD_MAJOR.get(self.architecture, ())
+
         def record(name: str, value):
             tensor = value[0] if isinstance(value, tuple) else value
+            swap = (name.rpartition("-")[0] in head_major) and tensor.dim() == 4  # (1, H, T, D) -> (T, H, D)
             if wanted is None or name in wanted:
-                captured[name] = tensor.detach()[0].float().numpy().copy()  # drop the batch axis
+                array = tensor.detach()[0]
+                captured[name] = (array.transpose(0, 1) if swap else array).float().numpy().copy()
             if name not in force:
                 return None
-            forced = torch.as_tensor(np.asarray(force[name], dtype=np.float32)).reshape(tensor.shape)
+            forced = torch.as_tensor(np.asarray(force[name], dtype=np.float32))
+            if swap:
+                forced = forced.reshape(tensor.shape[2], tensor.shape[1], tensor.shape[3]).transpose(0, 1)
+            forced = forced.reshape(tensor.shape).contiguous()
             return (forced, *value[1:]) if isinstance(value, tuple) else forced
 
         for name, module, side in self._hook_points():

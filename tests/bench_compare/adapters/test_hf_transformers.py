@@ -44,3 +44,34 @@ def test_hf_gemma3_maps_gemmas_own_tensors():
             "l_out-17", "result_output"} <= names
     assert result["mode"] == "teacher_forced" and result["checks"]["tensors"] is True
     assert result["engines"]["ours"]["class"] == "Gemma3ForCausalLM"
+
+
+# Both engines run float32 on the same F32 weights; only the order of float sums differs (seen: NMSE ~1e-12).
+TINY_NMSE_MAX = 1e-9
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "gemma3"])
+def test_hf_hooks_give_llamacpp_names_and_values_on_tiny_models(tiny_model, arch):
+    """On tiny F32 models every hooked tensor equals our engine's tap of the same name (our taps are llama.cpp's
+    names, checked against llama.cpp elsewhere), and forcing a tensor changes what follows it."""
+    import numpy as np
+
+    from bench_compare.adapters.hf_transformers import open_engine
+    from inference_engine.engine import OurEngine
+    from validation.diff import diff_captures
+
+    # Gemma: transformers 5.23's GGUF loader leaves query_pre_attn_scalar at its default, 256, where llama.cpp scales
+    # by 1/sqrt(attention.key_length): the tiny model's usual head_dim of 128 would differ in attention for that
+    # reason alone (gemma3-270m has 256, so there it agrees)
+    path = tiny_model(arch, "F32", **({"head_dim": 256} if arch == "gemma3" else {}))
+    ids = [40, 75, 84, 90, 3, 120]
+    with OurEngine(str(path), backend="numpy", numerics="f32") as ours:
+        reference = ours.capture(ids)
+    hf = open_engine("", str(path))
+    captured = hf.capture(ids)
+    diff = diff_captures(captured, reference, TINY_NMSE_MAX)
+    assert diff.passed and not diff.ours_only, (diff.first_failure, diff.ours_only)
+    assert len(diff.tensors) >= 2 + 9 * 2  # every layer's hooks matched by name and shape
+    forced = hf.capture(ids, force={"attn_norm-0": np.zeros_like(reference["attn_norm-0"])})
+    assert not np.any(forced["Vcur-0"]) or arch == "qwen2"  # V of a zero input is zero (qwen2: its bias)
+    np.testing.assert_allclose(hf.prefill(ids), captured["result_output"][-1], rtol=1e-5, atol=1e-5)
