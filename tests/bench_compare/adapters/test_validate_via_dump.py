@@ -123,3 +123,16 @@ def test_a_command_engine_is_run_per_request_and_decodes_by_rerunning(tiny_llama
     assert result["checks"]["tokenizer"] is None and "not a tokenizer" in result["not_checked"]["tokenizer"]
     assert all(t["nmse"] == 0.0 for t in result["tensors"]) and len(result["tensors"]) >= 29
     assert result["engines"]["ours"]["runs"] == 2  # the capture (its result_output serves the prefill), one decode
+
+
+def test_a_dump_with_nothing_in_common_fails(tiny_capture, tmp_path):
+    model, sha, _, captured = tiny_capture
+    _our_dump(model, tmp_path / "d", "numpy")
+    ids = json.loads((tmp_path / "d" / dump.MANIFEST_FILE).read_text())["token_ids"]
+    dump.write_dump(tmp_path / "d", {"my.own.name": captured["embd"][: len(ids)]}, model_sha256=sha, token_ids=ids,
+                    engine_name="x")
+    result = validate(ValidateOptions(model=str(model), against="numpy", numerics="f32", prompt=PROMPT,
+                                      smoke_tokens=0, engine=f"dump:{tmp_path / 'd'}"))
+    assert result["checks"]["tensors"] is False and not result["passed"]  # nothing compared proves nothing
+    assert any("names llama.cpp does not produce" in line and "my.own.name" in line
+               for line in result["engine_notes"])
