@@ -3,7 +3,7 @@
 transformers loads the very GGUF under test (``AutoModelForCausalLM.from_pretrained(dir, gguf_file=name)``), which
 dequantizes every weight to float32 and runs its own PyTorch implementation of the architecture. That makes it an
 engine no one here wrote: its tokenizer (converted by transformers from the GGUF's vocabulary), its attention, its
-RoPE, its norms. ``hf:`` alone uses the GGUF given with ``--model``; ``hf:PATH.gguf`` another file.
+RoPE, its norms. ``hf:`` alone uses the GGUF given with ``--model``; ``hf:NAME`` or ``hf:PATH.gguf`` another one.
 
 Its intermediates are taken with forward hooks on the modules whose outputs are llama.cpp graph tensors (names in
 :data:`HOOKS`, semantics checked against llama.cpp 0.3.36's ``src/models/{llama,qwen2,qwen3,gemma3}.cpp``):
@@ -247,8 +247,9 @@ def _llamacpp_shape(name: str, array: np.ndarray, engine: HFTransformersEngine) 
 
 
 def open_engine(target: str, model: str, **options) -> HFTransformersEngine:
-    """Factory for ``--engine hf:`` (the GGUF under test) or ``hf:PATH.gguf``; options: n_ctx, n_threads."""
-    path = Path(target) if target else Path(model)
-    if target and not path.is_file():
-        raise GGUFParityError(f"--engine hf:{target}: no such GGUF file (hf: alone uses the --model file)")
+    """Factory for ``--engine hf:`` (the GGUF under test), ``hf:NAMED_MODEL`` or ``hf:PATH.gguf``; options: n_ctx,
+    n_threads."""
+    from inference_engine.registry import resolve_model
+
+    path = Path(resolve_model(target, progress=False)) if target else Path(model)
     return HFTransformersEngine(path, n_ctx=options.get("n_ctx") or 2048, n_threads=options.get("n_threads"))
