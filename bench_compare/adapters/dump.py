@@ -172,7 +172,10 @@ def check_identity(manifest: dict, directory: Path, model_sha256: str, model_nam
     if manifest["model_sha256"].lower() != model_sha256.lower():
         raise GGUFParityError(f"dump {directory} was written for a model with sha256 {manifest['model_sha256'][:16]}"
                               f"..., not {model_name} (sha256 {model_sha256[:16]}...): a dump of the wrong model")
-    theirs = [int(i) for i in manifest["token_ids"]]
+    try:
+        theirs = [int(i) for i in manifest["token_ids"]]
+    except (TypeError, ValueError):
+        raise GGUFParityError(f"{directory / MANIFEST_FILE}: \"token_ids\" must be a list of integers") from None
     if theirs != list(ids):
         first = next((k for k, (a, b) in enumerate(zip(theirs, ids)) if a != b), min(len(theirs), len(ids)))
         raise GGUFParityError(f"dump {directory} holds {len(theirs)} token ids, the harness asked for {len(ids)}; "
