@@ -7,12 +7,12 @@ line on stderr with exit code 2; Ctrl-C exits with 130.
 
 from __future__ import annotations
 
-import importlib
 import sys
 
 import click
 
-from inference_engine.errors import GGUFParityError
+from inference_engine.errors import CheckFailed, GGUFParityError
+from inference_engine.registries import Registry
 
 # command name -> "module:attribute"
 COMMANDS: dict[str, str] = {
@@ -23,6 +23,7 @@ COMMANDS: dict[str, str] = {
     "bench": "bench_compare.cmd_bench:bench",
     "compare": "bench_compare.cmd_compare:compare",
     "report": "bench_compare.cmd_report:report",
+    "engines": "bench_compare.cmd_engines:engines",
 }
 
 COMMAND_HELP: dict[str, str] = {
@@ -33,22 +34,23 @@ COMMAND_HELP: dict[str, str] = {
     "bench": "llama-bench compatible benchmark of one engine.",
     "compare": "Benchmark our engine and llama.cpp side by side.",
     "report": "Merge result JSONs into a report; gate regressions.",
+    "engines": "List every engine --engine accepts (ours, llama.cpp, plugins).",
 }
+
+COMMAND_REGISTRY: Registry[click.Command] = Registry("command", COMMANDS, base=click.Command)
 
 
 class LazyGroup(click.Group):
     def list_commands(self, ctx):
-        return list(COMMANDS)
+        return list(COMMAND_REGISTRY)
 
     def get_command(self, ctx, name):
-        target = COMMANDS.get(name)
-        if target is None:
+        if name not in COMMAND_REGISTRY:
             return super().get_command(ctx, name)  # commands added with add_command (plugins, tests)
-        module_name, attr = target.split(":")
-        return getattr(importlib.import_module(module_name), attr)
+        return COMMAND_REGISTRY.get(name)
 
     def format_commands(self, ctx, formatter):
-        rows = [(name, COMMAND_HELP.get(name, "")) for name in COMMANDS]
+        rows = [(name, COMMAND_HELP.get(name, "")) for name in COMMAND_REGISTRY]
         with formatter.section("Commands"):
             formatter.write_dl(rows)
 
@@ -63,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         # With standalone_mode=False, click returns a command's ctx.exit(code) as the return value.
         returned = cli.main(args=argv, prog_name="bench-compare", standalone_mode=False)
-    except GGUFParityError as exc:
+    except (GGUFParityError, CheckFailed) as exc:  # exit 2 (bad input) or 1 (a check failed)
         click.echo(f"error: {exc}", err=True)
         return exc.exit_code
     except click.exceptions.Abort:

@@ -9,11 +9,14 @@ from pathlib import Path
 import click
 
 from bench_compare import compare_run, engines, report
-from bench_compare.atomic import atomic_write_json
+from validation.atomic import atomic_write_json
 from bench_compare.cmd_bench import parse_positive_int
 from bench_compare.measure import DEFAULT_SEED
+from bench_compare.results import REFERENCE_ENGINE
+from inference_engine.backends import BACKENDS
 from inference_engine.errors import GGUFParityError
-from inference_engine.registry import DEFAULT_MODEL
+from inference_engine.registries import numerics_help
+from inference_engine.model_cache import DEFAULT_MODEL
 
 
 def _reps(text: str, quick: bool) -> int:
@@ -31,8 +34,9 @@ def _optional_int(text: str | None, flag: str, minimum: int) -> int | None:
 @click.option("--model", "-m", "model", metavar="MODEL", default=DEFAULT_MODEL, show_default=True,
               help="Named model or .gguf path.")
 @click.option("--backend", metavar="BACKEND", default=None,
-              help="numpy | numba | mlx (default: numba if installed, else numpy)")
-@click.option("--numerics", metavar="MODE", default="f32", show_default=True, help="f32 | ggml (our engine)")
+              help=f"{' | '.join(BACKENDS)} (default: numba if installed, else numpy)")
+@engines.engine_options("Engine to compare with llama.cpp instead of ours:<backend>")
+@click.option("--numerics", metavar="MODE", default="f32", show_default=True, help=f"{numerics_help()} (our engine)")
 @click.option("-p", "n_prompt", metavar="N", default=None,
               help="Prompt size (default 512, scaled down to fit --budget).")
 @click.option("-n", "n_gen", metavar="N", default=None,
@@ -57,7 +61,7 @@ def _optional_int(text: str | None, flag: str, minimum: int) -> int | None:
 @click.option("--report", "report_dir", metavar="DIR", default=None,
               help="Write report.md + ratios.png (+ compare.json) here.")
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Progress bar on stderr.")
-def compare(model, backend, numerics, n_prompt, n_gen, n_depth, reps, threads, cold_reps, no_cold, quick, budget,
+def compare(model, backend, engine, engine_opts, numerics, n_prompt, n_gen, n_depth, reps, threads, cold_reps, no_cold, quick, budget,
             prompt, seed, json_path, report_dir, progress) -> None:
     """Benchmark our engine and llama.cpp side by side, interleaved: pp, tg, tg @ depth, hot and cold TTFT and
     peak RSS, with ratios (higher is better for ours)."""
@@ -66,7 +70,8 @@ def compare(model, backend, numerics, n_prompt, n_gen, n_depth, reps, threads, c
     except ValueError:
         raise GGUFParityError(f"--budget must be a number of seconds, got '{budget}'") from None
     cfg = compare_run.CompareConfig(
-        model=model, backend=backend or engines.default_backend(), numerics=numerics,
+        model=model, backend=backend or engines.default_backend(), numerics=numerics, engine=engine,
+        engine_opts=engines.parse_engine_opts(engine_opts),
         n_prompt=_optional_int(n_prompt, "-p", 1), n_gen=_optional_int(n_gen, "-n", 1),
         n_depth=_optional_int(n_depth, "-d", 0),
         reps=_reps(reps, quick),
@@ -128,5 +133,5 @@ def compare(model, backend, numerics, n_prompt, n_gen, n_depth, reps, threads, c
 
 def _partial_result(session: compare_run.CompareSession) -> dict:
     results = session.results()
-    return {"ours": session.ours_name, "reference": "llamacpp", "results": [r.to_dict() for r in results],
+    return {"ours": session.ours_name, "reference": REFERENCE_ENGINE, "results": [r.to_dict() for r in results],
             "ratios": session.ratios()}

@@ -10,7 +10,9 @@ import sys
 
 import click
 
+from inference_engine.backends import BACKENDS
 from inference_engine.errors import GGUFParityError
+from inference_engine.registries import numerics_help
 
 DEFAULT_PROMPT = "The capital of France is"
 DEFAULT_MODEL = "smollm2-135m"
@@ -26,10 +28,8 @@ def _check_flags(max_tokens: int, ctx: int, threads: int | None, backend: str, n
         raise GGUFParityError(f"--ctx must be at least 1, got {ctx}")
     if threads is not None and threads < 1:
         raise GGUFParityError(f"--threads must be at least 1, got {threads}")
-    if backend not in BACKENDS:
-        raise GGUFParityError(f"unknown backend '{backend}'; supported: {', '.join(BACKENDS)}")
-    if numerics not in NUMERICS:
-        raise GGUFParityError(f"unknown numerics '{numerics}'; supported: {', '.join(NUMERICS)}")
+    BACKENDS.validate(backend)
+    NUMERICS.validate(numerics)
     if kv_type not in KV_TYPES:
         raise GGUFParityError(f"unknown KV cache type '{kv_type}'; supported: {', '.join(KV_TYPES)}")
 
@@ -37,8 +37,8 @@ def _check_flags(max_tokens: int, ctx: int, threads: int | None, backend: str, n
 @click.command("generate")
 @click.argument("prompt", required=False, default=DEFAULT_PROMPT)
 @click.option("--model", "-m", default=DEFAULT_MODEL, show_default=True, help="Named model or path to a .gguf.")
-@click.option("--backend", default="numpy", show_default=True, help="numpy, numba or mlx.")
-@click.option("--numerics", default="f32", show_default=True, help="f32 (dequantized) or ggml (llama.cpp's).")
+@click.option("--backend", default="numpy", show_default=True, help=f"{', '.join(BACKENDS)}.")
+@click.option("--numerics", default="f32", show_default=True, help=f"{numerics_help()}: f32 dequantized, ggml llama.cpp's.")
 @click.option("--max-tokens", "-n", default=64, show_default=True, type=int, help="Tokens to generate at most.")
 @click.option("--ctx", default=2048, show_default=True, type=int, help="Context size (KV cache positions).")
 @click.option("--threads", "-t", default=None, type=int, help="Threads (backend default when omitted).")

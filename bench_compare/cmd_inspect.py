@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from inference_engine.gguf_file import open_gguf
-from inference_engine.registry import resolve_model
+from inference_engine.model_cache import resolve_model
 
 _LONG_ARRAY = 8  # metadata arrays longer than this (the vocabulary) are summarised, not printed
 

@@ -12,22 +12,24 @@ from __future__ import annotations
 
 import click
 
-from inference_engine.errors import GGUFParityError
+from bench_compare import engines
+from inference_engine.backends import BACKENDS
+from inference_engine.errors import CheckFailed, GGUFParityError
+from validation.run import REFERENCES
 
 
-class ValidationFailed(GGUFParityError):
+class ValidationFailed(CheckFailed):
     """A validation that ran to the end and found a difference: exit code 1, not a user error (exit 2)."""
-
-    exit_code = 1
 
 
 @click.command("validate")
 @click.option("--model", default="smollm2-135m", show_default=True, help="A named model or a path to a .gguf file.")
-@click.option("--backend", default="numpy", show_default=True, help="Our backend: numpy, numba or mlx.")
+@click.option("--backend", default="numpy", show_default=True, help=f"Our backend: {', '.join(BACKENDS)}.")
+@engines.engine_options("Engine under test instead of ours:<backend>")
 @click.option("--numerics", default="ggml", show_default=True,
               help="ggml (emulate llama.cpp's CPU rounding; strict thresholds) or f32 (plain float32; loose).")
 @click.option("--prompt", default=None, help="Text to run through both engines (default: a built-in sentence).")
-@click.option("--against", default="llamacpp", show_default=True, help="Reference engine: llamacpp or numpy.")
+@click.option("--against", default="llamacpp", show_default=True, help=f"Reference engine: {', '.join(REFERENCES)}.")
 @click.option("--logit-lens", is_flag=True, help="Also compare every layer's l_out through the output head.")
 @click.option("--corpus", default=None, metavar="FILE.jsonl",
               help="Tokenizer parity corpus, one {\"text\": ...} per line (default: the built-in corpus).")
@@ -38,19 +40,14 @@ class ValidationFailed(GGUFParityError):
               help="Gate the free-running comparison (each engine on its own values end to end) at the per-op "
                    "thresholds instead of the teacher-forced one (each op given the reference's inputs); the other "
                    "is reported either way.")
-@click.option("--engine", "engine", default=None, metavar="SPEC",
-              help="The engine under test instead of ours with --backend: dump:DIR (a tensor dump), "
-                   "'cmd:PROGRAM {request} {out}' (a program run per request), hf: (Hugging Face transformers on "
-                   "the same GGUF), ours:BACKEND.")
-@click.option("--engine-opt", "engine_opts", multiple=True, metavar="KEY=VALUE",
-              help="An option for the --engine factory (repeatable), e.g. timeout=120 for cmd:.")
 @click.option("--name-map", "name_map", default=None, metavar="FILE",
-              help="Map a dump's own tensor names to llama.cpp's: JSON object or 'theirs = ours' lines.")
+              help="For dump:/cmd: engines: their tensor names -> llama.cpp's (JSON object or 'theirs = ours' "
+                   "lines); the same as --engine-opt name_map=FILE.")
 @click.option("--json", "json_path", default=None, metavar="PATH", help="Also write the result JSON here.")
 @click.option("--report", "report_dir", default=None, metavar="DIR",
               help="Report directory (default: reports/validate/<model>-<backend>-<numerics>-<timestamp>/).")
-def validate(model, backend, numerics, prompt, against, logit_lens, corpus, smoke_tokens, threads, free_running,
-             engine, engine_opts, name_map, json_path, report_dir) -> None:
+def validate(model, backend, engine, engine_opts, numerics, prompt, against, logit_lens, corpus, smoke_tokens,
+             threads, free_running, name_map, json_path, report_dir) -> None:
     """Diff our engine against a reference tensor by tensor; exit 0 pass, 1 fail, 2 bad input."""
     from validation.report import check_report_target, default_report_dir, print_result, write_json, write_report_dir
     from validation.run import ValidateOptions
@@ -58,12 +55,25 @@ def validate(model, backend, numerics, prompt, against, logit_lens, corpus, smok
 
     options = ValidateOptions(model=model, backend=backend, numerics=numerics, prompt=prompt, against=against,
                               logit_lens=logit_lens, corpus=corpus, smoke_tokens=smoke_tokens, threads=threads,
-                              free_running=free_running, engine=engine,
-                              engine_options=_engine_options(engine_opts, name_map))
+                              free_running=free_running)
+    ours_opener = None
+    if name_map is not None:
+        if not engine:
+            raise GGUFParityError("--name-map applies to an --engine that reads dumps (dump:DIR, 'cmd:...')")
+        engine_opts = (*engine_opts, f"name_map={name_map}")
+    spec = engines.parse_engine_spec(engine, engines.parse_engine_opts(engine_opts)) if engine else None
+    if spec is not None and spec.backend is not None and not spec.options:
+        options.backend = spec.backend  # ours:<backend>: the same as --backend
+    elif spec is not None:
+        options.engine = spec.name
+
+        def ours_opener(opts, model_path):
+            return engines.make_engine(spec, model_path, n_threads=opts.threads, n_ctx=opts.n_ctx,
+                                       numerics=opts.numerics)
     options.check()
     if report_dir:
         check_report_target(report_dir)
-    result = run_validate(options)
+    result = run_validate(options, ours_opener=ours_opener)
     print_result(result)
     directory = write_report_dir(result, report_dir or default_report_dir(result))
     click.echo(f"report: {directory}")
@@ -74,16 +84,3 @@ def validate(model, backend, numerics, prompt, against, logit_lens, corpus, smok
         raise ValidationFailed(f"validation failed: {', '.join(failed)}"
                                + (f" (first failing tensor: {result['first_failure']})"
                                   if result.get("first_failure") else ""))
-
-
-def _engine_options(pairs: tuple[str, ...], name_map: str | None) -> dict[str, str]:
-    """``("timeout=60",)`` -> ``{"timeout": "60"}``; ``--name-map FILE`` is ``name_map=FILE``."""
-    options = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key.strip():
-            raise GGUFParityError(f"--engine-opt {pair!r}: expected KEY=VALUE")
-        options[key.strip()] = value
-    if name_map is not None:
-        options["name_map"] = name_map
-    return options

@@ -8,6 +8,7 @@ the other engine or with the harness that drives them.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -35,6 +36,8 @@ def cold_start_command(spec: EngineSpec, model_path: str | Path, prompt: str, *,
            "--seed", str(seed)]
     if n_threads is not None:
         cmd += ["--threads", str(n_threads)]
+    for key, value in spec.options:
+        cmd += ["--engine-opt", f"{key}={value}"]
     return cmd
 
 
@@ -48,10 +51,19 @@ def run_cold_start_subprocess(spec: EngineSpec, model_path: str | Path, prompt: 
                              n_batch=n_batch, rss_prompt=rss_prompt, rss_gen=rss_gen, seed=seed, spawn_ns=spawn_ns)
     try:
         # cwd: where this package lives, so "-m" finds it (and not a same-named folder in the user's cwd)
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=PACKAGE_ROOT)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=PACKAGE_ROOT,
+                              env=_child_env())
     except subprocess.TimeoutExpired:
         raise GGUFParityError(f"cold start of {spec.name} took longer than {timeout:.0f} s") from None
     return parse_cold_start_output(spec.name, proc.returncode, proc.stdout, proc.stderr)
+
+
+def _child_env() -> dict[str, str]:
+    """The environment with the user's working directory on ``PYTHONPATH``, so a plugin engine
+    (``--engine mypkg.mod:factory``) imports in the child as it did here."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH", ""), os.getcwd()) if p)
+    return env
 
 
 def parse_cold_start_output(engine: str, returncode: int, stdout: str, stderr: str) -> dict[str, Any]:

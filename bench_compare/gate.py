@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench_compare.atomic import atomic_write_json
+from validation.atomic import atomic_write_json
 from bench_compare.report import KIND_COMPARE, classify, load_json, markdown_table, validation_metrics
 from bench_compare.results import utc_now
 from inference_engine.errors import GGUFParityError

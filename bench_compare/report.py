@@ -1,13 +1,14 @@
 """Reports from result JSONs: Markdown with PNG plots, and a history file with one row per run.
 
-Two kinds of result are understood:
+Two kinds of result are understood, by their ``kind`` (:mod:`validation.results`):
 
-* compare results (``bench-compare compare --json``): ``kind == "gguf-parity-compare"``, ``results`` and
+* compare results (``bench-compare compare --json``, :class:`~validation.results.CompareResult`): ``results`` and
   ``ratios`` (higher is better for ours);
-* validation results (``bench-compare validate``): ``passed``, ``tensors`` ``[{name, nmse, ...}]`` and
-  ``logits`` ``{kld_mean, kld_max, top1_agreement}``.
+* validation results (``bench-compare validate``, :class:`~validation.results.ValidationResult`): ``passed``,
+  ``tensors`` ``[{name, nmse, ...}]`` and ``logits`` ``{kld_mean, kld_max, top1_agreement}``.
 
-Anything else is refused with a one-line error. Every file is written atomically (:mod:`bench_compare.atomic`).
+Files written before results carried a ``kind`` are upgraded on load (:func:`validation.results.upgrade_legacy`).
+Anything else is refused with a one-line error. Every file is written atomically (:mod:`validation.atomic`).
 Plots use matplotlib's Agg canvas directly (no pyplot, no display needed).
 """
 
@@ -20,8 +21,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from bench_compare.atomic import atomic_open, atomic_write_bytes, atomic_write_text
-from bench_compare.results import COMPARE_KIND, utc_now
+from validation.atomic import atomic_open, atomic_write_bytes, atomic_write_text
+from bench_compare.results import utc_now
+from validation.results import CompareResult, ValidationResult, result_class, upgrade_legacy
 from inference_engine.errors import GGUFParityError
 
 KIND_COMPARE = "compare"
@@ -33,16 +35,14 @@ ENGINE_TITLES = {"llamacpp": "llama.cpp"}
 
 
 # --- loading ----------------------------------------------------------------------------------------------------
+# result kind (the JSON's "kind") -> the section of the report it goes to
+REPORT_SECTIONS = {CompareResult.kind: KIND_COMPARE, ValidationResult.kind: KIND_VALIDATION}
+
+
 def classify(obj: Any) -> str | None:
-    if not isinstance(obj, dict):
-        return None
-    if obj.get("kind") == COMPARE_KIND or (
-        isinstance(obj.get("results"), list) and isinstance(obj.get("ratios"), dict)
-    ):
-        return KIND_COMPARE
-    if "passed" in obj and (isinstance(obj.get("tensors"), list) or isinstance(obj.get("logits"), dict)):
-        return KIND_VALIDATION
-    return None
+    """The report section of a result object (by its ``kind``; old files upgraded first), or None."""
+    upgraded = upgrade_legacy(obj)
+    return None if upgraded is None else REPORT_SECTIONS.get(upgraded["kind"])
 
 
 def load_json(path: str | Path, what: str = "result") -> Any:
@@ -56,12 +56,13 @@ def load_json(path: str | Path, what: str = "result") -> Any:
 
 
 def load_result(path: str | Path) -> dict[str, Any]:
-    obj = load_json(path)
-    kind = classify(obj)
+    obj = upgrade_legacy(load_json(path))
+    kind = None if obj is None else REPORT_SECTIONS.get(obj["kind"])
     if kind is None:
         raise GGUFParityError(
             f"{path}: not a gguf-parity result (expected a compare JSON with 'results' and 'ratios', or a "
             "validation JSON with 'passed', 'tensors' and 'logits')")
+    result_class(obj, str(path))  # refuses a schema newer than this version reads
     obj = dict(obj)
     obj["_kind"] = kind
     obj["_source"] = str(path)

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from inference_engine.backends import get_backend
+from inference_engine.backends import numerics as nx
 from inference_engine.backends.base import check_kv_type
 from inference_engine.errors import GGUFParityError
 from inference_engine.gguf_file import GGUFFile, open_gguf
@@ -97,6 +98,7 @@ class OurEngine:
             "backend": self.backend.name,
             "backend_description": self.backend.description,
             "numerics": self.numerics,
+            "ggml_simd": nx.ggml_simd() if self.numerics == "ggml" else None,
             "kv_type": self.kv_type,
             "threads": self.n_threads,
             "versions": self.versions(),
@@ -213,7 +215,7 @@ def load_engine(
     progress: bool = True,
 ) -> OurEngine:
     """An engine for a model as users name it: a named model (fetched on first use) or a path to a .gguf."""
-    from inference_engine.registry import resolve_model
+    from inference_engine.model_cache import resolve_model
 
     return OurEngine(resolve_model(str(model), progress=progress), backend, numerics, n_ctx, n_threads, kv_type)
 

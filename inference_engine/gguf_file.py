@@ -1,8 +1,9 @@
 """Open a GGUF file: metadata, tensors and checks, through gguf-py's memory-mapped ``GGUFReader``.
 
-Nothing here copies weights: each :class:`TensorInfo` holds a view into the memory map. Every problem a user can
-cause (missing path, directory, empty or non-GGUF file, truncated tensor data, unknown architecture, unsupported
-tensor type) raises :class:`GGUFParityError` with one line naming it and what is supported.
+Nothing here copies weights: each :class:`TensorInfo` holds a view into the memory map. A pure reader: any
+architecture and any tensor type opens (``inspect`` shows them); what we can *run* is checked where a model is built
+(:func:`inference_engine.models.check_runnable`). Every problem with the file itself (missing path, directory, empty
+or non-GGUF file, truncated tensor data) raises :class:`GGUFParityError` with one line naming it.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, LlamaFileType
+from gguf import GGMLQuantizationType, GGUFReader, LlamaFileType
 from gguf.constants import GGUFValueType
 
 from inference_engine.errors import GGUFParityError
@@ -127,22 +128,13 @@ class GGUFFile:
         self.raw_architecture = str(self.metadata_value("general.architecture", ""))
         if not self.raw_architecture:
             raise GGUFParityError(f"{self.path}: GGUF file has no general.architecture key")
+        # Any architecture and tensor type opens (for inspect); what we can run is checked where a model is built
+        # (inference_engine.models.check_runnable).
         self.architecture = ARCHITECTURE_ALIASES.get(self.raw_architecture, self.raw_architecture)
-        if self.architecture not in SUPPORTED_ARCHITECTURES:
-            raise GGUFParityError(
-                f"{self.path}: unsupported architecture '{self.raw_architecture}'; supported: "
-                f"{', '.join(SUPPORTED_ARCHITECTURES)} (aliases: "
-                f"{', '.join(f'{a}->{b}' for a, b in ARCHITECTURE_ALIASES.items())})"
-            )
         self.tensors: dict[str, TensorInfo] = {}
         file_size = self.path.stat().st_size
         for t in self.reader.tensors:
             qtype = GGMLQuantizationType(int(t.tensor_type))
-            if qtype not in SUPPORTED_TENSOR_TYPES:
-                raise GGUFParityError(
-                    f"{self.path}: tensor '{t.name}' has unsupported type {qtype.name}; supported: "
-                    f"{supported_type_names()}"
-                )
             if int(t.data_offset) + int(t.n_bytes) > file_size:
                 raise GGUFParityError(
                     f"{self.path}: file is truncated: tensor '{t.name}' needs bytes up to "
@@ -247,8 +239,3 @@ def _short(exc: BaseException) -> str:
 
 def open_gguf(path: str | os.PathLike) -> GGUFFile:
     return GGUFFile(path)
-
-
-def row_bytes(qtype: GGMLQuantizationType, n_cols: int) -> int:
-    block, size = GGML_QUANT_SIZES[qtype]
-    return n_cols // block * size

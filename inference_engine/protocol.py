@@ -78,3 +78,27 @@ class Engine(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+# What the harness calls on every engine (``capture`` is optional: without it validation compares logits, speed and
+# smoke only; with ``capture(ids, force=...)`` it also compares every tensor teacher-forced).
+REQUIRED_ENGINE_MEMBERS: tuple[str, ...] = (
+    "name", "model_info", "n_vocab", "n_ctx", "tokenize", "detokenize", "reset", "prefill", "decode", "close",
+)
+
+
+def missing_engine_members(obj: Any) -> list[str]:
+    """The members of :data:`REQUIRED_ENGINE_MEMBERS` that ``obj`` lacks (empty: usable as an engine)."""
+    def has(member: str) -> bool:
+        # looked up on the class and the instance, so that properties (model_info may hash the file) are not run
+        if any(member in vars(k) for k in type(obj).__mro__) or member in getattr(obj, "__dict__", {}):
+            return True
+        try:
+            getattr(obj, member)  # a proxy answering through __getattr__
+        except AttributeError:
+            return False
+        except Exception:  # noqa: BLE001 - an attribute that fails to compute still exists
+            return True
+        return True
+
+    return [member for member in REQUIRED_ENGINE_MEMBERS if not has(member)]

@@ -2,7 +2,7 @@
 
 The report directory is written whole or not at all: every file goes into a temporary sibling directory that is
 renamed into place at the end, so an interrupted or failed run never leaves a half-written report behind. A
-``--json PATH`` outside the directory is written with :func:`bench_compare.atomic.atomic_write_json`.
+``--json PATH`` outside the directory is written with :func:`validation.atomic.atomic_write_json`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from bench_compare.atomic import atomic_write_json, atomic_write_text
+from validation.atomic import atomic_write_json, atomic_write_text
 
 WORST_TENSORS_SHOWN = 15  # rows of the "worst tensors" table; the JSON and Markdown per-layer table hold the rest
 JSON_NAME = "validate.json"
@@ -37,8 +37,10 @@ def default_report_dir(result: dict, root: str | os.PathLike = "reports/validate
         model = Path(model).stem
     model = re.sub(r"[^A-Za-z0-9_.-]+", "_", model)
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    backend = re.sub(r"[^A-Za-z0-9_.-]+", "_", str(result["backend"]))[:40]  # --engine specs hold paths, commands
-    return Path(root) / f"{model}-{backend}-{result['numerics']}-{stamp}"
+    engine = str(result.get("engine") or "")
+    # ours:<backend> is named by its backend as before; any other engine by its spec, made file-name safe
+    under_test = result["backend"] if engine in ("", f"ours:{result['backend']}") else re.sub(r"[^A-Za-z0-9_.-]+", "_", engine)[:60]
+    return Path(root) / f"{model}-{under_test}-{result['numerics']}-{stamp}"
 
 
 # --- writing ----------------------------------------------------------------------------------------------------

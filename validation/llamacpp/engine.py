@@ -39,6 +39,7 @@ import numpy as np
 from gguf import LlamaFileType
 from llama_cpp import llama_cpp as ll
 
+from inference_engine.backends.numerics import set_ggml_simd
 from inference_engine.errors import GGUFParityError
 from inference_engine.gguf_file import GGUF_MAGIC, GGUFFile, open_gguf, sha256_of_file
 from validation.ggml_ctypes import check_layout
@@ -50,6 +51,7 @@ from validation.llamacpp.library import (
     last_error,
     recent_log,
     set_llama_logging,
+    simd_flavour,
 )
 
 KV_TYPES: dict[str, int] = {"f32": ll.GGML_TYPE_F32, "f16": ll.GGML_TYPE_F16}
@@ -137,6 +139,8 @@ class LlamaCppEngine:
         t0 = time.perf_counter()
         set_llama_logging(verbose)
         init_backend()
+        # Our ggml-numerics emulation follows the SIMD flavour this llama.cpp build runs (exp / SiLU last bits).
+        set_ggml_simd(simd_flavour())
         check_layout()
         check_model_path(self.path)
         params = ll.llama_model_default_params()
@@ -302,18 +306,6 @@ class LlamaCppEngine:
         while True:
             buf = ctypes.create_string_buffer(capacity)
             n = ll.llama_detokenize(self._vocab, arr, len(tokens), buf, capacity, False, special)
-            if n >= 0:
-                return buf.raw[:n]
-            capacity = -n
-
-    def token_to_piece(self, token_id: int, special: bool = True) -> bytes:
-        """One token's bytes (a piece may be part of a UTF-8 character)."""
-        self._require_open()
-        (token,) = self._check_ids([token_id])
-        capacity = 64
-        while True:
-            buf = ctypes.create_string_buffer(capacity)
-            n = ll.llama_token_to_piece(self._vocab, token, buf, capacity, 0, special)
             if n >= 0:
                 return buf.raw[:n]
             capacity = -n

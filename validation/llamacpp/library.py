@@ -90,3 +90,18 @@ def build_info() -> dict[str, str]:
             fn.argtypes = []
             info[name] = (fn() or b"").decode()
     return info
+
+
+@lru_cache(maxsize=1)
+def simd_flavour() -> str:
+    """The SIMD flavour llama.cpp's CPU backend was compiled for, from its system info: ``"avx512"`` (``AVX512 =
+    1``), ``"neon"`` (``NEON = 1``) or ``"avx2"`` (everything else on x86, whose exp/SiLU share the AVX2 formulas)."""
+    flags = {}
+    for part in ll.llama_print_system_info().decode(errors="replace").split("|"):
+        key, _, value = part.partition("=")
+        flags[key.strip().split(":")[-1].strip()] = value.strip()
+    if flags.get("AVX512") == "1":
+        return "avx512"
+    if flags.get("NEON") == "1":
+        return "neon"
+    return "avx2"

@@ -23,3 +23,19 @@ def tiny_capture(tiny_llama):
     with OurEngine(str(tiny_llama), backend="numpy", numerics="f32") as engine:
         captured = engine.capture(PROMPT_IDS)
     return tiny_llama, open_gguf(tiny_llama).sha256, list(PROMPT_IDS), captured
+
+
+@pytest.fixture(scope="session")
+def validate_engine():
+    """``validate_engine(spec, **ValidateOptions fields)``: ``validation.run.validate`` with the engine under test
+    opened from ``spec`` through the engine registry, as ``bench-compare validate --engine SPEC`` does."""
+    from bench_compare.engines import make_engine
+    from validation.run import ValidateOptions, validate
+
+    def run(spec: str, **options):
+        def opener(o, model_path):
+            return make_engine(spec, model_path, n_threads=o.threads, n_ctx=o.n_ctx, numerics=o.numerics)
+
+        return validate(ValidateOptions(engine=spec, **options), ours_opener=opener)
+
+    return run

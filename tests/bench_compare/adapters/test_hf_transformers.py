@@ -16,15 +16,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.skipif(importlib.util.find_spec("lla
                                                    reason="llama-cpp-python is not installed")]
 
 from validation.metrics import NMSE_MAX_F32  # noqa: E402
-from validation.run import ValidateOptions, validate  # noqa: E402
 
 
-def _validate(model: str, smoke_tokens: int = 16):
-    return validate(ValidateOptions(model=model, engine="hf:", numerics="f32", threads=2, smoke_tokens=smoke_tokens))
-
-
-def test_hf_smollm2_is_teacher_forced_and_every_hooked_tensor_lines_up():
-    result = _validate("smollm2-135m")
+def test_hf_smollm2_is_teacher_forced_and_every_hooked_tensor_lines_up(validate_engine):
+    result = validate_engine("hf:", model="smollm2-135m", numerics="f32", threads=2)
     assert result["mode"] == "teacher_forced"  # the hooks take force=
     names = {t["name"] for t in result["tensors"]}
     # 11 hooked tensors per layer x 30 layers, embd, result_norm, result_output
@@ -37,8 +32,8 @@ def test_hf_smollm2_is_teacher_forced_and_every_hooked_tensor_lines_up():
     assert result["engines"]["ours"]["class"] == "LlamaForCausalLM"
 
 
-def test_hf_gemma3_maps_gemmas_own_tensors():
-    result = _validate("gemma3-270m", smoke_tokens=0)
+def test_hf_gemma3_maps_gemmas_own_tensors(validate_engine):
+    result = validate_engine("hf:", model="gemma3-270m", numerics="f32", threads=2, smoke_tokens=0)
     names = {t["name"] for t in result["tensors"]}
     assert {"inp_scaled", "Qcur_normed-0", "attn_post_norm-0", "sa_out-0", "ffn_geglu-0", "ffn_post_norm-17",
             "l_out-17", "result_output"} <= names
