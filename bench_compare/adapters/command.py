@@ -110,7 +110,9 @@ def _substitute(arg: str, **values) -> str:
 
 
 def open_engine(target: str, model: str, **options) -> CommandEngine:
-    """Factory for ``--engine 'cmd:COMMAND'`` (options: ``n_ctx``, ``name_map``, ``timeout`` seconds)."""
+    """A program run per request that writes a tensor dump: 'cmd:PROGRAM {request} {out}'.
+
+    Factory for ``--engine 'cmd:COMMAND'`` (options: ``n_ctx``, ``name_map``, ``timeout`` seconds)."""
     timeout = options.get("timeout")
     try:
         timeout_s = DEFAULT_TIMEOUT_S if timeout in (None, "") else float(timeout)

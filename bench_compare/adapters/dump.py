@@ -389,7 +389,9 @@ class DumpEngine:
 
 
 def open_engine(target: str, model: str, **options) -> DumpEngine:
-    """Factory for ``--engine dump:DIR`` (options: ``n_ctx``, ``name_map``; others are ignored)."""
+    """A tensor dump from an engine in any language: DIR/request.json -> tensors.safetensors + manifest.json.
+
+    Factory for ``--engine dump:DIR`` (options: ``n_ctx``, ``name_map``; others are ignored)."""
     if not target:
         raise GGUFParityError("--engine dump: needs a directory (dump:DIR), where request.json is written and the "
                               "engine's tensors.safetensors and manifest.json are read")

@@ -247,7 +247,9 @@ def _llamacpp_shape(name: str, array: np.ndarray, engine: HFTransformersEngine) 
 
 
 def open_engine(target: str, model: str, **options) -> HFTransformersEngine:
-    """Factory for ``--engine hf:`` (the GGUF under test), ``hf:NAMED_MODEL`` or ``hf:PATH.gguf``; options: n_ctx,
+    """Hugging Face transformers on the same GGUF (hf: = the --model file; pip install 'gguf-parity[hf]').
+
+    Factory for ``--engine hf:`` (the GGUF under test), ``hf:NAMED_MODEL`` or ``hf:PATH.gguf``; options: n_ctx,
     n_threads."""
     from inference_engine.model_cache import resolve_model
 
