@@ -14,7 +14,7 @@ import click
 
 from bench_compare import engines
 from inference_engine.backends import BACKENDS
-from inference_engine.errors import CheckFailed
+from inference_engine.errors import CheckFailed, GGUFParityError
 from validation.run import REFERENCES
 from bench_compare.options import NON_NEGATIVE, POSITIVE, OutputFile, ReportDir
 
@@ -41,6 +41,9 @@ class ValidationFailed(CheckFailed):
               help="Gate the free-running comparison (each engine on its own values end to end) at the per-op "
                    "thresholds instead of the teacher-forced one (each op given the reference's inputs); the other "
                    "is reported either way.")
+@click.option("--name-map", "name_map", default=None, metavar="FILE",
+              help="For dump:/cmd: engines: their tensor names -> llama.cpp's (JSON object or 'theirs = ours' "
+                   "lines); the same as --engine-opt name_map=FILE.")
 @click.option("--json", "json_path", default=None, type=OutputFile(), metavar="PATH",
               help="Also write the result JSON here.")
 @click.option("--report", "report_dir", default=None, type=ReportDir(), metavar="DIR",
@@ -48,9 +51,13 @@ class ValidationFailed(CheckFailed):
 @click.option("--top-k", "top_k", default=5, show_default=True, type=int,
               help="HTTP engines (--engine openai:URL | llamacpp-server): log-probabilities per position to compare.")
 def validate(model, backend, engine, engine_opts, numerics, prompt, against, logit_lens, corpus, smoke_tokens,
-             threads, free_running, json_path, report_dir, top_k) -> None:
+             threads, free_running, name_map, json_path, report_dir, top_k) -> None:
     """Diff our engine against a reference tensor by tensor; exit 0 pass, 1 fail, 2 bad input. With --engine
     openai:URL (or llamacpp-server): top-k log-probabilities against llama.cpp in-process (no tensors over HTTP)."""
+    if name_map is not None:
+        if not engine:
+            raise GGUFParityError("--name-map applies to an --engine that reads dumps (dump:DIR, 'cmd:...')")
+        engine_opts = (*engine_opts, f"name_map={name_map}")
     spec = engines.parse_engine_spec(engine, engines.parse_engine_opts(engine_opts)) if engine else None
     if spec is not None and spec.over_http:
         from bench_compare.adapters import http_cli

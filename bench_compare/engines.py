@@ -47,12 +47,18 @@ ENGINE_SCHEMES: dict[str, str] = {
     "llamacpp": "bench_compare.engines:open_llamacpp",
     "openai": "bench_compare.adapters.openai_http:open_engine",
     "llamacpp-server": "bench_compare.adapters.llamacpp_server:open_engine",
+    "dump": "bench_compare.adapters.dump:open_engine",  # a tensor dump written by an engine in any language
+    "cmd": "bench_compare.adapters.command:open_engine",  # a program run per request, writing such dumps
+    "hf": "bench_compare.adapters.hf_transformers:open_engine",  # Hugging Face transformers on the same GGUF
 }
 # Per-scheme facts that need no import: ``usage`` (what to type, where it is not ``scheme:TARGET``) and ``http``
 # (the engine is reached over HTTP: compare/validate route it to bench_compare.adapters; bench cannot drive it).
 ENGINE_META: dict[str, dict[str, Any]] = {
     "openai": {"usage": "openai:URL", "http": True},
     "llamacpp-server": {"usage": "llamacpp-server", "http": True},
+    "dump": {"usage": "dump:DIR"},
+    "cmd": {"usage": "'cmd:PROGRAM ARGS {request} {out}'"},
+    "hf": {"usage": "hf:[MODEL]"},
 }
 ENGINE_ENTRY_POINT_GROUP = "gguf_parity.engines"
 PLUGIN_USAGE = "package.module:factory"

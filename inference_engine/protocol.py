@@ -17,6 +17,12 @@ Teacher forcing (optional): an engine whose ``capture`` also accepts ``force={na
 computes it, then continues with the forced array of that name (reshaped to its own shape), so every recorded tensor is
 its op(s) applied to the forcing engine's inputs. Our engine does (``OurEngine.capture``); llama.cpp's adapter does
 not. ``validation`` checks for the parameter and falls back to a free-running comparison without it.
+
+Capability gaps (optional): an engine that cannot do something the protocol names (a tensor dump cannot decode or
+tokenize; an HTTP server cannot capture) raises :class:`EngineCapabilityError` from that method, and the harness
+reports the check that needed it as "not checked: <message>" instead of failing. An engine whose ``capture`` returns
+only some of llama.cpp's tensors by design sets ``partial_capture = True``: validation then lists the tensors it
+lacks as not provided and, when ``result_output`` is among them, reports the logits check as not checked.
 """
 
 from __future__ import annotations
@@ -24,6 +30,16 @@ from __future__ import annotations
 from typing import Any, Iterable, Protocol, runtime_checkable
 
 import numpy as np
+
+from inference_engine.errors import GGUFParityError
+
+
+class EngineCapabilityError(GGUFParityError):
+    """An engine cannot perform this method at all (not a failure of the engine: a gap in what it offers).
+
+    A command that needs it (``bench`` timing a dump) stops with this one line; ``validate`` reports the check that
+    needed it as not checked, with this message as the reason.
+    """
 
 
 @runtime_checkable

@@ -39,7 +39,7 @@ def default_report_dir(result: dict, root: str | os.PathLike = "reports/validate
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     engine = str(result.get("engine") or "")
     # ours:<backend> is named by its backend as before; any other engine by its spec, made file-name safe
-    under_test = result["backend"] if engine in ("", f"ours:{result['backend']}") else re.sub(r"[^A-Za-z0-9_.-]+", "_", engine)
+    under_test = result["backend"] if engine in ("", f"ours:{result['backend']}") else re.sub(r"[^A-Za-z0-9_.-]+", "_", engine)[:60]
     return Path(root) / f"{model}-{under_test}-{result['numerics']}-{stamp}"
 
 
@@ -215,7 +215,9 @@ def summary_lines(result: dict) -> list[str]:
     lines.append(f"unmatched names: {len(um.get('ours_only', []))} only ours, "
                  f"{len(um.get('reference_only', []))} only reference")
     lg = result.get("logits") or {}
-    if "error" in lg:
+    if "not_checked" in lg:
+        lines.append(f"logits: not checked ({lg['not_checked']})")
+    elif "error" in lg:
         lines.append(f"logits: FAIL ({lg['error']})")
     else:
         lines.append(f"logits{f' ({mode})' if mode else ''} ({lg.get('positions')} positions): KLD mean "
@@ -223,6 +225,7 @@ def summary_lines(result: dict) -> list[str]:
                      f"{fmt(lg.get('top1_agreement'))}, top-5 overlap {fmt(lg.get('top5_overlap'))} -> "
                      f"{_verdict(checks.get('logits'))}")
     lines += _other_mode_lines(result)
+    lines += list(result.get("engine_notes") or [])  # what an outside engine (a dump) did and did not provide
     tok = result.get("tokenizer") or {}
     if tok.get("skipped"):
         lines.append(f"tokenizer: skipped ({tok['skipped']})")
@@ -239,6 +242,8 @@ def summary_lines(result: dict) -> list[str]:
     smoke = result.get("smoke")
     if smoke is None:
         lines.append("greedy smoke: not run")
+    elif smoke.get("skipped"):
+        lines.append(f"greedy smoke: not checked ({smoke['skipped']})")
     else:
         line = f"greedy smoke: {smoke['matched']}/{smoke['tokens']} tokens identical"
         div = smoke.get("first_divergence")
@@ -279,6 +284,8 @@ def _other_mode_lines(result: dict) -> list[str]:
         lines.append(f"free-running tensors (reported, drift compounds over layers): worst {worst.get('name')} NMSE "
                      f"{fmt(worst.get('nmse'))}; {over}/{len(free.get('tensors', []))} over the per-op threshold")
     lg, noise = free.get("logits") or {}, free.get("reference_self_kld") or {}
+    if "not_checked" in lg:
+        return lines
     if "error" in lg:
         lines.append(f"free-running logits: FAIL ({lg['error']})")
         return lines

@@ -38,7 +38,7 @@ import numpy as np
 
 from inference_engine.backends import BACKENDS
 from inference_engine.errors import GGUFParityError
-from inference_engine.protocol import Engine
+from inference_engine.protocol import Engine, EngineCapabilityError
 from inference_engine.registries import Registry
 from validation.diff import diff_captures
 from validation.free_running import (
@@ -275,14 +275,21 @@ def _validate_engines(ours: Engine, reference: Engine, gguf, options: ValidateOp
                    "logits": tf_logits}
 
     free = {"gated": mode == FREE_RUNNING, "explanation": FREE_RUNNING_EXPLANATION, **free_diff.summary()}
-    free.update(_free_running_logits(reference, ids, captured_ref.get("result_output"), ours_free_logits,
-                                     thresholds, variants))
+    if ours_free_logits is None and getattr(ours, "partial_capture", False):
+        free.update({"reference_self_kld": None, "logits": {"passed": None, "not_checked": "no result_output"}})
+    else:
+        free.update(_free_running_logits(reference, ids, captured_ref.get("result_output"), ours_free_logits,
+                                         thresholds, variants))
     # The noise-floor gate is a check of its own only beside a teacher-forced gate; when free running is the gated
     # mode, its logits face the strict thresholds (``logits``) and the noise-floor verdict is for the reader.
     free["logits"]["gated"] = bool(free["logits"].get("gated")) and mode == TEACHER_FORCED
     del captured_ref
 
     gated_diff, gated_logits = (tf_diff, tf_logits) if mode == TEACHER_FORCED else (free_diff, free_logits)
+    not_checked: dict[str, str] = {}
+    if ours_free_logits is None and getattr(ours, "partial_capture", False):
+        not_checked["logits"] = f"{_name(ours)} provided no result_output"
+        gated_logits = {"passed": None, "not_checked": not_checked["logits"]}
     result: dict[str, Any] = {
         "passed": False,
         "checks": {},
@@ -313,18 +320,29 @@ def _validate_engines(ours: Engine, reference: Engine, gguf, options: ValidateOp
         result["tokenizer"] = {"source": "builtin", "skipped": "no built-in corpus available", "passed": None,
                                "cases": 0, "mismatches": 0, "first_mismatch": None, "special_tokens": None}
     else:
-        result["tokenizer"] = tokenizer_parity(ours, reference, corpus_texts, corpus_source).to_dict()
+        try:
+            result["tokenizer"] = tokenizer_parity(ours, reference, corpus_texts, corpus_source).to_dict()
+        except EngineCapabilityError as gap:
+            not_checked["tokenizer"] = str(gap)
+            result["tokenizer"] = {"source": corpus_source, "skipped": str(gap), "passed": None, "cases": 0,
+                                   "mismatches": 0, "first_mismatch": None, "special_tokens": None}
     result["checks"]["tokenizer"] = result["tokenizer"]["passed"]
 
     if options.smoke_tokens > 0:
-        result["smoke"] = greedy_smoke(ours, reference, ids, options.smoke_tokens, variants.get()[0]).to_dict()
+        try:
+            result["smoke"] = greedy_smoke(ours, reference, ids, options.smoke_tokens, variants.get()[0]).to_dict()
+        except EngineCapabilityError as gap:
+            not_checked["smoke"] = str(gap)
+            result["smoke"] = {"skipped": str(gap), "passed": None}
         result["checks"]["smoke"] = result["smoke"]["passed"]
     else:
         result["smoke"] = None
+    result["not_checked"] = not_checked
 
     # A check that did not run (None) does not fail the run; every check that ran must pass.
     result["passed"] = all(v for v in result["checks"].values() if v is not None)
     result["engines"] = {"ours": _info(ours), "reference": _info(reference)}
+    result["engine_notes"] = list(result["engines"]["ours"].get("notes") or [])
     result.update(provenance(options.backend))
     build = {k: v for k, v in result["engines"]["reference"].items() if k in REFERENCE_BUILD_KEYS}
     if build:
@@ -402,6 +420,10 @@ def provenance(backend: str | None = None) -> dict[str, Any]:
 
     made = build()
     return {**made, "git_sha": git_sha_label(made["git"])}
+
+
+def _name(engine: Engine) -> str:
+    return str(getattr(engine, "name", type(engine).__name__))
 
 
 def _close(engine: Engine | None) -> None:
