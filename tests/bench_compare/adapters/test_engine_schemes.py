@@ -3,6 +3,8 @@ commands); an unknown spec names what is supported."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from bench_compare import engines
@@ -16,7 +18,8 @@ def test_scheme_specs_keep_their_target():
     assert engines.parse_engine_spec("HF:").name == "hf"
     assert engines.parse_engine_spec("dump:/Data/Run 1").target == "/Data/Run 1"
     assert engines.parse_engine_spec("ours:numpy").name == "ours:numpy"
-    with pytest.raises(GGUFParityError, match="vllm:x.*dump:TARGET, cmd:TARGET, hf:TARGET"):
+    usages = re.escape("dump:DIR, 'cmd:PROGRAM ARGS {request} {out}', hf:[MODEL]")
+    with pytest.raises(GGUFParityError, match=f"vllm:x.*{usages}"):
         engines.parse_engine_spec("vllm:x")
 
 
