@@ -34,7 +34,9 @@ import numba
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
-from inference_engine.backends.numba_kernels import activations, floats, gemm, k_quants, q4, q5, q8_0
+from inference_engine.backends.mapped_pages import drop_file_pages
+from inference_engine.backends.numba_kernels import activations, floats, gemm, intdot, k_quants, q4, q5, q8_0
+from inference_engine.cpu_features import CPUFeatures, cpu_features
 from inference_engine.errors import GGUFParityError
 
 NUMERICS: tuple[str, ...] = ("f32", "ggml")
@@ -63,22 +65,26 @@ class Kernels:
     dequant: Callable  # (w, row0, out f32 (rows, K)) -> None: ggml's dequantize_row for rows row0..
     vec_dot_type: str  # the activation type ggml quantizes to for this weight (activations.prepare)
     sub: int  # sub-block length of the constant terms (xs), 0 if none
+    # ggml numerics, few tokens: the integer-dot mat-vec (intdot: (w, yq, yd, ya, out)) and the quantized
+    # activation it reads (activations.quantize_int); None where only the float kernels exist.
+    matvec_int: Callable | None = None
+    int_activation: str = ""
 
 
 KERNELS: dict[T, Kernels] = {
     T.F32: Kernels(floats.matvec_f32, floats.dequant_f32, "f32", 0),
     T.F16: Kernels(floats.matvec_f16, floats.dequant_f16, "f16", 0),
     T.BF16: Kernels(floats.matvec_bf16, floats.dequant_bf16, "bf16", 0),
-    T.Q4_0: Kernels(q4.matvec_q4_0, q4.dequant_q4_0, "q8_0", 32),
-    T.Q4_1: Kernels(q4.matvec_q4_1, q4.dequant_q4_1, "q8_1", 32),
+    T.Q4_0: Kernels(q4.matvec_q4_0, q4.dequant_q4_0, "q8_0", 32, intdot.matvec_q4_0, "q8_0_sum4"),
+    T.Q4_1: Kernels(q4.matvec_q4_1, q4.dequant_q4_1, "q8_1", 32, intdot.matvec_q4_1, "q8_1"),
     T.Q5_0: Kernels(q5.matvec_q5_0, q5.dequant_q5_0, "q8_0", 32),
     T.Q5_1: Kernels(q5.matvec_q5_1, q5.dequant_q5_1, "q8_1", 32),
-    T.Q8_0: Kernels(q8_0.matvec_q8_0, q8_0.dequant_q8_0, "q8_0", 0),
+    T.Q8_0: Kernels(q8_0.matvec_q8_0, q8_0.dequant_q8_0, "q8_0", 0, intdot.matvec_q8_0, "q8_0"),
     T.Q2_K: Kernels(k_quants.matvec_q2_k, k_quants.dequant_q2_k, "q8_K", 16),
     T.Q3_K: Kernels(k_quants.matvec_q3_k, k_quants.dequant_q3_k, "q8_K", 16),
-    T.Q4_K: Kernels(k_quants.matvec_q4_k, k_quants.dequant_q4_k, "q8_K", 32),
-    T.Q5_K: Kernels(k_quants.matvec_q5_k, k_quants.dequant_q5_k, "q8_K", 32),
-    T.Q6_K: Kernels(k_quants.matvec_q6_k, k_quants.dequant_q6_k, "q8_K", 16),
+    T.Q4_K: Kernels(k_quants.matvec_q4_k, k_quants.dequant_q4_k, "q8_K", 32, intdot.matvec_q4_k, "q8_K"),
+    T.Q5_K: Kernels(k_quants.matvec_q5_k, k_quants.dequant_q5_k, "q8_K", 32, intdot.matvec_q5_k, "q8_K"),
+    T.Q6_K: Kernels(k_quants.matvec_q6_k, k_quants.dequant_q6_k, "q8_K", 16, intdot.matvec_q6_k, "q8_K"),
 }
 
 # Byte offset of the block min ``m`` (f16) and block size in bytes, for the ggml correction of Q4_1 / Q5_1.
@@ -87,6 +93,23 @@ _BLOCK_MIN = {T.Q4_1: (2, 20), T.Q5_1: (2, 24)}
 
 def supported_types() -> tuple[T, ...]:
     return tuple(KERNELS)
+
+
+# How the ggml-numerics mat-vec multiplies, chosen per CPU at run time (:func:`matvec_family`):
+# "int8": the integer-dot kernels (:mod:`.intdot`), llama.cpp's own method and bit for bit its x86 result;
+# "float": the float kernels on the fake-quantized activation (same sums to float rounding).
+MATVEC_FAMILIES: tuple[str, ...] = ("int8", "float")
+# SIMD flavours whose integer dot LLVM emits as vector code: x86 AVX2 / AVX-512 through vpmaddubsw (or vpdpbusd),
+# Arm NEON through widening multiplies (correct; its speed against "float" is not measured yet). Elsewhere
+# (SSE-only x86, other architectures) the float kernels, whose 16-lane float code every LLVM target vectorizes.
+INT8_FLAVOURS = ("avx2", "avx512", "neon")
+
+
+def matvec_family(features: CPUFeatures | None = None) -> str:
+    """The ggml-numerics mat-vec family for this CPU (``features``: default, this machine's)."""
+    f = features or cpu_features()
+    x86_without_avx2 = f.simd_flavour == "avx2" and not f.has("avx2")
+    return "int8" if f.simd_flavour in INT8_FLAVOURS and not x86_without_avx2 else "float"
 
 
 @dataclass
@@ -140,6 +163,7 @@ def pack_matrix(name: str, qtype, raw: np.ndarray, shape: tuple[int, int], copy:
     rows = np.ascontiguousarray(raw).view(np.uint8).view(np.ndarray).reshape(n_out, -1)
     if copy:
         rows = rows.copy()
+        drop_file_pages(raw)  # one resident copy of the weight, not two (mapped_pages.py)
     return QMatrix(name, qtype, rows, n_out, n_in, kernels)
 
 
@@ -152,6 +176,10 @@ def matmul(w: QMatrix, x: np.ndarray, numerics: str = "f32") -> np.ndarray:
     x2 = np.ascontiguousarray(x.reshape(-1, x.shape[-1]) if x.ndim else x.reshape(1, 1))
     if x2.shape[1] != w.n_in:
         raise GGUFParityError(f"matmul with '{w.name}' expects activations (..., {w.n_in}), got shape {x.shape}")
+    if numerics == "ggml" and x2.shape[0] <= MATVEC_MAX_TOKENS and w.kernels.matvec_int is not None:
+        if matvec_family() == "int8":
+            y = matmul_by_int_matvec(w, x2)
+            return y[0] if squeeze else y.reshape(*x.shape[:-1], w.n_out)
     xv, xs = activations.prepare(x2, numerics, w.kernels.vec_dot_type, w.kernels.sub)
     if x2.shape[0] <= MATVEC_MAX_TOKENS:
         y = matmul_by_matvec(w, xv, xs)
@@ -167,6 +195,15 @@ def matmul_by_matvec(w: QMatrix, xv: np.ndarray, xs: np.ndarray) -> np.ndarray:
     y = np.empty((xv.shape[0], w.n_out), np.float32)
     for t in range(xv.shape[0]):
         w.kernels.matvec(w.rows, xv[t], xs[t], y[t])
+    return y
+
+
+def matmul_by_int_matvec(w: QMatrix, x: np.ndarray) -> np.ndarray:
+    """ggml numerics, one integer-dot mat-vec per token (the activation quantized as ggml does): ``(T, n_out)``."""
+    yq, yd, ya = activations.quantize_int(x, w.kernels.int_activation)
+    y = np.empty((x.shape[0], w.n_out), np.float32)
+    for t in range(x.shape[0]):
+        w.kernels.matvec_int(w.rows, yq[t], yd[t], ya[t], y[t])
     return y
 
 

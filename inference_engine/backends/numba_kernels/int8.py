@@ -395,3 +395,17 @@ def load_u32(typingctx, arr, offset):
         return builder.load(_ptr(context, builder, sig.args[0], args[0], args[1], _I32), align=1)
 
     return types.uint32(arr, offset), codegen
+
+
+@intrinsic
+def istore(typingctx, arr, index, v):
+    """Store the 8 lanes of ``v`` at element ``index`` of an int32 array."""
+    _check(arr, types.int32, "istore")
+    if v != I32x8:
+        raise TypingError(f"istore expects an I32x8, got {v}")
+
+    def codegen(context, builder, sig, args):
+        builder.store(args[2], _ptr(context, builder, sig.args[0], args[0], args[1], _VI), align=4)
+        return context.get_dummy_value()
+
+    return types.void(arr, index, I32x8), codegen
