@@ -81,9 +81,12 @@ BANDWIDTH_BYTES = 256 << 20
 
 
 def read_bandwidth(threads: int, repeat: int) -> float:
-    """GB/s of a NumPy sum over ``BANDWIDTH_BYTES`` of float32, split over ``threads`` Python threads (NumPy's
-    reductions release the GIL); the best of ``repeat`` runs."""
-    data = np.ones(BANDWIDTH_BYTES // 4, np.float32)
+    """GB/s of a NumPy sum over ``BANDWIDTH_BYTES`` of int64, split over ``threads`` Python threads (NumPy's
+    reductions release the GIL); the best of ``repeat`` runs.
+
+    Integers, not float32: NumPy's float sum is pairwise and was compute-bound on a Sapphire Rapids test machine
+    (7.8 GB/s on one thread while our Q8_0 kernel read 18), so it understated the memory limit."""
+    data = np.ones(BANDWIDTH_BYTES // 8, np.int64)
     parts = np.array_split(data, threads)
 
     def run():
