@@ -75,22 +75,23 @@ class Kernels:
     # activation it reads (activations.quantize_int); None where only the float kernels exist.
     matvec_int: Callable | None = None
     int_activation: str = ""
+    matmul_int: Callable | None = None  # the same for T tokens at once (intdot.matmul_*: (w, yq, yd, ya, out (T, N)))
 
 
 KERNELS: dict[T, Kernels] = {
     T.F32: Kernels(floats.matvec_f32, floats.dequant_f32, "f32", 0),
     T.F16: Kernels(floats.matvec_f16, floats.dequant_f16, "f16", 0),
     T.BF16: Kernels(floats.matvec_bf16, floats.dequant_bf16, "bf16", 0),
-    T.Q4_0: Kernels(q4.matvec_q4_0, q4.dequant_q4_0, "q8_0", 32, intdot.matvec_q4_0, "q8_0_sum4"),
-    T.Q4_1: Kernels(q4.matvec_q4_1, q4.dequant_q4_1, "q8_1", 32, intdot.matvec_q4_1, "q8_1"),
+    T.Q4_0: Kernels(q4.matvec_q4_0, q4.dequant_q4_0, "q8_0", 32, intdot.matvec_q4_0, "q8_0_sum4", intdot.matmul_q4_0),
+    T.Q4_1: Kernels(q4.matvec_q4_1, q4.dequant_q4_1, "q8_1", 32, intdot.matvec_q4_1, "q8_1", intdot.matmul_q4_1),
     T.Q5_0: Kernels(q5.matvec_q5_0, q5.dequant_q5_0, "q8_0", 32),
     T.Q5_1: Kernels(q5.matvec_q5_1, q5.dequant_q5_1, "q8_1", 32),
-    T.Q8_0: Kernels(q8_0.matvec_q8_0, q8_0.dequant_q8_0, "q8_0", 0, intdot.matvec_q8_0, "q8_0"),
+    T.Q8_0: Kernels(q8_0.matvec_q8_0, q8_0.dequant_q8_0, "q8_0", 0, intdot.matvec_q8_0, "q8_0", intdot.matmul_q8_0),
     T.Q2_K: Kernels(k_quants.matvec_q2_k, k_quants.dequant_q2_k, "q8_K", 16),
     T.Q3_K: Kernels(k_quants.matvec_q3_k, k_quants.dequant_q3_k, "q8_K", 16),
-    T.Q4_K: Kernels(k_quants.matvec_q4_k, k_quants.dequant_q4_k, "q8_K", 32, intdot.matvec_q4_k, "q8_K"),
-    T.Q5_K: Kernels(k_quants.matvec_q5_k, k_quants.dequant_q5_k, "q8_K", 32, intdot.matvec_q5_k, "q8_K"),
-    T.Q6_K: Kernels(k_quants.matvec_q6_k, k_quants.dequant_q6_k, "q8_K", 16, intdot.matvec_q6_k, "q8_K"),
+    T.Q4_K: Kernels(k_quants.matvec_q4_k, k_quants.dequant_q4_k, "q8_K", 32, intdot.matvec_q4_k, "q8_K", intdot.matmul_q4_k),
+    T.Q5_K: Kernels(k_quants.matvec_q5_k, k_quants.dequant_q5_k, "q8_K", 32, intdot.matvec_q5_k, "q8_K", intdot.matmul_q5_k),
+    T.Q6_K: Kernels(k_quants.matvec_q6_k, k_quants.dequant_q6_k, "q8_K", 16, intdot.matvec_q6_k, "q8_K", intdot.matmul_q6_k),
 }
 
 # Byte offset of the block min ``m`` (f16) and block size in bytes, for the ggml correction of Q4_1 / Q5_1.
@@ -109,6 +110,13 @@ MATVEC_FAMILIES: tuple[str, ...] = ("int8", "float")
 # Arm NEON through widening multiplies (correct; its speed against "float" is not measured yet). Elsewhere
 # (SSE-only x86, other architectures) the float kernels, whose 16-lane float code every LLVM target vectorizes.
 INT8_FLAVOURS = ("avx2", "avx512", "neon")
+# ggml numerics on the int8 family, more than MATVEC_MAX_TOKENS tokens: intdot.matmul_* (a row pair in L1 while
+# the tokens pass by) instead of dequantized tiles times the float GEMM? Measured (Qwen2.5-1.5B shapes, random
+# blocks, 2 threads, a Sapphire Rapids compiled for haswell / for itself, ms): Q4_K 8960x1536 T=8 5.98 vs tiles
+# 6.90, T=256 101.7 vs 152.1; but 1536x8960 T=256 197.2 vs 177.6, Q6_K T=256 177.6 vs 135.4, Q8_0 T=8 9.58 vs
+# 6.85 and T=256 325 vs 155; with AVX-512 code every T=64..256 case was slower than tiles. Without register
+# tiling (weights unpacked once per several tokens) it does not win prefill: off, kept for that measurement.
+INT_PREFILL = False
 
 
 def matvec_family(features: CPUFeatures | None = None) -> str:
@@ -182,8 +190,8 @@ def matmul(w: QMatrix, x: np.ndarray, numerics: str = "f32") -> np.ndarray:
     x2 = np.ascontiguousarray(x.reshape(-1, x.shape[-1]) if x.ndim else x.reshape(1, 1))
     if x2.shape[1] != w.n_in:
         raise GGUFParityError(f"matmul with '{w.name}' expects activations (..., {w.n_in}), got shape {x.shape}")
-    if numerics == "ggml" and x2.shape[0] <= MATVEC_MAX_TOKENS and w.kernels.matvec_int is not None:
-        if matvec_family() == "int8":
+    if numerics == "ggml" and w.kernels.matvec_int is not None and matvec_family() == "int8":
+        if x2.shape[0] <= MATVEC_MAX_TOKENS or INT_PREFILL:
             y = matmul_by_int_matvec(w, x2)
             return y[0] if squeeze else y.reshape(*x.shape[:-1], w.n_out)
     xv, xs = activations.prepare(x2, numerics, w.kernels.vec_dot_type, w.kernels.sub)
@@ -205,11 +213,15 @@ def matmul_by_matvec(w: QMatrix, xv: np.ndarray, xs: np.ndarray) -> np.ndarray:
 
 
 def matmul_by_int_matvec(w: QMatrix, x: np.ndarray) -> np.ndarray:
-    """ggml numerics, one integer-dot mat-vec per token (the activation quantized as ggml does): ``(T, n_out)``."""
+    """ggml numerics through the integer-dot kernels (the activation quantized once, as ggml does): one mat-vec
+    per token up to ``MATVEC_MAX_TOKENS``, the row-pair-in-L1 kernel beyond (the same outputs bit for bit)."""
     yq, yd, ya = activations.quantize_int(x, w.kernels.int_activation)
     y = np.empty((x.shape[0], w.n_out), np.float32)
-    for t in range(x.shape[0]):
-        w.kernels.matvec_int(w.rows, yq[t], yd[t], ya[t], y[t])
+    if x.shape[0] <= MATVEC_MAX_TOKENS:
+        for t in range(x.shape[0]):
+            w.kernels.matvec_int(w.rows, yq[t], yd[t], ya[t], y[t])
+    else:
+        w.kernels.matmul_int(w.rows, yq, yd, ya, y)
     return y
 
 

@@ -5,7 +5,9 @@ block scales ``yd`` and one auxiliary array ``ya`` per type (below). Each weight
 (:mod:`.int8`: 32 quants per ``vpmaddubsw`` on AVX2) and scaled once per block in float32 with the same
 operations, lanes and order as ggml's AVX2 code (ggml-cpu/arch/x86/quants.c), so the result is libggml's value bit
 for bit where libggml runs that code (tested against it). Two rows per iteration share the activation loads; the
-rows are split over threads; the weight stream is prefetched a few KB ahead.
+rows are split over threads; the weight stream is prefetched a few KB ahead. ``matvec_<type>`` takes one token;
+``matmul_<type>`` takes ``T`` (prefill): a pair of rows stays in L1 while every token passes by, so each weight
+byte comes from memory once per call, and each output is computed by the same ``pair_<type>`` as in the mat-vec.
 
 ==========  ==========================  =====================================================================
 weight      ``ya``                      per block (32 quants) / super-block (256), then ``out = fsum(acc) + c``
@@ -59,72 +61,51 @@ def prefetch_lines(p0, p1, off, size):
 
 
 # --- Q4_0, Q4_1, Q8_0 ------------------------------------------------------------------------------------------------
-@njit(parallel=True, cache=True)
-def matvec_q4_0(w, yq, yd, ya, out):
-    n, nb = out.shape[0], yd.shape[0]
-    ahead = rows_ahead(w)
-    for g in prange((n + 1) // 2):
-        r0 = 2 * g
-        r1 = min(r0 + 1, n - 1)
-        w0, w1 = w[r0], w[r1]
-        p0, p1 = w[min(r0 + ahead, n - 1)], w[min(r1 + ahead, n - 1)]
-        a0, a1 = fzero(), fzero()
-        for b in range(nb):
-            o = 18 * b
-            prefetch(p0, o)
-            prefetch(p1, o)
-            y, y8 = load32(yq, 32 * b), iload(ya, 8 * b)
-            s0 = isub(dot4(nibbles32(w0, o + 2), y), y8)
-            s1 = isub(dot4(nibbles32(w1, o + 2), y), y8)
-            a0 = fma_int(load_f16(w0, o) * yd[b], s0, a0)
-            a1 = fma_int(load_f16(w1, o) * yd[b], s1, a1)
-        out[r0] = fsum(a0)
-        out[r1] = fsum(a1)
+@njit(inline="always", cache=True)
+def pair_q4_0(w0, w1, p0, p1, yq, yd, ya):
+    nb = yd.shape[0]
+    a0, a1 = fzero(), fzero()
+    for b in range(nb):
+        o = 18 * b
+        prefetch(p0, o)
+        prefetch(p1, o)
+        y, y8 = load32(yq, 32 * b), iload(ya, 8 * b)
+        s0 = isub(dot4(nibbles32(w0, o + 2), y), y8)
+        s1 = isub(dot4(nibbles32(w1, o + 2), y), y8)
+        a0 = fma_int(load_f16(w0, o) * yd[b], s0, a0)
+        a1 = fma_int(load_f16(w1, o) * yd[b], s1, a1)
+    return fsum(a0), fsum(a1)
 
 
-@njit(parallel=True, cache=True)
-def matvec_q4_1(w, yq, yd, ya, out):
-    n, nb = out.shape[0], yd.shape[0]
-    ahead = rows_ahead(w)
-    for g in prange((n + 1) // 2):
-        r0 = 2 * g
-        r1 = min(r0 + 1, n - 1)
-        w0, w1 = w[r0], w[r1]
-        p0, p1 = w[min(r0 + ahead, n - 1)], w[min(r1 + ahead, n - 1)]
-        a0, a1 = fzero(), fzero()
-        c0, c1 = _F32(0.0), _F32(0.0)
-        for b in range(nb):
-            o = 20 * b
-            prefetch(p0, o)
-            prefetch(p1, o)
-            y = load32(yq, 32 * b)
-            a0 = fma_int(load_f16(w0, o) * yd[b], dot4(nibbles32(w0, o + 4), y), a0)
-            a1 = fma_int(load_f16(w1, o) * yd[b], dot4(nibbles32(w1, o + 4), y), a1)
-            c0 = fma32(load_f16(w0, o + 2), ya[b], c0)
-            c1 = fma32(load_f16(w1, o + 2), ya[b], c1)
-        out[r0] = fsum(a0) + c0
-        out[r1] = fsum(a1) + c1
+@njit(inline="always", cache=True)
+def pair_q4_1(w0, w1, p0, p1, yq, yd, ya):
+    nb = yd.shape[0]
+    a0, a1 = fzero(), fzero()
+    c0, c1 = _F32(0.0), _F32(0.0)
+    for b in range(nb):
+        o = 20 * b
+        prefetch(p0, o)
+        prefetch(p1, o)
+        y = load32(yq, 32 * b)
+        a0 = fma_int(load_f16(w0, o) * yd[b], dot4(nibbles32(w0, o + 4), y), a0)
+        a1 = fma_int(load_f16(w1, o) * yd[b], dot4(nibbles32(w1, o + 4), y), a1)
+        c0 = fma32(load_f16(w0, o + 2), ya[b], c0)
+        c1 = fma32(load_f16(w1, o + 2), ya[b], c1)
+    return fsum(a0) + c0, fsum(a1) + c1
 
 
-@njit(parallel=True, cache=True)
-def matvec_q8_0(w, yq, yd, ya, out):
-    n, nb = out.shape[0], yd.shape[0]
-    ahead = rows_ahead(w)
-    for g in prange((n + 1) // 2):
-        r0 = 2 * g
-        r1 = min(r0 + 1, n - 1)
-        w0, w1 = w[r0], w[r1]
-        p0, p1 = w[min(r0 + ahead, n - 1)], w[min(r1 + ahead, n - 1)]
-        a0, a1 = fzero(), fzero()
-        for b in range(nb):
-            o = 34 * b
-            prefetch(p0, o)
-            prefetch(p1, o)
-            y = load32(yq, 32 * b)
-            a0 = fma_int(load_f16(w0, o) * yd[b], dot4_signed(load32(w0, o + 2), y), a0)
-            a1 = fma_int(load_f16(w1, o) * yd[b], dot4_signed(load32(w1, o + 2), y), a1)
-        out[r0] = fsum(a0)
-        out[r1] = fsum(a1)
+@njit(inline="always", cache=True)
+def pair_q8_0(w0, w1, p0, p1, yq, yd, ya):
+    nb = yd.shape[0]
+    a0, a1 = fzero(), fzero()
+    for b in range(nb):
+        o = 34 * b
+        prefetch(p0, o)
+        prefetch(p1, o)
+        y = load32(yq, 32 * b)
+        a0 = fma_int(load_f16(w0, o) * yd[b], dot4_signed(load32(w0, o + 2), y), a0)
+        a1 = fma_int(load_f16(w1, o) * yd[b], dot4_signed(load32(w1, o + 2), y), a1)
+    return fsum(a0), fsum(a1)
 
 
 # --- K-quants ----------------------------------------------------------------------------------------------------------
@@ -191,61 +172,51 @@ def q5_k_sumi(row, o, yq, e, t0, t1):
     return sumi
 
 
-@njit(parallel=True, cache=True)
-def matvec_q4_k(w, yq, yd, ya, out):
-    n, nsb = out.shape[0], yd.shape[0]
-    ahead = rows_ahead(w)
-    for g in prange((n + 1) // 2):
-        r0 = 2 * g
-        r1 = min(r0 + 1, n - 1)
-        w0, w1 = w[r0], w[r1]
-        p0, p1 = w[min(r0 + ahead, n - 1)], w[min(r1 + ahead, n - 1)]
-        a0, a1 = fzero(), fzero()
-        m00, m01, m02, m03 = _F32(0.0), _F32(0.0), _F32(0.0), _F32(0.0)
-        m10, m11, m12, m13 = _F32(0.0), _F32(0.0), _F32(0.0), _F32(0.0)
-        for i in range(nsb):
-            o = 144 * i
-            prefetch_lines(p0, p1, o, 144)
-            t00, t01, t02, t03 = k4_scales(w0, o + 4)
-            t10, t11, t12, t13 = k4_scales(w1, o + 4)
-            s00, s01, s02, s03 = k4_min_products(t02, t03, ya, i)
-            s10, s11, s12, s13 = k4_min_products(t12, t13, ya, i)
-            dmin0, dmin1 = -yd[i] * load_f16(w0, o + 2), -yd[i] * load_f16(w1, o + 2)
-            m00, m01 = fma32(dmin0, _F32(s00), m00), fma32(dmin0, _F32(s01), m01)
-            m02, m03 = fma32(dmin0, _F32(s02), m02), fma32(dmin0, _F32(s03), m03)
-            m10, m11 = fma32(dmin1, _F32(s10), m10), fma32(dmin1, _F32(s11), m11)
-            m12, m13 = fma32(dmin1, _F32(s12), m12), fma32(dmin1, _F32(s13), m13)
-            a0 = fma_int(yd[i] * load_f16(w0, o), q4_k_sumi(w0, o, yq, QK_K * i, t00, t01), a0)
-            a1 = fma_int(yd[i] * load_f16(w1, o), q4_k_sumi(w1, o, yq, QK_K * i, t10, t11), a1)
-        out[r0] = fsum(a0) + ((m00 + m02) + (m01 + m03))
-        out[r1] = fsum(a1) + ((m10 + m12) + (m11 + m13))
+@njit(inline="always", cache=True)
+def pair_q4_k(w0, w1, p0, p1, yq, yd, ya):
+    nsb = yd.shape[0]
+    a0, a1 = fzero(), fzero()
+    m00, m01, m02, m03 = _F32(0.0), _F32(0.0), _F32(0.0), _F32(0.0)
+    m10, m11, m12, m13 = _F32(0.0), _F32(0.0), _F32(0.0), _F32(0.0)
+    for i in range(nsb):
+        o = 144 * i
+        prefetch_lines(p0, p1, o, 144)
+        t00, t01, t02, t03 = k4_scales(w0, o + 4)
+        t10, t11, t12, t13 = k4_scales(w1, o + 4)
+        s00, s01, s02, s03 = k4_min_products(t02, t03, ya, i)
+        s10, s11, s12, s13 = k4_min_products(t12, t13, ya, i)
+        dmin0, dmin1 = -yd[i] * load_f16(w0, o + 2), -yd[i] * load_f16(w1, o + 2)
+        m00, m01 = fma32(dmin0, _F32(s00), m00), fma32(dmin0, _F32(s01), m01)
+        m02, m03 = fma32(dmin0, _F32(s02), m02), fma32(dmin0, _F32(s03), m03)
+        m10, m11 = fma32(dmin1, _F32(s10), m10), fma32(dmin1, _F32(s11), m11)
+        m12, m13 = fma32(dmin1, _F32(s12), m12), fma32(dmin1, _F32(s13), m13)
+        a0 = fma_int(yd[i] * load_f16(w0, o), q4_k_sumi(w0, o, yq, QK_K * i, t00, t01), a0)
+        a1 = fma_int(yd[i] * load_f16(w1, o), q4_k_sumi(w1, o, yq, QK_K * i, t10, t11), a1)
+    out0 = fsum(a0) + ((m00 + m02) + (m01 + m03))
+    out1 = fsum(a1) + ((m10 + m12) + (m11 + m13))
+    return out0, out1
 
 
-@njit(parallel=True, cache=True)
-def matvec_q5_k(w, yq, yd, ya, out):
-    n, nsb = out.shape[0], yd.shape[0]
-    ahead = rows_ahead(w)
-    for g in prange((n + 1) // 2):
-        r0 = 2 * g
-        r1 = min(r0 + 1, n - 1)
-        w0, w1 = w[r0], w[r1]
-        p0, p1 = w[min(r0 + ahead, n - 1)], w[min(r1 + ahead, n - 1)]
-        a0, a1 = fzero(), fzero()
-        c0, c1 = _F32(0.0), _F32(0.0)
-        for i in range(nsb):
-            o = 176 * i
-            prefetch_lines(p0, p1, o, 176)
-            t00, t01, t02, t03 = k4_scales(w0, o + 4)
-            t10, t11, t12, t13 = k4_scales(w1, o + 4)
-            s00, s01, s02, s03 = k4_min_products(t02, t03, ya, i)
-            s10, s11, s12, s13 = k4_min_products(t12, t13, ya, i)
-            dmin0, dmin1 = -yd[i] * load_f16(w0, o + 2), -yd[i] * load_f16(w1, o + 2)
-            c0 = fma32(dmin0, _F32((s00 + s02) + (s01 + s03)), c0)
-            c1 = fma32(dmin1, _F32((s10 + s12) + (s11 + s13)), c1)
-            a0 = fma_int(yd[i] * load_f16(w0, o), q5_k_sumi(w0, o, yq, QK_K * i, t00, t01), a0)
-            a1 = fma_int(yd[i] * load_f16(w1, o), q5_k_sumi(w1, o, yq, QK_K * i, t10, t11), a1)
-        out[r0] = fsum(a0) + c0
-        out[r1] = fsum(a1) + c1
+@njit(inline="always", cache=True)
+def pair_q5_k(w0, w1, p0, p1, yq, yd, ya):
+    nsb = yd.shape[0]
+    a0, a1 = fzero(), fzero()
+    c0, c1 = _F32(0.0), _F32(0.0)
+    for i in range(nsb):
+        o = 176 * i
+        prefetch_lines(p0, p1, o, 176)
+        t00, t01, t02, t03 = k4_scales(w0, o + 4)
+        t10, t11, t12, t13 = k4_scales(w1, o + 4)
+        s00, s01, s02, s03 = k4_min_products(t02, t03, ya, i)
+        s10, s11, s12, s13 = k4_min_products(t12, t13, ya, i)
+        dmin0, dmin1 = -yd[i] * load_f16(w0, o + 2), -yd[i] * load_f16(w1, o + 2)
+        c0 = fma32(dmin0, _F32((s00 + s02) + (s01 + s03)), c0)
+        c1 = fma32(dmin1, _F32((s10 + s12) + (s11 + s13)), c1)
+        a0 = fma_int(yd[i] * load_f16(w0, o), q5_k_sumi(w0, o, yq, QK_K * i, t00, t01), a0)
+        a1 = fma_int(yd[i] * load_f16(w1, o), q5_k_sumi(w1, o, yq, QK_K * i, t10, t11), a1)
+    out0 = fsum(a0) + c0
+    out1 = fsum(a1) + c1
+    return out0, out1
 
 
 @njit(inline="always", cache=True)
@@ -269,20 +240,165 @@ def q6_k_sumi(row, o, yq, e, ys, i):
     return isub(sumi, ishl(madd16(ys, 16 * i, row, o + 192), 5))
 
 
+@njit(inline="always", cache=True)
+def pair_q6_k(w0, w1, p0, p1, yq, yd, ya):
+    nsb = yd.shape[0]
+    a0, a1 = fzero(), fzero()
+    for i in range(nsb):
+        o = 210 * i
+        prefetch_lines(p0, p1, o, 210)
+        a0 = fma_int(yd[i] * load_f16(w0, o + 208), q6_k_sumi(w0, o, yq, QK_K * i, ya, i), a0)
+        a1 = fma_int(yd[i] * load_f16(w1, o + 208), q6_k_sumi(w1, o, yq, QK_K * i, ya, i), a1)
+    out0 = fsum(a0)
+    out1 = fsum(a1)
+
+    return out0, out1
+
+
+# --- the kernels: one token (decode) and several (prefill), each output computed by the same pair_<type> ---------
+# Written out per type (not made by a factory): Numba's cache keys a closure by its pickled cell contents, which
+# differ between processes for a captured dispatcher, so factory-made kernels were compiled again in every process.
+
+
 @njit(parallel=True, cache=True)
-def matvec_q6_k(w, yq, yd, ya, out):
-    n, nsb = out.shape[0], yd.shape[0]
+def matvec_q4_0(w, yq, yd, ya, out):
+    n = out.shape[0]
+    ahead = rows_ahead(w)
+    for g in prange((n + 1) // 2):
+        r0 = 2 * g
+        r1 = min(r0 + 1, n - 1)
+        out[r0], out[r1] = pair_q4_0(w[r0], w[r1], w[min(r0 + ahead, n - 1)], w[min(r1 + ahead, n - 1)], yq, yd, ya)
+
+
+@njit(parallel=True, cache=True)
+def matmul_q4_0(w, yq, yd, ya, out):
+    n = out.shape[1]
     ahead = rows_ahead(w)
     for g in prange((n + 1) // 2):
         r0 = 2 * g
         r1 = min(r0 + 1, n - 1)
         w0, w1 = w[r0], w[r1]
-        p0, p1 = w[min(r0 + ahead, n - 1)], w[min(r1 + ahead, n - 1)]
-        a0, a1 = fzero(), fzero()
-        for i in range(nsb):
-            o = 210 * i
-            prefetch_lines(p0, p1, o, 210)
-            a0 = fma_int(yd[i] * load_f16(w0, o + 208), q6_k_sumi(w0, o, yq, QK_K * i, ya, i), a0)
-            a1 = fma_int(yd[i] * load_f16(w1, o + 208), q6_k_sumi(w1, o, yq, QK_K * i, ya, i), a1)
-        out[r0] = fsum(a0)
-        out[r1] = fsum(a1)
+        for t in range(yq.shape[0]):
+            p0 = w[min(r0 + ahead, n - 1)] if t == 0 else w0
+            p1 = w[min(r1 + ahead, n - 1)] if t == 0 else w1
+            out[t, r0], out[t, r1] = pair_q4_0(w0, w1, p0, p1, yq[t], yd[t], ya[t])
+
+
+@njit(parallel=True, cache=True)
+def matvec_q4_1(w, yq, yd, ya, out):
+    n = out.shape[0]
+    ahead = rows_ahead(w)
+    for g in prange((n + 1) // 2):
+        r0 = 2 * g
+        r1 = min(r0 + 1, n - 1)
+        out[r0], out[r1] = pair_q4_1(w[r0], w[r1], w[min(r0 + ahead, n - 1)], w[min(r1 + ahead, n - 1)], yq, yd, ya)
+
+
+@njit(parallel=True, cache=True)
+def matmul_q4_1(w, yq, yd, ya, out):
+    n = out.shape[1]
+    ahead = rows_ahead(w)
+    for g in prange((n + 1) // 2):
+        r0 = 2 * g
+        r1 = min(r0 + 1, n - 1)
+        w0, w1 = w[r0], w[r1]
+        for t in range(yq.shape[0]):
+            p0 = w[min(r0 + ahead, n - 1)] if t == 0 else w0
+            p1 = w[min(r1 + ahead, n - 1)] if t == 0 else w1
+            out[t, r0], out[t, r1] = pair_q4_1(w0, w1, p0, p1, yq[t], yd[t], ya[t])
+
+
+@njit(parallel=True, cache=True)
+def matvec_q8_0(w, yq, yd, ya, out):
+    n = out.shape[0]
+    ahead = rows_ahead(w)
+    for g in prange((n + 1) // 2):
+        r0 = 2 * g
+        r1 = min(r0 + 1, n - 1)
+        out[r0], out[r1] = pair_q8_0(w[r0], w[r1], w[min(r0 + ahead, n - 1)], w[min(r1 + ahead, n - 1)], yq, yd, ya)
+
+
+@njit(parallel=True, cache=True)
+def matmul_q8_0(w, yq, yd, ya, out):
+    n = out.shape[1]
+    ahead = rows_ahead(w)
+    for g in prange((n + 1) // 2):
+        r0 = 2 * g
+        r1 = min(r0 + 1, n - 1)
+        w0, w1 = w[r0], w[r1]
+        for t in range(yq.shape[0]):
+            p0 = w[min(r0 + ahead, n - 1)] if t == 0 else w0
+            p1 = w[min(r1 + ahead, n - 1)] if t == 0 else w1
+            out[t, r0], out[t, r1] = pair_q8_0(w0, w1, p0, p1, yq[t], yd[t], ya[t])
+
+
+@njit(parallel=True, cache=True)
+def matvec_q4_k(w, yq, yd, ya, out):
+    n = out.shape[0]
+    ahead = rows_ahead(w)
+    for g in prange((n + 1) // 2):
+        r0 = 2 * g
+        r1 = min(r0 + 1, n - 1)
+        out[r0], out[r1] = pair_q4_k(w[r0], w[r1], w[min(r0 + ahead, n - 1)], w[min(r1 + ahead, n - 1)], yq, yd, ya)
+
+
+@njit(parallel=True, cache=True)
+def matmul_q4_k(w, yq, yd, ya, out):
+    n = out.shape[1]
+    ahead = rows_ahead(w)
+    for g in prange((n + 1) // 2):
+        r0 = 2 * g
+        r1 = min(r0 + 1, n - 1)
+        w0, w1 = w[r0], w[r1]
+        for t in range(yq.shape[0]):
+            p0 = w[min(r0 + ahead, n - 1)] if t == 0 else w0
+            p1 = w[min(r1 + ahead, n - 1)] if t == 0 else w1
+            out[t, r0], out[t, r1] = pair_q4_k(w0, w1, p0, p1, yq[t], yd[t], ya[t])
+
+
+@njit(parallel=True, cache=True)
+def matvec_q5_k(w, yq, yd, ya, out):
+    n = out.shape[0]
+    ahead = rows_ahead(w)
+    for g in prange((n + 1) // 2):
+        r0 = 2 * g
+        r1 = min(r0 + 1, n - 1)
+        out[r0], out[r1] = pair_q5_k(w[r0], w[r1], w[min(r0 + ahead, n - 1)], w[min(r1 + ahead, n - 1)], yq, yd, ya)
+
+
+@njit(parallel=True, cache=True)
+def matmul_q5_k(w, yq, yd, ya, out):
+    n = out.shape[1]
+    ahead = rows_ahead(w)
+    for g in prange((n + 1) // 2):
+        r0 = 2 * g
+        r1 = min(r0 + 1, n - 1)
+        w0, w1 = w[r0], w[r1]
+        for t in range(yq.shape[0]):
+            p0 = w[min(r0 + ahead, n - 1)] if t == 0 else w0
+            p1 = w[min(r1 + ahead, n - 1)] if t == 0 else w1
+            out[t, r0], out[t, r1] = pair_q5_k(w0, w1, p0, p1, yq[t], yd[t], ya[t])
+
+
+@njit(parallel=True, cache=True)
+def matvec_q6_k(w, yq, yd, ya, out):
+    n = out.shape[0]
+    ahead = rows_ahead(w)
+    for g in prange((n + 1) // 2):
+        r0 = 2 * g
+        r1 = min(r0 + 1, n - 1)
+        out[r0], out[r1] = pair_q6_k(w[r0], w[r1], w[min(r0 + ahead, n - 1)], w[min(r1 + ahead, n - 1)], yq, yd, ya)
+
+
+@njit(parallel=True, cache=True)
+def matmul_q6_k(w, yq, yd, ya, out):
+    n = out.shape[1]
+    ahead = rows_ahead(w)
+    for g in prange((n + 1) // 2):
+        r0 = 2 * g
+        r1 = min(r0 + 1, n - 1)
+        w0, w1 = w[r0], w[r1]
+        for t in range(yq.shape[0]):
+            p0 = w[min(r0 + ahead, n - 1)] if t == 0 else w0
+            p1 = w[min(r1 + ahead, n - 1)] if t == 0 else w1
+            out[t, r0], out[t, r1] = pair_q6_k(w0, w1, p0, p1, yq[t], yd[t], ya[t])

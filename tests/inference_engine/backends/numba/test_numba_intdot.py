@@ -140,3 +140,20 @@ def test_integer_steps_on_every_lowering(lowering, rng, monkeypatch):
         assert "vpmaddubsw" in asm or "vpdpbusd" in asm
     if lowering == "portable":
         assert "vpmaddubsw" not in asm and "vpsignb" not in asm
+
+
+@pytest.mark.parametrize("qtype", INT_TYPES, ids=lambda t: t.name)
+def test_int_matmul_equals_the_matvec_per_token(qtype, rng, oracle):
+    """The several-token kernel (measured for prefill) gives each token the mat-vec's output bit for bit."""
+    w, rows = random_weight(qtype, N_OUT, N_IN, rng)
+    x = random_activation(rng, dispatch.MATVEC_MAX_TOKENS + 3, N_IN)
+    yq, yd, ya = activations.quantize_int(x, w.kernels.int_activation)
+    together = np.full((x.shape[0], N_OUT), np.nan, np.float32)
+    w.kernels.matmul_int(w.rows, yq, yd, ya, together)
+    one_by_one = dispatch.matmul(w, x[:1], "ggml")
+    for t in range(1, x.shape[0]):
+        one_by_one = np.vstack([one_by_one, dispatch.matmul(w, x[t : t + 1], "ggml")])
+    np.testing.assert_array_equal(together, one_by_one)
+    np.testing.assert_array_equal(dispatch.matmul_by_int_matvec(w, x), together)
+    xv, _ = activations.prepare(x, "ggml", w.kernels.vec_dot_type, w.kernels.sub)
+    assert_matches_libggml(together, oracle.matmul(qtype, rows, x), dequantized(qtype, rows), xv)
