@@ -84,14 +84,17 @@ KERNELS: dict[T, Kernels] = {
     T.BF16: Kernels(floats.matvec_bf16, floats.dequant_bf16, "bf16", 0),
     T.Q4_0: Kernels(q4.matvec_q4_0, q4.dequant_q4_0, "q8_0", 32, intdot.matvec_q4_0, "q8_0_sum4", intdot.matmul_q4_0),
     T.Q4_1: Kernels(q4.matvec_q4_1, q4.dequant_q4_1, "q8_1", 32, intdot.matvec_q4_1, "q8_1", intdot.matmul_q4_1),
-    T.Q5_0: Kernels(q5.matvec_q5_0, q5.dequant_q5_0, "q8_0", 32),
-    T.Q5_1: Kernels(q5.matvec_q5_1, q5.dequant_q5_1, "q8_1", 32),
+    T.Q5_0: Kernels(q5.matvec_q5_0, q5.dequant_q5_0, "q8_0", 32, intdot.matvec_q5_0, "q8_0_sum4", intdot.matmul_q5_0),
+    T.Q5_1: Kernels(q5.matvec_q5_1, q5.dequant_q5_1, "q8_1", 32, intdot.matvec_q5_1, "q8_1", intdot.matmul_q5_1),
     T.Q8_0: Kernels(q8_0.matvec_q8_0, q8_0.dequant_q8_0, "q8_0", 0, intdot.matvec_q8_0, "q8_0", intdot.matmul_q8_0),
     T.Q2_K: Kernels(k_quants.matvec_q2_k, k_quants.dequant_q2_k, "q8_K", 16),
     T.Q3_K: Kernels(k_quants.matvec_q3_k, k_quants.dequant_q3_k, "q8_K", 16),
-    T.Q4_K: Kernels(k_quants.matvec_q4_k, k_quants.dequant_q4_k, "q8_K", 32, intdot.matvec_q4_k, "q8_K", intdot.matmul_q4_k),
-    T.Q5_K: Kernels(k_quants.matvec_q5_k, k_quants.dequant_q5_k, "q8_K", 32, intdot.matvec_q5_k, "q8_K", intdot.matmul_q5_k),
-    T.Q6_K: Kernels(k_quants.matvec_q6_k, k_quants.dequant_q6_k, "q8_K", 16, intdot.matvec_q6_k, "q8_K", intdot.matmul_q6_k),
+    T.Q4_K: Kernels(k_quants.matvec_q4_k, k_quants.dequant_q4_k, "q8_K", 32,
+                    intdot.matvec_q4_k, "q8_K", intdot.matmul_q4_k),
+    T.Q5_K: Kernels(k_quants.matvec_q5_k, k_quants.dequant_q5_k, "q8_K", 32,
+                    intdot.matvec_q5_k, "q8_K", intdot.matmul_q5_k),
+    T.Q6_K: Kernels(k_quants.matvec_q6_k, k_quants.dequant_q6_k, "q8_K", 16,
+                    intdot.matvec_q6_k, "q8_K", intdot.matmul_q6_k),
 }
 
 # Byte offset of the block min ``m`` (f16) and block size in bytes, for the ggml correction of Q4_1 / Q5_1.
@@ -190,10 +193,10 @@ def matmul(w: QMatrix, x: np.ndarray, numerics: str = "f32") -> np.ndarray:
     x2 = np.ascontiguousarray(x.reshape(-1, x.shape[-1]) if x.ndim else x.reshape(1, 1))
     if x2.shape[1] != w.n_in:
         raise GGUFParityError(f"matmul with '{w.name}' expects activations (..., {w.n_in}), got shape {x.shape}")
-    if numerics == "ggml" and w.kernels.matvec_int is not None and matvec_family() == "int8":
-        if x2.shape[0] <= MATVEC_MAX_TOKENS or INT_PREFILL:
-            y = matmul_by_int_matvec(w, x2)
-            return y[0] if squeeze else y.reshape(*x.shape[:-1], w.n_out)
+    int_path = numerics == "ggml" and w.kernels.matvec_int is not None and matvec_family() == "int8"
+    if int_path and (x2.shape[0] <= MATVEC_MAX_TOKENS or INT_PREFILL):
+        y = matmul_by_int_matvec(w, x2)
+        return y[0] if squeeze else y.reshape(*x.shape[:-1], w.n_out)
     xv, xs = activations.prepare(x2, numerics, w.kernels.vec_dot_type, w.kernels.sub)
     if x2.shape[0] <= MATVEC_MAX_TOKENS:
         y = matmul_by_matvec(w, xv, xs)

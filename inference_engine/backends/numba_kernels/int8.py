@@ -74,7 +74,7 @@ class _F32x8Model(models.PrimitiveModel):
         super().__init__(dmm, fe_type, _VF)
 
 
-# --- code generation helpers ---------------------------------------------------------------------------------------
+# --- code generation helpers ---------------------------------------------------------------------------------
 def _ptr(context, builder, arrty, arr, index, pointee):
     ary = context.make_array(arrty)(context, builder, arr)
     return builder.bitcast(builder.gep(ary.data, [index]), pointee.as_pointer())
@@ -150,8 +150,8 @@ def lower_dot4(context, builder, u, s):
 def lower_dot4_scaled(context, builder, u, s, k_lo, k_hi):
     """``dot4(u, s)`` times ``k_lo`` in lanes 0..3 and ``k_hi`` in lanes 4..7 (int16 scalars)."""
     if "+avx2" in target_features(context):
-        v16 = ir.VectorType(_I16, 16)
-        k = builder.shuffle_vector(_splat(builder, k_lo, ir.VectorType(_I16, 8)), _splat(builder, k_hi, ir.VectorType(_I16, 8)),
+        v8 = ir.VectorType(_I16, 8)
+        k = builder.shuffle_vector(_splat(builder, k_lo, v8), _splat(builder, k_hi, v8),
                                    _vconst(ir.VectorType(_I32, 16), range(16)))
         return _madd(builder, _maddubs(builder, u, s), k)
     half = ir.VectorType(_I32, 4)
@@ -201,6 +201,19 @@ def nibbles32(typingctx, arr, offset):
     return I8x32(arr, offset), codegen
 
 
+@intrinsic
+def bits32(typingctx, arr, offset):
+    """Bit ``j`` of the little-endian uint32 at byte ``offset``, as byte ``j`` (0 or 1): Q5_0 / Q5_1's fifth bits
+    (ggml's ``bytes_from_bits_32``)."""
+    _check(arr, types.uint8, "bits32")
+
+    def codegen(context, builder, sig, args):
+        word = builder.load(_ptr(context, builder, sig.args[0], args[0], args[1], _I32), align=1)
+        return builder.zext(builder.bitcast(word, ir.VectorType(_I1, BYTES)), _VB)
+
+    return I8x32(arr, offset), codegen
+
+
 def _byte_op(op_name):
     def typer(typingctx, v, amount):
         if v != I8x32 or not isinstance(amount, types.Integer):
@@ -234,7 +247,7 @@ def bor8(typingctx, a, b):
     return I8x32(I8x32, I8x32), codegen
 
 
-# --- dot products ----------------------------------------------------------------------------------------------------
+# --- dot products --------------------------------------------------------------------------------------------
 @intrinsic
 def dot4(typingctx, u, s):
     """I32x8: lane i = sum of ``u[4i+k] * s[4i+k]``, ``u`` unsigned, ``s`` signed bytes."""
@@ -275,7 +288,7 @@ def dot4_scaled(typingctx, u, s, k_lo, k_hi):
     return I32x8(I8x32, I8x32, k_lo, k_hi), codegen
 
 
-# --- I32x8 -----------------------------------------------------------------------------------------------------------
+# --- I32x8 ---------------------------------------------------------------------------------------------------
 @intrinsic
 def izero(typingctx):
     def codegen(context, builder, sig, args):
@@ -322,8 +335,8 @@ def madd16(typingctx, a, a_index, s, s_offset):
     def codegen(context, builder, sig, args):
         v16 = ir.VectorType(_I16, 16)
         av = builder.load(_ptr(context, builder, sig.args[0], args[0], args[1], v16), align=2)
-        sv = builder.sext(builder.load(_ptr(context, builder, sig.args[2], args[2], args[3], ir.VectorType(_I8, 16)),
-                                       align=1), v16)
+        s8 = builder.load(_ptr(context, builder, sig.args[2], args[2], args[3], ir.VectorType(_I8, 16)), align=1)
+        sv = builder.sext(s8, v16)
         if "+avx2" in target_features(context):
             return _madd(builder, av, sv)
         wide = ir.VectorType(_I32, 16)
@@ -345,7 +358,7 @@ def ishl(typingctx, v, amount):
     return I32x8(v, amount), codegen
 
 
-# --- F32x8 -----------------------------------------------------------------------------------------------------------
+# --- F32x8 ---------------------------------------------------------------------------------------------------
 @intrinsic
 def fzero(typingctx):
     def codegen(context, builder, sig, args):

@@ -12,8 +12,8 @@ byte comes from memory once per call, and each output is computed by the same ``
 ==========  ==========================  =====================================================================
 weight      ``ya``                      per block (32 quants) / super-block (256), then ``out = fsum(acc) + c``
 ==========  ==========================  =====================================================================
-Q4_0        int32 ``8 * sum4(yq)``      ``acc += (d_w d_y) * (dot4(q, yq) - ya)`` (ggml: ``(q - 8) . yq``)
-Q4_1        float32 ``s`` (Q8_1 sums)   ``acc += (d_w d_y) * dot4(q, yq)``; ``c += m * s``
+Q4_0 Q5_0   int32 ``sum4(yq)``          ``acc += (d_w d_y) * (dot4(q, yq) - 8 ya)`` (ggml: ``(q - 8) . yq``; 16)
+Q4_1 Q5_1   float32 ``s`` (Q8_1 sums)   ``acc += (d_w d_y) * dot4(q, yq)``; ``c += m * s``
 Q8_0        (unused)                    ``acc += (d_w d_y) * dot4_signed(q, yq)``
 Q4_K Q5_K   int16 ``bsums`` (per 16)    ``acc += (d_y d) * sum_j sc_j dot4(q_j, yq_j)``; mins via the bsums
 Q6_K        int16 ``bsums``             ``acc += (d_y d) * (sum_k sc_k dot4(q_k, yq_k) - 32 bsums . sc)``
@@ -27,6 +27,7 @@ from numba import njit, prange
 
 from inference_engine.backends.numba_kernels.int8 import (
     band8,
+    bits32,
     bor8,
     bshl8,
     bshr8,
@@ -60,7 +61,7 @@ def prefetch_lines(p0, p1, off, size):
         prefetch(p1, off + line)
 
 
-# --- Q4_0, Q4_1, Q8_0 ------------------------------------------------------------------------------------------------
+# --- Q4_0, Q4_1, Q8_0 ----------------------------------------------------------------------------------------------
 @njit(inline="always", cache=True)
 def pair_q4_0(w0, w1, p0, p1, yq, yd, ya):
     nb = yd.shape[0]
@@ -69,12 +70,51 @@ def pair_q4_0(w0, w1, p0, p1, yq, yd, ya):
         o = 18 * b
         prefetch(p0, o)
         prefetch(p1, o)
-        y, y8 = load32(yq, 32 * b), iload(ya, 8 * b)
+        y, y8 = load32(yq, 32 * b), ishl(iload(ya, 8 * b), 3)
         s0 = isub(dot4(nibbles32(w0, o + 2), y), y8)
         s1 = isub(dot4(nibbles32(w1, o + 2), y), y8)
         a0 = fma_int(load_f16(w0, o) * yd[b], s0, a0)
         a1 = fma_int(load_f16(w1, o) * yd[b], s1, a1)
     return fsum(a0), fsum(a1)
+
+
+@njit(inline="always", cache=True)
+def five_bits(row, qh_off, qs_off):
+    """A Q5 block's 32 unsigned 5-bit quants: nibbles plus the fifth bits of ``qh`` (element j: bit j)."""
+    return bor8(nibbles32(row, qs_off), bshl8(bits32(row, qh_off), 4))
+
+
+@njit(inline="always", cache=True)
+def pair_q5_0(w0, w1, p0, p1, yq, yd, ya):
+    nb = yd.shape[0]
+    a0, a1 = fzero(), fzero()
+    for b in range(nb):
+        o = 22 * b
+        prefetch(p0, o)
+        prefetch(p1, o)
+        y, y16 = load32(yq, 32 * b), ishl(iload(ya, 8 * b), 4)
+        s0 = isub(dot4(five_bits(w0, o + 2, o + 6), y), y16)
+        s1 = isub(dot4(five_bits(w1, o + 2, o + 6), y), y16)
+        a0 = fma_int(load_f16(w0, o) * yd[b], s0, a0)
+        a1 = fma_int(load_f16(w1, o) * yd[b], s1, a1)
+    return fsum(a0), fsum(a1)
+
+
+@njit(inline="always", cache=True)
+def pair_q5_1(w0, w1, p0, p1, yq, yd, ya):
+    nb = yd.shape[0]
+    a0, a1 = fzero(), fzero()
+    c0, c1 = _F32(0.0), _F32(0.0)
+    for b in range(nb):
+        o = 24 * b
+        prefetch(p0, o)
+        prefetch(p1, o)
+        y = load32(yq, 32 * b)
+        a0 = fma_int(load_f16(w0, o) * yd[b], dot4(five_bits(w0, o + 4, o + 8), y), a0)
+        a1 = fma_int(load_f16(w1, o) * yd[b], dot4(five_bits(w1, o + 4, o + 8), y), a1)
+        c0 = fma32(load_f16(w0, o + 2), ya[b], c0)
+        c1 = fma32(load_f16(w1, o + 2), ya[b], c1)
+    return fsum(a0) + c0, fsum(a1) + c1
 
 
 @njit(inline="always", cache=True)
@@ -108,7 +148,7 @@ def pair_q8_0(w0, w1, p0, p1, yq, yd, ya):
     return fsum(a0), fsum(a1)
 
 
-# --- K-quants ----------------------------------------------------------------------------------------------------------
+# --- K-quants ------------------------------------------------------------------------------------------------------
 @njit(inline="always", cache=True)
 def k4_scales(row, off):
     """ggml's ``utmp`` unpacking of the 12 scale bytes of Q4_K / Q5_K: (scales 0..3, 4..7, mins 0..3, 4..7) as
@@ -255,7 +295,7 @@ def pair_q6_k(w0, w1, p0, p1, yq, yd, ya):
     return out0, out1
 
 
-# --- the kernels: one token (decode) and several (prefill), each output computed by the same pair_<type> ---------
+# --- the kernels: one token (decode) and several (prefill), each output computed by the same pair_<type> -----------
 # Written out per type (not made by a factory): Numba's cache keys a closure by its pickled cell contents, which
 # differ between processes for a captured dispatcher, so factory-made kernels were compiled again in every process.
 
@@ -402,3 +442,51 @@ def matmul_q6_k(w, yq, yd, ya, out):
             p0 = w[min(r0 + ahead, n - 1)] if t == 0 else w0
             p1 = w[min(r1 + ahead, n - 1)] if t == 0 else w1
             out[t, r0], out[t, r1] = pair_q6_k(w0, w1, p0, p1, yq[t], yd[t], ya[t])
+
+
+@njit(parallel=True, cache=True)
+def matvec_q5_0(w, yq, yd, ya, out):
+    n = out.shape[0]
+    ahead = rows_ahead(w)
+    for g in prange((n + 1) // 2):
+        r0 = 2 * g
+        r1 = min(r0 + 1, n - 1)
+        out[r0], out[r1] = pair_q5_0(w[r0], w[r1], w[min(r0 + ahead, n - 1)], w[min(r1 + ahead, n - 1)], yq, yd, ya)
+
+
+@njit(parallel=True, cache=True)
+def matmul_q5_0(w, yq, yd, ya, out):
+    n = out.shape[1]
+    ahead = rows_ahead(w)
+    for g in prange((n + 1) // 2):
+        r0 = 2 * g
+        r1 = min(r0 + 1, n - 1)
+        w0, w1 = w[r0], w[r1]
+        for t in range(yq.shape[0]):
+            p0 = w[min(r0 + ahead, n - 1)] if t == 0 else w0
+            p1 = w[min(r1 + ahead, n - 1)] if t == 0 else w1
+            out[t, r0], out[t, r1] = pair_q5_0(w0, w1, p0, p1, yq[t], yd[t], ya[t])
+
+
+@njit(parallel=True, cache=True)
+def matvec_q5_1(w, yq, yd, ya, out):
+    n = out.shape[0]
+    ahead = rows_ahead(w)
+    for g in prange((n + 1) // 2):
+        r0 = 2 * g
+        r1 = min(r0 + 1, n - 1)
+        out[r0], out[r1] = pair_q5_1(w[r0], w[r1], w[min(r0 + ahead, n - 1)], w[min(r1 + ahead, n - 1)], yq, yd, ya)
+
+
+@njit(parallel=True, cache=True)
+def matmul_q5_1(w, yq, yd, ya, out):
+    n = out.shape[1]
+    ahead = rows_ahead(w)
+    for g in prange((n + 1) // 2):
+        r0 = 2 * g
+        r1 = min(r0 + 1, n - 1)
+        w0, w1 = w[r0], w[r1]
+        for t in range(yq.shape[0]):
+            p0 = w[min(r0 + ahead, n - 1)] if t == 0 else w0
+            p1 = w[min(r1 + ahead, n - 1)] if t == 0 else w1
+            out[t, r0], out[t, r1] = pair_q5_1(w0, w1, p0, p1, yq[t], yd[t], ya[t])

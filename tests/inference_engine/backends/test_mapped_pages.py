@@ -13,10 +13,12 @@ N_PAGES = 256  # 1 MB of 4 KB pages: large enough to see in RSS, small enough to
 
 
 def resident_kb() -> int:
-    for line in open("/proc/self/status"):
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    pytest.skip("no /proc/self/status on this platform")
+    try:
+        with open("/proc/self/status") as fh:
+            lines = fh.read().splitlines()
+    except OSError:
+        pytest.skip("no /proc/self/status on this platform")
+    return next(int(line.split()[1]) for line in lines if line.startswith("VmRSS:"))
 
 
 @pytest.fixture

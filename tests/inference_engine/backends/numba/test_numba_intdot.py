@@ -64,7 +64,7 @@ def test_int_activation_is_ggml_quantization(rng, oracle):
     x = random_activation(rng, 2, N_IN, 3.0)
     yq, yd, ya = activations.quantize_int(x, "q8_0_sum4")
     q = yq.view(np.int8).astype(np.int32)
-    np.testing.assert_array_equal(ya, 8 * q.reshape(2, -1, 4).sum(-1))
+    np.testing.assert_array_equal(ya, q.reshape(2, -1, 4).sum(-1))
     xv, _ = activations.prepare(x, "ggml", "q8_0", 32)
     np.testing.assert_array_equal(xv, q.astype(np.float32) * np.repeat(yd, 32, axis=1))
     yq, yd, bsums = activations.quantize_int(x, "q8_K")
