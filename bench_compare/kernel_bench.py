@@ -14,6 +14,12 @@ Sections (``--only`` picks some):
 - ``compile``: first-call compile time and cached load time of every kernel, in fresh processes with a private
   ``NUMBA_CACHE_DIR``.
 
+Every run first prints the CPU, its SIMD label (:mod:`inference_engine.cpu_features`), the ggml-numerics mat-vec
+family chosen for it (``int8`` / ``float``, :func:`~inference_engine.backends.numba_kernels.dispatch.matvec_family`)
+and the machine's measured read bandwidth (a NumPy sum over a large array on 1 and on ``--threads`` threads), and
+the ``types`` table gives each kernel's GB/s as a fraction of it (``of_bw``): how close each kernel gets to the
+memory limit that bounds decode.
+
 The machine may be shared: every figure is the best of ``--repeat`` runs.
 """
 
@@ -25,6 +31,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -36,6 +43,7 @@ from gguf import GGMLQuantizationType as T
 
 from inference_engine.backends.numba_kernels import activations, blocked
 from inference_engine.backends.numba_kernels import dispatch as mm
+from inference_engine.cpu_features import cpu_features
 from inference_engine.quants import quant_for
 
 MODELS = ("smollm2-135m", "gemma3-270m")
@@ -66,6 +74,29 @@ def best_of(fn: Callable[[], object], repeat: int) -> float:
         fn()
         best = min(best, time.perf_counter() - t0)
     return best
+
+
+# Bytes summed per read-bandwidth measurement: far beyond any last-level cache (a few tens of MB).
+BANDWIDTH_BYTES = 256 << 20
+
+
+def read_bandwidth(threads: int, repeat: int) -> float:
+    """GB/s of a NumPy sum over ``BANDWIDTH_BYTES`` of int64, split over ``threads`` Python threads (NumPy's
+    reductions release the GIL); the best of ``repeat`` runs.
+
+    Integers, not float32: NumPy's float sum is pairwise and was compute-bound on a Sapphire Rapids test machine
+    (7.8 GB/s on one thread while our Q8_0 kernel read 18), so it understated the memory limit."""
+    data = np.ones(BANDWIDTH_BYTES // 8, np.int64)
+    parts = np.array_split(data, threads)
+
+    def run():
+        workers = [threading.Thread(target=np.sum, args=(p,)) for p in parts]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+
+    return data.nbytes / best_of(run, repeat) / 1e9
 
 
 # --- weights -----------------------------------------------------------------------------------------------------
@@ -134,6 +165,7 @@ def section_types(args, rng) -> list[dict]:
         mats = groups[key]
         for numerics in ("f32", "ggml"):
             r = bench_group(mats, numerics, args.repeat, rng)
+            r["of_bw"] = r["gb_per_s"] / args.bandwidth if args.bandwidth else ""
             rows.append(
                 {"type": key[0], "shape": f"{key[1]}x{key[2]}", "source": sources[key], "numerics": numerics, **r}
             )
@@ -148,6 +180,7 @@ def section_types(args, rng) -> list[dict]:
             ("matrices", 8),
             ("us_per_call", 11),
             ("gb_per_s", 8),
+            ("of_bw", 5),
         ],
     )
     return rows
@@ -368,13 +401,23 @@ def main(argv: list[str] | None = None) -> int:
         f"numba {numba.__version__}, {args.threads} threads, best of {args.repeat}; OpenBLAS threads: {blas} "
         f"(set OPENBLAS_NUM_THREADS={args.threads} before starting to match)"
     )
+    cpu = cpu_features()
+    bw1 = read_bandwidth(1, args.repeat)
+    args.bandwidth = read_bandwidth(args.threads, args.repeat) if args.threads > 1 else bw1
+    print(
+        f"CPU: {cpu.name} ({cpu.machine}), SIMD {cpu.label} [{' '.join(cpu.isa)}]; ggml-numerics mat-vec: "
+        f"{mm.matvec_family()} kernels\nread bandwidth (NumPy sum of {BANDWIDTH_BYTES >> 20} MB): {bw1:.1f} GB/s on "
+        f"1 thread, {args.bandwidth:.1f} GB/s on {args.threads}; of_bw = a kernel's GB/s / the {args.threads}-thread "
+        f"figure"
+    )
     results = {}
     for section in SECTIONS:
         if section in args.only:
             results[section] = globals()[f"section_{section}"](args, rng)
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump({"threads": args.threads, "repeat": args.repeat, **results}, fh, indent=1)
+            json.dump({"threads": args.threads, "repeat": args.repeat, "cpu": cpu.as_dict(),
+                       "read_gb_per_s": {"1": bw1, str(args.threads): args.bandwidth}, **results}, fh, indent=1)
     return 0
 
 

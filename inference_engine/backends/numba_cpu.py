@@ -5,9 +5,12 @@ n_threads)`` imports this module and instantiates :class:`NumbaBackend`).
 
 - ``matmul`` runs the fused quantized kernels of :mod:`inference_engine.backends.numba_kernels` on the GGUF
   blocks as they are in the file (one mat-vec per token when decoding; when prefilling, dequantized tiles times
-  a GEMM: BLAS on one thread, Numba's own on more, so that one thread pool runs throughout), in both numerics. ``load_matrix`` copies each weight's bytes once out of the memory map into process memory
-  (``copy_weights``; the kernels stream it ~1.4x faster, see ``pack_matrix``); a tied output matrix shares the
-  embedding's copy.
+  a GEMM: BLAS on one thread, Numba's own on more, so that one thread pool runs throughout), in both numerics;
+  ``ggml`` numerics decode through the integer-dot kernels (``numba_kernels.intdot``, llama.cpp's method and
+  result) on CPUs where :func:`~.numba_kernels.dispatch.matvec_family` picks them. ``load_matrix`` copies each
+  weight's bytes once out of the memory map into process memory (``copy_weights``; the kernels stream it ~1.4x
+  faster, see ``pack_matrix``) and gives the mapped pages back (:mod:`inference_engine.backends.mapped_pages`), so
+  one copy of the weights is resident; a tied output matrix shares the embedding's copy.
 - ``embed`` dequantizes only the looked-up rows with the same kernels (ggml's exact values).
 - ``rms_norm``, ``rope``, ``attention``, ``swiglu`` and ``geglu`` run the Numba kernels of
   :mod:`inference_engine.backends.numba_kernels.ops`: same numerics as the NumPy reference (bit for bit, except

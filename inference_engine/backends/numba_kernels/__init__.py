@@ -7,6 +7,9 @@ Modules:
 - :mod:`.floats` (F32, F16, BF16), :mod:`.q4` (Q4_0, Q4_1), :mod:`.q5` (Q5_0, Q5_1), :mod:`.q8_0`,
   :mod:`.k_quants` (Q2_K..Q6_K): per type a ``matvec_<type>(w, xv, xs, out)`` (one token, weights read once,
   rows split over threads) and a ``dequant_<type>(w, row0, out)`` (ggml's exact dequantization of rows).
+- :mod:`.int8` (32-byte integer vectors, ``dot4`` = ``vpmaddubsw`` + ``vpmaddwd`` / ``vpdpbusd`` / portable IR) and
+  :mod:`.intdot` (the ``ggml``-numerics integer-dot mat-vec of Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, bit-exact with
+  libggml's x86 ``vec_dot``).
 - :mod:`.activations`: the activation side of both numerics (``f32``; ``ggml``: Q8_0 / Q8_1 / Q8_K / F16 / BF16
   quantizers bit-exact with libggml).
 - :mod:`.dispatch`: the dispatcher: :func:`pack_matrix` wraps a GGUF tensor, :func:`matmul` runs ``x @ W.T``
@@ -18,7 +21,7 @@ Modules:
 
 Every kernel is ``@njit(cache=True)``: a second process loads the machine code from Numba's cache instead of
 compiling (``python -m bench_compare.kernel_bench --only compile`` measures both). Numba's cache tracks the
-modification time of the file defining each kernel only, so after editing :mod:`.simd` delete the
+modification time of the file defining each kernel only, so after editing :mod:`.simd` or :mod:`.int8` delete the
 ``__pycache__/*.nbi`` / ``*.nbc`` files of this package.
 """
 

@@ -218,3 +218,44 @@ def _no_sums(n_rows: int) -> np.ndarray:
     if sums is None:
         sums = _EMPTY_SUMS[n_rows] = np.zeros((n_rows, 0), np.float32)
     return sums
+
+
+# --- the quantized activation itself, for the integer-dot kernels (:mod:`.intdot`) ------------------------------
+INT_ACTIVATIONS = ("q8_0", "q8_0_sum4", "q8_1", "q8_K")
+
+
+@njit(cache=True)
+def _sum4(qs, out):
+    for t in range(qs.shape[0]):
+        for i in range(out.shape[1]):
+            out[t, i] = np.int32(qs[t, 4 * i]) + qs[t, 4 * i + 1] + qs[t, 4 * i + 2] + qs[t, 4 * i + 3]
+
+
+def quantize_int(x: np.ndarray, kind: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(yq, yd, ya)`` for activations ``x (T, K)``: ggml's quantized activation as the integer kernels read it.
+
+    ``yq`` uint8 (T, K) the int8 quants' bytes; ``yd`` float32 block scales (T, K/32), or (T, K/256) for Q8_K;
+    ``ya`` the type's auxiliary array: ``q8_0``: none (T, 0) int32; ``q8_0_sum4``: int32 (T, K/4) the sum of
+    each four quants (for the ``- 8`` / ``- 16`` offsets of Q4_0 / Q5_0, per lane); ``q8_1``: float32 (T, K/32)
+    the f16 block sums ``s``; ``q8_K``: int16 (T, K/16) the ``bsums``.
+    """
+    n_tokens, k = x.shape
+    qs = np.empty(x.shape, np.int8)
+    if kind == "q8_K":
+        d = np.empty((n_tokens, k // QK_K), np.float32)
+        bsums = np.empty((n_tokens, k // 16), np.int16)
+        quantize_q8_K(x, qs, d, bsums)
+        return qs.view(np.uint8), d, bsums
+    d = np.empty((n_tokens, k // QK8), np.float32)
+    if kind == "q8_1":
+        s = np.empty_like(d)
+        quantize_q8_1(x, qs, d, s)
+        return qs.view(np.uint8), d, s
+    quantize_q8_0(x, qs, d)
+    if kind == "q8_0_sum4":
+        sums = np.empty((n_tokens, k // 4), np.int32)
+        _sum4(qs, sums)
+        return qs.view(np.uint8), d, sums
+    if kind == "q8_0":
+        return qs.view(np.uint8), d, np.zeros((n_tokens, 0), np.int32)
+    raise ValueError(f"unknown integer activation {kind!r}; known: {', '.join(INT_ACTIVATIONS)}")

@@ -2,6 +2,12 @@
 
 - **Decode (few tokens)**: one ``matvec_<type>`` call per token. It reads each weight byte once, from the GGUF
   blocks as they are in the file, and multiplies as it unpacks: no dequantized copy of the weight ever exists.
+  In ``ggml`` numerics, where :func:`matvec_family` says ``int8``, the integer-dot kernels of :mod:`.intdot` run
+  instead (the activation quantized once per token; llama.cpp's x86 result bit for bit). Measured on random
+  blocks of Qwen2.5-1.5B's shapes, 2 threads, AVX2 code (a Sapphire Rapids compiled for ``haswell``), GB/s of
+  weight bytes, float -> int8: Q4_K 9.3 -> 14.0 and 9.6 -> 17.7, Q6_K 9.2 -> 21.4, Q4_0 6.9 -> 11.1, Q4_1 7.3 ->
+  11.6, Q8_0 14.5 -> 24.9, Q5_K 7.0 -> 20.7; the same CPU with its AVX-512 code: Q4_K 10.2 -> 11.2 and 12.9 ->
+  18.1, Q6_K 11.1 -> 22.0, Q8_0 21.1 -> 30.1 (medians of 12).
 - **Prefill (more than ``MATVEC_MAX_TOKENS``)**: the weight is dequantized a tile of rows at a time
   (``dequant_<type>``, exactly ggml's values) into a reused float32 buffer, and each tile is multiplied with all
   the tokens by BLAS ``sgemm`` on one thread, by the Numba GEMM (:mod:`.gemm`) on more (``TILE_GEMM``). Measured
@@ -18,7 +24,7 @@
 
   Below 4 to 8 tokens the mat-vec path wins (it pays no dequantization pass).
 
-Both paths compute the same sum and agree to float rounding. ``numerics`` picks the activation side
+The float paths compute the same sum and agree to float rounding. ``numerics`` picks the activation side
 (:mod:`.activations`); ``ggml`` through a GEMM multiplies the dequantized weight with the fake-quantized
 activation, which is ggml's integer dot product exactly except for Q4_1 / Q5_1, whose block constant ``m`` ggml
 multiplies by the activation's *f16-rounded* block sum ``s``: that difference, ``(s - sum(xv)) @ m.T``, is added
@@ -34,7 +40,9 @@ import numba
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
-from inference_engine.backends.numba_kernels import activations, floats, gemm, k_quants, q4, q5, q8_0
+from inference_engine.backends.mapped_pages import drop_file_pages
+from inference_engine.backends.numba_kernels import activations, floats, gemm, intdot, k_quants, q4, q5, q8_0
+from inference_engine.cpu_features import CPUFeatures, cpu_features
 from inference_engine.errors import GGUFParityError
 from inference_engine.registries import NUMERICS, Registry
 
@@ -62,6 +70,11 @@ class Kernels:
     dequant: Callable  # (w, row0, out f32 (rows, K)) -> None: ggml's dequantize_row for rows row0..
     vec_dot_type: str  # the activation type ggml quantizes to for this weight (activations.prepare)
     sub: int  # sub-block length of the constant terms (xs), 0 if none
+    # ggml numerics, few tokens: the integer-dot mat-vec (intdot: (w, yq, yd, ya, out)) and the quantized
+    # activation it reads (activations.quantize_int); None where only the float kernels exist.
+    matvec_int: Callable | None = None
+    int_activation: str = ""
+    matmul_int: Callable | None = None  # the same for T tokens at once (intdot.matmul_*: (w, yq, yd, ya, out (T, N)))
 
 
 # tensor type -> its kernels (a type missing here is refused at load time, naming the ones that are present)
@@ -69,16 +82,19 @@ KERNELS: Registry[Kernels] = Registry("tensor type", {
     T.F32: Kernels(floats.matvec_f32, floats.dequant_f32, "f32", 0),
     T.F16: Kernels(floats.matvec_f16, floats.dequant_f16, "f16", 0),
     T.BF16: Kernels(floats.matvec_bf16, floats.dequant_bf16, "bf16", 0),
-    T.Q4_0: Kernels(q4.matvec_q4_0, q4.dequant_q4_0, "q8_0", 32),
-    T.Q4_1: Kernels(q4.matvec_q4_1, q4.dequant_q4_1, "q8_1", 32),
-    T.Q5_0: Kernels(q5.matvec_q5_0, q5.dequant_q5_0, "q8_0", 32),
-    T.Q5_1: Kernels(q5.matvec_q5_1, q5.dequant_q5_1, "q8_1", 32),
-    T.Q8_0: Kernels(q8_0.matvec_q8_0, q8_0.dequant_q8_0, "q8_0", 0),
+    T.Q4_0: Kernels(q4.matvec_q4_0, q4.dequant_q4_0, "q8_0", 32, intdot.matvec_q4_0, "q8_0_sum4", intdot.matmul_q4_0),
+    T.Q4_1: Kernels(q4.matvec_q4_1, q4.dequant_q4_1, "q8_1", 32, intdot.matvec_q4_1, "q8_1", intdot.matmul_q4_1),
+    T.Q5_0: Kernels(q5.matvec_q5_0, q5.dequant_q5_0, "q8_0", 32, intdot.matvec_q5_0, "q8_0_sum4", intdot.matmul_q5_0),
+    T.Q5_1: Kernels(q5.matvec_q5_1, q5.dequant_q5_1, "q8_1", 32, intdot.matvec_q5_1, "q8_1", intdot.matmul_q5_1),
+    T.Q8_0: Kernels(q8_0.matvec_q8_0, q8_0.dequant_q8_0, "q8_0", 0, intdot.matvec_q8_0, "q8_0", intdot.matmul_q8_0),
     T.Q2_K: Kernels(k_quants.matvec_q2_k, k_quants.dequant_q2_k, "q8_K", 16),
     T.Q3_K: Kernels(k_quants.matvec_q3_k, k_quants.dequant_q3_k, "q8_K", 16),
-    T.Q4_K: Kernels(k_quants.matvec_q4_k, k_quants.dequant_q4_k, "q8_K", 32),
-    T.Q5_K: Kernels(k_quants.matvec_q5_k, k_quants.dequant_q5_k, "q8_K", 32),
-    T.Q6_K: Kernels(k_quants.matvec_q6_k, k_quants.dequant_q6_k, "q8_K", 16),
+    T.Q4_K: Kernels(k_quants.matvec_q4_k, k_quants.dequant_q4_k, "q8_K", 32,
+                    intdot.matvec_q4_k, "q8_K", intdot.matmul_q4_k),
+    T.Q5_K: Kernels(k_quants.matvec_q5_k, k_quants.dequant_q5_k, "q8_K", 32,
+                    intdot.matvec_q5_k, "q8_K", intdot.matmul_q5_k),
+    T.Q6_K: Kernels(k_quants.matvec_q6_k, k_quants.dequant_q6_k, "q8_K", 16,
+                    intdot.matvec_q6_k, "q8_K", intdot.matmul_q6_k),
 }, base=Kernels, normalize=lambda qtype: T(int(qtype)), unknown="no numba kernel for", listing="supported", quote=False)
 
 # Byte offset of the block min ``m`` (f16) and block size in bytes, for the ggml correction of Q4_1 / Q5_1.
@@ -87,6 +103,30 @@ _BLOCK_MIN = {T.Q4_1: (2, 20), T.Q5_1: (2, 24)}
 
 def supported_types() -> tuple[T, ...]:
     return KERNELS.names()
+
+
+# How the ggml-numerics mat-vec multiplies, chosen per CPU at run time (:func:`matvec_family`):
+# "int8": the integer-dot kernels (:mod:`.intdot`), llama.cpp's own method and bit for bit its x86 result;
+# "float": the float kernels on the fake-quantized activation (same sums to float rounding).
+MATVEC_FAMILIES: tuple[str, ...] = ("int8", "float")
+# SIMD flavours whose integer dot LLVM emits as vector code: x86 AVX2 / AVX-512 through vpmaddubsw (or vpdpbusd),
+# Arm NEON through widening multiplies (correct; its speed against "float" is not measured yet). Elsewhere
+# (SSE-only x86, other architectures) the float kernels, whose 16-lane float code every LLVM target vectorizes.
+INT8_FLAVOURS = ("avx2", "avx512", "neon")
+# ggml numerics on the int8 family, more than MATVEC_MAX_TOKENS tokens: intdot.matmul_* (a row pair in L1 while
+# the tokens pass by) instead of dequantized tiles times the float GEMM? Measured (Qwen2.5-1.5B shapes, random
+# blocks, 2 threads, a Sapphire Rapids compiled for haswell / for itself, ms): Q4_K 8960x1536 T=8 5.98 vs tiles
+# 6.90, T=256 101.7 vs 152.1; but 1536x8960 T=256 197.2 vs 177.6, Q6_K T=256 177.6 vs 135.4, Q8_0 T=8 9.58 vs
+# 6.85 and T=256 325 vs 155; with AVX-512 code every T=64..256 case was slower than tiles. Without register
+# tiling (weights unpacked once per several tokens) it does not win prefill: off, kept for that measurement.
+INT_PREFILL = False
+
+
+def matvec_family(features: CPUFeatures | None = None) -> str:
+    """The ggml-numerics mat-vec family for this CPU (``features``: default, this machine's)."""
+    f = features or cpu_features()
+    x86_without_avx2 = f.simd_flavour == "avx2" and not f.has("avx2")
+    return "int8" if f.simd_flavour in INT8_FLAVOURS and not x86_without_avx2 else "float"
 
 
 @dataclass
@@ -139,6 +179,7 @@ def pack_matrix(name: str, qtype, raw: np.ndarray, shape: tuple[int, int], copy:
     rows = np.ascontiguousarray(raw).view(np.uint8).view(np.ndarray).reshape(n_out, -1)
     if copy:
         rows = rows.copy()
+        drop_file_pages(raw)  # one resident copy of the weight, not two (mapped_pages.py)
     return QMatrix(name, qtype, rows, n_out, n_in, kernels)
 
 
@@ -151,6 +192,10 @@ def matmul(w: QMatrix, x: np.ndarray, numerics: str = "f32") -> np.ndarray:
     x2 = np.ascontiguousarray(x.reshape(-1, x.shape[-1]) if x.ndim else x.reshape(1, 1))
     if x2.shape[1] != w.n_in:
         raise GGUFParityError(f"matmul with '{w.name}' expects activations (..., {w.n_in}), got shape {x.shape}")
+    int_path = numerics == "ggml" and w.kernels.matvec_int is not None and matvec_family() == "int8"
+    if int_path and (x2.shape[0] <= MATVEC_MAX_TOKENS or INT_PREFILL):
+        y = matmul_by_int_matvec(w, x2)
+        return y[0] if squeeze else y.reshape(*x.shape[:-1], w.n_out)
     xv, xs = activations.prepare(x2, numerics, w.kernels.vec_dot_type, w.kernels.sub)
     if x2.shape[0] <= MATVEC_MAX_TOKENS:
         y = matmul_by_matvec(w, xv, xs)
@@ -166,6 +211,19 @@ def matmul_by_matvec(w: QMatrix, xv: np.ndarray, xs: np.ndarray) -> np.ndarray:
     y = np.empty((xv.shape[0], w.n_out), np.float32)
     for t in range(xv.shape[0]):
         w.kernels.matvec(w.rows, xv[t], xs[t], y[t])
+    return y
+
+
+def matmul_by_int_matvec(w: QMatrix, x: np.ndarray) -> np.ndarray:
+    """ggml numerics through the integer-dot kernels (the activation quantized once, as ggml does): one mat-vec
+    per token up to ``MATVEC_MAX_TOKENS``, the row-pair-in-L1 kernel beyond (the same outputs bit for bit)."""
+    yq, yd, ya = activations.quantize_int(x, w.kernels.int_activation)
+    y = np.empty((x.shape[0], w.n_out), np.float32)
+    if x.shape[0] <= MATVEC_MAX_TOKENS:
+        for t in range(x.shape[0]):
+            w.kernels.matvec_int(w.rows, yq[t], yd[t], ya[t], y[t])
+    else:
+        w.kernels.matmul_int(w.rows, yq, yd, ya, y)
     return y
 
 

@@ -1,0 +1,492 @@
+"""Integer-dot mat-vec kernels for the ``ggml`` numerics: llama.cpp's AVX2 ``ggml_vec_dot_<w>_<q8>``, row by row.
+
+The activation arrives quantized once per token (:func:`.activations.quantize_int`): int8 quants ``yq``, their
+block scales ``yd`` and one auxiliary array ``ya`` per type (below). Each weight block is multiplied in integers
+(:mod:`.int8`: 32 quants per ``vpmaddubsw`` on AVX2) and scaled once per block in float32 with the same
+operations, lanes and order as ggml's AVX2 code (ggml-cpu/arch/x86/quants.c), so the result is libggml's value bit
+for bit where libggml runs that code (tested against it). Two rows per iteration share the activation loads; the
+rows are split over threads; the weight stream is prefetched a few KB ahead. ``matvec_<type>`` takes one token;
+``matmul_<type>`` takes ``T`` (prefill): a pair of rows stays in L1 while every token passes by, so each weight
+byte comes from memory once per call, and each output is computed by the same ``pair_<type>`` as in the mat-vec.
+
+==========  ==========================  =====================================================================
+weight      ``ya``                      per block (32 quants) / super-block (256), then ``out = fsum(acc) + c``
+==========  ==========================  =====================================================================
+Q4_0 Q5_0   int32 ``sum4(yq)``          ``acc += (d_w d_y) * (dot4(q, yq) - 8 ya)`` (ggml: ``(q - 8) . yq``; 16)
+Q4_1 Q5_1   float32 ``s`` (Q8_1 sums)   ``acc += (d_w d_y) * dot4(q, yq)``; ``c += m * s``
+Q8_0        (unused)                    ``acc += (d_w d_y) * dot4_signed(q, yq)``
+Q4_K Q5_K   int16 ``bsums`` (per 16)    ``acc += (d_y d) * sum_j sc_j dot4(q_j, yq_j)``; mins via the bsums
+Q6_K        int16 ``bsums``             ``acc += (d_y d) * (sum_k sc_k dot4(q_k, yq_k) - 32 bsums . sc)``
+==========  ==========================  =====================================================================
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from inference_engine.backends.numba_kernels.int8 import (
+    band8,
+    bits32,
+    bor8,
+    bshl8,
+    bshr8,
+    dot4,
+    dot4_scaled,
+    dot4_signed,
+    fma_int,
+    fsum,
+    fzero,
+    iadd,
+    iload,
+    ishl,
+    isub,
+    izero,
+    load32,
+    load_u32,
+    madd16,
+    nibbles32,
+)
+from inference_engine.backends.numba_kernels.simd import fma32, load_f16, prefetch, rows_ahead
+
+_F32 = np.float32
+QK_K = 256
+_KMASK1, _KMASK2, _KMASK3 = np.uint32(0x3F3F3F3F), np.uint32(0x0F0F0F0F), np.uint32(0x03030303)
+
+
+@njit(inline="always", cache=True)
+def prefetch_lines(p0, p1, off, size):
+    for line in range(0, size, 64):
+        prefetch(p0, off + line)
+        prefetch(p1, off + line)
+
+
+# --- Q4_0, Q4_1, Q8_0 ----------------------------------------------------------------------------------------------
+@njit(inline="always", cache=True)
+def pair_q4_0(w0, w1, p0, p1, yq, yd, ya):
+    nb = yd.shape[0]
+    a0, a1 = fzero(), fzero()
+    for b in range(nb):
+        o = 18 * b
+        prefetch(p0, o)
+        prefetch(p1, o)
+        y, y8 = load32(yq, 32 * b), ishl(iload(ya, 8 * b), 3)
+        s0 = isub(dot4(nibbles32(w0, o + 2), y), y8)
+        s1 = isub(dot4(nibbles32(w1, o + 2), y), y8)
+        a0 = fma_int(load_f16(w0, o) * yd[b], s0, a0)
+        a1 = fma_int(load_f16(w1, o) * yd[b], s1, a1)
+    return fsum(a0), fsum(a1)
+
+
+@njit(inline="always", cache=True)
+def five_bits(row, qh_off, qs_off):
+    """A Q5 block's 32 unsigned 5-bit quants: nibbles plus the fifth bits of ``qh`` (element j: bit j)."""
+    return bor8(nibbles32(row, qs_off), bshl8(bits32(row, qh_off), 4))
+
+
+@njit(inline="always", cache=True)
+def pair_q5_0(w0, w1, p0, p1, yq, yd, ya):
+    nb = yd.shape[0]
+    a0, a1 = fzero(), fzero()
+    for b in range(nb):
+        o = 22 * b
+        prefetch(p0, o)
+        prefetch(p1, o)
+        y, y16 = load32(yq, 32 * b), ishl(iload(ya, 8 * b), 4)
+        s0 = isub(dot4(five_bits(w0, o + 2, o + 6), y), y16)
+        s1 = isub(dot4(five_bits(w1, o + 2, o + 6), y), y16)
+        a0 = fma_int(load_f16(w0, o) * yd[b], s0, a0)
+        a1 = fma_int(load_f16(w1, o) * yd[b], s1, a1)
+    return fsum(a0), fsum(a1)
+
+
+@njit(inline="always", cache=True)
+def pair_q5_1(w0, w1, p0, p1, yq, yd, ya):
+    nb = yd.shape[0]
+    a0, a1 = fzero(), fzero()
+    c0, c1 = _F32(0.0), _F32(0.0)
+    for b in range(nb):
+        o = 24 * b
+        prefetch(p0, o)
+        prefetch(p1, o)
+        y = load32(yq, 32 * b)
+        a0 = fma_int(load_f16(w0, o) * yd[b], dot4(five_bits(w0, o + 4, o + 8), y), a0)
+        a1 = fma_int(load_f16(w1, o) * yd[b], dot4(five_bits(w1, o + 4, o + 8), y), a1)
+        c0 = fma32(load_f16(w0, o + 2), ya[b], c0)
+        c1 = fma32(load_f16(w1, o + 2), ya[b], c1)
+    return fsum(a0) + c0, fsum(a1) + c1
+
+
+@njit(inline="always", cache=True)
+def pair_q4_1(w0, w1, p0, p1, yq, yd, ya):
+    nb = yd.shape[0]
+    a0, a1 = fzero(), fzero()
+    c0, c1 = _F32(0.0), _F32(0.0)
+    for b in range(nb):
+        o = 20 * b
+        prefetch(p0, o)
+        prefetch(p1, o)
+        y = load32(yq, 32 * b)
+        a0 = fma_int(load_f16(w0, o) * yd[b], dot4(nibbles32(w0, o + 4), y), a0)
+        a1 = fma_int(load_f16(w1, o) * yd[b], dot4(nibbles32(w1, o + 4), y), a1)
+        c0 = fma32(load_f16(w0, o + 2), ya[b], c0)
+        c1 = fma32(load_f16(w1, o + 2), ya[b], c1)
+    return fsum(a0) + c0, fsum(a1) + c1
+
+
+@njit(inline="always", cache=True)
+def pair_q8_0(w0, w1, p0, p1, yq, yd, ya):
+    nb = yd.shape[0]
+    a0, a1 = fzero(), fzero()
+    for b in range(nb):
+        o = 34 * b
+        prefetch(p0, o)
+        prefetch(p1, o)
+        y = load32(yq, 32 * b)
+        a0 = fma_int(load_f16(w0, o) * yd[b], dot4_signed(load32(w0, o + 2), y), a0)
+        a1 = fma_int(load_f16(w1, o) * yd[b], dot4_signed(load32(w1, o + 2), y), a1)
+    return fsum(a0), fsum(a1)
+
+
+# --- K-quants ------------------------------------------------------------------------------------------------------
+@njit(inline="always", cache=True)
+def k4_scales(row, off):
+    """ggml's ``utmp`` unpacking of the 12 scale bytes of Q4_K / Q5_K: (scales 0..3, 4..7, mins 0..3, 4..7) as
+    four uint32 of four bytes each."""
+    u0, u1, u2 = load_u32(row, off), load_u32(row, off + 4), load_u32(row, off + 8)
+    t3 = ((u2 >> 4) & _KMASK2) | (((u1 >> 6) & _KMASK3) << 4)
+    t2 = u1 & _KMASK1
+    t1 = (u2 & _KMASK2) | (((u0 >> 6) & _KMASK3) << 4)
+    t0 = u0 & _KMASK1
+    return t0, t1, t2, t3
+
+
+@njit(inline="always", cache=True)
+def byte(word, k):
+    return np.int32((word >> np.uint32(8 * k)) & np.uint32(0xFF))
+
+
+@njit(inline="always", cache=True)
+def min_pair(word, ys, q, ja):
+    """``min_ja * bsum32_ja + min_jb * bsum32_jb`` for sub-blocks ``ja``, ``ja + 1`` (mins in bytes of ``word``)."""
+    jb = ja + 1
+    sa = np.int32(ys[q + 2 * ja]) + np.int32(ys[q + 2 * ja + 1])
+    sb = np.int32(ys[q + 2 * jb]) + np.int32(ys[q + 2 * jb + 1])
+    return byte(word, ja % 4) * sa + byte(word, jb % 4) * sb
+
+
+@njit(inline="always", cache=True)
+def k4_min_products(mlo, mhi, ys, i):
+    """ggml's ``madd(mins, hadd(bsums))`` of super-block ``i``: four int sums of two ``min_j * bsum32_j`` each."""
+    q = 16 * i
+    return min_pair(mlo, ys, q, 0), min_pair(mlo, ys, q, 2), min_pair(mhi, ys, q, 4), min_pair(mhi, ys, q, 6)
+
+
+@njit(inline="always", cache=True)
+def q4_k_sumi(row, o, yq, e, t0, t1):
+    sumi = izero()
+    for j in range(4):
+        q = load32(row, o + 16 + 32 * j)
+        word = t0 if j < 2 else t1
+        sl, sh = byte(word, (2 * j) % 4), byte(word, (2 * j + 1) % 4)
+        lo = dot4_scaled(band8(q, 15), load32(yq, e + 64 * j), sl, sl)
+        hi = dot4_scaled(band8(bshr8(q, 4), 15), load32(yq, e + 64 * j + 32), sh, sh)
+        sumi = iadd(sumi, iadd(lo, hi))
+    return sumi
+
+
+@njit(inline="always", cache=True)
+def q5_k_sumi(row, o, yq, e, t0, t1):
+    sumi = izero()
+    hbits = load32(row, o + 16)
+    for j in range(4):
+        q = load32(row, o + 48 + 32 * j)
+        word = t0 if j < 2 else t1
+        sl, sh = byte(word, (2 * j) % 4), byte(word, (2 * j + 1) % 4)
+        h = bshr8(hbits, 2 * j)
+        q0 = bor8(band8(q, 15), bshl8(band8(h, 1), 4))
+        q1 = bor8(band8(bshr8(q, 4), 15), bshl8(band8(bshr8(h, 1), 1), 4))
+        lo = dot4_scaled(q0, load32(yq, e + 64 * j), sl, sl)
+        hi = dot4_scaled(q1, load32(yq, e + 64 * j + 32), sh, sh)
+        sumi = iadd(sumi, iadd(lo, hi))
+    return sumi
+
+
+@njit(inline="always", cache=True)
+def pair_q4_k(w0, w1, p0, p1, yq, yd, ya):
+    nsb = yd.shape[0]
+    a0, a1 = fzero(), fzero()
+    m00, m01, m02, m03 = _F32(0.0), _F32(0.0), _F32(0.0), _F32(0.0)
+    m10, m11, m12, m13 = _F32(0.0), _F32(0.0), _F32(0.0), _F32(0.0)
+    for i in range(nsb):
+        o = 144 * i
+        prefetch_lines(p0, p1, o, 144)
+        t00, t01, t02, t03 = k4_scales(w0, o + 4)
+        t10, t11, t12, t13 = k4_scales(w1, o + 4)
+        s00, s01, s02, s03 = k4_min_products(t02, t03, ya, i)
+        s10, s11, s12, s13 = k4_min_products(t12, t13, ya, i)
+        dmin0, dmin1 = -yd[i] * load_f16(w0, o + 2), -yd[i] * load_f16(w1, o + 2)
+        m00, m01 = fma32(dmin0, _F32(s00), m00), fma32(dmin0, _F32(s01), m01)
+        m02, m03 = fma32(dmin0, _F32(s02), m02), fma32(dmin0, _F32(s03), m03)
+        m10, m11 = fma32(dmin1, _F32(s10), m10), fma32(dmin1, _F32(s11), m11)
+        m12, m13 = fma32(dmin1, _F32(s12), m12), fma32(dmin1, _F32(s13), m13)
+        a0 = fma_int(yd[i] * load_f16(w0, o), q4_k_sumi(w0, o, yq, QK_K * i, t00, t01), a0)
+        a1 = fma_int(yd[i] * load_f16(w1, o), q4_k_sumi(w1, o, yq, QK_K * i, t10, t11), a1)
+    out0 = fsum(a0) + ((m00 + m02) + (m01 + m03))
+    out1 = fsum(a1) + ((m10 + m12) + (m11 + m13))
+    return out0, out1
+
+
+@njit(inline="always", cache=True)
+def pair_q5_k(w0, w1, p0, p1, yq, yd, ya):
+    nsb = yd.shape[0]
+    a0, a1 = fzero(), fzero()
+    c0, c1 = _F32(0.0), _F32(0.0)
+    for i in range(nsb):
+        o = 176 * i
+        prefetch_lines(p0, p1, o, 176)
+        t00, t01, t02, t03 = k4_scales(w0, o + 4)
+        t10, t11, t12, t13 = k4_scales(w1, o + 4)
+        s00, s01, s02, s03 = k4_min_products(t02, t03, ya, i)
+        s10, s11, s12, s13 = k4_min_products(t12, t13, ya, i)
+        dmin0, dmin1 = -yd[i] * load_f16(w0, o + 2), -yd[i] * load_f16(w1, o + 2)
+        c0 = fma32(dmin0, _F32((s00 + s02) + (s01 + s03)), c0)
+        c1 = fma32(dmin1, _F32((s10 + s12) + (s11 + s13)), c1)
+        a0 = fma_int(yd[i] * load_f16(w0, o), q5_k_sumi(w0, o, yq, QK_K * i, t00, t01), a0)
+        a1 = fma_int(yd[i] * load_f16(w1, o), q5_k_sumi(w1, o, yq, QK_K * i, t10, t11), a1)
+    out0 = fsum(a0) + c0
+    out1 = fsum(a1) + c1
+    return out0, out1
+
+
+@njit(inline="always", cache=True)
+def q6_k_sumi(row, o, yq, e, ys, i):
+    sumi = izero()
+    for j in range(2):
+        ql0, ql1 = load32(row, o + 64 * j), load32(row, o + 64 * j + 32)
+        qh = load32(row, o + 128 + 32 * j)
+        q0 = bor8(band8(ql0, 15), bshl8(band8(qh, 3), 4))
+        q1 = bor8(band8(ql1, 15), bshl8(band8(bshr8(qh, 2), 3), 4))
+        q2 = bor8(bshr8(ql0, 4), bshl8(band8(bshr8(qh, 4), 3), 4))
+        q3 = bor8(bshr8(ql1, 4), bshl8(bshr8(qh, 6), 4))
+        sc = o + 192 + 8 * j
+        y = e + 128 * j
+        p0 = dot4_scaled(q0, load32(yq, y), np.int8(row[sc]), np.int8(row[sc + 1]))
+        p1 = dot4_scaled(q1, load32(yq, y + 32), np.int8(row[sc + 2]), np.int8(row[sc + 3]))
+        p2 = dot4_scaled(q2, load32(yq, y + 64), np.int8(row[sc + 4]), np.int8(row[sc + 5]))
+        p3 = dot4_scaled(q3, load32(yq, y + 96), np.int8(row[sc + 6]), np.int8(row[sc + 7]))
+        sumi = iadd(sumi, iadd(p0, p1))
+        sumi = iadd(sumi, iadd(p2, p3))
+    return isub(sumi, ishl(madd16(ys, 16 * i, row, o + 192), 5))
+
+
+@njit(inline="always", cache=True)
+def pair_q6_k(w0, w1, p0, p1, yq, yd, ya):
+    nsb = yd.shape[0]
+    a0, a1 = fzero(), fzero()
+    for i in range(nsb):
+        o = 210 * i
+        prefetch_lines(p0, p1, o, 210)
+        a0 = fma_int(yd[i] * load_f16(w0, o + 208), q6_k_sumi(w0, o, yq, QK_K * i, ya, i), a0)
+        a1 = fma_int(yd[i] * load_f16(w1, o + 208), q6_k_sumi(w1, o, yq, QK_K * i, ya, i), a1)
+    out0 = fsum(a0)
+    out1 = fsum(a1)
+
+    return out0, out1
+
+
+# --- the kernels: one token (decode) and several (prefill), each output computed by the same pair_<type> -----------
+# Written out per type (not made by a factory): Numba's cache keys a closure by its pickled cell contents, which
+# differ between processes for a captured dispatcher, so factory-made kernels were compiled again in every process.
+
+
+@njit(parallel=True, cache=True)
+def matvec_q4_0(w, yq, yd, ya, out):
+    n = out.shape[0]
+    ahead = rows_ahead(w)
+    for g in prange((n + 1) // 2):
+        r0 = 2 * g
+        r1 = min(r0 + 1, n - 1)
+        out[r0], out[r1] = pair_q4_0(w[r0], w[r1], w[min(r0 + ahead, n - 1)], w[min(r1 + ahead, n - 1)], yq, yd, ya)
+
+
+@njit(parallel=True, cache=True)
+def matmul_q4_0(w, yq, yd, ya, out):
+    n = out.shape[1]
+    ahead = rows_ahead(w)
+    for g in prange((n + 1) // 2):
+        r0 = 2 * g
+        r1 = min(r0 + 1, n - 1)
+        w0, w1 = w[r0], w[r1]
+        for t in range(yq.shape[0]):
+            p0 = w[min(r0 + ahead, n - 1)] if t == 0 else w0
+            p1 = w[min(r1 + ahead, n - 1)] if t == 0 else w1
+            out[t, r0], out[t, r1] = pair_q4_0(w0, w1, p0, p1, yq[t], yd[t], ya[t])
+
+
+@njit(parallel=True, cache=True)
+def matvec_q4_1(w, yq, yd, ya, out):
+    n = out.shape[0]
+    ahead = rows_ahead(w)
+    for g in prange((n + 1) // 2):
+        r0 = 2 * g
+        r1 = min(r0 + 1, n - 1)
+        out[r0], out[r1] = pair_q4_1(w[r0], w[r1], w[min(r0 + ahead, n - 1)], w[min(r1 + ahead, n - 1)], yq, yd, ya)
+
+
+@njit(parallel=True, cache=True)
+def matmul_q4_1(w, yq, yd, ya, out):
+    n = out.shape[1]
+    ahead = rows_ahead(w)
+    for g in prange((n + 1) // 2):
+        r0 = 2 * g
+        r1 = min(r0 + 1, n - 1)
+        w0, w1 = w[r0], w[r1]
+        for t in range(yq.shape[0]):
+            p0 = w[min(r0 + ahead, n - 1)] if t == 0 else w0
+            p1 = w[min(r1 + ahead, n - 1)] if t == 0 else w1
+            out[t, r0], out[t, r1] = pair_q4_1(w0, w1, p0, p1, yq[t], yd[t], ya[t])
+
+
+@njit(parallel=True, cache=True)
+def matvec_q8_0(w, yq, yd, ya, out):
+    n = out.shape[0]
+    ahead = rows_ahead(w)
+    for g in prange((n + 1) // 2):
+        r0 = 2 * g
+        r1 = min(r0 + 1, n - 1)
+        out[r0], out[r1] = pair_q8_0(w[r0], w[r1], w[min(r0 + ahead, n - 1)], w[min(r1 + ahead, n - 1)], yq, yd, ya)
+
+
+@njit(parallel=True, cache=True)
+def matmul_q8_0(w, yq, yd, ya, out):
+    n = out.shape[1]
+    ahead = rows_ahead(w)
+    for g in prange((n + 1) // 2):
+        r0 = 2 * g
+        r1 = min(r0 + 1, n - 1)
+        w0, w1 = w[r0], w[r1]
+        for t in range(yq.shape[0]):
+            p0 = w[min(r0 + ahead, n - 1)] if t == 0 else w0
+            p1 = w[min(r1 + ahead, n - 1)] if t == 0 else w1
+            out[t, r0], out[t, r1] = pair_q8_0(w0, w1, p0, p1, yq[t], yd[t], ya[t])
+
+
+@njit(parallel=True, cache=True)
+def matvec_q4_k(w, yq, yd, ya, out):
+    n = out.shape[0]
+    ahead = rows_ahead(w)
+    for g in prange((n + 1) // 2):
+        r0 = 2 * g
+        r1 = min(r0 + 1, n - 1)
+        out[r0], out[r1] = pair_q4_k(w[r0], w[r1], w[min(r0 + ahead, n - 1)], w[min(r1 + ahead, n - 1)], yq, yd, ya)
+
+
+@njit(parallel=True, cache=True)
+def matmul_q4_k(w, yq, yd, ya, out):
+    n = out.shape[1]
+    ahead = rows_ahead(w)
+    for g in prange((n + 1) // 2):
+        r0 = 2 * g
+        r1 = min(r0 + 1, n - 1)
+        w0, w1 = w[r0], w[r1]
+        for t in range(yq.shape[0]):
+            p0 = w[min(r0 + ahead, n - 1)] if t == 0 else w0
+            p1 = w[min(r1 + ahead, n - 1)] if t == 0 else w1
+            out[t, r0], out[t, r1] = pair_q4_k(w0, w1, p0, p1, yq[t], yd[t], ya[t])
+
+
+@njit(parallel=True, cache=True)
+def matvec_q5_k(w, yq, yd, ya, out):
+    n = out.shape[0]
+    ahead = rows_ahead(w)
+    for g in prange((n + 1) // 2):
+        r0 = 2 * g
+        r1 = min(r0 + 1, n - 1)
+        out[r0], out[r1] = pair_q5_k(w[r0], w[r1], w[min(r0 + ahead, n - 1)], w[min(r1 + ahead, n - 1)], yq, yd, ya)
+
+
+@njit(parallel=True, cache=True)
+def matmul_q5_k(w, yq, yd, ya, out):
+    n = out.shape[1]
+    ahead = rows_ahead(w)
+    for g in prange((n + 1) // 2):
+        r0 = 2 * g
+        r1 = min(r0 + 1, n - 1)
+        w0, w1 = w[r0], w[r1]
+        for t in range(yq.shape[0]):
+            p0 = w[min(r0 + ahead, n - 1)] if t == 0 else w0
+            p1 = w[min(r1 + ahead, n - 1)] if t == 0 else w1
+            out[t, r0], out[t, r1] = pair_q5_k(w0, w1, p0, p1, yq[t], yd[t], ya[t])
+
+
+@njit(parallel=True, cache=True)
+def matvec_q6_k(w, yq, yd, ya, out):
+    n = out.shape[0]
+    ahead = rows_ahead(w)
+    for g in prange((n + 1) // 2):
+        r0 = 2 * g
+        r1 = min(r0 + 1, n - 1)
+        out[r0], out[r1] = pair_q6_k(w[r0], w[r1], w[min(r0 + ahead, n - 1)], w[min(r1 + ahead, n - 1)], yq, yd, ya)
+
+
+@njit(parallel=True, cache=True)
+def matmul_q6_k(w, yq, yd, ya, out):
+    n = out.shape[1]
+    ahead = rows_ahead(w)
+    for g in prange((n + 1) // 2):
+        r0 = 2 * g
+        r1 = min(r0 + 1, n - 1)
+        w0, w1 = w[r0], w[r1]
+        for t in range(yq.shape[0]):
+            p0 = w[min(r0 + ahead, n - 1)] if t == 0 else w0
+            p1 = w[min(r1 + ahead, n - 1)] if t == 0 else w1
+            out[t, r0], out[t, r1] = pair_q6_k(w0, w1, p0, p1, yq[t], yd[t], ya[t])
+
+
+@njit(parallel=True, cache=True)
+def matvec_q5_0(w, yq, yd, ya, out):
+    n = out.shape[0]
+    ahead = rows_ahead(w)
+    for g in prange((n + 1) // 2):
+        r0 = 2 * g
+        r1 = min(r0 + 1, n - 1)
+        out[r0], out[r1] = pair_q5_0(w[r0], w[r1], w[min(r0 + ahead, n - 1)], w[min(r1 + ahead, n - 1)], yq, yd, ya)
+
+
+@njit(parallel=True, cache=True)
+def matmul_q5_0(w, yq, yd, ya, out):
+    n = out.shape[1]
+    ahead = rows_ahead(w)
+    for g in prange((n + 1) // 2):
+        r0 = 2 * g
+        r1 = min(r0 + 1, n - 1)
+        w0, w1 = w[r0], w[r1]
+        for t in range(yq.shape[0]):
+            p0 = w[min(r0 + ahead, n - 1)] if t == 0 else w0
+            p1 = w[min(r1 + ahead, n - 1)] if t == 0 else w1
+            out[t, r0], out[t, r1] = pair_q5_0(w0, w1, p0, p1, yq[t], yd[t], ya[t])
+
+
+@njit(parallel=True, cache=True)
+def matvec_q5_1(w, yq, yd, ya, out):
+    n = out.shape[0]
+    ahead = rows_ahead(w)
+    for g in prange((n + 1) // 2):
+        r0 = 2 * g
+        r1 = min(r0 + 1, n - 1)
+        out[r0], out[r1] = pair_q5_1(w[r0], w[r1], w[min(r0 + ahead, n - 1)], w[min(r1 + ahead, n - 1)], yq, yd, ya)
+
+
+@njit(parallel=True, cache=True)
+def matmul_q5_1(w, yq, yd, ya, out):
+    n = out.shape[1]
+    ahead = rows_ahead(w)
+    for g in prange((n + 1) // 2):
+        r0 = 2 * g
+        r1 = min(r0 + 1, n - 1)
+        w0, w1 = w[r0], w[r1]
+        for t in range(yq.shape[0]):
+            p0 = w[min(r0 + ahead, n - 1)] if t == 0 else w0
+            p1 = w[min(r1 + ahead, n - 1)] if t == 0 else w1
+            out[t, r0], out[t, r1] = pair_q5_1(w0, w1, p0, p1, yq[t], yd[t], ya[t])

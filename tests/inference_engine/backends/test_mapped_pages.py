@@ -1,0 +1,55 @@
+"""Dropping a weight's memory-mapped pages once a backend holds its own copy: RSS falls, the bytes stay readable."""
+
+from __future__ import annotations
+
+import mmap
+
+import numpy as np
+import pytest
+
+from inference_engine.backends.mapped_pages import PAGE, drop_file_pages
+
+N_PAGES = 256  # 1 MB of 4 KB pages: large enough to see in RSS, small enough to be quick
+
+
+def resident_kb() -> int:
+    try:
+        with open("/proc/self/status") as fh:
+            lines = fh.read().splitlines()
+    except OSError:
+        pytest.skip("no /proc/self/status on this platform")
+    return next(int(line.split()[1]) for line in lines if line.startswith("VmRSS:"))
+
+
+@pytest.fixture
+def mapped(tmp_path):
+    data = np.random.default_rng(0).integers(0, 256, N_PAGES * PAGE + 100, dtype=np.uint8)
+    path = tmp_path / "weights.bin"
+    data.tofile(path)
+    return data, np.memmap(path, dtype=np.uint8, mode="r")
+
+
+@pytest.mark.skipif(not hasattr(mmap, "MADV_DONTNEED"), reason="this platform's mmap has no MADV_DONTNEED")
+def test_whole_pages_are_given_back_and_stay_readable(mapped):
+    data, m = mapped
+    view = m[50 : 50 + (N_PAGES - 2) * PAGE]  # not page-aligned: the two edge pages are kept
+    copy = np.array(view)  # touches every page, as a backend's copy does
+    before = resident_kb()
+    dropped = drop_file_pages(view)
+    assert dropped == (N_PAGES - 3) * PAGE
+    assert before - resident_kb() >= dropped // 1024 // 2  # the pages left this process's RSS
+    np.testing.assert_array_equal(view, copy)  # faulted back in from the file, unchanged
+    np.testing.assert_array_equal(m, data)
+
+
+def test_memory_that_is_not_a_file_mapping_is_never_touched():
+    anonymous = np.arange(4 * PAGE, dtype=np.int64).view(np.uint8)
+    keep = anonymous.copy()
+    assert drop_file_pages(anonymous) == 0
+    np.testing.assert_array_equal(anonymous, keep)
+
+
+def test_ranges_without_a_whole_page_give_back_nothing(mapped):
+    _, m = mapped
+    assert drop_file_pages(m[10 : 10 + PAGE]) == 0
+    assert drop_file_pages(m[:0]) == 0
