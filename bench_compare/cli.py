@@ -23,6 +23,7 @@ COMMANDS: dict[str, str] = {
     "bench": "bench_compare.cmd_bench:bench",
     "compare": "bench_compare.cmd_compare:compare",
     "report": "bench_compare.cmd_report:report",
+    "serve": "bench_compare.cmd_serve:serve",
 }
 
 COMMAND_HELP: dict[str, str] = {
@@ -33,6 +34,7 @@ COMMAND_HELP: dict[str, str] = {
     "bench": "llama-bench compatible benchmark of one engine.",
     "compare": "Benchmark our engine and llama.cpp side by side.",
     "report": "Merge result JSONs into a report; gate regressions.",
+    "serve": "Serve our engine over an OpenAI-compatible HTTP API.",
 }
 
 
