@@ -86,6 +86,8 @@ def create_app(served: ServedModel, metrics: ServerMetrics) -> FastAPI:
             scheduler.stop()
 
     app = FastAPI(title="gguf-parity server", lifespan=lifespan)
+    app.state.served = served
+    app.state.metrics = metrics
 
     @app.middleware("http")
     async def count_requests(request: Request, call_next):

@@ -62,7 +62,7 @@ class Admitted:
 @dataclass
 class Delta:
     text: str
-    token_ids: list[int]
+    token_ids: list[int]  # ids generated since the previous Delta
     logprobs: list[TokenLogprob]  # one per token id, when the request asked for log-probabilities
     prompt_logprobs: list[TokenLogprob] | None = None  # echo + logprobs: the prompt's, once, before any token
 
@@ -112,6 +112,7 @@ class Request:
     sampler: Sampler | None = None
     text: TextAssembler | None = None
     generated: list[int] = field(default_factory=list)
+    unsent: list[int] = field(default_factory=list)  # generated ids not yet in a Delta (their text held back)
     prompt_logprobs: list[TokenLogprob] = field(default_factory=list)
     first_token_at: float | None = None
     last_token_at: float | None = None
@@ -320,8 +321,10 @@ class Scheduler:
         prompt_lp = None
         if req.params.prompt_logprobs and len(req.generated) == 1:
             prompt_lp = req.prompt_logprobs
-        if text or lp or prompt_lp is not None:
-            req.sink(Delta(text, [token], lp, prompt_lp))
+        req.unsent.append(token)
+        if text or lp or prompt_lp is not None or reason is not None:
+            req.sink(Delta(text, req.unsent, lp, prompt_lp))  # ids whose text was held back ride along
+            req.unsent = []
         if reason is not None:
             self._finish(req, Finished(reason, len(req.prompt_ids), len(req.generated), seq.n_cached))
 
