@@ -14,7 +14,7 @@ import time
 
 import httpx
 import pytest
-from conftest import start_server
+from fixtures.servers import start_server
 
 from inference_engine.server.runner import BatchRunner
 from inference_engine.server.scheduler import (

@@ -32,7 +32,7 @@ def start(model_path) -> tuple[subprocess.Popen, str]:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen(
         [sys.executable, "-m", "bench_compare.cli", "serve", "-m", str(model_path), "--port", str(port),
-         "--ctx", "256", "--drain", str(DRAIN_S), "--log-level", "warning"],
+         "--ctx", "256", "--threads", "1", "--drain", str(DRAIN_S), "--log-level", "warning"],
         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     url = f"http://127.0.0.1:{port}"
