@@ -43,7 +43,9 @@ from inference_engine.server.text import TokenLogprob
 
 log = logging.getLogger("inference_engine.server")
 
-DISCONNECT_POLL_S = 0.25  # how often a non-streaming request checks that its client is still there
+DISCONNECT_POLL_S = 0.25  # how often a request not yet streaming checks that its client is still there
+ENDPOINTS = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics"})
+MAX_BODY_BYTES = 8 * 2**20  # far above any prompt that fits a context; refuses bodies that would only eat memory
 
 
 class APIError(Exception):
@@ -89,11 +91,7 @@ def create_app(served: ServedModel, metrics: ServerMetrics) -> FastAPI:
     app.state.served = served
     app.state.metrics = metrics
 
-    @app.middleware("http")
-    async def count_requests(request: Request, call_next):
-        response = await call_next(request)
-        metrics.requests.labels(request.url.path, str(response.status_code)).inc()
-        return response
+    app.add_middleware(CountAndLimit, metrics=metrics)
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError):
@@ -154,10 +152,10 @@ def create_app(served: ServedModel, metrics: ServerMetrics) -> FastAPI:
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
         _check_model(served, body.model)
-        prompt_ids, prompt_text = _completion_prompt(served, body.prompt)
+        prompt_ids, prompt_text = await asyncio.to_thread(_completion_prompt, served, body.prompt)
         max_tokens = _check_room(served, len(prompt_ids), body.max_tokens)
         params = _params(body, max_tokens, body.logprobs, prompt_logprobs=body.echo and body.logprobs is not None)
-        gen, queue = await _start(served, prompt_ids, params)
+        gen, queue = await _start(served, prompt_ids, params, request)
         rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
         shaper = CompletionShaper(served, rid, created, body, prompt_text)
         if body.stream:
@@ -167,11 +165,11 @@ def create_app(served: ServedModel, metrics: ServerMetrics) -> FastAPI:
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request):
         _check_model(served, body.model)
-        prompt_ids = _chat_prompt(served, body)
+        prompt_ids = await asyncio.to_thread(_chat_prompt, served, body)
         max_tokens = _check_room(served, len(prompt_ids), body.max_new_tokens)
         k = (body.top_logprobs or 0) if body.logprobs else None
         params = _params(body, max_tokens, k, prompt_logprobs=False)
-        gen, queue = await _start(served, prompt_ids, params)
+        gen, queue = await _start(served, prompt_ids, params, request)
         rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
         shaper = ChatShaper(served, rid, created, body)
         if body.stream:
@@ -179,6 +177,36 @@ def create_app(served: ServedModel, metrics: ServerMetrics) -> FastAPI:
         return await _collect(scheduler, gen, queue, shaper, request)
 
     return app
+
+
+class CountAndLimit:
+    """Pure ASGI middleware (Starlette's BaseHTTPMiddleware would hide client disconnects from the routes): counts
+    requests by path and status, and refuses bodies over ``MAX_BODY_BYTES`` before they are read."""
+
+    def __init__(self, app, metrics: ServerMetrics):
+        self.app, self.metrics = app, metrics
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        status = {"code": 500}
+
+        async def send_and_count(message):
+            if message["type"] == "http.response.start":
+                status["code"] = message["status"]
+            await send(message)
+
+        length = dict(scope.get("headers") or []).get(b"content-length", b"0")
+        try:
+            if not length.isdigit() or int(length) > MAX_BODY_BYTES:
+                response = error_response(APIError(413, f"the request body is larger than {MAX_BODY_BYTES} bytes"))
+                await response(scope, receive, send_and_count)
+            else:
+                await self.app(scope, receive, send_and_count)
+        finally:
+            path = scope.get("path", "")
+            endpoint = path if path in ENDPOINTS else "other"  # bounded label values, whatever clients send
+            self.metrics.requests.labels(endpoint, str(status["code"])).inc()
 
 
 # --- request checks ------------------------------------------------------------------------------------------
@@ -253,8 +281,9 @@ def _params(body, max_tokens: int, logprobs: int | None, prompt_logprobs: bool) 
     )
 
 
-async def _start(served: ServedModel, prompt_ids: list[int], params: GenerationParams):
-    """Queue the request; return once it holds its KV blocks (or raise the refusal as an API error)."""
+async def _start(served: ServedModel, prompt_ids: list[int], params: GenerationParams, request: Request):
+    """Queue the request; return once it holds its KV blocks (or raise the refusal as an API error). A client
+    that leaves while its request waits is taken out of the queue."""
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue = asyncio.Queue()
 
@@ -272,7 +301,14 @@ async def _start(served: ServedModel, prompt_ids: list[int], params: GenerationP
     except ShuttingDown as e:
         raise APIError(503, str(e), "service_unavailable") from None
     try:
-        event = await queue.get()
+        while True:
+            try:
+                event = await asyncio.wait_for(queue.get(), DISCONNECT_POLL_S)
+                break
+            except asyncio.TimeoutError:
+                if await request.is_disconnected():
+                    served.scheduler.cancel(gen)
+                    raise APIError(499, "the client closed the connection", "client_closed_request") from None
     except asyncio.CancelledError:
         served.scheduler.cancel(gen)
         raise

@@ -252,6 +252,14 @@ def test_bad_chat_requests(tiny_server, body):
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
 
 
+def test_an_oversized_body_is_refused(tiny_server):
+    from inference_engine.server.app import MAX_BODY_BYTES
+
+    r = httpx.post(f"{tiny_server.url}/v1/completions", content=b" " * (MAX_BODY_BYTES + 1),
+                   headers={"content-type": "application/json"})
+    assert r.status_code == 413 and "error" in r.json()
+
+
 def test_unknown_route_is_an_openai_shaped_404(tiny_server):
     r = httpx.get(f"{tiny_server.url}/v1/nothing")
     assert r.status_code == 404 and "error" in r.json()

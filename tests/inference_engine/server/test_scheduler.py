@@ -144,3 +144,25 @@ def test_submit_beyond_the_queue_bound_raises(tiny_model):
         submit(s, [5, 6], 2)
     with pytest.raises(QueueFull):
         submit(s, [5, 6], 2)
+
+
+def test_a_client_that_leaves_while_waiting_is_taken_out_of_the_queue(tiny_model):
+    with start_server(tiny_model("llama"), ctx=64, block_size=4, max_batch=1, max_queue=4) as server:
+        scheduler = server.app.state.served.scheduler
+        gate = hold(scheduler.runner)
+        body = {"model": str(tiny_model("llama")), "prompt": "hello", "max_tokens": 3, "temperature": 0}
+
+        async def scenario():
+            async with httpx.AsyncClient(timeout=EVENT_TIMEOUT_S) as client:
+                url = f"{server.url}/v1/completions"
+                first = asyncio.create_task(client.post(url, json=body))
+                await asyncio.to_thread(wait_for, lambda: scheduler.n_running == 1, "the first request")
+                with pytest.raises(httpx.ReadTimeout):  # gives up while waiting: the connection closes
+                    await client.post(url, json=body, timeout=0.5)
+                leaver = next(iter(scheduler.waiting), None) or scheduler._inbox[0]
+                await asyncio.to_thread(wait_for, lambda: leaver.cancelled, "the server to notice")
+                gate.set()
+                return await first
+
+        assert asyncio.run(scenario()).status_code == 200
+        wait_for(lambda: scheduler.n_waiting == 0 and scheduler.runner.pool.n_in_use == 0, "an empty queue")
