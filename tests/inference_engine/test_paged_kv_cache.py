@@ -32,9 +32,9 @@ def random_ids(n_vocab: int, n: int, seed: int) -> list[int]:
     return [int(i) for i in np.random.default_rng(seed).integers(3, n_vocab, n)]
 
 
-def alone(path, prompt: list[int], next_token: int) -> tuple[np.ndarray, np.ndarray]:
+def alone(path, prompt: list[int], next_token: int, backend: str = "numpy") -> tuple[np.ndarray, np.ndarray]:
     """(last prompt logits, logits after one decode of ``next_token``) from the one-sequence engine."""
-    engine = OurEngine(path, numerics="f32", n_ctx=64, kv_type="f32")
+    engine = OurEngine(path, backend=backend, numerics="f32", n_ctx=64, kv_type="f32")
     return engine.prefill(prompt), engine.decode(next_token)
 
 
@@ -42,10 +42,10 @@ def close(a: np.ndarray, b: np.ndarray) -> None:
     np.testing.assert_allclose(a, b, rtol=0, atol=BATCHED_RTOL * float(np.abs(b).max()))
 
 
-@pytest.mark.parametrize("arch", ARCHS)
-def test_batched_steps_give_each_sequence_its_own_logits(tiny_model, arch):
-    path = tiny_model(arch)
-    runner = BatchRunner(path, n_ctx=64, n_blocks=32, block_size=BLOCK_SIZE)
+@pytest.mark.parametrize("arch,qtype,backend", [(a, "F32", "numpy") for a in ARCHS] + [("llama", "Q8_0", "numba")])
+def test_batched_steps_give_each_sequence_its_own_logits(tiny_model, arch, qtype, backend):
+    path = tiny_model(arch, qtype)
+    runner = BatchRunner(path, backend=backend, n_ctx=64, n_blocks=32, block_size=BLOCK_SIZE)
     prompts = [random_ids(runner.n_vocab, n, seed) for n, seed in ((5, 1), (9, 2), (14, 3))]
     nexts = [7, 11, 13]
     seqs = [runner.pool.allocate(p, len(p) + 1) for p in prompts]
@@ -62,7 +62,7 @@ def test_batched_steps_give_each_sequence_its_own_logits(tiny_model, arch):
         seq.tokens.append(t)
     decoded = runner.step([(seq, 1, False) for seq in seqs])
     for i, (prompt, t) in enumerate(zip(prompts, nexts)):
-        ref_prefill, ref_decode = alone(path, prompt, t)
+        ref_prefill, ref_decode = alone(path, prompt, t, backend)
         close(prefill_logits[i], ref_prefill)
         close(decoded[i][0], ref_decode)
     for seq in seqs:
