@@ -13,7 +13,8 @@
   call ``self_attention(b, cache, il, q, k, v, positions, ...)`` (``models/base.py``), which hands the step to
   :meth:`PagedBatch.attend`: K/V rows are written to their sequences' slots, then each segment attends over its
   own sequence's blocks through the backend's ``attention`` op, so masks (causal, sliding window) and numerics are
-  the single-sequence ones.
+  the single-sequence ones. On the numba backend one kernel call serves every segment and reads K/V where they
+  lie in the pool (``backends/numba_kernels/paged_attention.py``, the same arithmetic as its ``attention``).
 
 The buffers are the backend's (``kv_alloc``), written and gathered with NumPy indexing, so backends whose KV
 buffers are NumPy arrays (numpy, numba) serve; others are refused with a clear error.
@@ -246,6 +247,7 @@ class PagedBatch:
         self.slots = np.concatenate(
             [table[pos // bs] * bs + pos % bs for table, pos in zip(tables, positions)]
         )  # (T,): pool slot of each row
+        self._seq_slots = None  # the fused Numba path's slot lists, built on first use and shared by the layers
 
     @property
     def n_rows(self) -> int:
@@ -259,6 +261,8 @@ class PagedBatch:
         pool = self.pool
         pool.k[il][self.slots] = k  # NumPy rounds to the buffer's dtype (F16: nearest even, as ggml's cpy)
         pool.v[il][self.slots] = v
+        if b.name == "numba" and pool.k[il].dtype in (np.float32, np.float16):
+            return self._attend_numba(b, il, q, positions, scale, window)
         k_blocks, v_blocks = pool.k_blocks[il], pool.v_blocks[il]
         outs = []
         for (r0, r1), table in zip(self.bounds, self.tables):
@@ -268,6 +272,29 @@ class PagedBatch:
             vs = v_blocks[table[:n_blk]].reshape(-1, *v_blocks.shape[2:])
             outs.append(b.attention(q[r0:r1], ks, vs, positions[r0:r1], kv_len, scale, window))
         return outs[0] if len(outs) == 1 else np.concatenate(outs, axis=0)
+
+    def _attend_numba(self, b: Backend, il: int, q: Array, positions: np.ndarray, scale: float, window: int):
+        """Every segment in one Numba call that reads K/V in the pool where they are (no gathered copies)."""
+        from inference_engine.backends.numba_kernels.paged_attention import paged_attention
+
+        if self._seq_slots is None:
+            bs = self.pool.block_size
+            lists = []
+            for (r0, r1), table in zip(self.bounds, self.tables):
+                kv = np.arange(int(positions[r1 - 1]) + 1)
+                lists.append(table[kv // bs] * bs + kv % bs)  # pool row of each position of the sequence
+            starts = np.cumsum([0] + [len(x) for x in lists[:-1]]).astype(np.int64)
+            rows = np.repeat(np.arange(len(lists)), [r1 - r0 for r0, r1 in self.bounds]).astype(np.int64)
+            self._seq_slots = (np.concatenate(lists).astype(np.int64), starts, rows)
+        slots, starts, rows = self._seq_slots
+        k_pool, v_pool = self.pool.k[il], self.pool.v[il]
+        q = np.ascontiguousarray(q, dtype=np.float32)
+        out = np.empty((q.shape[0], q.shape[1] * v_pool.shape[2]), np.float32)
+        paged_attention(q, k_pool.view(np.uint8).reshape(k_pool.shape[0], -1),
+                        v_pool.view(np.uint8).reshape(v_pool.shape[0], -1), slots, starts, rows,
+                        np.asarray(positions, dtype=np.int64), np.float32(scale), int(window), b.numerics == "ggml",
+                        k_pool.dtype == np.float16, out)
+        return out
 
     def commit(self) -> None:
         """The forward pass wrote every row: advance each sequence and key its newly full blocks."""
