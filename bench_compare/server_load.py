@@ -33,7 +33,8 @@ from inference_engine.errors import GGUFParityError
 # request's KV blocks would cost over 200 requests of a real model.
 RSS_GROWTH_LIMIT = 64 * 2**20
 POOL_DRAIN_TIMEOUT_S = 10.0
-WORDS = "the a of river mountain quietly seven blue answer because market light stone paper engine".split()
+WORDS = ["the", "a", "of", "river", "mountain", "quietly", "seven", "blue", "answer", "because", "market", "light",
+         "stone", "paper", "engine"]
 
 
 @dataclass

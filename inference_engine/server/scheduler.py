@@ -209,7 +209,7 @@ class Scheduler:
                     continue
             try:
                 worked = self._step()
-            except Exception:  # noqa: BLE001  (a bug must not take the server down: fail the batch, go on)
+            except Exception:
                 log.exception("scheduler step failed")
                 for req in list(self.running):
                     self._finish(req, Failed(500, "internal error while generating; see the server log"))

@@ -10,10 +10,10 @@ import pytest
 pytest.importorskip("fastapi", reason="the server needs fastapi (pip install -e '.[test]')")
 pytest.importorskip("httpx", reason="the load test needs httpx (pip install -e '.[test]')")
 
-from fixtures.servers import start_server  # noqa: E402
+from fixtures.servers import start_server
 
-from bench_compare.server_load import check_loopback, run_load  # noqa: E402
-from inference_engine.errors import GGUFParityError  # noqa: E402
+from bench_compare.server_load import check_loopback, run_load
+from inference_engine.errors import GGUFParityError
 
 
 def load(tiny_model, n: int, concurrency: int):

@@ -7,7 +7,7 @@ import pytest
 pytest.importorskip("fastapi", reason="the server needs fastapi (pip install -e '.[test]')")
 pytest.importorskip("httpx", reason="the server tests need httpx (pip install -e '.[test]')")
 
-from fixtures.servers import start_server  # noqa: E402
+from fixtures.servers import start_server
 
 
 @pytest.fixture(scope="module")

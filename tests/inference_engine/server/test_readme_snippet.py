@@ -17,5 +17,5 @@ def test_readme_openai_snippet_runs(tiny_server, capsys):
     assert "http://127.0.0.1:8080/v1" in snippet and "smollm2-135m" in snippet
     code = snippet.replace("http://127.0.0.1:8080/v1", f"{tiny_server.url}/v1").replace(
         "smollm2-135m", str(tiny_server.model_path))
-    exec(compile(code, "README.md", "exec"), {})
+    exec(compile(code, "README.md", "exec"), {})  # noqa: S102  (the README snippet, run as a user would)
     assert capsys.readouterr().out.strip()
