@@ -90,6 +90,8 @@ class BlockPool:
                 f"the paged KV cache needs a backend whose KV buffers are NumPy arrays; backend "
                 f"'{backend.name}' is not one; supported: numpy, numba"
             )
+        for buf in self.k + self.v:
+            buf.fill(0)  # commit the pages now: the pool's memory is taken at start (RSS stays flat while serving)
         # (n_blocks, block_size, heads, d) views of the same memory: gathering whole blocks is one fancy index
         self.k_blocks = [buf.reshape(n_blocks, block_size, *buf.shape[1:]) for buf in self.k]
         self.v_blocks = [buf.reshape(n_blocks, block_size, *buf.shape[1:]) for buf in self.v]
