@@ -141,7 +141,8 @@ class Scheduler:
         prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
         metrics: SchedulerMetrics | None = None,
     ):
-        for name, value in (("--max-batch", max_batch), ("--max-queue", max_queue), ("--prefill-chunk", prefill_chunk)):
+        limits = (("--max-batch", max_batch), ("--max-queue", max_queue), ("--prefill-chunk", prefill_chunk))
+        for name, value in limits:
             if value < 1:
                 raise GGUFParityError(f"{name} must be at least 1, got {value}")
         self.runner = runner

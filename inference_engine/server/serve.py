@@ -104,5 +104,6 @@ def serve(config: ServerConfig, host: str = "127.0.0.1", port: int = 8080, drain
     except SystemExit:  # uvicorn exits when it cannot bind
         if server.started:
             raise
-        raise GGUFParityError(f"could not listen on {host}:{port} (in use, or not an address of this machine)") from None
+        where = f"{host}:{port}"
+        raise GGUFParityError(f"could not listen on {where} (in use, or not an address of this machine)") from None
     return server.received
