@@ -104,6 +104,7 @@ def serve(config: ServerConfig, host: str = "127.0.0.1", port: int = 8080, drain
     except SystemExit:  # uvicorn exits when it cannot bind
         if server.started:
             raise
+        app.state.served.scheduler.stop()  # started by the app's lifespan, which uvicorn left without shutdown
         where = f"{host}:{port}"
         raise GGUFParityError(f"could not listen on {where} (in use, or not an address of this machine)") from None
     return server.received

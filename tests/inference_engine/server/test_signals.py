@@ -92,3 +92,15 @@ def test_bad_serve_flags_are_one_line_errors(tiny_model, capsys, args, message):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert message in err and err.startswith("error: ") and "Traceback" not in err
+
+
+def test_a_port_in_use_is_a_one_line_error(tiny_model, capsys):
+    from bench_compare.cli import main
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        port = busy.getsockname()[1]
+        assert main(["serve", "-m", str(tiny_model("llama")), "--port", str(port), "--log-level", "critical"]) == 2
+    err = capsys.readouterr().err
+    assert f"could not listen on 127.0.0.1:{port}" in err
