@@ -9,7 +9,7 @@ Each step (:meth:`Scheduler._step`):
    that cannot finish it, so nothing runs out of KV memory midway; the rest keep waiting (bounded queue).
 3. One batch: one row per decoding request, plus prompt chunks of requests still prefilling, at most
    ``prefill_chunk`` prompt rows per step, so a long prompt is spread over several steps while the running streams
-   keep getting a token per step.
+   keep getting a token per step (with no stream running, up to ``IDLE_PREFILL_CHUNK`` rows).
 4. One forward (:class:`~inference_engine.server.runner.BatchRunner`), then for every request whose prompt is done:
    sample, log-probabilities, text (stop strings), and an event to its consumer. Finished requests release their
    blocks (full blocks stay cached for prefix reuse).
@@ -43,6 +43,7 @@ DEFAULT_MAX_BATCH = 16
 DEFAULT_MAX_QUEUE = 64
 DEFAULT_QUEUE_TIMEOUT_S = 60.0
 DEFAULT_PREFILL_CHUNK = 128  # prompt rows per step: bounds how long one step stalls the running streams
+IDLE_PREFILL_CHUNK = 512  # prompt rows per step when nothing is decoding (llama.cpp's default n_batch)
 
 
 class QueueFull(GGUFParityError):
@@ -279,17 +280,18 @@ class Scheduler:
 
     def _build_batch(self):
         segments, owners = [], []
-        budget = self.prefill_chunk
         for req in self.running:
-            seq = req.seq
-            todo = seq.n_tokens - seq.n_computed
-            if todo == 1:  # decoding: the last sampled token (or a one-token prompt tail)
-                segments.append((seq, 1, req.params.prompt_logprobs and not req.generated))
+            if req.seq.n_tokens - req.seq.n_computed == 1:  # decoding: the last sampled token (or a prompt's tail)
+                segments.append((req.seq, 1, req.params.prompt_logprobs and not req.generated))
                 owners.append(req)
-            elif todo > 1 and budget > 0:
+        # chunking keeps running streams flowing; with none decoding, a prompt goes in llama.cpp-sized batches
+        budget = self.prefill_chunk if segments else max(self.prefill_chunk, IDLE_PREFILL_CHUNK)
+        for req in self.running:
+            todo = req.seq.n_tokens - req.seq.n_computed
+            if todo > 1 and budget > 0:
                 n = min(todo, budget)
                 budget -= n
-                segments.append((seq, n, req.params.prompt_logprobs))
+                segments.append((req.seq, n, req.params.prompt_logprobs))
                 owners.append(req)
         return segments, owners
 

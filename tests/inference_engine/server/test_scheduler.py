@@ -166,3 +166,39 @@ def test_a_client_that_leaves_while_waiting_is_taken_out_of_the_queue(tiny_model
 
         assert asyncio.run(scenario()).status_code == 200
         wait_for(lambda: scheduler.n_waiting == 0 and scheduler.runner.pool.n_in_use == 0, "an empty queue")
+
+
+def test_a_long_prompt_is_prefilled_in_chunks_while_a_stream_keeps_decoding(tiny_model):
+    runner = BatchRunner(tiny_model("llama"), n_ctx=64, n_blocks=32, block_size=4)
+    s = Scheduler(runner, GGUFTokenizer.from_gguf(runner.gguf), max_batch=4, prefill_chunk=4)
+    steps: list[list[tuple[int, int]]] = []
+    step = runner.step
+
+    def recording_step(segments):
+        steps.append([(id(seq), n) for seq, n, _ in segments])
+        return step(segments)
+
+    runner.step = recording_step
+    b_events: queue.Queue = queue.Queue()
+    started = []
+
+    def a_sink(event):  # once the first request streams, the long prompt arrives
+        if isinstance(event, Delta) and not started:
+            started.append(True)
+            s.submit(Request(list(range(3, 23)), GenerationParams(max_tokens=2, temperature=0.0), b_events.put))
+        a_events.put(event)
+
+    a_events: queue.Queue = queue.Queue()
+    a = Request([5, 6, 7], GenerationParams(max_tokens=12, temperature=0.0), a_sink)
+    s.start()
+    try:
+        s.submit(a)
+        a_out, b_out = drain(a_events), drain(b_events)
+    finally:
+        s.stop()
+    assert isinstance(b_out[-1], Finished) and a_out[-1].completion_tokens == 12
+    a_seq = id(a.seq)
+    b_steps = [st for st in steps if any(k != a_seq and n > 1 for k, n in st)]
+    assert len(b_steps) >= 5  # 20 prompt tokens in chunks of at most 4
+    for st in b_steps:
+        assert (a_seq, 1) in st and all(n <= 4 for _, n in st)  # the stream got its token in every one of them
