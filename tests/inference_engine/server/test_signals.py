@@ -68,6 +68,7 @@ def test_signal_drains_the_stream_in_flight_then_exits(tiny_model, sig, code):
                     proc.send_signal(sig)  # after the first chunk: the request is in flight
                 lines.append(line)
         assert lines[-1] == "data: [DONE]"  # the stream was finished, not cut
+        assert len(lines) > 10  # ... and it went on for many chunks after the signal
         assert json.loads(lines[-2][6:])["choices"][0]["finish_reason"] in ("stop", "length")
         assert proc.wait(EXIT_TIMEOUT_S) == code
         with pytest.raises(httpx.TransportError):
