@@ -27,6 +27,7 @@ COMMANDS: dict[str, str] = {
     "compare": "bench_compare.cmd_compare:compare",
     "report": "bench_compare.cmd_report:report",
     "engines": "bench_compare.cmd_engines:engines",
+    "serve": "bench_compare.cmd_serve:serve",
 }
 
 COMMAND_HELP: dict[str, str] = {
@@ -38,6 +39,7 @@ COMMAND_HELP: dict[str, str] = {
     "compare": "Benchmark our engine and llama.cpp side by side.",
     "report": "Merge result JSONs into a report; gate regressions.",
     "engines": "List every engine --engine accepts (ours, llama.cpp, plugins).",
+    "serve": "Serve our engine over an OpenAI-compatible HTTP API.",
 }
 
 COMMAND_REGISTRY: Registry[click.Command] = Registry("command", COMMANDS, base=click.Command)

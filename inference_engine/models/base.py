@@ -234,7 +234,10 @@ def self_attention(
     sliding_window: int = 0,
 ) -> Array:
     """Store this step's ``k, v`` (T, n_head_kv, d) in layer ``il`` of the cache, attend over everything cached
-    so far: ``(T, n_head * d_v)``. As ``build_attn`` with a KV cache: the new K/V are written first, then read."""
+    so far: ``(T, n_head * d_v)``. As ``build_attn`` with a KV cache: the new K/V are written first, then read.
+    A cache with its own ``attend`` (``paged_kv_cache.PagedBatch``: rows of several sequences) does this itself."""
+    if hasattr(cache, "attend"):
+        return cache.attend(b, il, q, k, v, positions, scale, sliding_window)
     start = int(positions[0])
     k_all, v_all = cache.update(il, start, k, v)
     return b.attention(q, k_all, v_all, positions, start + q.shape[0], scale, sliding_window)

@@ -1,0 +1,68 @@
+"""``bench-compare serve -m MODEL``: serve our engine over an OpenAI-compatible HTTP API.
+
+Only flags here; the server is :mod:`inference_engine.server`. SIGTERM drains in-flight requests (at most
+``--drain`` seconds) and exits 0; Ctrl-C does the same and exits 130.
+"""
+
+from __future__ import annotations
+
+import signal
+
+import click
+
+from inference_engine.errors import GGUFParityError
+
+
+@click.command("serve")
+@click.option("--model", "-m", default="smollm2-135m", show_default=True, help="Named model or path to a .gguf.")
+@click.option("--backend", default="numpy", show_default=True, help="numpy or numba.")
+@click.option("--numerics", default="f32", show_default=True, help="f32 (dequantized) or ggml (llama.cpp's).")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", default=8080, show_default=True, type=int, help="Port to listen on (0: any free one).")
+@click.option("--threads", "-t", default=None, type=int, help="Threads (backend default when omitted).")
+@click.option("--ctx", default=2048, show_default=True, type=int, help="Context of one request (prompt + output).")
+@click.option("--max-batch", default=16, show_default=True, type=int, help="Requests generating at once.")
+@click.option("--kv-blocks", default=None, type=int, help="KV blocks in the pool [default: 4 contexts' worth].")
+@click.option("--block-size", default=16, show_default=True, type=int, help="Tokens per KV block.")
+@click.option("--kv-type", default="f32", show_default=True, help="KV cache storage: f32 or f16.")
+@click.option("--max-queue", default=64, show_default=True, type=int, help="Requests waiting at most (then 429).")
+@click.option("--queue-timeout", default=60.0, show_default=True, type=float,
+              help="Seconds a request may wait for room (then 503).")
+@click.option("--prefill-chunk", default=128, show_default=True, type=int, help="Prompt tokens per step at most.")
+@click.option("--no-prefix-cache", is_flag=True, help="Do not reuse KV blocks of earlier prompts.")
+@click.option("--model-id", default=None, help="Model name clients send [default: the --model value].")
+@click.option("--drain", default=10.0, show_default=True, type=float,
+              help="Seconds in-flight requests get to finish on SIGINT/SIGTERM.")
+@click.option("--log-level", default="info", show_default=True, help="uvicorn log level.")
+def serve(model, backend, numerics, host, port, threads, ctx, max_batch, kv_blocks, block_size, kv_type, max_queue,
+          queue_timeout, prefill_chunk, no_prefix_cache, model_id, drain, log_level) -> int:
+    """Serve MODEL with an OpenAI-compatible API (/v1/completions, /v1/chat/completions, /metrics)."""
+    from inference_engine.backends import BACKENDS, KV_TYPES, NUMERICS
+    from inference_engine.server.serve import ServerConfig
+    from inference_engine.server.serve import serve as run_server
+
+    if backend not in BACKENDS or backend == "mlx":
+        raise GGUFParityError(f"unknown or unsupported backend '{backend}' for serving; supported: numpy, numba")
+    if numerics not in NUMERICS:
+        raise GGUFParityError(f"unknown numerics '{numerics}'; supported: {', '.join(NUMERICS)}")
+    if kv_type not in KV_TYPES:
+        raise GGUFParityError(f"unknown KV cache type '{kv_type}'; supported: {', '.join(KV_TYPES)}")
+    for name, value in (("--ctx", ctx), ("--max-batch", max_batch), ("--block-size", block_size),
+                        ("--max-queue", max_queue), ("--prefill-chunk", prefill_chunk)):
+        if value < 1:
+            raise GGUFParityError(f"{name} must be at least 1, got {value}")
+    if threads is not None and threads < 1:
+        raise GGUFParityError(f"--threads must be at least 1, got {threads}")
+    if kv_blocks is not None and kv_blocks < 1:
+        raise GGUFParityError(f"--kv-blocks must be at least 1, got {kv_blocks}")
+    if queue_timeout <= 0:
+        raise GGUFParityError(f"--queue-timeout must be positive, got {queue_timeout}")
+    config = ServerConfig(model=model, backend=backend, numerics=numerics, threads=threads, ctx=ctx,
+                          kv_blocks=kv_blocks, block_size=block_size, kv_type=kv_type, max_batch=max_batch,
+                          max_queue=max_queue, queue_timeout_s=queue_timeout, prefill_chunk=prefill_chunk,
+                          prefix_caching=not no_prefix_cache, model_id=model_id)
+    received = run_server(config, host=host, port=port, drain_s=drain, log_level=log_level)
+    if received == signal.SIGINT:
+        click.echo("interrupted", err=True)
+        return 130
+    return 0

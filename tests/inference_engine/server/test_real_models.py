@@ -1,0 +1,64 @@
+"""Greedy output through the server equals ``bench-compare generate`` on the real models, with several requests
+in flight at once (so the answers come out of batched decode steps, not one request alone).
+
+The expected texts come from the generation loop ``bench-compare generate`` runs (``inference_engine.generate``
+on one :class:`OurEngine`, prompts tokenized as the command does); the tiny-model test in ``test_api.py`` checks
+the command itself against the server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+from fixtures.servers import start_server
+
+from inference_engine.chat import render_chat
+from inference_engine.engine import load_engine
+from inference_engine.generate import generate
+from inference_engine.sampling import Sampler
+
+PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a small village,",
+           "The three primary colors are"]
+MAX_TOKENS = 32
+CTX = 512
+
+
+def expected_texts(model: str, backend: str, chat: bool) -> tuple[list[str], str | None]:
+    engine = load_engine(model, backend=backend, n_ctx=CTX, n_threads=2, progress=False)
+    tok = engine.tokenizer
+
+    def run(text: str) -> str:
+        ids = tok.encode(text, add_bos=None, parse_special=True)  # as cmd_generate
+        return generate(engine, ids, MAX_TOKENS, Sampler(), tok.eog_ids, stream_decoder=tok.stream_decoder()).text
+
+    plain = [run(p) for p in PROMPTS]
+    chat_text = None
+    if chat:
+        chat_text = run(render_chat(engine.gguf, [{"role": "user", "content": PROMPTS[0]}]))
+    return plain, chat_text
+
+
+async def _all_at_once(url: str, bodies: list[tuple[str, dict]]) -> list[dict]:
+    async with httpx.AsyncClient(timeout=600) as client:
+        replies = await asyncio.gather(*(client.post(f"{url}{path}", json=body) for path, body in bodies))
+    assert all(r.status_code == 200 for r in replies), [r.text for r in replies]
+    return [r.json() for r in replies]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model,backend,chat", [("smollm2-135m", "numpy", True), ("smollm2-135m", "numba", True),
+                                                ("gemma3-270m", "numpy", False)])  # gemma3-270m: no chat template
+def test_server_greedy_equals_generate(model, backend, chat):
+    expected, expected_chat = expected_texts(model, backend, chat)
+    with start_server(model, backend=backend, ctx=CTX, threads=2, max_batch=8) as server:
+        bodies = [("/v1/completions", {"model": model, "prompt": p, "max_tokens": MAX_TOKENS, "temperature": 0})
+                  for p in PROMPTS]
+        if chat:
+            bodies.append(("/v1/chat/completions", {"model": model, "max_tokens": MAX_TOKENS, "temperature": 0,
+                                                    "messages": [{"role": "user", "content": PROMPTS[0]}]}))
+        replies = asyncio.run(_all_at_once(server.url, bodies))
+    assert [r["choices"][0]["text"] for r in replies[: len(PROMPTS)]] == expected
+    if chat:
+        assert replies[-1]["choices"][0]["message"]["content"] == expected_chat

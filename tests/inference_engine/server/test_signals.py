@@ -1,0 +1,107 @@
+"""``bench-compare serve`` as users run it, in a subprocess on a free 127.0.0.1 port (always killed at the end):
+SIGTERM and SIGINT let an in-flight stream finish, then the process exits 0 (SIGTERM) or 130 (SIGINT)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+REPO = Path(__file__).resolve().parents[3]
+START_TIMEOUT_S = 90.0  # a cold interpreter imports numpy, FastAPI and the engine on a shared 2-core machine
+DRAIN_S = 5.0
+EXIT_TIMEOUT_S = DRAIN_S + 20.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(model_path) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bench_compare.cli", "serve", "-m", str(model_path), "--port", str(port),
+         "--ctx", "256", "--threads", "1", "--drain", str(DRAIN_S), "--log-level", "warning"],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while True:
+        if proc.poll() is not None:
+            raise AssertionError(f"the server exited early: {proc.communicate()[1][-2000:]}")
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                return proc, url
+        except httpx.TransportError:
+            pass
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError("the server did not come up")
+        time.sleep(0.2)
+
+
+@pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 0), (signal.SIGINT, 130)], ids=["SIGTERM", "SIGINT"])
+def test_signal_drains_the_stream_in_flight_then_exits(tiny_model, sig, code):
+    path = tiny_model("llama")
+    proc, url = start(path)
+    try:
+        body = {"model": str(path), "prompt": "hello world", "max_tokens": 200, "temperature": 0.8, "seed": 1,
+                "stream": True}
+        lines = []
+        with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=30) as r:
+            assert r.status_code == 200
+            for line in r.iter_lines():
+                if not line:
+                    continue
+                if not lines:
+                    proc.send_signal(sig)  # after the first chunk: the request is in flight
+                lines.append(line)
+        assert lines[-1] == "data: [DONE]"  # the stream was finished, not cut
+        assert len(lines) > 10  # ... and it went on for many chunks after the signal
+        assert json.loads(lines[-2][6:])["choices"][0]["finish_reason"] in ("stop", "length")
+        assert proc.wait(EXIT_TIMEOUT_S) == code
+        with pytest.raises(httpx.TransportError):
+            httpx.get(f"{url}/health", timeout=1)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate(timeout=10)
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--backend", "mlx"], "supported: numpy, numba"),
+    (["--port", "99999"], "--port must be in 0..65535"),
+    (["--max-batch", "0"], "--max-batch must be at least 1"),
+    (["--kv-type", "q4"], "unknown KV cache type"),
+    (["-m", "/no/such/model.gguf"], "no/such/model.gguf"),
+])
+def test_bad_serve_flags_are_one_line_errors(tiny_model, capsys, args, message):
+    from bench_compare.cli import main
+
+    argv = ["serve", "-m", str(tiny_model("llama")), *args]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.startswith("error: ") and "Traceback" not in err
+
+
+def test_a_port_in_use_is_a_one_line_error(tiny_model, capsys):
+    from bench_compare.cli import main
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        port = busy.getsockname()[1]
+        assert main(["serve", "-m", str(tiny_model("llama")), "--port", str(port), "--log-level", "critical"]) == 2
+    err = capsys.readouterr().err
+    assert f"could not listen on 127.0.0.1:{port}" in err
