@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from inference_engine.backends.base import Array, Backend, check_kv_type
+from inference_engine.backends.numerics import ggml_simd
 from inference_engine.errors import GGUFParityError
 
 DEFAULT_BLOCK_SIZE = 16  # tokens per block (vLLM's default): small enough to waste little, big enough to gather fast
@@ -295,7 +296,7 @@ class PagedBatch:
         paged_attention(q, k_pool.view(np.uint8).reshape(k_pool.shape[0], -1),
                         v_pool.view(np.uint8).reshape(v_pool.shape[0], -1), slots, starts, rows,
                         np.asarray(positions, dtype=np.int64), np.float32(scale), int(window), b.numerics == "ggml",
-                        k_pool.dtype == np.float16, out)
+                        ggml_simd() == "avx512", k_pool.dtype == np.float16, out)
         return out
 
     def commit(self) -> None:

@@ -32,7 +32,7 @@ _F32 = np.float32
 
 
 @njit(parallel=True, cache=True)
-def paged_attention(q, k_pool, v_pool, slots, slot_start, row_seq, positions, scale, window, ggml, f16, out):
+def paged_attention(q, k_pool, v_pool, slots, slot_start, row_seq, positions, scale, window, ggml, scalef, f16, out):
     """``q (T, H, dk)`` float32; ``k_pool (n_slots, Hkv * dk * esize)`` / ``v_pool`` the pool rows as bytes;
     ``row_seq[t]``: the sequence of row ``t``, whose position ``j`` is pool row ``slots[slot_start[seq] + j]``;
     ``positions[t]``: the row's position; ``out (T, H * dv)``."""
@@ -63,7 +63,7 @@ def paged_attention(q, k_pool, v_pool, slots, slot_start, row_seq, positions, sc
         for j in range(kv_len):
             if visible[j]:
                 shifted = scores[j] - _F32(top)
-                e = expf_ggml(shifted) if ggml else _F32(math.exp(np.float64(shifted)))
+                e = expf_ggml(shifted, scalef) if ggml else _F32(math.exp(np.float64(shifted)))
                 scores[j] = e
                 total += np.float64(e)
             else:
