@@ -46,6 +46,7 @@ from inference_engine.protocol import Engine
 from validation.diff import diff_captures
 from validation.free_running import (
     FREE_RUNNING_EXPLANATION,
+    GAP_SHIFT_FACTOR,
     TEACHER_FORCED_EXPLANATION,
     free_running_logits,
     measure_self_noise,
@@ -285,7 +286,10 @@ def _validate_engines(ours: Engine, reference: Engine, gguf, options: ValidateOp
     result["checks"]["tokenizer"] = result["tokenizer"]["passed"]
 
     if options.smoke_tokens > 0:
-        result["smoke"] = greedy_smoke(ours, reference, ids, options.smoke_tokens, variants.get()[0]).to_dict()
+        noise = free.get("reference_self_kld") or {}
+        drift = GAP_SHIFT_FACTOR * float(noise.get("flip_margin_max") or 0.0)
+        result["smoke"] = greedy_smoke(ours, reference, ids, options.smoke_tokens, variants.get()[0],
+                                       drift_margin=drift).to_dict()
         result["checks"]["smoke"] = result["smoke"]["passed"]
     else:
         result["smoke"] = None
