@@ -38,11 +38,20 @@ class ValidationFailed(GGUFParityError):
               help="Gate the free-running comparison (each engine on its own values end to end) at the per-op "
                    "thresholds instead of the teacher-forced one (each op given the reference's inputs); the other "
                    "is reported either way.")
+@click.option("--decode-steps", "decode_steps", default=0, show_default=True, type=int,
+              help="Teacher-forced decode steps (llama.cpp's 1-token graph) compared per tensor at each --depth.")
+@click.option("--depth", default="0", show_default=True, metavar="D[,D...]",
+              help="Prefix lengths (tokens of the built-in long text) prefilled in chunks before the decode steps; "
+                   "the prefix's last chunk is compared per tensor too.")
+@click.option("--corpus-kld", "corpus_kld", default=None, is_flag=False, flag_value="builtin", metavar="[FILE.txt]",
+              help="llama-perplexity's KLD statistics over a text (default: the built-in public-domain text), ours "
+                   "and llama.cpp's own variant against llama.cpp.")
+@click.option("--ctx", default=512, show_default=True, type=int, help="Window of --corpus-kld (as llama-perplexity -c).")
 @click.option("--json", "json_path", default=None, metavar="PATH", help="Also write the result JSON here.")
 @click.option("--report", "report_dir", default=None, metavar="DIR",
               help="Report directory (default: reports/validate/<model>-<backend>-<numerics>-<timestamp>/).")
 def validate(model, backend, numerics, prompt, against, logit_lens, corpus, smoke_tokens, threads, free_running,
-             json_path, report_dir) -> None:
+             decode_steps, depth, corpus_kld, ctx, json_path, report_dir) -> None:
     """Diff our engine against a reference tensor by tensor; exit 0 pass, 1 fail, 2 bad input."""
     from validation.report import check_report_target, default_report_dir, print_result, write_json, write_report_dir
     from validation.run import ValidateOptions
@@ -50,7 +59,8 @@ def validate(model, backend, numerics, prompt, against, logit_lens, corpus, smok
 
     options = ValidateOptions(model=model, backend=backend, numerics=numerics, prompt=prompt, against=against,
                               logit_lens=logit_lens, corpus=corpus, smoke_tokens=smoke_tokens, threads=threads,
-                              free_running=free_running)
+                              free_running=free_running, decode_steps=decode_steps, depth=depth,
+                              corpus_kld=corpus_kld, ctx=ctx)
     options.check()
     if report_dir:
         check_report_target(report_dir)

@@ -5,7 +5,8 @@
 user-error tests need. Parametrize over ``ARCHITECTURES`` and ``TENSOR_TYPES``, imported from
 ``fixtures.tiny_models`` (pytest puts ``tests/`` on ``sys.path`` because ``tests/`` has no ``__init__.py``).
 
-Real-model tests are marked ``@pytest.mark.slow``; deselect them with ``-m "not slow"``.
+Real-model tests are marked ``@pytest.mark.slow``; deselect them with ``-m "not slow"``. Runs that take minutes are
+marked ``@pytest.mark.heavy`` and skipped unless the marker expression names them (``-m heavy``).
 """
 
 from __future__ import annotations
@@ -23,6 +24,16 @@ from fixtures.tiny_models import (  # noqa: F401  (ARCHITECTURES, TENSOR_TYPES: 
     write_unknown_arch_model,
     write_unsupported_type_model,
 )
+
+
+def pytest_collection_modifyitems(config, items):
+    """``heavy`` tests (minutes each) run only when asked for with ``-m heavy`` (or an expression naming it)."""
+    if "heavy" in (config.getoption("markexpr") or ""):
+        return
+    skip = pytest.mark.skip(reason="heavy (takes minutes): run with -m heavy")
+    for item in items:
+        if "heavy" in item.keywords:
+            item.add_marker(skip)
 
 
 @pytest.fixture(scope="session")

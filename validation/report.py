@@ -244,6 +244,54 @@ def summary_lines(result: dict) -> list[str]:
                      f"({div.get('reference_text')!r}) vs ours {div['ours_token']} ({div.get('ours_text')!r}), "
                      f"margin {fmt(div['margin'])} ({_divergence_verdict(div)})")
         lines.append(line + f" -> {_verdict(checks.get('smoke'))}")
+    return lines + depth_lines(result)
+
+
+def depth_lines(result: dict) -> list[str]:
+    """Decode steps at depth and the corpus KLD, when they ran."""
+    lines = []
+    checks = result.get("checks", {})
+    ds = result.get("decode_steps")
+    if ds:
+        if ds.get("skipped"):
+            lines.append(f"decode steps: skipped ({ds['skipped']})")
+        else:
+            for d in ds["depths"]:
+                steps = [s for s in d["steps"] if s["step"] >= 0]
+                chunk = [s for s in d["steps"] if s["step"] < 0]
+                ok = sum(1 for s in steps if s["passed"])
+                worst = d.get("worst") or {}
+                line = (f"decode steps at depth {d['depth']}: {ok}/{len(steps)} steps pass (teacher-forced, "
+                        f"NMSE <= {fmt(ds['threshold'])})")
+                if chunk:
+                    line += (f"; prefix's last chunk ({chunk[0]['tokens']} tokens after {d['prefix_chunks'] - 1} "
+                             f"chunk(s) of {ds['chunk']}): {'pass' if chunk[0]['passed'] else 'FAIL'}")
+                line += f"; worst {worst.get('name')} NMSE {fmt(worst.get('nmse'))} (step {worst.get('step')})"
+                if d["first_failure"]:
+                    f = d["first_failure"]
+                    line += f"; first failure: {f['tensor']} at step {f['step']} (position {f['position']})"
+                lines.append(line)
+            lines.append(f"decode steps -> {_verdict(checks.get('decode_steps'))}")
+    ck = result.get("corpus_kld")
+    if ck:
+        lines.append(f"corpus KLD ({ck['source']}, {ck['windows']} windows of {ck['ctx']}, base top-{ck['top_k']}: "
+                     f"mass outside mean {fmt(ck['base_mass_outside_top_k']['mean'])}): ours KLD mean "
+                     f"{fmt(ck['ours']['KLD']['Mean'])}, llama.cpp against itself {fmt(ck.get('kld_mean_floor'))}"
+                     + (f", limit {fmt(ck['kld_mean_limit'])}" if ck.get("gated") else " (reported, not gated)")
+                     + f" -> {_verdict(checks.get('corpus_kld'))}")
+    return lines
+
+
+def corpus_kld_lines(result: dict) -> list[str]:
+    """llama-perplexity's own printout, ours and each llama.cpp variant against llama.cpp."""
+    from validation.corpus_kld import format_report
+
+    ck = result.get("corpus_kld")
+    if not ck:
+        return []
+    lines = format_report("ours vs llama.cpp", ck["ours"])
+    for label, r in ck.get("reference_self", {}).items():
+        lines += format_report(f"llama.cpp ({label}) vs llama.cpp", r)
     return lines
 
 
@@ -356,6 +404,8 @@ def markdown(result: dict) -> str:
             out.append(f"| {row['layer']} | {fmt(row['kld_mean'])} | {fmt(row['kld_max'])} | "
                        f"{fmt(row['top1_agreement'])} | {fmt(row['top5_overlap'])} | "
                        f"{row['reference_top1_last']} / {row['ours_top1_last']} |")
+    if result.get("corpus_kld"):
+        out += ["", "## Corpus KLD (llama-perplexity's statistics)", "", "```", *corpus_kld_lines(result), "```"]
     um = result.get("unmatched", {})
     out += ["", "## Unmatched names", "",
             f"- only ours ({len(um.get('ours_only', []))}): {', '.join(um.get('ours_only', [])) or '-'}",
@@ -475,4 +525,6 @@ def print_result(result: dict, console=None) -> None:
         console.print(lens)
 
     for line in summary_lines(result):
+        console.print(line, highlight=False, markup=False)
+    for line in corpus_kld_lines(result):
         console.print(line, highlight=False, markup=False)
