@@ -41,8 +41,8 @@ from validation.metrics import KLD_MEAN_MAX_GGML, Thresholds
 DEFAULT_CTX = 512  # llama-perplexity's usual -c for KLD runs
 # Base log-probs kept per position. Why 64: beyond its 64 most likely tokens a small model's next-token distribution
 # holds ~1e-3 of its mass on prose (measured per run and reported as base_mass_outside_top_k), and those tokens'
-# terms p*(log p - log q) are each tiny when q is close to p; 64 x 8 bytes per position keeps a 5,000-token run's
-# reference side under 3 MB.
+# terms p*(log p - log q) are each tiny when q is close to p; 64 x 12 bytes per position keeps a 5,000-token run's
+# reference side under 4 MB.
 TOP_K = 64
 LOG_P_CUTOFF = -16.0  # llama.cpp: only base tokens with log p > -16 enter the KLD sum
 KLD_PERCENTILES = (("99.9%", 0.999), ("99.0%", 0.990), ("95.0%", 0.950), ("90.0%", 0.900), ("Median", None),
@@ -58,7 +58,7 @@ class BaseTopK:
     """The reference's scored positions, kept small: top-k log-probs, the next token's log-prob, the argmax."""
 
     top_ids: list[np.ndarray] = field(default_factory=list)  # per window: (n_scored, TOP_K) int32
-    top_logp: list[np.ndarray] = field(default_factory=list)  # per window: (n_scored, TOP_K) float32
+    top_logp: list[np.ndarray] = field(default_factory=list)  # per window: (n_scored, TOP_K) float64
     next_logp: list[np.ndarray] = field(default_factory=list)  # per window: (n_scored,)
     argmax: list[np.ndarray] = field(default_factory=list)  # per window: (n_scored,)
     mass_outside: list[np.ndarray] = field(default_factory=list)  # per window: (n_scored,)
@@ -69,8 +69,8 @@ class BaseTopK:
         top = np.argpartition(-logp, k - 1, axis=1)[:, :k]
         top_lp = np.take_along_axis(logp, top, axis=1)
         self.top_ids.append(top.astype(np.int32))
-        self.top_logp.append(top_lp.astype(np.float32))
-        self.next_logp.append(logp[np.arange(len(next_tokens)), next_tokens].astype(np.float32))
+        self.top_logp.append(top_lp)
+        self.next_logp.append(logp[np.arange(len(next_tokens)), next_tokens])
         self.argmax.append(np.argmax(logits, axis=1))
         self.mass_outside.append(np.clip(1.0 - np.exp(top_lp.astype(np.float64)).sum(axis=1), 0.0, None))
 
