@@ -86,7 +86,7 @@ def _with_permuted_ffn_up(layer: int):
     def opener(options, path):
         engine = open_ours(options, path)
         backend = engine.backend
-        target = engine.model.layers[layer].ffn_up
+        target = engine.model.layers[layer].ffn.ffn_up
         matmul = backend.matmul
 
         def permuted(w, x, *args, **kwargs):

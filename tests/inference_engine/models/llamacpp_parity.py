@@ -187,14 +187,14 @@ def teacher_forced_ops(engine, ref: dict[str, np.ndarray], ids: list[int]) -> li
         x = ref[x_name] if il == 0 else ref[f"l_out-{il - 1}"]
         check("rms_norm", f"attn_norm-{il}", b.rms_norm(x, layer.attn_norm, hp.rms_eps))
         h = ref[f"attn_norm-{il}"]
-        a = layer.qkv
+        a = layer.attn.qkv
         v = b.matmul(a.attn_v, h)
         v = b.add(v, a.attn_v_bias) if a.attn_v_bias is not None else v
         check("matmul", f"Vcur-{il}", v)
         q = b.matmul(a.attn_q, h)
         q = (b.add(q, a.attn_q_bias) if a.attn_q_bias is not None else q).reshape(len(ids), hp.n_head, hp.head_dim_k)
         if arch in ("qwen3", "gemma3"):
-            check("matmul+rms_norm", f"Qcur_normed-{il}", b.rms_norm(q, layer.attn_q_norm, hp.rms_eps))
+            check("matmul+rms_norm", f"Qcur_normed-{il}", b.rms_norm(q, layer.attn.attn_q_norm, hp.rms_eps))
             rope = (
                 model.rope_for_layer(il)
                 if arch == "gemma3"
@@ -234,13 +234,13 @@ def teacher_forced_ops(engine, ref: dict[str, np.ndarray], ids: list[int]) -> li
             attn = b.attention(q_ref, ref[f"Kcur-{il}"], ref[f"Vcur-{il}"], positions, len(ids), scale)
         check("attention", f"kqv_out-{il}", attn)
         if arch == "llama":
-            check("matmul", f"attn_out-{il}", b.matmul(layer.attn_output, ref[f"kqv_out-{il}"]))
+            check("matmul", f"attn_out-{il}", b.matmul(layer.attn.attn_output, ref[f"kqv_out-{il}"]))
         residual = ref[f"sa_out-{il}"] if arch == "gemma3" else ref[f"ffn_inp-{il}"]
         check("rms_norm", f"ffn_norm-{il}", b.rms_norm(residual, layer.ffn_norm, hp.rms_eps))
-        check("matmul", f"ffn_up-{il}", b.matmul(layer.ffn_up, ref[f"ffn_norm-{il}"]))
-        check("matmul", f"ffn_gate-{il}", b.matmul(layer.ffn_gate, ref[f"ffn_norm-{il}"]))
+        check("matmul", f"ffn_up-{il}", b.matmul(layer.ffn.ffn_up, ref[f"ffn_norm-{il}"]))
+        check("matmul", f"ffn_gate-{il}", b.matmul(layer.ffn.ffn_gate, ref[f"ffn_norm-{il}"]))
         check("glu", f"{glu_name}-{il}", glu(ref[f"ffn_gate-{il}"], ref[f"ffn_up-{il}"]))
-        check("matmul", f"ffn_out-{il}", b.matmul(layer.ffn_down, ref[f"{glu_name}-{il}"]))
+        check("matmul", f"ffn_out-{il}", b.matmul(layer.ffn.ffn_down, ref[f"{glu_name}-{il}"]))
         if arch == "gemma3":
             check(
                 "rms_norm", f"ffn_post_norm-{il}", b.rms_norm(ref[f"ffn_out-{il}"], layer.post_ffw_norm, hp.rms_eps)
