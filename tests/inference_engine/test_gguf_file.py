@@ -19,7 +19,7 @@ from inference_engine.gguf_file import SUPPORTED_TENSOR_TYPES, open_gguf
 EXPECTED_MESSAGE = {
     "truncated": ["truncated"],
     "truncated_header": ["truncated"],
-    "unknown_arch": ["unsupported architecture 'phi3'", "llama", "qwen2", "qwen3", "gemma3"],
+    "unknown_arch": ["unsupported architecture 'bloom'", "llama", "qwen2", "qwen3", "gemma3", "phi3"],
     "unsupported_type": ["IQ4_NL", "blk.0.ffn_down.weight", "supported", "Q4_K", "Q8_0"],
     "not_gguf": ["not a GGUF file"],
     "empty": ["empty"],

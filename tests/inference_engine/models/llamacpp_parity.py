@@ -181,6 +181,9 @@ def teacher_forced_ops(engine, ref: dict[str, np.ndarray], ids: list[int]) -> li
         checks.append(OpCheck(op, name, nmse(ours, ref[name]), bool(np.array_equal(ours, ref[name]))))
 
     check("embed", "embd", b.embed(model.token_embd, np.asarray(ids)))
+    if arch == "phi3":
+        _phi3_ops(b, model, hp, ref, positions, len(ids), check)
+        return checks
     x_name = "inp_scaled" if arch == "gemma3" else "embd"
     glu_name, glu = ("ffn_geglu", b.geglu) if arch == "gemma3" else ("ffn_swiglu", b.swiglu)
     for il, layer in enumerate(model.layers):
@@ -282,3 +285,30 @@ def write_dequantized_copy(src, dst):
     finally:
         writer.close()
     return dst
+
+
+def _phi3_ops(b, model, hp, ref, positions, n_tokens, check) -> None:
+    """Phi-3's ops on llama.cpp's inputs: fused QKV, RoPE + the Q scale (llama.cpp's last "Qcur"), attention with
+    scale 1, fused gate/up SwiGLU. It names no ffn_inp, so the residual after attention is not checked alone."""
+    from inference_engine.models.base import default_attention_scale
+    from inference_engine.models.phi3 import _halves
+
+    rope = {"n_dims": hp.n_rot, "freq_base": hp.rope_freq_base, "neox": True, "freq_scale": hp.rope_freq_scale}
+    q_dim, kv_dim = hp.n_head * hp.head_dim_k, hp.n_head_kv * hp.head_dim_k
+    for il, layer in enumerate(model.layers):
+        x = ref["embd"] if il == 0 else ref[f"l_out-{il - 1}"]
+        check("rms_norm", f"attn_norm-{il}", b.rms_norm(x, layer.attn_norm, hp.rms_eps))
+        check("matmul", f"wqkv-{il}", b.matmul(layer.attn_qkv, ref[f"attn_norm-{il}"]))
+        qkv = ref[f"wqkv-{il}"]
+        q = np.ascontiguousarray(qkv[:, :q_dim]).reshape(n_tokens, hp.n_head, hp.head_dim_k)
+        k = np.ascontiguousarray(qkv[:, q_dim:q_dim + kv_dim]).reshape(n_tokens, hp.n_head_kv, hp.head_dim_k)
+        check("rope", f"Kcur-{il}", b.rope(k, positions, **rope))
+        check("rope", f"Qcur-{il}", b.scale(b.rope(q, positions, **rope), default_attention_scale(hp.head_dim_k)))
+        check("attention", f"kqv_out-{il}", b.attention(ref[f"Qcur-{il}"], ref[f"Kcur-{il}"], ref[f"Vcur-{il}"],
+                                                         positions, n_tokens, 1.0))
+        check("matmul", f"ffn_up-{il}", b.matmul(layer.ffn_up, ref[f"ffn_norm-{il}"]))
+        gate, up = _halves(ref[f"ffn_up-{il}"], hp.n_ff)
+        check("glu", f"ffn_swiglu-{il}", b.swiglu(gate, up))
+        check("matmul", f"ffn_out-{il}", b.matmul(layer.ffn_down, ref[f"ffn_swiglu-{il}"]))
+    check("rms_norm", "result_norm", b.rms_norm(ref[f"l_out-{hp.n_layer - 1}"], model.output_norm, hp.rms_eps))
+    check("matmul", "result_output", b.matmul(model.output, ref["result_norm"]))
