@@ -109,6 +109,10 @@ class ValidateOptions:
             self.depth_plan()
         if self.corpus_kld is not None and self.ctx < 4:
             raise GGUFParityError(f"--ctx must be at least 4, got {self.ctx}")
+        if self.corpus_kld not in (None, CORPUS_BUILTIN):
+            from validation.corpus_text import load_text
+
+            load_text(self.corpus_kld)  # a missing, empty or non-UTF-8 file is a user error before any model loads
 
     def depth_plan(self):
         from validation.decode_steps import DepthPlan

@@ -110,3 +110,24 @@ def test_real_model_done_when(model):
     result = _real(model, 16, "0,600,2000", corpus_kld="builtin")
     assert result["checks"]["decode_steps"] is True, result["decode_steps"]["first_failure"]
     assert result["checks"]["corpus_kld"] is True, result["corpus_kld"]["ours"]["KLD"]
+
+
+def test_validate_runs_decode_steps_and_corpus_kld_end_to_end(tiny_model, tmp_path):
+    """Through ``validate()`` as the CLI calls it: both sections, their checks, and the report lines."""
+    from validation.corpus_text import builtin_text
+    from validation.report import corpus_kld_lines, summary_lines
+
+    text = tmp_path / "text.txt"
+    text.write_text(builtin_text()[:700], encoding="utf-8")
+    result = validate(ValidateOptions(model=str(tiny_model("llama", "Q8_0")), backend="numpy", numerics="ggml",
+                                      smoke_tokens=0, threads=THREADS, n_ctx=256, decode_steps=2, depth="0,20",
+                                      corpus_kld=str(text), ctx=64))
+    assert result["checks"]["decode_steps"] is True and result["checks"]["corpus_kld"] is True
+    ck = result["corpus_kld"]
+    assert ck["windows"] >= 4 and list(ck["reference_self"]) == ["flash attention on"]
+    assert ck["ours"]["KLD"]["Mean"] <= ck["kld_mean_limit"]
+    lines = summary_lines(result)
+    assert any(line.startswith("decode steps at depth 20: 2/2 steps pass") for line in lines)
+    assert any(line.startswith("corpus KLD (") for line in lines)
+    printed = corpus_kld_lines(result)
+    assert printed[0] == "====== ours vs llama.cpp ======" and "====== llama.cpp (flash attention on) vs llama.cpp ======" in printed
