@@ -60,6 +60,7 @@ class Attention:
         q_scale: float | None = None,
         sliding_window: int = 0,
         tap_attn_out: bool = True,
+        softcap: float = 0.0,
     ) -> Array:
         """``h (T, n_embd)`` (the normed input) -> the attention output ``(T, n_embd)`` before any residual."""
         q, k, v = project_qkv(b, self.qkv, h, hp)  # (T, n_head, d), (T, n_head_kv, d), (T, n_head_kv, d)
@@ -77,7 +78,10 @@ class Attention:
 
         if q_scale is not None:
             q = b.scale(q, q_scale)  # (T, n_head, d)
-        attn = self_attention(b, cache, il, q, k, v, positions, kq_scale, sliding_window)  # (T, n_head * d_v)
+        if softcap:  # Gemma 2's attention-score soft-capping
+            attn = self_attention(b, cache, il, q, k, v, positions, kq_scale, sliding_window, softcap)
+        else:
+            attn = self_attention(b, cache, il, q, k, v, positions, kq_scale, sliding_window)  # (T, n_head * d_v)
         attn = tap(f"kqv_out-{il}", attn)
         attn = b.matmul(self.attn_output, attn)  # (T, n_embd)
         if self.attn_output_bias is not None:

@@ -184,6 +184,9 @@ def teacher_forced_ops(engine, ref: dict[str, np.ndarray], ids: list[int]) -> li
     if arch == "phi3":
         _phi3_ops(b, model, hp, ref, positions, len(ids), check)
         return checks
+    if arch == "gemma2":
+        _gemma2_ops(b, model, hp, ref, positions, len(ids), check)
+        return checks
     x_name = "inp_scaled" if arch == "gemma3" else "embd"
     glu_name, glu = ("ffn_geglu", b.geglu) if arch == "gemma3" else ("ffn_swiglu", b.swiglu)
     for il, layer in enumerate(model.layers):
@@ -312,3 +315,28 @@ def _phi3_ops(b, model, hp, ref, positions, n_tokens, check) -> None:
         check("matmul", f"ffn_out-{il}", b.matmul(layer.ffn_down, ref[f"ffn_swiglu-{il}"]))
     check("rms_norm", "result_norm", b.rms_norm(ref[f"l_out-{hp.n_layer - 1}"], model.output_norm, hp.rms_eps))
     check("matmul", "result_output", b.matmul(model.output, ref["result_norm"]))
+
+
+def _gemma2_ops(b, model, hp, ref, positions, n_tokens, check) -> None:
+    """Gemma 2's ops on llama.cpp's inputs: no Q/K norms, soft-capped attention scores, final logit soft-capping.
+    Its FFN post-norm is named without a layer (``ffn_post_norm``: the last layer's), so it is checked once."""
+    for il, layer in enumerate(model.layers):
+        x = ref["inp_scaled"] if il == 0 else ref[f"l_out-{il - 1}"]
+        check("rms_norm", f"attn_norm-{il}", b.rms_norm(x, layer.attn_norm, hp.rms_eps))
+        h, a = ref[f"attn_norm-{il}"], layer.attn.qkv
+        check("matmul", f"Vcur-{il}", b.matmul(a.attn_v, h))
+        q = b.matmul(a.attn_q, h).reshape(n_tokens, hp.n_head, hp.head_dim_k)
+        check("matmul+rope", f"Qcur-{il}", b.rope(q, positions, **model.rope_for_layer(il)))
+        window = hp.sliding_window if hp.swa_layers[il] else 0
+        check("attention", f"kqv_out-{il}", b.attention(b.scale(ref[f"Qcur-{il}"], hp.attention_scale),
+                                                         ref[f"Kcur-{il}"], ref[f"Vcur-{il}"], positions, n_tokens,
+                                                         1.0, window, hp.attn_softcap))
+        check("rms_norm", f"ffn_norm-{il}", b.rms_norm(ref[f"sa_out-{il}"], layer.ffn_norm, hp.rms_eps))
+        check("matmul", f"ffn_up-{il}", b.matmul(layer.ffn.ffn_up, ref[f"ffn_norm-{il}"]))
+        check("matmul", f"ffn_gate-{il}", b.matmul(layer.ffn.ffn_gate, ref[f"ffn_norm-{il}"]))
+        check("glu", f"ffn_geglu-{il}", b.geglu(ref[f"ffn_gate-{il}"], ref[f"ffn_up-{il}"]))
+        check("matmul", f"ffn_out-{il}", b.matmul(layer.ffn.ffn_down, ref[f"ffn_geglu-{il}"]))
+    last = model.layers[-1]
+    check("rms_norm", "ffn_post_norm", b.rms_norm(ref[f"ffn_out-{hp.n_layer - 1}"], last.post_ffw_norm, hp.rms_eps))
+    check("rms_norm", "result_norm", b.rms_norm(ref[f"l_out-{hp.n_layer - 1}"], model.output_norm, hp.rms_eps))
+    check("matmul+softcap", "result_output", b.softcap(b.matmul(model.output, ref["result_norm"]), hp.final_softcap))
