@@ -17,6 +17,11 @@ Teacher forcing (optional): an engine whose ``capture`` also accepts ``force={na
 computes it, then continues with the forced array of that name (reshaped to its own shape), so every recorded tensor is
 its op(s) applied to the forcing engine's inputs. Our engine does (``OurEngine.capture``); llama.cpp's adapter does
 not. ``validation`` checks for the parameter and falls back to a free-running comparison without it.
+
+Capture sessions (optional, for decode steps and long prompts at depth: ``validation.decode_steps``):
+``capture_reset()`` empties a capture session's cache and ``capture_next(ids, names=None[, force=None])`` appends
+``ids`` to it as one batch (one micro-batch for llama.cpp), returning that batch's tensors as ``capture`` does. Both
+our engine and llama.cpp's adapter offer them; an engine without them is reported as not supporting depth checks.
 """
 
 from __future__ import annotations
