@@ -55,7 +55,8 @@ class DepthPlan:
             try:
                 values = tuple(int(v) for v in depths.split(",") if v.strip())
             except ValueError:
-                raise GGUFParityError(f"--depth takes comma-separated token counts like 0,600; got {depths!r}") from None
+                raise GGUFParityError(
+                    f"--depth takes comma-separated token counts like 0,600; got {depths!r}") from None
         else:
             values = tuple(int(v) for v in depths)
         if not values:

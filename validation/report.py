@@ -302,7 +302,8 @@ def _divergence_verdict(div: dict) -> str:
     if agreeing:
         return f"not a near tie, but llama.cpp with {', '.join(agreeing)} also picks ours"
     if div.get("within_reference_drift"):
-        return (f"not a near tie, but within llama.cpp's own flips (margin <= {fmt(div.get('reference_drift_margin'))})")
+        return ("not a near tie, but within llama.cpp's own flips "
+                f"(margin <= {fmt(div.get('reference_drift_margin'))})")
     return "not a near tie, and no llama.cpp rounding variant picks ours"
 
 
@@ -333,7 +334,8 @@ def _other_mode_lines(result: dict) -> list[str]:
     line = (f"free-running logits: KLD mean {fmt(lg.get('kld_mean'))} max {fmt(lg.get('kld_max'))}, top-1 "
             f"{fmt(lg.get('top1_agreement'))} ({excused}/{len(lg.get('top1_disagreements', []))} disagreements "
             f"excused, {lg.get('flips_like_the_floor', 0)} of them only as like the reference's own flips, limit "
-            f"{lg.get('flips_like_the_floor_limit', 0)}); reference against itself: KLD mean {fmt(noise.get('kld_mean'))} max "
+            f"{lg.get('flips_like_the_floor_limit', 0)}); reference against itself: KLD mean "
+            f"{fmt(noise.get('kld_mean'))} max "
             f"{fmt(noise.get('kld_max'))}, top-1 {fmt(noise.get('top1_agreement'))} (worst: "
             f"{noise.get('worst_variant')})")
     if lg.get("gated"):

@@ -87,7 +87,7 @@ class ValidateOptions:
     threads: int | None = None
     n_ctx: int = DEFAULT_N_CTX
     free_running: bool = False  # gate the free-running comparison instead of the teacher-forced one
-    decode_steps: int = 0  # teacher-forced decode steps at each of ``depth`` (0: not run); see validation.decode_steps
+    decode_steps: int = 0  # teacher-forced decode steps at each ``depth`` (0: not run); validation.decode_steps
     depth: str = "0"  # comma-separated prefix lengths for decode_steps
     corpus_kld: str | None = None  # a text file, or CORPUS_BUILTIN, for llama-perplexity-style KLD; None: not run
     ctx: int = DEFAULT_CORPUS_CTX  # window of the corpus KLD
@@ -372,7 +372,7 @@ def _decode_steps(ours: Engine, reference: Engine, options: ValidateOptions, thr
 
 def _corpus_kld(ours: Engine, reference: Engine, options: ValidateOptions, thresholds,
                 variants: _ReferenceVariants) -> dict[str, Any]:
-    """llama-perplexity's KLD statistics for ours and for the reference's own variants (:mod:`validation.corpus_kld`)."""
+    """llama-perplexity's KLD statistics, ours and the reference's own variants (:mod:`validation.corpus_kld`)."""
     from validation.corpus_kld import corpus_kld
     from validation.corpus_text import load_text
 

@@ -101,7 +101,8 @@ class FeedForward:
 
     @classmethod
     def load(cls, w: Weights, il: int) -> FeedForward:
-        return cls(ffn_gate=w.matrix("ffn_gate", il), ffn_up=w.matrix("ffn_up", il), ffn_down=w.matrix("ffn_down", il))
+        return cls(ffn_gate=w.matrix("ffn_gate", il), ffn_up=w.matrix("ffn_up", il),
+                   ffn_down=w.matrix("ffn_down", il))
 
     def __call__(self, b: Backend, h: Array, il: int, tap: Tap, activation: str = "swiglu") -> Array:
         """``h (T, n_embd)`` (the normed input) -> ``(T, n_embd)``; ``activation``: ``swiglu`` or ``geglu``."""

@@ -130,4 +130,5 @@ def test_validate_runs_decode_steps_and_corpus_kld_end_to_end(tiny_model, tmp_pa
     assert any(line.startswith("decode steps at depth 20: 2/2 steps pass") for line in lines)
     assert any(line.startswith("corpus KLD (") for line in lines)
     printed = corpus_kld_lines(result)
-    assert printed[0] == "====== ours vs llama.cpp ======" and "====== llama.cpp (flash attention on) vs llama.cpp ======" in printed
+    assert printed[0] == "====== ours vs llama.cpp ======"
+    assert "====== llama.cpp (flash attention on) vs llama.cpp ======" in printed
