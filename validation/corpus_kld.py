@@ -15,9 +15,10 @@ percentiles interpolated between sorted values, the median as the mean of the tw
 
 **The base side is kept as top-k log-probabilities** (:data:`TOP_K` per position, plus the log-prob of the actual
 next token and the argmax), not llama.cpp's full-vocabulary file (uint16 per vocabulary entry per position: 10+ GB
-for wikitext on a 150k vocabulary). The KLD sum then runs over the base's top-k tokens that pass the -16 cut-off;
-what is left out is the base's mass beyond its top :data:`TOP_K`, reported per run as ``base_mass_outside_top_k``
-(mean and max), so a reader can see the truncation is negligible.
+for wikitext on a 150k vocabulary). The KLD sum then runs over the base's top-k tokens that pass the -16 cut-off plus
+one lumped "rest" token holding the mass outside them (in p and in q): the KLD of the coarse-grained distributions,
+never negative and never above the full-vocabulary KLD. The base's mass beyond its top :data:`TOP_K` is reported per
+run as ``base_mass_outside_top_k`` (mean and max).
 
 **The noise floor**: the same statistics for the reference's own rounding variant (llama.cpp with flash attention
 on instead of off) against the reference; ours must have KLD mean within :data:`NOISE_FACTOR` times it (ggml
@@ -39,11 +40,11 @@ from validation.free_running import NOISE_FACTOR
 from validation.metrics import KLD_MEAN_MAX_GGML, Thresholds
 
 DEFAULT_CTX = 512  # llama-perplexity's usual -c for KLD runs
-# Base log-probs kept per position. Why 64: beyond its 64 most likely tokens a small model's next-token distribution
-# holds ~1e-3 of its mass on prose (measured per run and reported as base_mass_outside_top_k), and those tokens'
-# terms p*(log p - log q) are each tiny when q is close to p; 64 x 12 bytes per position keeps a 5,000-token run's
-# reference side under 4 MB.
-TOP_K = 64
+# Base log-probs kept per position. Why 256: a small model's next-token distribution on prose can keep several percent
+# of its mass beyond its 64 most likely tokens (reported per run as base_mass_outside_top_k); that tail enters as one
+# lumped token, so what is lost is only how q spreads it, which shrinks with k. 256 x 12 bytes per position keeps a
+# 5,000-token run's reference side at ~15 MB.
+TOP_K = 256
 LOG_P_CUTOFF = -16.0  # llama.cpp: only base tokens with log p > -16 enter the KLD sum
 KLD_PERCENTILES = (("99.9%", 0.999), ("99.0%", 0.990), ("95.0%", 0.950), ("90.0%", 0.900), ("Median", None),
                    ("10.0%", 0.100), ("5.0%", 0.050), ("1.0%", 0.010), ("0.1%", 0.001))
@@ -94,6 +95,14 @@ class TokenStats:
         keep = top_lp > LOG_P_CUTOFF
         q_top = np.take_along_axis(logq, base.top_ids[window], axis=1)
         kld = np.where(keep, np.exp(top_lp) * (top_lp - q_top), 0.0).sum(axis=1)
+        # The base's tail beyond its top-k as one lumped token (mass outside top-k in p and in q): the KLD of the
+        # coarse-grained distributions, >= 0 and <= the full-vocabulary KLD. Without it a position where q puts
+        # more mass on p's top-k than p does comes out negative.
+        p_rest = np.clip(1.0 - np.exp(top_lp).sum(axis=1), 0.0, None)
+        q_rest = np.clip(1.0 - np.exp(q_top).sum(axis=1), 0.0, None)
+        tail = p_rest > np.exp(LOG_P_CUTOFF)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            kld = kld + np.where(tail, p_rest * (np.log(p_rest) - np.log(np.maximum(q_rest, 1e-300))), 0.0)
         self.nll.append(nll)
         self.nll_base.append(nll_base)
         self.kld.append(kld)

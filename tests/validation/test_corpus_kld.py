@@ -127,3 +127,23 @@ def test_a_different_model_fails_the_gate(tiny_model):
     ids = [int(t) for t in np.random.default_rng(3).integers(3, ref.n_vocab, size=260)]
     out = corpus_kld(other, ref, ids, 64, 1, thresholds_for("ggml"), {"itself": ref}, source="test")
     assert out["ours"]["KLD"]["Mean"] > out["kld_mean_limit"] and out["passed"] is False
+
+
+def test_top_k_kld_is_never_negative_and_never_above_the_full_kld():
+    """q moves mass from p's tail onto p's top-k: without the lumped tail term the sum over the top-k alone is
+    negative; with it, the per-token KLD lies between 0 and the full-vocabulary KLD."""
+    rng = np.random.default_rng(4)
+    v = 4 * TOP_K
+    p_logits = rng.normal(0, 1, size=(150, v)).astype(np.float32)
+    nxt = rng.integers(0, v, size=150)
+    base = BaseTopK()
+    base.add(p_logits, nxt)
+    q_logits = p_logits.copy()
+    rows = np.arange(150)[:, None]
+    q_logits[rows, base.top_ids[0]] += 0.5  # q favours p's top-k over p's tail
+    stats = TokenStats()
+    stats.add(q_logits, nxt, base, 0)
+    lp, lq = log_softmax(p_logits), log_softmax(q_logits)
+    full = (np.exp(lp) * (lp - lq)).sum(1)
+    kld = stats.kld[0]
+    assert (kld >= 0).all() and (kld <= full + 1e-9).all()
