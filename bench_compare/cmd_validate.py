@@ -44,6 +44,16 @@ class ValidationFailed(CheckFailed):
 @click.option("--name-map", "name_map", default=None, metavar="FILE",
               help="For dump:/cmd: engines: their tensor names -> llama.cpp's (JSON object or 'theirs = ours' "
                    "lines); the same as --engine-opt name_map=FILE.")
+@click.option("--decode-steps", "decode_steps", default=0, show_default=True, type=NON_NEGATIVE,
+              help="Teacher-forced decode steps (llama.cpp's 1-token graph) compared per tensor at each --depth.")
+@click.option("--depth", default="0", show_default=True, metavar="D[,D...]",
+              help="Prefix lengths (tokens of the built-in long text) prefilled in chunks before the decode steps; "
+                   "the prefix's last chunk is compared per tensor too.")
+@click.option("--corpus-kld", "corpus_kld", default=None, is_flag=False, flag_value="builtin", metavar="[FILE.txt]",
+              help="llama-perplexity's KLD statistics over a text (default: the built-in public-domain text), ours "
+                   "and llama.cpp's own variant against llama.cpp.")
+@click.option("--ctx", default=512, show_default=True, type=POSITIVE,
+              help="Window of --corpus-kld (as llama-perplexity -c).")
 @click.option("--json", "json_path", default=None, type=OutputFile(), metavar="PATH",
               help="Also write the result JSON here.")
 @click.option("--report", "report_dir", default=None, type=ReportDir(), metavar="DIR",
@@ -51,7 +61,8 @@ class ValidationFailed(CheckFailed):
 @click.option("--top-k", "top_k", default=5, show_default=True, type=int,
               help="HTTP engines (--engine openai:URL | llamacpp-server): log-probabilities per position to compare.")
 def validate(model, backend, engine, engine_opts, numerics, prompt, against, logit_lens, corpus, smoke_tokens,
-             threads, free_running, name_map, json_path, report_dir, top_k) -> None:
+             threads, free_running, decode_steps, depth, corpus_kld, ctx, name_map, json_path, report_dir,
+             top_k) -> None:
     """Diff our engine against a reference tensor by tensor; exit 0 pass, 1 fail, 2 bad input. With --engine
     openai:URL (or llamacpp-server): top-k log-probabilities against llama.cpp in-process (no tensors over HTTP)."""
     if name_map is not None:
@@ -75,7 +86,8 @@ def validate(model, backend, engine, engine_opts, numerics, prompt, against, log
 
     options = ValidateOptions(model=model, backend=backend, numerics=numerics, prompt=prompt, against=against,
                               logit_lens=logit_lens, corpus=corpus, smoke_tokens=smoke_tokens, threads=threads,
-                              free_running=free_running)
+                              free_running=free_running, decode_steps=decode_steps, depth=depth,
+                              corpus_kld=corpus_kld, ctx=ctx)
     ours_opener = None
     if spec is not None and spec.backend is not None and not spec.options:
         options.backend = spec.backend  # ours:<backend>: the same as --backend

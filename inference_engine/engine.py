@@ -154,6 +154,23 @@ class OurEngine:
         our shape (the capture contract drops leading size-1 axes); a size mismatch is an error. The KV cache then
         holds the forced ``Kcur``/``Vcur``. Forced names we never tap are ignored.
         """
+        self._check_ids(ids, "prompt")
+        self.reset()
+        return self.capture_next(ids, names, force)
+
+    def capture_reset(self) -> None:
+        """Start a capture session (:meth:`capture_next` appends to it): an empty cache."""
+        self.reset()
+
+    def capture_next(
+        self,
+        ids: list[int],
+        names: Iterable[str] | None = None,
+        force: Mapping[str, np.ndarray] | None = None,
+    ) -> dict[str, np.ndarray]:
+        """As :meth:`capture`, but appends ``ids`` to what the cache already holds (no reset): one decode step (or one
+        chunk of a long prompt) on top of a prefix, recorded, optionally teacher-forced. With ``force`` holding the
+        other engine's ``Kcur-*`` / ``Vcur-*`` of each chunk, the cache ends up holding exactly its K/V."""
         tokens = self._check_ids(ids, "prompt")
         wanted = None if names is None else set(names)
         forced = _forced_arrays(force)
@@ -173,7 +190,6 @@ class OurEngine:
             # a copy: no op of ours may ever write into the caller's arrays (they are diffed afterwards)
             return backend.from_numpy(value.reshape(tuple(x.shape)).copy())
 
-        self.reset()
         self._run(tokens, tap=tap, all_logits=True)
         return captured
 

@@ -43,7 +43,7 @@ SUPPORTED_TENSOR_TYPES: tuple[GGMLQuantizationType, ...] = (
 )
 
 # general.architecture values we run, and the aliases llama.cpp treats as one of them.
-SUPPORTED_ARCHITECTURES: tuple[str, ...] = ("llama", "qwen2", "qwen3", "gemma3")
+SUPPORTED_ARCHITECTURES: tuple[str, ...] = ("llama", "qwen2", "qwen3", "gemma3", "phi3", "gemma2")
 ARCHITECTURE_ALIASES: dict[str, str] = {"mistral": "llama"}
 
 

@@ -257,14 +257,15 @@ class PagedBatch:
         return len(self.ids)
 
     def attend(
-        self, b: Backend, il: int, q: Array, k: Array, v: Array, positions: np.ndarray, scale: float, window: int
+        self, b: Backend, il: int, q: Array, k: Array, v: Array, positions: np.ndarray, scale: float, window: int,
+        softcap: float = 0.0,
     ) -> Array:
         """Write this step's ``k, v (T, n_head_kv, d)`` of layer ``il`` into the pool, then attend each segment's
-        query rows over its own sequence: ``(T, n_head * d_v)``."""
+        query rows over its own sequence: ``(T, n_head * d_v)``. ``softcap``: Gemma 2's score soft-capping."""
         pool = self.pool
         pool.k[il][self.slots] = k  # NumPy rounds to the buffer's dtype (F16: nearest even, as ggml's cpy)
         pool.v[il][self.slots] = v
-        if b.name == "numba" and pool.k[il].dtype in (np.float32, np.float16):
+        if b.name == "numba" and pool.k[il].dtype in (np.float32, np.float16) and not softcap:
             return self._attend_numba(b, il, q, positions, scale, window)
         k_blocks, v_blocks = pool.k_blocks[il], pool.v_blocks[il]
         outs = []
@@ -273,7 +274,8 @@ class PagedBatch:
             n_blk = pool.blocks_for(kv_len)
             ks = k_blocks[table[:n_blk]].reshape(-1, *k_blocks.shape[2:])  # (n_blk * bs, n_head_kv, d_k)
             vs = v_blocks[table[:n_blk]].reshape(-1, *v_blocks.shape[2:])
-            outs.append(b.attention(q[r0:r1], ks, vs, positions[r0:r1], kv_len, scale, window))
+            args = (q[r0:r1], ks, vs, positions[r0:r1], kv_len, scale, window)
+            outs.append(b.attention(*args, softcap) if softcap else b.attention(*args))
         return outs[0] if len(outs) == 1 else np.concatenate(outs, axis=0)
 
     def _attend_numba(self, b: Backend, il: int, q: Array, positions: np.ndarray, scale: float, window: int):

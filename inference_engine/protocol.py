@@ -23,6 +23,11 @@ tokenize; an HTTP server cannot capture) raises :class:`EngineCapabilityError` f
 reports the check that needed it as "not checked: <message>" instead of failing. An engine whose ``capture`` returns
 only some of llama.cpp's tensors by design sets ``partial_capture = True``: validation then lists the tensors it
 lacks as not provided and, when ``result_output`` is among them, reports the logits check as not checked.
+
+Capture sessions (optional, for decode steps and long prompts at depth: ``validation.decode_steps``):
+``capture_reset()`` empties a capture session's cache and ``capture_next(ids, names=None[, force=None])`` appends
+``ids`` to it as one batch (one micro-batch for llama.cpp), returning that batch's tensors as ``capture`` does. Both
+our engine and llama.cpp's adapter offer them; an engine without them is reported as not supporting depth checks.
 """
 
 from __future__ import annotations

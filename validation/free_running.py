@@ -20,12 +20,23 @@ to the batch (llama.cpp runs the same kernels for both; measured KLD exactly 0 o
 and on 3 of 4 SmolLM2 prompts), while flash attention moved SmolLM2's logits by KLD 2.8e-3..5.0e-3 and Gemma 3's by
 4.6e-3..1.9e-2 over four prompts each, where our free-running KLD was 2.1e-3..4.2e-3 and 2.9e-3..7.4e-3.
 
-**The gate** (ggml numerics, when teacher forcing is the gated mode): KLD mean <= max(KLD_MEAN_MAX_GGML,
-NOISE_FACTOR * floor), and every top-1 disagreement excused by one of: llama.cpp's margin for its token over ours is
-below the near tie (:data:`validation.smoke.NEAR_TIE_MARGIN`); one of llama.cpp's own variants picks our token at
-that position; or the gap between the two tokens is within :data:`GAP_SHIFT_FACTOR` times the largest change
-llama.cpp's own variants make to that same gap. In f32 numerics the free-running logits are reported, not gated (as
-the f32 logits are not gated at all).
+**The gate** (ggml numerics, when teacher forcing is the gated mode) judges our free-running logits by the noise
+floor's own statistics, each measured the same way on llama.cpp's variants (each variant against the reference's
+batch, as ours is):
+
+* KLD mean <= max(KLD_MEAN_MAX_GGML, NOISE_FACTOR * the variants' largest KLD mean);
+* top-1 disagreements: each of ours is excused *individually* when llama.cpp's margin for its token over ours is
+  below the near tie (:data:`validation.smoke.NEAR_TIE_MARGIN`), when one of llama.cpp's own variants picks our
+  token at that position, or when the gap between the two tokens is within :data:`GAP_SHIFT_FACTOR` times the
+  largest change llama.cpp's own variants make to that same gap. A disagreement none of those excuse is still drift
+  when it is *like llama.cpp's own flips*: its margin is within GAP_SHIFT_FACTOR times the largest margin of a flip
+  any variant makes against the batch, and there are no more of them than NOISE_FACTOR times the most flips any one
+  variant makes. Seen (issue 14): Gemma 3 on a 660-token prompt, ours 41 disagreements (3 not individually
+  excused), llama.cpp's flash-attention variant 42: an engine as close to llama.cpp as llama.cpp is to itself, which
+  the per-flip rule alone failed. A bug that flips many tokens, or flips one by a margin llama.cpp never flips by,
+  still fails.
+
+In f32 numerics the free-running logits are reported, not gated (as the f32 logits are not gated at all).
 
 What this gate can and cannot see (measured on the default prompt): a row-permuted ffn_up in layer 1 gives
 free-running KLD 1.0 (SmolLM2) and 3.2 (Gemma 3), far above any floor; a RoPE base halved in layer 1 gives only
@@ -62,6 +73,9 @@ NOISE_FACTOR = 3.0
 GAP_SHIFT_FACTOR = math.sqrt(NOISE_FACTOR)
 
 TOKEN_BY_TOKEN = "token by token"
+# The excuse of a flip that no per-position rule explains but that looks like llama.cpp's own flips (margin within
+# GAP_SHIFT_FACTOR x the largest margin of a flip of its variants); at most NOISE_FACTOR x its flip count of these.
+LIKE_FLOOR = "a flip like the reference's own (margin within its flips' margins)"
 
 TEACHER_FORCED_EXPLANATION = (
     "Teacher-forced: our engine computes each named tensor from the reference's own values of the tensors before "
@@ -99,6 +113,16 @@ class SelfNoise:
         worst = self.worst_variant
         return None if worst is None else float(self.variants[worst]["kld_mean"])
 
+    @property
+    def flip_count(self) -> int:
+        """The most top-1 flips any one variant makes against the batch."""
+        return max((int(v.get("top1_disagreements_count", 0)) for v in self.variants.values()), default=0)
+
+    @property
+    def flip_margin_max(self) -> float:
+        """The largest margin of any variant's top-1 flip against the batch (0 when none flips)."""
+        return max((float(v.get("flip_margin_max", 0.0)) for v in self.variants.values()), default=0.0)
+
     def to_dict(self) -> dict[str, Any]:
         worst = self.worst_variant
         return {
@@ -108,6 +132,8 @@ class SelfNoise:
             "kld_max": None if worst is None else max(v["kld_max"] for v in self.variants.values()),
             "top1_agreement": None if worst is None else min(v["top1_agreement"] for v in self.variants.values()),
             "worst_variant": worst,
+            "flip_count": self.flip_count,
+            "flip_margin_max": self.flip_margin_max,
             "variants": {label: dict(v) for label, v in self.variants.items()},
             "errors": dict(self.errors),
         }
@@ -123,23 +149,35 @@ def measure_self_noise(reference: Engine, ids: list[int], batched: np.ndarray,
     rows = [np.asarray(reference.prefill([ids[0]]), dtype=np.float32)]
     rows += [np.asarray(reference.decode(t), dtype=np.float32) for t in ids[1:]]
     reference.reset()
-    _add(noise, TOKEN_BY_TOKEN, np.stack(rows), batched)
+    add_variant(noise, TOKEN_BY_TOKEN, np.stack(rows), batched)
     for label, engine in (variants or {}).items():
         try:
             logits = engine.capture(list(ids), names=["result_output"])["result_output"]
         except Exception as exc:  # noqa: BLE001 - a diagnostic variant that fails is reported, never fatal
             noise.errors[label] = (" ".join(str(exc).split()) or type(exc).__name__)[:200]
             continue
-        _add(noise, label, np.asarray(logits, dtype=np.float32).reshape(batched.shape), batched)
+        add_variant(noise, label, np.asarray(logits, dtype=np.float32).reshape(batched.shape), batched)
     return noise
 
 
-def _add(noise: SelfNoise, label: str, logits: np.ndarray, batched: np.ndarray) -> None:
+def add_variant(noise: SelfNoise, label: str, logits: np.ndarray, batched: np.ndarray) -> None:
     if logits.shape != batched.shape:
         noise.errors[label] = f"logits shape {logits.shape} vs the batch's {batched.shape}"
         return
-    noise.variants[label] = logit_metrics(logits, batched)
+    summary = logit_metrics(logits, batched)
+    summary.update(flip_statistics(logits, batched))
+    noise.variants[label] = summary
     noise.logits[label] = logits
+
+
+def flip_statistics(logits: np.ndarray, batched: np.ndarray) -> dict[str, Any]:
+    """How many positions' argmax differ from the batch's, and the largest margin of such a flip (the batch's logit
+    for its own token minus its logit for the flipped one), measured the same way for a variant and for ours."""
+    top, top_ref = np.argmax(logits, axis=-1), np.argmax(batched, axis=-1)
+    flips = np.nonzero(top != top_ref)[0]
+    margins = batched[flips, top_ref[flips]] - batched[flips, top[flips]]
+    return {"top1_disagreements_count": int(flips.size),
+            "flip_margin_max": float(margins.max()) if flips.size else 0.0}
 
 
 def free_running_logits(ours: np.ndarray, reference: np.ndarray, noise: SelfNoise,
@@ -151,9 +189,15 @@ def free_running_logits(ours: np.ndarray, reference: np.ndarray, noise: SelfNois
                 "error": f"result_output shape mismatch: ours {a.shape} vs reference {b.shape}"}
     summary = logit_metrics(a, b)
     floor = noise.kld_mean or 0.0
-    disagreements = top1_disagreements(a, b, noise.logits)
+    disagreements = top1_disagreements(a, b, noise.logits, noise.flip_margin_max)
+    like_floor = [d for d in disagreements if d["excused_by"] == [LIKE_FLOOR]]
+    flip_budget = int(math.floor(NOISE_FACTOR * noise.flip_count))
     summary["noise_factor"] = NOISE_FACTOR
     summary["reference_self_kld_mean"] = noise.kld_mean
+    summary["reference_flip_count"] = noise.flip_count
+    summary["reference_flip_margin_max"] = noise.flip_margin_max
+    summary["flips_like_the_floor"] = len(like_floor)
+    summary["flips_like_the_floor_limit"] = flip_budget
     summary["top1_disagreements"] = disagreements
     if thresholds.kld_mean_max is None:
         summary.update(gated=False, kld_mean_limit=None, passed=None)
@@ -161,14 +205,18 @@ def free_running_logits(ours: np.ndarray, reference: np.ndarray, noise: SelfNois
     limit = max(thresholds.kld_mean_max, NOISE_FACTOR * floor)
     ok = summary["kld_mean"] <= limit
     if thresholds.top1_agreement_min is not None:
-        ok = ok and all(d["excused_by"] for d in disagreements)
+        ok = ok and all(d["excused_by"] for d in disagreements) and len(like_floor) <= flip_budget
     summary.update(gated=True, kld_mean_limit=limit, passed=bool(ok))
     return summary
 
 
-def top1_disagreements(ours: np.ndarray, reference: np.ndarray,
-                       variants: Mapping[str, np.ndarray]) -> list[dict[str, Any]]:
-    """Every position whose argmax differs, with what (if anything) excuses it (see the module doc)."""
+def top1_disagreements(ours: np.ndarray, reference: np.ndarray, variants: Mapping[str, np.ndarray],
+                       floor_margin: float = 0.0) -> list[dict[str, Any]]:
+    """Every position whose argmax differs, with what (if anything) excuses it (see the module doc).
+
+    ``floor_margin``: the largest margin of the reference's own flips (:attr:`SelfNoise.flip_margin_max`); a
+    disagreement no individual rule excuses is marked :data:`LIKE_FLOOR` when its margin is within
+    GAP_SHIFT_FACTOR times that (the caller then bounds how many such flips there may be)."""
     out = []
     top_ours, top_ref = np.argmax(ours, axis=-1), np.argmax(reference, axis=-1)
     for pos in np.nonzero(top_ours != top_ref)[0]:
@@ -185,6 +233,8 @@ def top1_disagreements(ours: np.ndarray, reference: np.ndarray,
             excused.append(f"the reference picks it too ({', '.join(picks)})")
         if gap <= GAP_SHIFT_FACTOR * self_shift:
             excused.append(f"within {GAP_SHIFT_FACTOR:.3g}x the reference's own change to this gap")
+        if not excused and gap <= GAP_SHIFT_FACTOR * floor_margin:
+            excused.append(LIKE_FLOOR)
         out.append({"position": pos, "reference_token": rt, "ours_token": ot, "margin": gap,
                     "reference_self_gap_shift": self_shift, "excused_by": excused})
     return out

@@ -252,6 +252,54 @@ def summary_lines(result: dict) -> list[str]:
                      f"({div.get('reference_text')!r}) vs ours {div['ours_token']} ({div.get('ours_text')!r}), "
                      f"margin {fmt(div['margin'])} ({_divergence_verdict(div)})")
         lines.append(line + f" -> {_verdict(checks.get('smoke'))}")
+    return lines + depth_lines(result)
+
+
+def depth_lines(result: dict) -> list[str]:
+    """Decode steps at depth and the corpus KLD, when they ran."""
+    lines = []
+    checks = result.get("checks", {})
+    ds = result.get("decode_steps")
+    if ds:
+        if ds.get("skipped"):
+            lines.append(f"decode steps: skipped ({ds['skipped']})")
+        else:
+            for d in ds["depths"]:
+                steps = [s for s in d["steps"] if s["step"] >= 0]
+                chunk = [s for s in d["steps"] if s["step"] < 0]
+                ok = sum(1 for s in steps if s["passed"])
+                worst = d.get("worst") or {}
+                line = (f"decode steps at depth {d['depth']}: {ok}/{len(steps)} steps pass (teacher-forced, "
+                        f"NMSE <= {fmt(ds['threshold'])})")
+                if chunk:
+                    line += (f"; prefix's last chunk ({chunk[0]['tokens']} tokens after {d['prefix_chunks'] - 1} "
+                             f"chunk(s) of {ds['chunk']}): {'pass' if chunk[0]['passed'] else 'FAIL'}")
+                line += f"; worst {worst.get('name')} NMSE {fmt(worst.get('nmse'))} (step {worst.get('step')})"
+                if d["first_failure"]:
+                    f = d["first_failure"]
+                    line += f"; first failure: {f['tensor']} at step {f['step']} (position {f['position']})"
+                lines.append(line)
+            lines.append(f"decode steps -> {_verdict(checks.get('decode_steps'))}")
+    ck = result.get("corpus_kld")
+    if ck:
+        lines.append(f"corpus KLD ({ck['source']}, {ck['windows']} windows of {ck['ctx']}, base top-{ck['top_k']}: "
+                     f"mass outside mean {fmt(ck['base_mass_outside_top_k']['mean'])}): ours KLD mean "
+                     f"{fmt(ck['ours']['KLD']['Mean'])}, llama.cpp against itself {fmt(ck.get('kld_mean_floor'))}"
+                     + (f", limit {fmt(ck['kld_mean_limit'])}" if ck.get("gated") else " (reported, not gated)")
+                     + f" -> {_verdict(checks.get('corpus_kld'))}")
+    return lines
+
+
+def corpus_kld_lines(result: dict) -> list[str]:
+    """llama-perplexity's own printout, ours and each llama.cpp variant against llama.cpp."""
+    from validation.corpus_kld import format_report
+
+    ck = result.get("corpus_kld")
+    if not ck:
+        return []
+    lines = format_report("ours vs llama.cpp", ck["ours"])
+    for label, r in ck.get("reference_self", {}).items():
+        lines += format_report(f"llama.cpp ({label}) vs llama.cpp", r)
     return lines
 
 
@@ -261,6 +309,9 @@ def _divergence_verdict(div: dict) -> str:
     agreeing = div.get("reference_variants_agreeing")
     if agreeing:
         return f"not a near tie, but llama.cpp with {', '.join(agreeing)} also picks ours"
+    if div.get("within_reference_drift"):
+        return ("not a near tie, but within llama.cpp's own flips "
+                f"(margin <= {fmt(div.get('reference_drift_margin'))})")
     return "not a near tie, and no llama.cpp rounding variant picks ours"
 
 
@@ -292,7 +343,9 @@ def _other_mode_lines(result: dict) -> list[str]:
     excused = sum(1 for d in lg.get("top1_disagreements", []) if d["excused_by"])
     line = (f"free-running logits: KLD mean {fmt(lg.get('kld_mean'))} max {fmt(lg.get('kld_max'))}, top-1 "
             f"{fmt(lg.get('top1_agreement'))} ({excused}/{len(lg.get('top1_disagreements', []))} disagreements "
-            f"excused); reference against itself: KLD mean {fmt(noise.get('kld_mean'))} max "
+            f"excused, {lg.get('flips_like_the_floor', 0)} of them only as like the reference's own flips, limit "
+            f"{lg.get('flips_like_the_floor_limit', 0)}); reference against itself: KLD mean "
+            f"{fmt(noise.get('kld_mean'))} max "
             f"{fmt(noise.get('kld_max'))}, top-1 {fmt(noise.get('top1_agreement'))} (worst: "
             f"{noise.get('worst_variant')})")
     if lg.get("gated"):
@@ -363,6 +416,8 @@ def markdown(result: dict) -> str:
             out.append(f"| {row['layer']} | {fmt(row['kld_mean'])} | {fmt(row['kld_max'])} | "
                        f"{fmt(row['top1_agreement'])} | {fmt(row['top5_overlap'])} | "
                        f"{row['reference_top1_last']} / {row['ours_top1_last']} |")
+    if result.get("corpus_kld"):
+        out += ["", "## Corpus KLD (llama-perplexity's statistics)", "", "```", *corpus_kld_lines(result), "```"]
     um = result.get("unmatched", {})
     out += ["", "## Unmatched names", "",
             f"- only ours ({len(um.get('ours_only', []))}): {', '.join(um.get('ours_only', [])) or '-'}",
@@ -482,4 +537,6 @@ def print_result(result: dict, console=None) -> None:
         console.print(lens)
 
     for line in summary_lines(result):
+        console.print(line, highlight=False, markup=False)
+    for line in corpus_kld_lines(result):
         console.print(line, highlight=False, markup=False)

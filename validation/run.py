@@ -43,6 +43,7 @@ from inference_engine.registries import Registry
 from validation.diff import diff_captures
 from validation.free_running import (
     FREE_RUNNING_EXPLANATION,
+    GAP_SHIFT_FACTOR,
     TEACHER_FORCED_EXPLANATION,
     free_running_logits,
     measure_self_noise,
@@ -68,6 +69,8 @@ REFERENCE_BUILD_KEYS = ("llama_cpp_python", "llama_version", "ggml_version", "gg
 # The context each engine is created with (both engines' own default): prompt plus smoke tokens must fit in it.
 DEFAULT_N_CTX = 2048
 TEACHER_FORCED = "teacher_forced"
+CORPUS_BUILTIN = "builtin"  # --corpus-kld with no file: the shipped public-domain text
+DEFAULT_CORPUS_CTX = 512
 FREE_RUNNING = "free_running"
 
 
@@ -85,6 +88,10 @@ class ValidateOptions:
     n_ctx: int = DEFAULT_N_CTX
     free_running: bool = False  # gate the free-running comparison instead of the teacher-forced one
     engine: str | None = None  # the engine under test when it is not ours:<backend> (its spec name, recorded)
+    decode_steps: int = 0  # teacher-forced decode steps at each ``depth`` (0: not run); validation.decode_steps
+    depth: str = "0"  # comma-separated prefix lengths for decode_steps
+    corpus_kld: str | None = None  # a text file, or CORPUS_BUILTIN, for llama-perplexity-style KLD; None: not run
+    ctx: int = DEFAULT_CORPUS_CTX  # window of the corpus KLD
 
     def check(self) -> None:
         """Reject bad choices before anything is loaded."""
@@ -97,6 +104,30 @@ class ValidateOptions:
             raise GGUFParityError(f"--threads must be 1 or more, got {self.threads}")
         if self.prompt is not None and not self.prompt.strip():
             raise GGUFParityError("--prompt is empty; give some text to run through both engines")
+        if self.decode_steps < 0:
+            raise GGUFParityError(f"--decode-steps must be 0 or more, got {self.decode_steps}")
+        if self.decode_steps:
+            self.depth_plan()
+        if self.corpus_kld is not None and self.ctx < 4:
+            raise GGUFParityError(f"--ctx must be at least 4, got {self.ctx}")
+        if self.corpus_kld not in (None, CORPUS_BUILTIN):
+            from validation.corpus_text import load_text
+
+            load_text(self.corpus_kld)  # a missing, empty or non-UTF-8 file is a user error before any model loads
+
+    def depth_plan(self):
+        from validation.decode_steps import DepthPlan
+
+        return DepthPlan.parse(self.depth, self.decode_steps)
+
+    def context_needed(self) -> int:
+        """The engines' context: the default, or more when decode steps at depth or the KLD windows need it."""
+        needed = self.n_ctx
+        if self.decode_steps:
+            needed = max(needed, self.depth_plan().tokens_needed)
+        if self.corpus_kld is not None:
+            needed = max(needed, self.ctx)
+        return needed
 
 
 def _choice(flag: str, value: str, choices: tuple[str, ...]) -> None:
@@ -155,6 +186,7 @@ def validate(options: ValidateOptions, ours_opener: Callable | None = None,
     from inference_engine.model_cache import resolve_model
 
     options.check()
+    options.n_ctx = options.context_needed()
     corpus_texts, corpus_source = _load_corpus(options.corpus)
     model_path = resolve_model(options.model)
     gguf = open_gguf(model_path)
@@ -329,8 +361,11 @@ def _validate_engines(ours: Engine, reference: Engine, gguf, options: ValidateOp
     result["checks"]["tokenizer"] = result["tokenizer"]["passed"]
 
     if options.smoke_tokens > 0:
+        noise = free.get("reference_self_kld") or {}
+        drift = GAP_SHIFT_FACTOR * float(noise.get("flip_margin_max") or 0.0)
         try:
-            result["smoke"] = greedy_smoke(ours, reference, ids, options.smoke_tokens, variants.get()[0]).to_dict()
+            result["smoke"] = greedy_smoke(ours, reference, ids, options.smoke_tokens, variants.get()[0],
+                                           drift_margin=drift).to_dict()
         except EngineCapabilityError as gap:
             not_checked["smoke"] = str(gap)
             result["smoke"] = {"skipped": str(gap), "passed": None}
@@ -338,6 +373,13 @@ def _validate_engines(ours: Engine, reference: Engine, gguf, options: ValidateOp
     else:
         result["smoke"] = None
     result["not_checked"] = not_checked
+
+    if options.decode_steps:
+        result["decode_steps"] = _decode_steps(ours, reference, options, thresholds)
+        result["checks"]["decode_steps"] = result["decode_steps"]["passed"]
+    if options.corpus_kld is not None:
+        result["corpus_kld"] = _corpus_kld(ours, reference, options, thresholds, variants)
+        result["checks"]["corpus_kld"] = result["corpus_kld"]["passed"]
 
     # A check that did not run (None) does not fail the run; every check that ran must pass.
     result["passed"] = all(v for v in result["checks"].values() if v is not None)
@@ -362,6 +404,33 @@ def _free_running_logits(reference: Engine, ids: list[int], ref_logits, ours_log
     noise.errors.update(errors)
     return {"reference_self_kld": noise.to_dict(),
             "logits": free_running_logits(ours_logits, ref_logits, noise, thresholds)}
+
+
+def _decode_steps(ours: Engine, reference: Engine, options: ValidateOptions, thresholds) -> dict[str, Any]:
+    """Teacher-forced decode steps at each depth on the built-in long text (:mod:`validation.decode_steps`)."""
+    from validation.corpus_text import BUILTIN_NAME, builtin_text
+    from validation.decode_steps import supports_steps, validate_depths
+
+    why = supports_steps(ours, reference)
+    if why:
+        return {"passed": None, "skipped": why}
+    ids = list(reference.tokenize(builtin_text(), add_bos=True))
+    out = validate_depths(ours, reference, ids, options.depth_plan(), thresholds)
+    out["text"] = BUILTIN_NAME
+    return out
+
+
+def _corpus_kld(ours: Engine, reference: Engine, options: ValidateOptions, thresholds,
+                variants: _ReferenceVariants) -> dict[str, Any]:
+    """llama-perplexity's KLD statistics, ours and the reference's own variants (:mod:`validation.corpus_kld`)."""
+    from validation.corpus_kld import corpus_kld
+    from validation.corpus_text import load_text
+
+    text, source = load_text(None if options.corpus_kld == CORPUS_BUILTIN else options.corpus_kld)
+    ids = list(reference.tokenize(text, add_bos=True))
+    with_bos = list(reference.tokenize("", add_bos=True))
+    bos = with_bos[0] if with_bos else None
+    return corpus_kld(ours, reference, ids, options.ctx, bos, thresholds, variants.get()[0], source)
 
 
 def _rounding_variants(reference: Engine) -> tuple[dict[str, Engine], dict[str, str]]:

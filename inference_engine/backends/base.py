@@ -125,6 +125,7 @@ class Backend(ABC):
         kv_len: int,
         scale: float,
         sliding_window: int = 0,
+        softcap: float = 0.0,
     ) -> Array:
         """Causal (optionally sliding-window) multi-head attention with grouped KV heads.
 
@@ -134,6 +135,8 @@ class Backend(ABC):
         :func:`~inference_engine.backends.numerics.visible_keys` (key j visible to a query at position p iff
         ``j <= p`` and, when ``sliding_window > 0``, ``p - j < sliding_window``), softmaxed in float32 with the row
         max subtracted (sum in double) and applied to v. Returns ``(T, n_head * d_v)`` (llama.cpp's ``kqv_out``).
+        ``softcap > 0`` (Gemma 2): the scores become ``softcap * tanh(scores * (1/softcap))`` in float32 before the
+        mask and softmax, as llama.cpp's ``build_attn_mha`` (scale, tanh, scale).
         """
 
     @abstractmethod
@@ -159,6 +162,13 @@ class Backend(ABC):
     @abstractmethod
     def from_numpy(self, a: np.ndarray) -> Array:
         """A backend array holding ``a``."""
+
+    def softcap(self, x: Array, cap: float) -> Array:
+        """``cap * tanh(x * (1/cap))`` in float32, llama.cpp's logit soft-capping (``ggml_scale``, ``ggml_tanh``,
+        ``ggml_scale``). Default: through NumPy on the host (used once per forward pass, on the logits)."""
+        a = self.to_numpy(x).astype(np.float32)
+        inv = np.float32(1.0) / np.float32(cap)
+        return self.from_numpy(np.tanh(a * inv).astype(np.float32) * np.float32(cap))
 
     def synchronize(self, x: Array) -> Array:
         """Wait until ``x`` is computed (lazy backends evaluate here); returns ``x``. For honest timings."""

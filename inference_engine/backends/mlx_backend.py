@@ -129,12 +129,14 @@ class MLXBackend(Backend):
             parts.append(x[..., n_dims:])
         return mx.concatenate(parts, axis=-1)
 
-    def attention(self, q, k, v, q_positions, kv_len, scale, sliding_window=0) -> mx.array:
+    def attention(self, q, k, v, q_positions, kv_len, scale, sliding_window=0, softcap=0.0) -> mx.array:
         n_tokens, n_head, _ = q.shape
         k = k[:kv_len].transpose(1, 0, 2)[None]  # (1, n_head_kv, S, d_k): a view of the head-major cache
         v = v[:kv_len].transpose(1, 0, 2)[None]  # (1, n_head_kv, S, d_v)
         if k.dtype != mx.float32:
             k, v = k.astype(mx.float32), v.astype(mx.float32)  # F16 cache: exact widening, f32 numerics
+        if softcap:
+            return self._softcapped_attention(q, k, v, q_positions, kv_len, scale, sliding_window, softcap)
         out = mx.fast.scaled_dot_product_attention(
             q.transpose(1, 0, 2)[None],
             k,
@@ -143,6 +145,22 @@ class MLXBackend(Backend):
             mask=self._mask(q_positions, kv_len, sliding_window),
         )  # (1, n_head, T, d_v)
         return out[0].transpose(1, 0, 2).reshape(n_tokens, n_head * v.shape[-1])
+
+    def _softcapped_attention(self, q, k, v, q_positions, kv_len, scale, sliding_window, softcap) -> mx.array:
+        """Attention with Gemma 2's score soft-capping (``mx.fast`` has none): explicit scores, cap, mask, softmax.
+        ``k``, ``v``: ``(1, n_head_kv, S, d)``."""
+        n_tokens, n_head, _ = q.shape
+        group = n_head // k.shape[1]
+        kh = mx.repeat(k[0], group, axis=0) if group > 1 else k[0]  # (n_head, S, d_k)
+        vh = mx.repeat(v[0], group, axis=0) if group > 1 else v[0]  # (n_head, S, d_v)
+        scores = (q.transpose(1, 0, 2) @ kh.transpose(0, 2, 1)) * float(np.float32(scale))  # (n_head, T, S)
+        cap = float(np.float32(softcap))
+        scores = mx.tanh(scores * float(np.float32(1.0) / np.float32(softcap))) * cap
+        visible = mx.array(nx.visible_keys(np.asarray(q_positions), kv_len, sliding_window))  # (T, S)
+        scores = mx.where(visible[None], scores, mx.array(-np.inf, dtype=mx.float32))
+        probs = mx.softmax(scores, axis=-1)
+        out = probs @ vh  # (n_head, T, d_v)
+        return out.transpose(1, 0, 2).reshape(n_tokens, n_head * vh.shape[-1])
 
     def swiglu(self, gate: mx.array, up: mx.array) -> mx.array:
         return gate / (1.0 + mx.exp(-gate)) * up

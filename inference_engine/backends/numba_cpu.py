@@ -84,9 +84,10 @@ class NumbaBackend(NumpyBackend):
         ops.rope(x, cos, sin, n_dims, bool(neox), out)
         return out
 
-    def attention(self, q, k, v, q_positions, kv_len, scale, sliding_window=0) -> np.ndarray:
-        if k.dtype != v.dtype or k.dtype not in (np.float32, np.float16):
-            return super().attention(q, k, v, q_positions, kv_len, scale, sliding_window)
+    def attention(self, q, k, v, q_positions, kv_len, scale, sliding_window=0, softcap=0.0) -> np.ndarray:
+        if softcap or k.dtype != v.dtype or k.dtype not in (np.float32, np.float16):
+            # soft-capped scores (Gemma 2) have no kernel here yet: the NumPy reference computes them
+            return super().attention(q, k, v, q_positions, kv_len, scale, sliding_window, softcap)
         q = _f32(q)
         k_rows = np.ascontiguousarray(k[:kv_len]).view(np.uint8).reshape(kv_len, -1)
         v_rows = np.ascontiguousarray(v[:kv_len]).view(np.uint8).reshape(kv_len, -1)

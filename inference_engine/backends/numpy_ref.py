@@ -99,7 +99,7 @@ class NumpyBackend(Backend):
         out[..., second] = nx.fma_f32(x0, sin, x1 * cos)
         return out
 
-    def attention(self, q, k, v, q_positions, kv_len, scale, sliding_window=0) -> np.ndarray:
+    def attention(self, q, k, v, q_positions, kv_len, scale, sliding_window=0, softcap=0.0) -> np.ndarray:
         n_tokens, n_head, d_k = q.shape
         k, v = k[:kv_len], v[:kv_len]
         n_head_kv, d_v = k.shape[1], v.shape[2]
@@ -113,6 +113,8 @@ class NumpyBackend(Backend):
         kt = k.astype(_F32).transpose(1, 2, 0)[:, None]  # (Hkv, 1, d_k, S)
         vt = v.astype(_F32).transpose(1, 0, 2)[:, None]  # (Hkv, 1, S, d_v)
         scores = (qg @ kt) * _F32(scale)  # (Hkv, G, T, S)
+        if softcap:
+            scores = np.tanh(scores * (_F32(1.0) / _F32(softcap))).astype(_F32) * _F32(softcap)
         visible = nx.visible_keys(q_positions, kv_len, sliding_window)  # (T, S)
         probs = self._softmax(np.where(visible, scores, _F32(-np.inf)), ggml)
         if ggml and v.dtype == np.float16:

@@ -21,6 +21,8 @@ ARCHITECTURES: dict[str, str] = {
     "qwen2": "inference_engine.models.qwen2:Qwen2Model",
     "qwen3": "inference_engine.models.qwen3:Qwen3Model",
     "gemma3": "inference_engine.models.gemma3:Gemma3Model",
+    "phi3": "inference_engine.models.phi3:Phi3Model",
+    "gemma2": "inference_engine.models.gemma2:Gemma2Model",
 }
 MODELS: Registry[type[Model]] = Registry("architecture", ARCHITECTURES, base=Model, unknown="unsupported",
                                          listing="supported")

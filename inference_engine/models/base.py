@@ -232,12 +232,16 @@ def self_attention(
     positions: np.ndarray,
     scale: float,
     sliding_window: int = 0,
+    softcap: float = 0.0,
 ) -> Array:
     """Store this step's ``k, v`` (T, n_head_kv, d) in layer ``il`` of the cache, attend over everything cached
     so far: ``(T, n_head * d_v)``. As ``build_attn`` with a KV cache: the new K/V are written first, then read.
-    A cache with its own ``attend`` (``paged_kv_cache.PagedBatch``: rows of several sequences) does this itself."""
+    ``softcap``: Gemma 2's attention-score soft-capping (0: none). A cache with its own ``attend``
+    (``paged_kv_cache.PagedBatch``: rows of several sequences) does this itself."""
     if hasattr(cache, "attend"):
-        return cache.attend(b, il, q, k, v, positions, scale, sliding_window)
+        return cache.attend(b, il, q, k, v, positions, scale, sliding_window, softcap)
     start = int(positions[0])
     k_all, v_all = cache.update(il, start, k, v)
+    if softcap:
+        return b.attention(q, k_all, v_all, positions, start + q.shape[0], scale, sliding_window, softcap)
     return b.attention(q, k_all, v_all, positions, start + q.shape[0], scale, sliding_window)

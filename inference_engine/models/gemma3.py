@@ -26,17 +26,8 @@ import numpy as np
 from inference_engine.errors import GGUFParityError
 from inference_engine.gguf_file import GGUFFile
 from inference_engine.kv_cache import KVCache
-from inference_engine.models.base import (
-    HParams,
-    Model,
-    QKVWeights,
-    Tap,
-    Weights,
-    default_attention_scale,
-    no_tap,
-    project_qkv,
-    self_attention,
-)
+from inference_engine.models.base import HParams, Model, Tap, Weights, default_attention_scale, no_tap
+from inference_engine.models.blocks import Attention, FeedForward
 
 DEFAULT_SWA_PATTERN = 6  # load_swa_pattern(ml, 6) in llama_model_gemma3::load_arch_hparams
 DEFAULT_ROPE_FREQ_BASE_SWA = 10000.0  # llama_hparams::rope_freq_base_train_swa default
@@ -87,15 +78,10 @@ class Gemma3HParams(HParams):
 @dataclass
 class Gemma3Layer:
     attn_norm: Any
-    qkv: QKVWeights
-    attn_q_norm: Any
-    attn_k_norm: Any
-    attn_output: Any
+    attn: Attention  # with per-head Q/K norms
     post_attention_norm: Any
     ffn_norm: Any
-    ffn_gate: Any
-    ffn_up: Any
-    ffn_down: Any
+    ffn: FeedForward
     post_ffw_norm: Any
 
 
@@ -107,15 +93,10 @@ class Gemma3Model(Model):
         self.layers = [
             Gemma3Layer(
                 attn_norm=w.vector("attn_norm", il),
-                qkv=QKVWeights.load(w, il),
-                attn_q_norm=w.vector("attn_q_norm", il),
-                attn_k_norm=w.vector("attn_k_norm", il),
-                attn_output=w.matrix("attn_output", il),
+                attn=Attention.load(w, il, qk_norm=True, output_bias=False),
                 post_attention_norm=w.vector("post_attention_norm", il),
                 ffn_norm=w.vector("ffn_norm", il),
-                ffn_gate=w.matrix("ffn_gate", il),
-                ffn_up=w.matrix("ffn_up", il),
-                ffn_down=w.matrix("ffn_down", il),
+                ffn=FeedForward.load(w, il),
                 post_ffw_norm=w.vector("post_ffw_norm", il),
             )
             for il in range(self.hp.n_layer)
@@ -145,21 +126,9 @@ class Gemma3Model(Model):
             h = b.rms_norm(x, layer.attn_norm, hp.rms_eps)  # (T, n_embd)
             h = tap(f"attn_norm-{il}", h)
 
-            q, k, v = project_qkv(b, layer.qkv, h, hp)  # (T, n_head, d), (T, n_head_kv, d), (T, n_head_kv, d)
-            q = b.rms_norm(q, layer.attn_q_norm, hp.rms_eps)  # (T, n_head, d): per head
-            q = tap(f"Qcur_normed-{il}", q)
-            q = b.rope(q, positions, **rope)  # (T, n_head, d)
-            k = b.rms_norm(k, layer.attn_k_norm, hp.rms_eps)  # (T, n_head_kv, d): per head
-            k = tap(f"Kcur_normed-{il}", k)
-            k = b.rope(k, positions, **rope)  # (T, n_head_kv, d)
-            q = tap(f"Qcur-{il}", q)
-            k = tap(f"Kcur-{il}", k)
-            v = tap(f"Vcur-{il}", v)
-
-            q = b.scale(q, hp.attention_scale)  # (T, n_head, d)
-            attn = self_attention(b, cache, il, q, k, v, positions, 1.0, window)  # (T, n_head * d)
-            attn = tap(f"kqv_out-{il}", attn)
-            attn = b.matmul(layer.attn_output, attn)  # (T, n_embd)
+            # Qcur_normed, Kcur_normed, Qcur, Kcur, Vcur, Q scaled by f_attention_scale, kqv_out; no attn_out name
+            attn = layer.attn(b, hp, h, il, positions, cache, tap, rope, 1.0, q_scale=hp.attention_scale,
+                              sliding_window=window, tap_attn_out=False)  # (T, n_embd)
 
             if il == hp.n_layer - 1 and not all_logits:
                 attn, x = attn[-1:], x[-1:]  # only the output row goes on: (1, n_embd)
@@ -170,14 +139,7 @@ class Gemma3Model(Model):
 
             h = b.rms_norm(x, layer.ffn_norm, hp.rms_eps)  # (T, n_embd)
             h = tap(f"ffn_norm-{il}", h)
-            up = b.matmul(layer.ffn_up, h)  # (T, n_ff)
-            up = tap(f"ffn_up-{il}", up)
-            gate = b.matmul(layer.ffn_gate, h)  # (T, n_ff)
-            gate = tap(f"ffn_gate-{il}", gate)
-            h = b.geglu(gate, up)  # (T, n_ff)
-            h = tap(f"ffn_geglu-{il}", h)
-            h = b.matmul(layer.ffn_down, h)  # (T, n_embd)
-            h = tap(f"ffn_out-{il}", h)
+            h = layer.ffn(b, h, il, tap, "geglu")  # (T, n_embd): ffn_up..ffn_geglu..ffn_out
             h = b.rms_norm(h, layer.post_ffw_norm, hp.rms_eps)  # (T, n_embd)
             h = tap(f"ffn_post_norm-{il}", h)
 

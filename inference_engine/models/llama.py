@@ -3,27 +3,17 @@
 Pre-norm blocks with RMSNorm; grouped-query attention with NORM-style RoPE (adjacent pairs: the GGUF converter
 permuted Q/K rows for exactly this); SwiGLU feed-forward; tied ``output`` falls back to ``token_embd``.
 Optional Q/K/V and ``attn_output`` biases and ``rope_freqs`` (Llama 3 frequency factors) are honoured as
-llama.cpp does.
+llama.cpp does. The attention and FFN blocks are :mod:`inference_engine.models.blocks`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from inference_engine.gguf_file import GGUFFile
 from inference_engine.kv_cache import KVCache
-from inference_engine.models.base import (
-    HParams,
-    Model,
-    QKVWeights,
-    Tap,
-    Weights,
-    default_attention_scale,
-    no_tap,
-    project_qkv,
-    self_attention,
-)
+from inference_engine.models.base import HParams, Model, Tap, Weights, default_attention_scale, no_tap
+from inference_engine.models.blocks import Attention, FeedForward, PreNormLayer
 
 
 @dataclass(frozen=True)
@@ -33,18 +23,6 @@ class LlamaHParams(HParams):
         return cls(**HParams.common(f))
 
 
-@dataclass
-class LlamaLayer:
-    attn_norm: Any
-    qkv: QKVWeights
-    attn_output: Any
-    attn_output_bias: Any | None
-    ffn_norm: Any
-    ffn_gate: Any
-    ffn_up: Any
-    ffn_down: Any
-
-
 class LlamaModel(Model):
     hparams_class = LlamaHParams
 
@@ -52,31 +30,26 @@ class LlamaModel(Model):
         self.token_embd = w.embedding()
         self.rope_freqs = w.host_vector("rope_freqs")
         self.layers = [
-            LlamaLayer(
+            PreNormLayer(
                 attn_norm=w.vector("attn_norm", il),
-                qkv=QKVWeights.load(w, il),
-                attn_output=w.matrix("attn_output", il),
-                attn_output_bias=w.optional_vector("attn_output", il, "bias"),
+                attn=Attention.load(w, il),
                 ffn_norm=w.vector("ffn_norm", il),
-                ffn_gate=w.matrix("ffn_gate", il),
-                ffn_up=w.matrix("ffn_up", il),
-                ffn_down=w.matrix("ffn_down", il),
+                ffn=FeedForward.load(w, il),
             )
             for il in range(self.hp.n_layer)
         ]
         self.output_norm = w.vector("output_norm")
         self.output = w.output()
 
+    def rope(self) -> dict:
+        hp = self.hp
+        return {"n_dims": hp.n_rot, "freq_base": hp.rope_freq_base, "neox": False, "freq_scale": hp.rope_freq_scale,
+                "freq_factors": self.rope_freqs}
+
     def forward(self, ids, positions, cache: KVCache, tap: Tap = no_tap, all_logits: bool = False):
         b, hp = self.backend, self.hp
         kq_scale = default_attention_scale(hp.head_dim_k)
-        rope = {
-            "n_dims": hp.n_rot,
-            "freq_base": hp.rope_freq_base,
-            "neox": False,
-            "freq_scale": hp.rope_freq_scale,
-            "freq_factors": self.rope_freqs,
-        }
+        rope = self.rope()
 
         x = b.embed(self.token_embd, ids)  # (T, n_embd)
         x = tap("embd", x)
@@ -84,20 +57,7 @@ class LlamaModel(Model):
         for il, layer in enumerate(self.layers):
             h = b.rms_norm(x, layer.attn_norm, hp.rms_eps)  # (T, n_embd)
             h = tap(f"attn_norm-{il}", h)
-
-            q, k, v = project_qkv(b, layer.qkv, h, hp)  # (T, n_head, d), (T, n_head_kv, d), (T, n_head_kv, d)
-            q = b.rope(q, positions, **rope)  # (T, n_head, d)
-            k = b.rope(k, positions, **rope)  # (T, n_head_kv, d)
-            q = tap(f"Qcur-{il}", q)
-            k = tap(f"Kcur-{il}", k)
-            v = tap(f"Vcur-{il}", v)
-
-            attn = self_attention(b, cache, il, q, k, v, positions, kq_scale)  # (T, n_head * d)
-            attn = tap(f"kqv_out-{il}", attn)
-            attn = b.matmul(layer.attn_output, attn)  # (T, n_embd)
-            if layer.attn_output_bias is not None:
-                attn = b.add(attn, layer.attn_output_bias)
-            attn = tap(f"attn_out-{il}", attn)
+            attn = layer.attn(b, hp, h, il, positions, cache, tap, rope, kq_scale)  # (T, n_embd): Qcur..attn_out
 
             if il == hp.n_layer - 1 and not all_logits:
                 attn, x = attn[-1:], x[-1:]  # only the output row goes on: (1, n_embd)
@@ -106,14 +66,7 @@ class LlamaModel(Model):
 
             h = b.rms_norm(x, layer.ffn_norm, hp.rms_eps)  # (T, n_embd)
             h = tap(f"ffn_norm-{il}", h)
-            up = b.matmul(layer.ffn_up, h)  # (T, n_ff)
-            up = tap(f"ffn_up-{il}", up)
-            gate = b.matmul(layer.ffn_gate, h)  # (T, n_ff)
-            gate = tap(f"ffn_gate-{il}", gate)
-            h = b.swiglu(gate, up)  # (T, n_ff)
-            h = tap(f"ffn_swiglu-{il}", h)
-            h = b.matmul(layer.ffn_down, h)  # (T, n_embd)
-            h = tap(f"ffn_out-{il}", h)
+            h = layer.ffn(b, h, il, tap, "swiglu")  # (T, n_embd): ffn_up..ffn_out
 
             x = b.add(h, x)  # (T, n_embd)
             x = tap(f"l_out-{il}", x)

@@ -1,28 +1,18 @@
 """Qwen2 (and Qwen2.5): llama.cpp's src/models/qwen2.cpp.
 
-Llama's block with Q/K/V biases and NEOX-style RoPE (pairs ``(i, i + d/2)``); SwiGLU feed-forward; tied
-``output`` falls back to ``token_embd``; an optional ``output.bias`` is added to the logits. llama.cpp's qwen2
-graph names no ``attn_out`` tensor, so neither do we.
+What differs from Llama: Q/K/V biases (loaded when present, as for llama), NEOX-style RoPE (pairs ``(i, i + d/2)``),
+no ``attn_output`` bias and no ``attn_out`` name (llama.cpp's qwen2 graph names none), and an optional
+``output.bias`` added to the logits. SwiGLU feed-forward; tied ``output`` falls back to ``token_embd``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from inference_engine.gguf_file import GGUFFile
 from inference_engine.kv_cache import KVCache
-from inference_engine.models.base import (
-    HParams,
-    Model,
-    QKVWeights,
-    Tap,
-    Weights,
-    default_attention_scale,
-    no_tap,
-    project_qkv,
-    self_attention,
-)
+from inference_engine.models.base import HParams, Model, Tap, Weights, default_attention_scale, no_tap
+from inference_engine.models.blocks import Attention, FeedForward, PreNormLayer
 
 
 @dataclass(frozen=True)
@@ -32,31 +22,17 @@ class Qwen2HParams(HParams):
         return cls(**HParams.common(f))
 
 
-@dataclass
-class Qwen2Layer:
-    attn_norm: Any
-    qkv: QKVWeights
-    attn_output: Any
-    ffn_norm: Any
-    ffn_gate: Any
-    ffn_up: Any
-    ffn_down: Any
-
-
 class Qwen2Model(Model):
     hparams_class = Qwen2HParams
 
     def load(self, w: Weights) -> None:
         self.token_embd = w.embedding()
         self.layers = [
-            Qwen2Layer(
+            PreNormLayer(
                 attn_norm=w.vector("attn_norm", il),
-                qkv=QKVWeights.load(w, il),
-                attn_output=w.matrix("attn_output", il),
+                attn=Attention.load(w, il, output_bias=False),
                 ffn_norm=w.vector("ffn_norm", il),
-                ffn_gate=w.matrix("ffn_gate", il),
-                ffn_up=w.matrix("ffn_up", il),
-                ffn_down=w.matrix("ffn_down", il),
+                ffn=FeedForward.load(w, il),
             )
             for il in range(self.hp.n_layer)
         ]
@@ -75,17 +51,8 @@ class Qwen2Model(Model):
         for il, layer in enumerate(self.layers):
             h = b.rms_norm(x, layer.attn_norm, hp.rms_eps)  # (T, n_embd)
             h = tap(f"attn_norm-{il}", h)
-
-            q, k, v = project_qkv(b, layer.qkv, h, hp)  # (T, n_head, d), (T, n_head_kv, d), (T, n_head_kv, d)
-            q = b.rope(q, positions, **rope)  # (T, n_head, d)
-            k = b.rope(k, positions, **rope)  # (T, n_head_kv, d)
-            q = tap(f"Qcur-{il}", q)
-            k = tap(f"Kcur-{il}", k)
-            v = tap(f"Vcur-{il}", v)
-
-            attn = self_attention(b, cache, il, q, k, v, positions, kq_scale)  # (T, n_head * d)
-            attn = tap(f"kqv_out-{il}", attn)
-            attn = b.matmul(layer.attn_output, attn)  # (T, n_embd)
+            attn = layer.attn(b, hp, h, il, positions, cache, tap, rope, kq_scale,
+                              tap_attn_out=False)  # (T, n_embd): Qcur..kqv_out, then attn_output
 
             if il == hp.n_layer - 1 and not all_logits:
                 attn, x = attn[-1:], x[-1:]  # only the output row goes on: (1, n_embd)
@@ -94,14 +61,7 @@ class Qwen2Model(Model):
 
             h = b.rms_norm(x, layer.ffn_norm, hp.rms_eps)  # (T, n_embd)
             h = tap(f"ffn_norm-{il}", h)
-            up = b.matmul(layer.ffn_up, h)  # (T, n_ff)
-            up = tap(f"ffn_up-{il}", up)
-            gate = b.matmul(layer.ffn_gate, h)  # (T, n_ff)
-            gate = tap(f"ffn_gate-{il}", gate)
-            h = b.swiglu(gate, up)  # (T, n_ff)
-            h = tap(f"ffn_swiglu-{il}", h)
-            h = b.matmul(layer.ffn_down, h)  # (T, n_embd)
-            h = tap(f"ffn_out-{il}", h)
+            h = layer.ffn(b, h, il, tap, "swiglu")  # (T, n_embd): ffn_up..ffn_out
 
             x = b.add(h, x)  # (T, n_embd)
             x = tap(f"l_out-{il}", x)

@@ -1,28 +1,19 @@
 """Qwen3 (dense): llama.cpp's src/models/qwen3.cpp.
 
-Llama's block with a per-head RMSNorm on Q and K (``attn_q_norm`` / ``attn_k_norm``, weights of size head_dim)
-before NEOX-style RoPE; the head size comes from ``attention.key_length`` (128 in Qwen3, not n_embd / n_head);
-no Q/K/V bias in the released models (llama.cpp loads them when present, so do we); SwiGLU feed-forward.
+What differs from Llama: a per-head RMSNorm on Q and K (``attn_q_norm`` / ``attn_k_norm``, weights of size
+head_dim) before NEOX-style RoPE; the head size comes from ``attention.key_length`` (128 in Qwen3, not
+n_embd / n_head); no ``attn_output`` bias and no ``attn_out`` name. No Q/K/V bias in the released models (llama.cpp
+loads them when present, so do we); SwiGLU feed-forward.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from inference_engine.gguf_file import GGUFFile
 from inference_engine.kv_cache import KVCache
-from inference_engine.models.base import (
-    HParams,
-    Model,
-    QKVWeights,
-    Tap,
-    Weights,
-    default_attention_scale,
-    no_tap,
-    project_qkv,
-    self_attention,
-)
+from inference_engine.models.base import HParams, Model, Tap, Weights, default_attention_scale, no_tap
+from inference_engine.models.blocks import Attention, FeedForward, PreNormLayer
 
 
 @dataclass(frozen=True)
@@ -32,35 +23,17 @@ class Qwen3HParams(HParams):
         return cls(**HParams.common(f))
 
 
-@dataclass
-class Qwen3Layer:
-    attn_norm: Any
-    qkv: QKVWeights
-    attn_q_norm: Any
-    attn_k_norm: Any
-    attn_output: Any
-    ffn_norm: Any
-    ffn_gate: Any
-    ffn_up: Any
-    ffn_down: Any
-
-
 class Qwen3Model(Model):
     hparams_class = Qwen3HParams
 
     def load(self, w: Weights) -> None:
         self.token_embd = w.embedding()
         self.layers = [
-            Qwen3Layer(
+            PreNormLayer(
                 attn_norm=w.vector("attn_norm", il),
-                qkv=QKVWeights.load(w, il),
-                attn_q_norm=w.vector("attn_q_norm", il),
-                attn_k_norm=w.vector("attn_k_norm", il),
-                attn_output=w.matrix("attn_output", il),
+                attn=Attention.load(w, il, qk_norm=True, output_bias=False),
                 ffn_norm=w.vector("ffn_norm", il),
-                ffn_gate=w.matrix("ffn_gate", il),
-                ffn_up=w.matrix("ffn_up", il),
-                ffn_down=w.matrix("ffn_down", il),
+                ffn=FeedForward.load(w, il),
             )
             for il in range(self.hp.n_layer)
         ]
@@ -78,21 +51,8 @@ class Qwen3Model(Model):
         for il, layer in enumerate(self.layers):
             h = b.rms_norm(x, layer.attn_norm, hp.rms_eps)  # (T, n_embd)
             h = tap(f"attn_norm-{il}", h)
-
-            q, k, v = project_qkv(b, layer.qkv, h, hp)  # (T, n_head, d), (T, n_head_kv, d), (T, n_head_kv, d)
-            q = b.rms_norm(q, layer.attn_q_norm, hp.rms_eps)  # (T, n_head, d): per head
-            q = tap(f"Qcur_normed-{il}", q)
-            q = b.rope(q, positions, **rope)  # (T, n_head, d)
-            k = b.rms_norm(k, layer.attn_k_norm, hp.rms_eps)  # (T, n_head_kv, d): per head
-            k = tap(f"Kcur_normed-{il}", k)
-            k = b.rope(k, positions, **rope)  # (T, n_head_kv, d)
-            q = tap(f"Qcur-{il}", q)
-            k = tap(f"Kcur-{il}", k)
-            v = tap(f"Vcur-{il}", v)
-
-            attn = self_attention(b, cache, il, q, k, v, positions, kq_scale)  # (T, n_head * d)
-            attn = tap(f"kqv_out-{il}", attn)
-            attn = b.matmul(layer.attn_output, attn)  # (T, n_embd)
+            attn = layer.attn(b, hp, h, il, positions, cache, tap, rope, kq_scale,
+                              tap_attn_out=False)  # (T, n_embd): Qcur_normed, Kcur_normed, Qcur..kqv_out
 
             if il == hp.n_layer - 1 and not all_logits:
                 attn, x = attn[-1:], x[-1:]  # only the output row goes on: (1, n_embd)
@@ -101,14 +61,7 @@ class Qwen3Model(Model):
 
             h = b.rms_norm(x, layer.ffn_norm, hp.rms_eps)  # (T, n_embd)
             h = tap(f"ffn_norm-{il}", h)
-            up = b.matmul(layer.ffn_up, h)  # (T, n_ff)
-            up = tap(f"ffn_up-{il}", up)
-            gate = b.matmul(layer.ffn_gate, h)  # (T, n_ff)
-            gate = tap(f"ffn_gate-{il}", gate)
-            h = b.swiglu(gate, up)  # (T, n_ff)
-            h = tap(f"ffn_swiglu-{il}", h)
-            h = b.matmul(layer.ffn_down, h)  # (T, n_embd)
-            h = tap(f"ffn_out-{il}", h)
+            h = layer.ffn(b, h, il, tap, "swiglu")  # (T, n_embd): ffn_up..ffn_out
 
             x = b.add(h, x)  # (T, n_embd)
             x = tap(f"l_out-{il}", x)

@@ -108,6 +108,10 @@ def test_fail_exit_1_still_writes_the_report(model_path, corpus, engines, tmp_pa
     (["--backend", "cuda"], "unknown --backend 'cuda'"),
     (["--numerics", "f64"], "unknown --numerics 'f64'"),
     (["--prompt", ""], "--prompt is empty"),
+    (["--decode-steps", "4", "--depth", "0,six"], "--depth takes comma-separated token counts"),
+    (["--decode-steps", "-1"], "--decode-steps must be 0 or more"),
+    (["--corpus-kld", "missing.txt"], "missing.txt: no such text file"),
+    (["--corpus-kld", "--ctx", "2"], "--ctx must be at least 4"),
 ])
 def test_bad_flags_exit_2_without_report(model_path, corpus, engines, tmp_path, capsys, extra, message):
     report = tmp_path / "rep"

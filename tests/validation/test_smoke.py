@@ -90,3 +90,13 @@ def test_divergence_excused_only_when_a_reference_variant_picks_our_token():
     variant_disagrees = ScriptedEngine([_logits(5, second=7, gap=0.2)])
     r = greedy_smoke(ours, ref, [0, 1], 4, {"disagrees": variant_disagrees})
     assert r.first_divergence["reference_variants_agreeing"] == [] and not r.passed
+
+
+def test_divergence_within_the_references_own_flips_passes():
+    """A divergence by 0.3 fails on its own, and passes when llama.cpp's own variants flip tokens by up to that."""
+    ref_logits = [_logits(3, second=8, gap=0.3)]
+    r = greedy_smoke(ScriptedEngine([_logits(8)]), ScriptedEngine(ref_logits), [0], 2, drift_margin=0.2)
+    assert not r.passed and r.first_divergence["within_reference_drift"] is False
+    r = greedy_smoke(ScriptedEngine([_logits(8)]), ScriptedEngine(ref_logits), [0], 2, drift_margin=0.35)
+    assert r.passed and r.first_divergence["within_reference_drift"] is True
+    assert r.first_divergence["reference_drift_margin"] == pytest.approx(0.35)

@@ -127,6 +127,10 @@ class LlamaCppEngine:
         self._capture_capacity = 0
         self._capture_n_tokens = 0
         self._recorder: GraphRecorder | None = None
+        self._session_ctx = None
+        self._session_batch = None
+        self._session_recorder: GraphRecorder | None = None
+        self._session_n_past = 0
 
         self.path = Path(model_path)
         self._n_ctx = _positive_int(n_ctx, "n_ctx")
@@ -395,6 +399,54 @@ class LlamaCppEngine:
             self._recorder.stop()
         self._capture_n_tokens = len(tokens)
 
+    # --- capture sessions: decode steps and long prompts on top of a prefix --------------------------------------
+    def capture_reset(self) -> None:
+        """Start (or restart) a capture session: an empty KV cache of ``n_ctx`` cells in a context of its own with
+        micro-batches of ``n_batch`` tokens (``n_ubatch = n_batch``), the graph callback attached. The run context
+        and :meth:`capture`'s context are untouched."""
+        self._require_open()
+        if self._session_ctx is None:
+            self._session_recorder = GraphRecorder()
+            self._session_ctx = self._new_context(self._n_ctx, self.n_batch, n_outputs_max=self.n_batch,
+                                                  recorder=self._session_recorder)
+            self._session_batch = ll.llama_batch_init(self.n_batch, 0, 1)
+        ll.llama_memory_clear(ll.llama_get_memory(self._session_ctx), True)
+        self._session_n_past = 0
+
+    def capture_next(self, ids: list[int], names: Iterable[str] | None = None) -> dict[str, np.ndarray]:
+        """Append ``ids`` (one micro-batch: at most ``n_batch`` tokens) to the capture session's KV cache in one
+        ``llama_decode``, logits for every one of them, and return that graph's tensors (as :meth:`capture`). One
+        token is llama.cpp's decode-step graph; a chunk after earlier chunks is its chunked prefill."""
+        self._require_open()
+        tokens = self._check_ids(list(ids))
+        if len(tokens) > self.n_batch:
+            raise GGUFParityError(f"capture_next takes one micro-batch of at most {self.n_batch} tokens, "
+                                  f"got {len(tokens)}")
+        if self._session_ctx is None:
+            self.capture_reset()
+        if self._session_n_past + len(tokens) > self.n_ctx:
+            raise GGUFParityError(f"{len(tokens)} more tokens after {self._session_n_past} do not fit the context "
+                                  f"of {self.n_ctx} tokens")
+        assert self._session_recorder is not None
+        _fill_batch(self._session_batch, tokens, self._session_n_past, all_logits=True, last_logits=True)
+        self._session_recorder.start(names)
+        try:
+            self._decode(self._session_ctx, self._session_batch)
+        finally:
+            self._session_recorder.stop()
+        self._session_n_past += len(tokens)
+        return self._session_recorder.tensors
+
+    def _free_session_context(self) -> None:
+        if self._session_batch is not None:
+            ll.llama_batch_free(self._session_batch)
+            self._session_batch = None
+        if self._session_ctx is not None:
+            ll.llama_free(self._session_ctx)
+            self._session_ctx = None
+        self._session_recorder = None
+        self._session_n_past = 0
+
     # --- llama.cpp against itself -------------------------------------------------------------------------------
     def rounding_variants(self) -> dict[str, LlamaCppEngine]:
         """llama.cpp computing the same model with its other attention kernel: ``{label: engine}`` (caller closes).
@@ -448,6 +500,7 @@ class LlamaCppEngine:
     # --- lifetime -------------------------------------------------------------------------------------------
     def close(self) -> None:
         self._free_capture_context()
+        self._free_session_context()
         if self._batch is not None:
             ll.llama_batch_free(self._batch)
             self._batch = None

@@ -181,20 +181,26 @@ def teacher_forced_ops(engine, ref: dict[str, np.ndarray], ids: list[int]) -> li
         checks.append(OpCheck(op, name, nmse(ours, ref[name]), bool(np.array_equal(ours, ref[name]))))
 
     check("embed", "embd", b.embed(model.token_embd, np.asarray(ids)))
+    if arch == "phi3":
+        _phi3_ops(b, model, hp, ref, positions, len(ids), check)
+        return checks
+    if arch == "gemma2":
+        _gemma2_ops(b, model, hp, ref, positions, len(ids), check)
+        return checks
     x_name = "inp_scaled" if arch == "gemma3" else "embd"
     glu_name, glu = ("ffn_geglu", b.geglu) if arch == "gemma3" else ("ffn_swiglu", b.swiglu)
     for il, layer in enumerate(model.layers):
         x = ref[x_name] if il == 0 else ref[f"l_out-{il - 1}"]
         check("rms_norm", f"attn_norm-{il}", b.rms_norm(x, layer.attn_norm, hp.rms_eps))
         h = ref[f"attn_norm-{il}"]
-        a = layer.qkv
+        a = layer.attn.qkv
         v = b.matmul(a.attn_v, h)
         v = b.add(v, a.attn_v_bias) if a.attn_v_bias is not None else v
         check("matmul", f"Vcur-{il}", v)
         q = b.matmul(a.attn_q, h)
         q = (b.add(q, a.attn_q_bias) if a.attn_q_bias is not None else q).reshape(len(ids), hp.n_head, hp.head_dim_k)
         if arch in ("qwen3", "gemma3"):
-            check("matmul+rms_norm", f"Qcur_normed-{il}", b.rms_norm(q, layer.attn_q_norm, hp.rms_eps))
+            check("matmul+rms_norm", f"Qcur_normed-{il}", b.rms_norm(q, layer.attn.attn_q_norm, hp.rms_eps))
             rope = (
                 model.rope_for_layer(il)
                 if arch == "gemma3"
@@ -234,13 +240,13 @@ def teacher_forced_ops(engine, ref: dict[str, np.ndarray], ids: list[int]) -> li
             attn = b.attention(q_ref, ref[f"Kcur-{il}"], ref[f"Vcur-{il}"], positions, len(ids), scale)
         check("attention", f"kqv_out-{il}", attn)
         if arch == "llama":
-            check("matmul", f"attn_out-{il}", b.matmul(layer.attn_output, ref[f"kqv_out-{il}"]))
+            check("matmul", f"attn_out-{il}", b.matmul(layer.attn.attn_output, ref[f"kqv_out-{il}"]))
         residual = ref[f"sa_out-{il}"] if arch == "gemma3" else ref[f"ffn_inp-{il}"]
         check("rms_norm", f"ffn_norm-{il}", b.rms_norm(residual, layer.ffn_norm, hp.rms_eps))
-        check("matmul", f"ffn_up-{il}", b.matmul(layer.ffn_up, ref[f"ffn_norm-{il}"]))
-        check("matmul", f"ffn_gate-{il}", b.matmul(layer.ffn_gate, ref[f"ffn_norm-{il}"]))
+        check("matmul", f"ffn_up-{il}", b.matmul(layer.ffn.ffn_up, ref[f"ffn_norm-{il}"]))
+        check("matmul", f"ffn_gate-{il}", b.matmul(layer.ffn.ffn_gate, ref[f"ffn_norm-{il}"]))
         check("glu", f"{glu_name}-{il}", glu(ref[f"ffn_gate-{il}"], ref[f"ffn_up-{il}"]))
-        check("matmul", f"ffn_out-{il}", b.matmul(layer.ffn_down, ref[f"{glu_name}-{il}"]))
+        check("matmul", f"ffn_out-{il}", b.matmul(layer.ffn.ffn_down, ref[f"{glu_name}-{il}"]))
         if arch == "gemma3":
             check(
                 "rms_norm", f"ffn_post_norm-{il}", b.rms_norm(ref[f"ffn_out-{il}"], layer.post_ffw_norm, hp.rms_eps)
@@ -282,3 +288,55 @@ def write_dequantized_copy(src, dst):
     finally:
         writer.close()
     return dst
+
+
+def _phi3_ops(b, model, hp, ref, positions, n_tokens, check) -> None:
+    """Phi-3's ops on llama.cpp's inputs: fused QKV, RoPE + the Q scale (llama.cpp's last "Qcur"), attention with
+    scale 1, fused gate/up SwiGLU. It names no ffn_inp, so the residual after attention is not checked alone."""
+    from inference_engine.models.base import default_attention_scale
+    from inference_engine.models.phi3 import _halves
+
+    rope = {"n_dims": hp.n_rot, "freq_base": hp.rope_freq_base, "neox": True, "freq_scale": hp.rope_freq_scale}
+    q_dim, kv_dim = hp.n_head * hp.head_dim_k, hp.n_head_kv * hp.head_dim_k
+    for il, layer in enumerate(model.layers):
+        x = ref["embd"] if il == 0 else ref[f"l_out-{il - 1}"]
+        check("rms_norm", f"attn_norm-{il}", b.rms_norm(x, layer.attn_norm, hp.rms_eps))
+        check("matmul", f"wqkv-{il}", b.matmul(layer.attn_qkv, ref[f"attn_norm-{il}"]))
+        qkv = ref[f"wqkv-{il}"]
+        q = np.ascontiguousarray(qkv[:, :q_dim]).reshape(n_tokens, hp.n_head, hp.head_dim_k)
+        k = np.ascontiguousarray(qkv[:, q_dim:q_dim + kv_dim]).reshape(n_tokens, hp.n_head_kv, hp.head_dim_k)
+        check("rope", f"Kcur-{il}", b.rope(k, positions, **rope))
+        check("rope", f"Qcur-{il}", b.scale(b.rope(q, positions, **rope), default_attention_scale(hp.head_dim_k)))
+        check("attention", f"kqv_out-{il}", b.attention(ref[f"Qcur-{il}"], ref[f"Kcur-{il}"], ref[f"Vcur-{il}"],
+                                                         positions, n_tokens, 1.0))
+        check("matmul", f"ffn_up-{il}", b.matmul(layer.ffn_up, ref[f"ffn_norm-{il}"]))
+        gate, up = _halves(ref[f"ffn_up-{il}"], hp.n_ff)
+        check("glu", f"ffn_swiglu-{il}", b.swiglu(gate, up))
+        check("matmul", f"ffn_out-{il}", b.matmul(layer.ffn_down, ref[f"ffn_swiglu-{il}"]))
+    check("rms_norm", "result_norm", b.rms_norm(ref[f"l_out-{hp.n_layer - 1}"], model.output_norm, hp.rms_eps))
+    check("matmul", "result_output", b.matmul(model.output, ref["result_norm"]))
+
+
+def _gemma2_ops(b, model, hp, ref, positions, n_tokens, check) -> None:
+    """Gemma 2's ops on llama.cpp's inputs: no Q/K norms, soft-capped attention scores, final logit soft-capping.
+    Its FFN post-norm is named without a layer (``ffn_post_norm``: the last layer's), so it is checked once."""
+    for il, layer in enumerate(model.layers):
+        x = ref["inp_scaled"] if il == 0 else ref[f"l_out-{il - 1}"]
+        check("rms_norm", f"attn_norm-{il}", b.rms_norm(x, layer.attn_norm, hp.rms_eps))
+        h, a = ref[f"attn_norm-{il}"], layer.attn.qkv
+        check("matmul", f"Vcur-{il}", b.matmul(a.attn_v, h))
+        q = b.matmul(a.attn_q, h).reshape(n_tokens, hp.n_head, hp.head_dim_k)
+        check("matmul+rope", f"Qcur-{il}", b.rope(q, positions, **model.rope_for_layer(il)))
+        window = hp.sliding_window if hp.swa_layers[il] else 0
+        check("attention", f"kqv_out-{il}", b.attention(b.scale(ref[f"Qcur-{il}"], hp.attention_scale),
+                                                         ref[f"Kcur-{il}"], ref[f"Vcur-{il}"], positions, n_tokens,
+                                                         1.0, window, hp.attn_softcap))
+        check("rms_norm", f"ffn_norm-{il}", b.rms_norm(ref[f"sa_out-{il}"], layer.ffn_norm, hp.rms_eps))
+        check("matmul", f"ffn_up-{il}", b.matmul(layer.ffn.ffn_up, ref[f"ffn_norm-{il}"]))
+        check("matmul", f"ffn_gate-{il}", b.matmul(layer.ffn.ffn_gate, ref[f"ffn_norm-{il}"]))
+        check("glu", f"ffn_geglu-{il}", b.geglu(ref[f"ffn_gate-{il}"], ref[f"ffn_up-{il}"]))
+        check("matmul", f"ffn_out-{il}", b.matmul(layer.ffn.ffn_down, ref[f"ffn_geglu-{il}"]))
+    last = model.layers[-1]
+    check("rms_norm", "ffn_post_norm", b.rms_norm(ref[f"ffn_out-{hp.n_layer - 1}"], last.post_ffw_norm, hp.rms_eps))
+    check("rms_norm", "result_norm", b.rms_norm(ref[f"l_out-{hp.n_layer - 1}"], model.output_norm, hp.rms_eps))
+    check("matmul+softcap", "result_output", b.softcap(b.matmul(model.output, ref["result_norm"]), hp.final_softcap))

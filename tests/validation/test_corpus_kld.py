@@ -1,0 +1,149 @@
+"""Corpus KLD like llama-perplexity: windows, the per-token quantities, llama.cpp's summary formulas, the top-k base
+side, the noise-floor gate, and the printout with llama-perplexity's names."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from inference_engine.engine import OurEngine
+from inference_engine.errors import GGUFParityError
+from validation.corpus_kld import (
+    TOP_K,
+    BaseTopK,
+    TokenStats,
+    corpus_kld,
+    format_report,
+    log_softmax,
+    windows,
+)
+from validation.corpus_text import BUILTIN_NAME, builtin_text, load_text
+from validation.free_running import NOISE_FACTOR
+from validation.metrics import KLD_MEAN_MAX_GGML, thresholds_for
+
+
+def test_windows_like_llama_perplexity():
+    ids = list(range(10, 31))  # 21 tokens
+    assert windows(ids, 8, bos=1) == [[1] + list(range(11, 18)), [1] + list(range(19, 26))]
+    assert windows(ids, 8, bos=None)[1][0] == 18
+    with pytest.raises(GGUFParityError, match="fewer than --ctx 32"):
+        windows(ids, 32, bos=1)
+
+
+def test_token_stats_match_a_direct_computation():
+    rng = np.random.default_rng(0)
+    n, v = 300, 40  # a small vocabulary: top-k keeps every token, so the KLD is exact
+    base_logits = rng.normal(0, 2, size=(n, v)).astype(np.float32)
+    q_logits = (base_logits + rng.normal(0, 0.3, size=(n, v))).astype(np.float32)
+    nxt = rng.integers(0, v, size=n)
+    base = BaseTopK()
+    base.add(base_logits, nxt)
+    stats = TokenStats()
+    stats.add(q_logits, nxt, base, 0)
+    r = stats.report()
+    lp, lq = log_softmax(base_logits), log_softmax(q_logits)
+    p = np.exp(lp)
+    kld = np.where(lp > -16, p * (lp - lq), 0).sum(1)
+    nll, nll_base = -lq[np.arange(n), nxt], -lp[np.arange(n), nxt]
+    assert r["scored_positions"] == n
+    assert r["KLD"]["Mean"] == pytest.approx(kld.mean(), rel=1e-6)
+    assert r["KLD"]["Mean unc"] == pytest.approx(kld.std() / math.sqrt(n - 1), rel=1e-4)
+    assert r["KLD"]["Maximum"] == pytest.approx(kld.max(), rel=1e-5)
+    assert r["KLD"]["Median"] == pytest.approx(np.median(kld), rel=1e-5)
+    assert r["KLD"]["99.0%"] == pytest.approx(np.percentile(kld, 99), rel=1e-4)
+    assert r["PPL(Q)"] == pytest.approx(math.exp(nll.mean()), rel=1e-6)
+    assert r["PPL(base)"] == pytest.approx(math.exp(nll_base.mean()), rel=1e-6)
+    assert r["Cor(ln(PPL(Q)), ln(PPL(base)))"] == pytest.approx(np.corrcoef(nll, nll_base)[0, 1], rel=1e-4)
+    assert r["PPL(Q)/PPL(base)"] == pytest.approx(math.exp(nll.mean() - nll_base.mean()), rel=1e-6)
+    dp = np.exp(-nll) - np.exp(-nll_base)
+    assert r["Δp"]["Mean"] == pytest.approx(dp.mean(), rel=1e-5)
+    assert r["Δp"]["RMS"] == pytest.approx(math.sqrt((dp * dp).mean()), rel=1e-5)
+    assert r["Same top p"] == pytest.approx((base_logits.argmax(1) == q_logits.argmax(1)).mean())
+
+
+def test_top_k_base_drops_only_the_tail():
+    rng = np.random.default_rng(1)
+    v = 4 * TOP_K
+    base_logits = rng.normal(0, 4, size=(200, v)).astype(np.float32)
+    nxt = rng.integers(0, v, size=200)
+    base = BaseTopK()
+    base.add(base_logits, nxt)
+    assert base.top_ids[0].shape == (200, TOP_K)
+    stats = TokenStats()
+    stats.add(base_logits, nxt, base, 0)  # the base against itself
+    r = stats.report()
+    assert r["KLD"]["Mean"] == 0.0 and r["Same top p"] == 1.0
+    assert r["PPL(Q)"] == pytest.approx(r["PPL(base)"], rel=1e-6)  # the next token's log-prob is kept exactly
+
+
+def test_builtin_text_and_text_files(tmp_path):
+    text = builtin_text()
+    assert "CHAPTER I" in text and not text.startswith("#") and len(text) > 20000
+    assert load_text(None) == (text, BUILTIN_NAME)
+    f = tmp_path / "t.txt"
+    f.write_text("hello world", encoding="utf-8")
+    assert load_text(str(f)) == ("hello world", str(f))
+    with pytest.raises(GGUFParityError, match="no such text file"):
+        load_text(str(tmp_path / "missing.txt"))
+    (tmp_path / "empty.txt").write_text("  ")
+    with pytest.raises(GGUFParityError, match="empty"):
+        load_text(str(tmp_path / "empty.txt"))
+
+
+def test_engines_on_a_tiny_model_gate_against_the_floor(tiny_model):
+    """numba against numpy (ours as the reference), numpy's f32 numerics against itself as a "variant": every field
+    is there with llama-perplexity's names, and the gate follows NOISE_FACTOR x the floor."""
+    path = tiny_model("llama")
+    ref = OurEngine(path, backend="numpy", numerics="ggml")
+    ours = OurEngine(path, backend="numpy", numerics="f32")
+    same = OurEngine(path, backend="numpy", numerics="ggml")
+    ids = [int(t) for t in np.random.default_rng(2).integers(3, ref.n_vocab, size=260)]
+    out = corpus_kld(ours, ref, ids, 64, 1, thresholds_for("ggml"), {"itself": same}, source="test")
+    assert out["windows"] == 4 and out["ours"]["scored_positions"] == 4 * 31
+    assert out["reference_self"]["itself"]["KLD"]["Mean"] == 0.0 and out["kld_mean_floor"] == 0.0
+    assert out["kld_mean_limit"] == max(KLD_MEAN_MAX_GGML, NOISE_FACTOR * 0.0)
+    assert out["passed"] is bool(out["ours"]["KLD"]["Mean"] <= KLD_MEAN_MAX_GGML)
+    lines = format_report("ours vs llama.cpp", out["ours"])
+    for name in ("Mean PPL(Q)", "Mean PPL(base)", "Cor(ln(PPL(Q)), ln(PPL(base)))", "Mean ln(PPL(Q)/PPL(base))",
+                 "Mean PPL(Q)/PPL(base)", "Mean PPL(Q)-PPL(base)", "Mean    KLD", "Maximum KLD", "99.9%   KLD",
+                 "Median  KLD", "0.1%    KLD", "Minimum KLD", "Mean    Δp", "RMS Δp", "Same top p"):
+        assert any(line.startswith(name) for line in lines), name
+    f32 = corpus_kld(ours, ref, ids, 64, 1, thresholds_for("f32"), {}, source="test")
+    assert f32["gated"] is False and f32["passed"] is None
+
+
+def test_too_few_scored_positions_is_a_user_error(tiny_model):
+    path = tiny_model("llama")
+    ref = OurEngine(path, backend="numpy")
+    with pytest.raises(GGUFParityError, match="llama-perplexity needs 100"):
+        corpus_kld(ref, ref, list(range(3, 40)), 16, 1, thresholds_for("ggml"))
+
+
+def test_a_different_model_fails_the_gate(tiny_model):
+    ref = OurEngine(tiny_model("llama"), backend="numpy")
+    other = OurEngine(tiny_model("llama", seed=1), backend="numpy")
+    ids = [int(t) for t in np.random.default_rng(3).integers(3, ref.n_vocab, size=260)]
+    out = corpus_kld(other, ref, ids, 64, 1, thresholds_for("ggml"), {"itself": ref}, source="test")
+    assert out["ours"]["KLD"]["Mean"] > out["kld_mean_limit"] and out["passed"] is False
+
+
+def test_top_k_kld_is_never_negative_and_never_above_the_full_kld():
+    """q moves mass from p's tail onto p's top-k: without the lumped tail term the sum over the top-k alone is
+    negative; with it, the per-token KLD lies between 0 and the full-vocabulary KLD."""
+    rng = np.random.default_rng(4)
+    v = 4 * TOP_K
+    p_logits = rng.normal(0, 1, size=(150, v)).astype(np.float32)
+    nxt = rng.integers(0, v, size=150)
+    base = BaseTopK()
+    base.add(p_logits, nxt)
+    q_logits = p_logits.copy()
+    rows = np.arange(150)[:, None]
+    q_logits[rows, base.top_ids[0]] += 0.5  # q favours p's top-k over p's tail
+    stats = TokenStats()
+    stats.add(q_logits, nxt, base, 0)
+    lp, lq = log_softmax(p_logits), log_softmax(q_logits)
+    full = (np.exp(lp) * (lp - lq)).sum(1)
+    kld = stats.kld[0]
+    assert (kld >= 0).all() and (kld <= full + 1e-9).all()
