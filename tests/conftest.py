@@ -5,7 +5,8 @@
 user-error tests need. Parametrize over ``ARCHITECTURES`` and ``TENSOR_TYPES``, imported from
 ``fixtures.tiny_models`` (pytest puts ``tests/`` on ``sys.path`` because ``tests/`` has no ``__init__.py``).
 
-Real-model tests are marked ``@pytest.mark.slow``; deselect them with ``-m "not slow"``.
+Real-model tests are marked ``@pytest.mark.slow``; deselect them with ``-m "not slow"``. Minutes-long tests (the
+1.5B model) are marked ``@pytest.mark.heavy`` and skipped unless ``--heavy`` is given (or ``-m`` names ``heavy``).
 """
 
 from __future__ import annotations
@@ -23,6 +24,20 @@ from fixtures.tiny_models import (  # noqa: F401  (ARCHITECTURES, TENSOR_TYPES: 
     write_unknown_arch_model,
     write_unsupported_type_model,
 )
+
+
+def pytest_addoption(parser):
+    parser.addoption("--heavy", action="store_true", default=False,
+                     help="also run the minutes-long tests marked heavy (the 1.5B model)")
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--heavy") or "heavy" in (config.getoption("-m") or ""):
+        return
+    skip = pytest.mark.skip(reason="heavy (minutes on the 1.5B model): run with --heavy")
+    for item in items:
+        if "heavy" in item.keywords:
+            item.add_marker(skip)
 
 
 @pytest.fixture(scope="session")
