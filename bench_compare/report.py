@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from bench_compare.atomic import atomic_open, atomic_write_bytes, atomic_write_text
-from bench_compare.results import COMPARE_KIND, utc_now
+from bench_compare.results import COMPARE_KIND, cpu_isa_label, utc_now
 from inference_engine.errors import GGUFParityError
 
 KIND_COMPARE = "compare"
@@ -158,7 +158,9 @@ def compare_table(result: dict[str, Any]) -> str:
             format_value(row["reference"], row["unit"]),
             "-" if ratio is None or math.isnan(ratio) else f"{ratio:.2f}",
         ])
-    return markdown_table(["test", ours, engine_title(ref), "ratio"], rows)
+    machine = result.get("machine")
+    first = f"test ({cpu_isa_label(machine)})" if machine else "test"  # the CPU and its ISA head every table
+    return markdown_table([first, ours, engine_title(ref), "ratio"], rows)
 
 
 def cold_phase_table(result: dict[str, Any]) -> str | None:
@@ -187,7 +189,7 @@ def compare_summary_line(result: dict[str, Any]) -> str:
             f"{result.get('ours')} numerics {result.get('numerics')}, {s.get('n_threads')} threads, "
             f"-p {s.get('n_prompt')} -n {s.get('n_gen')} -d {s.get('n_depth')} -r {s.get('reps')} "
             f"({s.get('sizes_chosen')}), git {str(git.get('sha', '?'))[:10]}{'+dirty' if git.get('dirty') else ''}, "
-            f"{result.get('date', '?')}, {machine.get('cpu', '?')}")
+            f"{result.get('date', '?')}, {cpu_isa_label(machine)}")
 
 
 # --- plots ------------------------------------------------------------------------------------------------------
@@ -336,7 +338,7 @@ def history_row(r: dict[str, Any]) -> dict[str, Any]:
     if r["_kind"] == KIND_COMPARE:
         s = r.get("settings", {})
         row.update({"engine": r.get("ours"), "numerics": r.get("numerics"), "n_threads": s.get("n_threads"),
-                    "cpu": (r.get("machine") or {}).get("cpu")})
+                    "cpu": cpu_isa_label(r.get("machine") or {})})
         for test, ratio in r.get("ratios", {}).items():
             row[f"ratio:{test}"] = ratio
         for res in r.get("results", []):

@@ -43,6 +43,7 @@ import numpy as np
 
 from inference_engine.errors import GGUFParityError
 from inference_engine.protocol import Engine
+from bench_compare.results import cpu_provenance
 from validation.diff import diff_captures
 from validation.free_running import (
     FREE_RUNNING_EXPLANATION,
@@ -379,7 +380,7 @@ def provenance(backend: str | None = None) -> dict[str, Any]:
         "git_sha": _git_sha(),
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "machine": {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
-                    "cpu_count": os.cpu_count()},
+                    "cpu_count": os.cpu_count(), **cpu_provenance()},
     }
 
 
