@@ -48,10 +48,20 @@ def run_cold_start_subprocess(spec: EngineSpec, model_path: str | Path, prompt: 
                              n_batch=n_batch, rss_prompt=rss_prompt, rss_gen=rss_gen, seed=seed, spawn_ns=spawn_ns)
     try:
         # cwd: where this package lives, so "-m" finds it (and not a same-named folder in the user's cwd)
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=PACKAGE_ROOT)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=PACKAGE_ROOT,
+                              env=_child_env(spec, model_path))
     except subprocess.TimeoutExpired:
         raise GGUFParityError(f"cold start of {spec.name} took longer than {timeout:.0f} s") from None
     return parse_cold_start_output(spec.name, proc.returncode, proc.stdout, proc.stderr)
+
+
+def _child_env(spec: EngineSpec, model_path) -> dict[str, str] | None:
+    """llama.cpp's child runs with the extra-buffer verdict this process made (no probe inside a timed start)."""
+    if not spec.is_reference or not Path(model_path).exists():
+        return None
+    from bench_compare import engines, extra_bufts
+
+    return extra_bufts.child_env(engines.llamacpp_extra_bufts(model_path))
 
 
 def parse_cold_start_output(engine: str, returncode: int, stdout: str, stderr: str) -> dict[str, Any]:
