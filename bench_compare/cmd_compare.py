@@ -34,9 +34,9 @@ def _optional_int(text: str | None, flag: str, minimum: int) -> int | None:
               help="numpy | numba | mlx (default: numba if installed, else numpy)")
 @click.option("--numerics", metavar="MODE", default="f32", show_default=True, help="f32 | ggml (our engine)")
 @click.option("-p", "n_prompt", metavar="N", default=None,
-              help="Prompt size (default 512, scaled down to fit --budget).")
+              help="Prompt size (default 512, llama-bench's; smaller only to fit the context or --budget).")
 @click.option("-n", "n_gen", metavar="N", default=None,
-              help="Generated tokens (default 128, scaled to fit --budget).")
+              help="Generated tokens (default 128, llama-bench's; smaller only to fit the context or --budget).")
 @click.option("-d", "n_depth", metavar="N", default=None,
               help="Depth for the tg @ depth test (default 512, scaled; 0: none).")
 @click.option("-r", "reps", metavar="N", default=str(compare_run.DEFAULT_REPS), show_default=True,
@@ -48,8 +48,9 @@ def _optional_int(text: str | None, flag: str, minimum: int) -> int | None:
 @click.option("--quick", is_flag=True,
               help=f"Small fixed preset for CI: -p {compare_run.QUICK_SIZES[0]} -n {compare_run.QUICK_SIZES[1]} "
                    f"-d {compare_run.QUICK_SIZES[2]} -r {compare_run.QUICK_REPS}, one cold run.")
-@click.option("--budget", metavar="SECONDS", default=str(compare_run.DEFAULT_BUDGET_S), show_default=True,
-              help="Seconds the measurements may take when -p/-n/-d are not all given.")
+@click.option("--budget", metavar="SECONDS", default=None,
+              help="Shrink the sizes not given with -p/-n/-d until the measurements are projected (from a short "
+                   "probe) to take at most SECONDS. Default: no budget, llama-bench's sizes.")
 @click.option("--prompt", metavar="TEXT", default=None,
               help="Text prompt for TTFT (default: a built-in ~110-token paragraph).")
 @click.option("--seed", metavar="N", default=str(DEFAULT_SEED), show_default=True)
@@ -62,7 +63,7 @@ def compare(model, backend, numerics, n_prompt, n_gen, n_depth, reps, threads, c
     """Benchmark our engine and llama.cpp side by side, interleaved: pp, tg, tg @ depth, hot and cold TTFT and
     peak RSS, with ratios (higher is better for ours)."""
     try:
-        budget_s = float(budget)
+        budget_s = None if budget is None else float(budget)
     except ValueError:
         raise GGUFParityError(f"--budget must be a number of seconds, got '{budget}'") from None
     cfg = compare_run.CompareConfig(
@@ -115,7 +116,12 @@ def compare(model, backend, numerics, n_prompt, n_gen, n_depth, reps, threads, c
     phases = report.cold_phase_table(result)
     if phases:
         click.echo("\ncold start phases:\n" + phases)
-    click.echo(f"\ncompare took {elapsed:.0f} s")
+    projected = result["settings"].get("projected_s")
+    measured = result["settings"].get("measured_s")
+    took = f"\ncompare took {elapsed:.0f} s"
+    if projected is not None and measured is not None:
+        took += f" (measurements {measured:.0f} s, projected {projected:.0f} s)"
+    click.echo(took)
     if json_path:
         atomic_write_json(json_path, result)
         click.echo(f"json: {json_path}")
