@@ -84,7 +84,8 @@ def cold_results(engine: str, runs: list[dict[str, Any]], complete: bool = True)
         samples=[r["total_ns"] / NS_PER_MS for r in runs], samples_ns=[int(r["total_ns"]) for r in runs],
         n_prompt=int(runs[0]["n_prompt_tokens"]), complete=complete,
         extra={"phases_median_ms": phase_ms, "includes_interpreter": runs[0].get("includes_interpreter"),
-               "first_token": runs[0].get("first_token"), "load_timings": runs[0].get("load_timings", {})},
+               "first_token": runs[0].get("first_token"), "load_timings": runs[0].get("load_timings", {}),
+               **({"numba_cache": [r["numba_cache"] for r in runs]} if runs[0].get("numba_cache") else {})},
     )
     rss = TestResult(
         test="peak rss", kind=KIND_PEAK_RSS, engine=engine, unit="MiB", higher_is_better=False,

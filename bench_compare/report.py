@@ -177,7 +177,17 @@ def cold_phase_table(result: dict[str, Any]) -> str | None:
     for p in phases:
         rows.append([p] + [format_value(r["extra"]["phases_median_ms"].get(p), "ms") for r in cold])
     rows.append(["**total**"] + [f"**{format_value(r['median'], 'ms')}**" for r in cold])
+    if any(r["extra"].get("numba_cache") for r in cold):  # is Numba's kernel cache warm across runs?
+        rows.append(["numba kernels"] + [_numba_cache_cell(r["extra"].get("numba_cache")) for r in cold])
     return markdown_table(["phase (median)"] + [engine_title(e) for e in engines_], rows)
+
+
+def _numba_cache_cell(runs: list[dict] | None) -> str:
+    """Per cold run: kernels loaded from Numba's cache / compiled (``12/0 12/0``: warm in every run)."""
+    if not runs:
+        return "-"
+    cells = [f"{r.get('loaded', 0)}/{r.get('compiled', 0) + r.get('compiled_uncached', 0)}" for r in runs]
+    return "cached/compiled " + " ".join(cells)
 
 
 def compare_summary_line(result: dict[str, Any]) -> str:
