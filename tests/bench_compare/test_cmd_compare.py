@@ -220,3 +220,17 @@ def test_results_and_reports_name_the_cpu_and_its_instruction_set(capsys, fake_e
     assert machine["isa_flags"] == cpu.isa
     assert f"| test ({label}) |" in out  # the table header
     assert label in (report_dir / "report.md").read_text()
+
+
+@pytest.mark.heavy
+def test_compare_runs_on_the_1_5b_model(capsys, tmp_path):
+    """The real engines on qwen2.5-coder-1.5b with small sizes: every test measured on both, the extra-buffer
+    verdict recorded (a crash of llama.cpp's repacked kernels would have been caught by the probe)."""
+    path = tmp_path / "q.json"
+    code, out, err = compare(capsys, "-m", "qwen2.5-coder-1.5b", "-p", "32", "-n", "4", "-d", "32", "-r", "1",
+                             "--cold-reps", "1", "-t", "2", "--json", str(path))
+    assert code == 0, err
+    result = json.loads(path.read_text())
+    assert set(result["ratios"]) == {"pp32", "tg4", "tg4 @ d32", "ttft hot", "ttft cold", "peak rss"}
+    bufts = result["settings"]["engines"]["llamacpp"]
+    assert isinstance(bufts["extra_bufts"], bool) and bufts["extra_bufts_reason"]
