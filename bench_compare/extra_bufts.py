@@ -157,10 +157,14 @@ def child_env(verdict: Verdict) -> dict[str, str]:
 PROBE_DECODE_FAILED = 3
 
 
+def probe_command(path: Path) -> list[str]:
+    return [sys.executable, "-m", "bench_compare.extra_bufts", "--model", str(path)]
+
+
 def run_probe_child(path: Path) -> ProbeRun:
-    cmd = [sys.executable, "-m", "bench_compare.extra_bufts", "--model", str(path)]
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=PROBE_TIMEOUT_S, cwd=PACKAGE_ROOT)
+        proc = subprocess.run(probe_command(path), capture_output=True, text=True, timeout=PROBE_TIMEOUT_S,
+                              cwd=PACKAGE_ROOT)
     except subprocess.TimeoutExpired:
         return ProbeRun(None)
     return ProbeRun(proc.returncode, proc.stderr)

@@ -93,6 +93,15 @@ def test_llamacpp_settings_record_the_verdict_and_its_reason(probe_cache, tiny_m
     assert s["extra_bufts"] is False and "SIGSEGV" in s["extra_bufts_reason"]
 
 
+def test_a_child_that_really_segfaults_gives_off_and_we_carry_on(probe_cache, tiny_model, monkeypatch):
+    import sys
+
+    crash = "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)"
+    monkeypatch.setattr(extra_bufts, "probe_command", lambda path: [sys.executable, "-c", crash])
+    v = extra_bufts.decide(tiny_model("llama", "Q4_0"), cache_dir=probe_cache)
+    assert not v.enabled and "SIGSEGV" in v.reason
+
+
 @pytest.mark.slow
 def test_the_real_probe_child_gives_a_verdict_without_crashing_us(probe_cache, tiny_model):
     pytest.importorskip("llama_cpp")
