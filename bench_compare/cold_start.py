@@ -147,8 +147,8 @@ def numba_cache_stats(package: str = "inference_engine") -> dict[str, int] | Non
     ``cache=True``). None when Numba was never imported. A warm second start shows ``compiled == 0``."""
     if "numba" not in sys.modules:
         return None
-    from numba.core.dispatcher import Dispatcher
     from numba.core.caching import NullCache
+    from numba.core.dispatcher import Dispatcher
 
     seen: set[int] = set()
     stats = {"loaded": 0, "compiled": 0, "compiled_uncached": 0}

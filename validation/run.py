@@ -41,9 +41,9 @@ from typing import Any, Callable
 
 import numpy as np
 
+from bench_compare.results import cpu_provenance
 from inference_engine.errors import GGUFParityError
 from inference_engine.protocol import Engine
-from bench_compare.results import cpu_provenance
 from validation.diff import diff_captures
 from validation.free_running import (
     FREE_RUNNING_EXPLANATION,

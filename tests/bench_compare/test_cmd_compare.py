@@ -150,7 +150,15 @@ def test_unknown_model_exit_2(capsys, fake_engines):
 
 def test_probe_measures_each_cost_of_the_fake_exactly():
     import numpy as np
-    from bench_fakes import DECODE_CTX_NS, DECODE_NS, PREFILL_CALL_NS, PREFILL_TOKEN_NS, RESET_NS, FakeClock, FakeEngine
+    from bench_fakes import (
+        DECODE_CTX_NS,
+        DECODE_NS,
+        PREFILL_CALL_NS,
+        PREFILL_TOKEN_NS,
+        RESET_NS,
+        FakeClock,
+        FakeEngine,
+    )
 
     from bench_compare.compare_run import probe_rates
 
@@ -227,7 +235,7 @@ def test_compare_runs_on_the_1_5b_model(capsys, tmp_path):
     """The real engines on qwen2.5-coder-1.5b with small sizes: every test measured on both, the extra-buffer
     verdict recorded (a crash of llama.cpp's repacked kernels would have been caught by the probe)."""
     path = tmp_path / "q.json"
-    code, out, err = compare(capsys, "-m", "qwen2.5-coder-1.5b", "-p", "32", "-n", "4", "-d", "32", "-r", "1",
+    code, _, err = compare(capsys, "-m", "qwen2.5-coder-1.5b", "-p", "32", "-n", "4", "-d", "32", "-r", "1",
                              "--cold-reps", "1", "-t", "2", "--json", str(path))
     assert code == 0, err
     result = json.loads(path.read_text())

@@ -115,8 +115,10 @@ def test_numba_kernels_come_from_the_cache_in_a_second_process(tiny_model):
     pytest.importorskip("numba")
     _require("inference_engine.backends.numba_cpu")
     path = tiny_model("llama", "Q4_K")
-    run = lambda: run_cold_start_subprocess(parse_engine_spec("ours:numba"), path, "hello world", n_threads=1,  # noqa: E731
-                                            n_ctx=128, rss_prompt=16, rss_gen=2)
+    def run():
+        return run_cold_start_subprocess(parse_engine_spec("ours:numba"), path, "hello world", n_threads=1,
+                                         n_ctx=128, rss_prompt=16, rss_gen=2)
+
     run()  # fills the cache where it was empty or stale
     second = run()["numba_cache"]
     assert second["loaded"] > 0

@@ -5,8 +5,6 @@ from __future__ import annotations
 import hashlib
 import os
 
-import pytest
-
 from inference_engine import file_digest
 
 
