@@ -343,6 +343,8 @@ def run_compare(cfg: CompareConfig, session: CompareSession, *, clock: Clock | N
     want_ctx = max(ladder_max, (cfg.n_depth or 0) + (cfg.n_gen or 0), cfg.n_prompt or 0)
     n_ctx = min(_round_up(want_ctx + 8, 256), max_ctx)
 
+    # llama.cpp's repacked-weight verdict (a child-process probe on a machine's first run) before any load is timed
+    engines.llamacpp_extra_bufts(path)
     say(f"loading {ours_spec.name} and llama.cpp on {path.name} ({n_threads} threads)")
     made: dict[str, Any] = {}
     try:
