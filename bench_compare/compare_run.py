@@ -75,6 +75,9 @@ QUICK_COLD_REPS = 1
 PROBE_PREFILL_SMALL = 16
 PROBE_PREFILL_LARGE = 128
 PROBE_DECODE = 4
+# Each figure is the median of this many timings: on a shared machine one timing can be 10x the next (seen here:
+# three single-timing probes of the same engines projected 3073 s, 513 s and 365 s for the same run).
+PROBE_REPEATS = 3
 # Untimed pause whenever the runner switches engine: measured here, NumPy's OpenBLAS worker threads keep spinning
 # for ~30 ms of CPU after a call (llama.cpp's ~1 ms), which would otherwise be charged to the next engine's sample
 # on a 2-core machine. 0.1 s covers that with margin and adds ~3 s to a default run.
@@ -193,9 +196,10 @@ def probe_rates(engine, allowed_ids: np.ndarray, seed: int, startup_s: float,
     for n in (PROBE_PREFILL_SMALL, PROBE_PREFILL_LARGE):
         prefill(n)  # untimed: first calls of a size may compile or allocate
         decodes()
-        times[n] = prefill(n)
-        steps[n] = decodes()  # cache sizes n .. n + PROBE_DECODE - 1
-    reset_s = seconds(engine.reset)
+        runs = [(prefill(n), decodes()) for _ in range(PROBE_REPEATS)]  # decodes at cache sizes n .. n + 3
+        times[n] = float(np.median([t for t, _ in runs]))
+        steps[n] = float(np.median([d for _, d in runs]))
+    reset_s = float(np.median([seconds(engine.reset) for _ in range(PROBE_REPEATS)]))
     span = PROBE_PREFILL_LARGE - PROBE_PREFILL_SMALL
     per_token = max(times[PROBE_PREFILL_LARGE] - times[PROBE_PREFILL_SMALL], 0.0) / span
     per_call = max(times[PROBE_PREFILL_SMALL] - PROBE_PREFILL_SMALL * per_token, 0.0)
