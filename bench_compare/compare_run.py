@@ -192,13 +192,17 @@ def probe_rates(engine, allowed_ids: np.ndarray, seed: int, startup_s: float,
     def decodes() -> float:
         return seconds(lambda: [engine.decode(t) for t in toks.gen]) / PROBE_DECODE
 
-    times, steps = {}, {}
-    for n in (PROBE_PREFILL_SMALL, PROBE_PREFILL_LARGE):
+    sizes = (PROBE_PREFILL_SMALL, PROBE_PREFILL_LARGE)
+    for n in sizes:
         prefill(n)  # untimed: first calls of a size may compile or allocate
         decodes()
-        runs = [(prefill(n), decodes()) for _ in range(PROBE_REPEATS)]  # decodes at cache sizes n .. n + 3
-        times[n] = float(np.median([t for t, _ in runs]))
-        steps[n] = float(np.median([d for _, d in runs]))
+    # Small and large alternate, so that a change in the machine's load hits both sides of each difference.
+    runs: dict[int, list[tuple[float, float]]] = {n: [] for n in sizes}
+    for _ in range(PROBE_REPEATS):
+        for n in sizes:
+            runs[n].append((prefill(n), decodes()))  # decodes at cache sizes n .. n + PROBE_DECODE - 1
+    times = {n: float(np.median([t for t, _ in runs[n]])) for n in sizes}
+    steps = {n: float(np.median([d for _, d in runs[n]])) for n in sizes}
     reset_s = float(np.median([seconds(engine.reset) for _ in range(PROBE_REPEATS)]))
     span = PROBE_PREFILL_LARGE - PROBE_PREFILL_SMALL
     per_token = max(times[PROBE_PREFILL_LARGE] - times[PROBE_PREFILL_SMALL], 0.0) / span
