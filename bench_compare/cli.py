@@ -7,12 +7,15 @@ line on stderr with exit code 2; Ctrl-C exits with 130.
 
 from __future__ import annotations
 
-import importlib
 import sys
 
 import click
 
-from inference_engine.errors import GGUFParityError
+from inference_engine.errors import CheckFailed, GGUFParityError
+from inference_engine.registries import Registry
+
+# click >= 8.2 raises this for a group called without a command; older versions print the help themselves.
+_NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())
 
 # command name -> "module:attribute"
 COMMANDS: dict[str, str] = {
@@ -23,6 +26,7 @@ COMMANDS: dict[str, str] = {
     "bench": "bench_compare.cmd_bench:bench",
     "compare": "bench_compare.cmd_compare:compare",
     "report": "bench_compare.cmd_report:report",
+    "engines": "bench_compare.cmd_engines:engines",
 }
 
 COMMAND_HELP: dict[str, str] = {
@@ -33,22 +37,23 @@ COMMAND_HELP: dict[str, str] = {
     "bench": "llama-bench compatible benchmark of one engine.",
     "compare": "Benchmark our engine and llama.cpp side by side.",
     "report": "Merge result JSONs into a report; gate regressions.",
+    "engines": "List every engine --engine accepts (ours, llama.cpp, plugins).",
 }
+
+COMMAND_REGISTRY: Registry[click.Command] = Registry("command", COMMANDS, base=click.Command)
 
 
 class LazyGroup(click.Group):
     def list_commands(self, ctx):
-        return list(COMMANDS)
+        return list(COMMAND_REGISTRY)
 
     def get_command(self, ctx, name):
-        target = COMMANDS.get(name)
-        if target is None:
+        if name not in COMMAND_REGISTRY:
             return super().get_command(ctx, name)  # commands added with add_command (plugins, tests)
-        module_name, attr = target.split(":")
-        return getattr(importlib.import_module(module_name), attr)
+        return COMMAND_REGISTRY.get(name)
 
     def format_commands(self, ctx, formatter):
-        rows = [(name, COMMAND_HELP.get(name, "")) for name in COMMANDS]
+        rows = [(name, COMMAND_HELP.get(name, "")) for name in COMMAND_REGISTRY]
         with formatter.section("Commands"):
             formatter.write_dl(rows)
 
@@ -61,9 +66,12 @@ def cli() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     try:
-        # With standalone_mode=False, click returns a command's ctx.exit(code) as the return value.
-        returned = cli.main(args=argv, prog_name="bench-compare", standalone_mode=False)
-    except GGUFParityError as exc:
+        # click's own main() would print a blank line on Ctrl-C before its Abort; parse and invoke directly so
+        # that an interrupt is the one line below. A command's ctx.exit(code) arrives as click.exceptions.Exit.
+        args = list(sys.argv[1:] if argv is None else argv)
+        with cli.make_context("bench-compare", args) as ctx:
+            returned = cli.invoke(ctx)
+    except (GGUFParityError, CheckFailed) as exc:  # exit 2 (bad input) or 1 (a check failed)
         click.echo(f"error: {exc}", err=True)
         return exc.exit_code
     except click.exceptions.Abort:
@@ -72,12 +80,29 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         click.echo("interrupted", err=True)
         return 130
+    except _NO_ARGS_IS_HELP as exc:  # bare `bench-compare`: the help text, as click shows it
+        exc.show()
+        return exc.exit_code
+    except click.UsageError as exc:  # one line, not click's usage + hint + error block
+        click.echo(f"error: {usage_error_line(exc)}", err=True)
+        return exc.exit_code
     except click.ClickException as exc:
         exc.show()
         return exc.exit_code
     except click.exceptions.Exit as exc:
         return exc.exit_code
     return returned if isinstance(returned, int) else 0
+
+
+def usage_error_line(exc: click.UsageError) -> str:
+    """``--seed must be at least 0, got -1`` for a bad value (the flag first), Click's own text otherwise."""
+    param = getattr(exc, "param", None)
+    if isinstance(exc, click.BadParameter) and param is not None and getattr(param, "opts", None):
+        flag = next((o for o in param.opts if o.startswith("--")), param.opts[0])
+        if isinstance(param, click.Argument):
+            flag = param.human_readable_name
+        return " ".join(f"{flag} {exc.message}".split())
+    return " ".join(exc.format_message().split())
 
 
 def entry_point() -> None:

@@ -39,7 +39,8 @@ from bench_compare.measure import (
 from bench_compare.results import git_info, machine_info, model_description, package_versions, utc_now
 from inference_engine.errors import GGUFParityError
 from inference_engine.gguf_file import open_gguf
-from inference_engine.registry import DEFAULT_MODEL, resolve_model
+from inference_engine.registries import numerics_help
+from inference_engine.model_cache import DEFAULT_MODEL, resolve_model
 
 LLAMA_BENCH_DEFAULT_PROMPT = (512,)
 LLAMA_BENCH_DEFAULT_GEN = (128,)
@@ -176,21 +177,23 @@ class Output:
               help="Prefill chunk size.")
 @click.option("-o", "--output", "fmt", default="md", show_default=True, metavar="FORMAT",
               help="md | json | jsonl | csv")
-@click.option("--engine", "engine", default=None, metavar="ENGINE",
-              help="ours:numpy | ours:numba | ours:mlx | llamacpp (default: ours:numba if installed, "
-                   "else ours:numpy)")
-@click.option("--numerics", default="f32", show_default=True, metavar="MODE", help="f32 | ggml (our engine)")
+@engines.engine_options("Engine (default: ours:numba if installed, else ours:numpy)")
+@click.option("--numerics", default="f32", show_default=True, metavar="MODE", help=f"{numerics_help()} (our engine)")
 @click.option("--seed", default=str(DEFAULT_SEED), show_default=True, metavar="N", help="Seed of the random tokens.")
 @click.option("--no-warmup", is_flag=True, help="Skip the warm-up run.")
 @click.option("--progress/--no-progress", default=None, help="Progress bar on stderr (default: if a terminal).")
-def bench(model, n_prompt, n_gen, pg, n_depth, reps, threads, n_batch, fmt, engine, numerics, seed, no_warmup,
-          progress) -> None:
+def bench(model, n_prompt, n_gen, pg, n_depth, reps, threads, n_batch, fmt, engine, engine_opts, numerics, seed,
+          no_warmup, progress) -> None:
     """llama-bench compatible benchmark of one engine (pp / tg / pg tests, optional depth)."""
     from bench_compare.compare_run import default_threads
 
     if fmt not in OUTPUT_FORMATS:
         raise GGUFParityError(f"unknown output format '{fmt}'; choose one of: {', '.join(OUTPUT_FORMATS)}")
-    spec = engines.parse_engine_spec(engine or f"ours:{engines.default_backend()}")
+    spec = engines.parse_engine_spec(engine or f"ours:{engines.default_backend()}",
+                                     engines.parse_engine_opts(engine_opts))
+    if spec.over_http:
+        raise GGUFParityError(f"bench drives an engine's prefill/decode in this process; '{spec.name}' is reached "
+                              "over HTTP: use bench-compare compare --engine SPEC --against none (pp/tg over HTTP)")
     engines.check_numerics(numerics)
     reps_n = parse_positive_int(reps, "-r")
     batch = parse_positive_int(n_batch, "-b")

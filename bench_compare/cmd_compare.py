@@ -9,11 +9,14 @@ from pathlib import Path
 import click
 
 from bench_compare import compare_run, engines, report
-from bench_compare.atomic import atomic_write_json
+from validation.atomic import atomic_write_json
 from bench_compare.cmd_bench import parse_positive_int
 from bench_compare.measure import DEFAULT_SEED
-from inference_engine.errors import GGUFParityError
-from inference_engine.registry import DEFAULT_MODEL
+from bench_compare.results import REFERENCE_ENGINE
+from inference_engine.backends import BACKENDS
+from inference_engine.registries import numerics_help
+from inference_engine.model_cache import DEFAULT_MODEL
+from bench_compare.options import Number, OutputFile, ReportDir
 
 
 def _reps(text: str, quick: bool) -> int:
@@ -31,8 +34,9 @@ def _optional_int(text: str | None, flag: str, minimum: int) -> int | None:
 @click.option("--model", "-m", "model", metavar="MODEL", default=DEFAULT_MODEL, show_default=True,
               help="Named model or .gguf path.")
 @click.option("--backend", metavar="BACKEND", default=None,
-              help="numpy | numba | mlx (default: numba if installed, else numpy)")
-@click.option("--numerics", metavar="MODE", default="f32", show_default=True, help="f32 | ggml (our engine)")
+              help=f"{' | '.join(BACKENDS)} (default: numba if installed, else numpy)")
+@engines.engine_options("Engine to compare with llama.cpp instead of ours:<backend>")
+@click.option("--numerics", metavar="MODE", default="f32", show_default=True, help=f"{numerics_help()} (our engine)")
 @click.option("-p", "n_prompt", metavar="N", default=None,
               help="Prompt size (default 512, llama-bench's; smaller only to fit the context or --budget).")
 @click.option("-n", "n_gen", metavar="N", default=None,
@@ -48,26 +52,39 @@ def _optional_int(text: str | None, flag: str, minimum: int) -> int | None:
 @click.option("--quick", is_flag=True,
               help=f"Small fixed preset for CI: -p {compare_run.QUICK_SIZES[0]} -n {compare_run.QUICK_SIZES[1]} "
                    f"-d {compare_run.QUICK_SIZES[2]} -r {compare_run.QUICK_REPS}, one cold run.")
-@click.option("--budget", metavar="SECONDS", default=None,
+@click.option("--budget", metavar="SECONDS", default=compare_run.DEFAULT_BUDGET_S, type=Number(0.0, lo_open=True),
               help="Shrink the sizes not given with -p/-n/-d until the measurements are projected (from a short "
                    "probe) to take at most SECONDS. Default: no budget, llama-bench's sizes.")
 @click.option("--prompt", metavar="TEXT", default=None,
               help="Text prompt for TTFT (default: a built-in ~110-token paragraph).")
 @click.option("--seed", metavar="N", default=str(DEFAULT_SEED), show_default=True)
-@click.option("--json", "json_path", metavar="PATH", default=None, help="Write the result JSON here.")
-@click.option("--report", "report_dir", metavar="DIR", default=None,
+@click.option("--json", "json_path", metavar="PATH", default=None, type=OutputFile(),
+              help="Write the result JSON here.")
+@click.option("--report", "report_dir", metavar="DIR", default=None, type=ReportDir(empty=False),
               help="Write report.md + ratios.png (+ compare.json) here.")
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Progress bar on stderr.")
-def compare(model, backend, numerics, n_prompt, n_gen, n_depth, reps, threads, cold_reps, no_cold, quick, budget,
-            prompt, seed, json_path, report_dir, progress) -> None:
+@click.option("--against", metavar="REF", default="llamacpp-server", show_default=True,
+              help="HTTP engines only: llamacpp-server (started here) | llamacpp (in-process) | none.")
+@click.option("--concurrency", metavar="LIST", default="1", show_default=True,
+              help="HTTP engines only: concurrent clients per sweep level, e.g. 1,4,16.")
+@click.option("--warmup", metavar="N", default="2", show_default=True, help="HTTP engines only: warm-up requests.")
+@click.option("--requests-per-client", metavar="N", default="2", show_default=True,
+              help="HTTP engines only: requests each client sends per concurrency level.")
+@click.option("-c", "n_ctx", metavar="N", default="2048", show_default=True,
+              help="HTTP engines only: context of the llama.cpp server / in-process reference.")
+def compare(model, backend, engine, engine_opts, numerics, n_prompt, n_gen, n_depth, reps, threads, cold_reps,
+            no_cold, quick, budget, prompt, seed, json_path, report_dir, progress, against, concurrency, warmup,
+            requests_per_client, n_ctx) -> None:
     """Benchmark our engine and llama.cpp side by side, interleaved: pp, tg, tg @ depth, hot and cold TTFT and
-    peak RSS, with ratios (higher is better for ours)."""
-    try:
-        budget_s = None if budget is None else float(budget)
-    except ValueError:
-        raise GGUFParityError(f"--budget must be a number of seconds, got '{budget}'") from None
+    peak RSS, with ratios (higher is better for ours). With --engine openai:URL: a serving benchmark over HTTP."""
+    spec = engines.parse_engine_spec(engine, engines.parse_engine_opts(engine_opts)) if engine else None
+    if spec is not None and spec.over_http:
+        return _http_compare(spec, against, model, threads, n_ctx, n_prompt, n_gen, n_depth, reps, concurrency, warmup,
+                             requests_per_client, seed, json_path, report_dir, progress, quick)
+    budget_s = None if budget is None else float(budget)
     cfg = compare_run.CompareConfig(
-        model=model, backend=backend or engines.default_backend(), numerics=numerics,
+        model=model, backend=backend or engines.default_backend(), numerics=numerics, engine=engine,
+        engine_opts=engines.parse_engine_opts(engine_opts),
         n_prompt=_optional_int(n_prompt, "-p", 1), n_gen=_optional_int(n_gen, "-n", 1),
         n_depth=_optional_int(n_depth, "-d", 0),
         reps=_reps(reps, quick),
@@ -132,7 +149,28 @@ def compare(model, backend, numerics, n_prompt, n_gen, n_depth, reps, threads, c
         click.echo(f"report: {report.write_report([loaded], out)}")
 
 
+def _http_compare(spec, against, model, threads, n_ctx, n_prompt, n_gen, n_depth, reps, concurrency, warmup,
+                  requests_per_client, seed, json_path, report_dir, progress, quick):
+    """``compare --engine openai:URL | llamacpp-server``: the serving benchmark (bench_compare.adapters)."""
+    from bench_compare.adapters import http_cli
+    from bench_compare.adapters.http_bench import HttpBenchConfig
+
+    quick_sizes = ([64], [16], [0]) if quick else ([512], [128], [0])
+    cfg = HttpBenchConfig(
+        n_prompt=http_cli.parse_int_list(n_prompt, "-p", quick_sizes[0], 1),
+        n_gen=http_cli.parse_int_list(n_gen, "-n", quick_sizes[1], 1),
+        depths=http_cli.parse_int_list(n_depth, "-d", quick_sizes[2], 0),
+        concurrency=http_cli.parse_int_list(concurrency, "--concurrency", [1], 1),
+        reps=parse_positive_int(reps, "-r"), warmup=parse_positive_int(warmup, "--warmup", 0),
+        requests_per_client=parse_positive_int(requests_per_client, "--requests-per-client"),
+        seed=parse_positive_int(seed, "--seed", 0),
+    )
+    http_cli.run_compare(spec=spec, against=against, model=model, threads=_optional_int(threads, "-t", 1),
+                         n_ctx=parse_positive_int(n_ctx, "-c"), cfg=cfg, json_path=json_path,
+                         report_dir=report_dir, progress=progress)
+
+
 def _partial_result(session: compare_run.CompareSession) -> dict:
     results = session.results()
-    return {"ours": session.ours_name, "reference": "llamacpp", "results": [r.to_dict() for r in results],
+    return {"ours": session.ours_name, "reference": REFERENCE_ENGINE, "results": [r.to_dict() for r in results],
             "ratios": session.ratios()}

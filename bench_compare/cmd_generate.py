@@ -10,26 +10,29 @@ import sys
 
 import click
 
+from inference_engine.backends import BACKENDS
+from bench_compare.options import NON_NEGATIVE, POSITIVE, SEED, Number
 from inference_engine.errors import GGUFParityError
+from inference_engine.registries import numerics_help
 
 DEFAULT_PROMPT = "The capital of France is"
 DEFAULT_MODEL = "smollm2-135m"
+DEFAULT_CTX = 2048
 
 
-def _check_flags(max_tokens: int, ctx: int, threads: int | None, backend: str, numerics: str, kv_type: str) -> None:
+def _check_flags(max_tokens: int, ctx: int | None, threads: int | None, backend: str, numerics: str,
+                 kv_type: str) -> None:
     """Refuse bad flags before anything slow happens (one line each, exit 2)."""
     from inference_engine.backends import BACKENDS, KV_TYPES, NUMERICS
 
     if max_tokens < 1:
         raise GGUFParityError(f"--max-tokens must be at least 1, got {max_tokens}")
-    if ctx < 1:
+    if ctx is not None and ctx < 1:
         raise GGUFParityError(f"--ctx must be at least 1, got {ctx}")
     if threads is not None and threads < 1:
         raise GGUFParityError(f"--threads must be at least 1, got {threads}")
-    if backend not in BACKENDS:
-        raise GGUFParityError(f"unknown backend '{backend}'; supported: {', '.join(BACKENDS)}")
-    if numerics not in NUMERICS:
-        raise GGUFParityError(f"unknown numerics '{numerics}'; supported: {', '.join(NUMERICS)}")
+    BACKENDS.validate(backend)
+    NUMERICS.validate(numerics)
     if kv_type not in KV_TYPES:
         raise GGUFParityError(f"unknown KV cache type '{kv_type}'; supported: {', '.join(KV_TYPES)}")
 
@@ -37,28 +40,43 @@ def _check_flags(max_tokens: int, ctx: int, threads: int | None, backend: str, n
 @click.command("generate")
 @click.argument("prompt", required=False, default=DEFAULT_PROMPT)
 @click.option("--model", "-m", default=DEFAULT_MODEL, show_default=True, help="Named model or path to a .gguf.")
-@click.option("--backend", default="numpy", show_default=True, help="numpy, numba or mlx.")
-@click.option("--numerics", default="f32", show_default=True, help="f32 (dequantized) or ggml (llama.cpp's).")
-@click.option("--max-tokens", "-n", default=64, show_default=True, type=int, help="Tokens to generate at most.")
-@click.option("--ctx", default=2048, show_default=True, type=int, help="Context size (KV cache positions).")
-@click.option("--threads", "-t", default=None, type=int, help="Threads (backend default when omitted).")
+@click.option("--backend", default="numpy", show_default=True, help=f"{', '.join(BACKENDS)}.")
+@click.option("--numerics", default="f32", show_default=True, help=f"{numerics_help()}: f32 dequantized, ggml llama.cpp's.")
+@click.option("--max-tokens", "-n", default=64, show_default=True, type=POSITIVE, help="Tokens to generate at most.")
+@click.option("--ctx", default=None, type=POSITIVE,
+              help=f"Context size (KV cache positions); default {DEFAULT_CTX} or the model's training context if "
+                   f"smaller; at most the training context.")
+@click.option("--threads", "-t", default=None, type=POSITIVE, help="Threads (backend default when omitted).")
 @click.option("--kv-type", default="f32", show_default=True, help="KV cache storage: f32 or f16.")
-@click.option("--temperature", default=0.0, show_default=True, type=float, help="0 = greedy.")
-@click.option("--top-k", default=0, show_default=True, type=int, help="Keep the k most likely tokens (0 = off).")
-@click.option("--top-p", default=1.0, show_default=True, type=float, help="Nucleus sampling mass (1 = off).")
-@click.option("--seed", default=None, type=int, help="Random seed for sampling.")
+@click.option("--temperature", default=0.0, show_default=True, type=Number(0.0), help="0 = greedy.")
+@click.option("--top-k", default=0, show_default=True, type=NON_NEGATIVE,
+              help="Keep the k most likely tokens (0 = off).")
+@click.option("--top-p", default=1.0, show_default=True, type=Number(0.0, 1.0, lo_open=True),
+              help="Nucleus sampling mass (1 = off).")
+@click.option("--seed", default=None, type=SEED, help="Random seed for sampling.")
 @click.option("--chat", is_flag=True, help="Wrap PROMPT in the model's chat template as a user message.")
 def generate(
     prompt, model, backend, numerics, max_tokens, ctx, threads, kv_type, temperature, top_k, top_p, seed, chat
 ) -> None:
     """Generate text after PROMPT with our engine (greedy by default); print timings at the end."""
-    from inference_engine.engine import load_engine
+    from inference_engine.engine import OurEngine
     from inference_engine.generate import generate as run_generation
+    from inference_engine.gguf_file import open_gguf
+    from inference_engine.gguf_validate import check_context, check_model, check_training_context
+    from inference_engine.model_cache import resolve_model
+    from inference_engine.models import check_runnable
     from inference_engine.sampling import Sampler
 
     _check_flags(max_tokens, ctx, threads, backend, numerics, kv_type)
     sampler = Sampler(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
-    engine = load_engine(model, backend=backend, numerics=numerics, n_ctx=ctx, n_threads=threads, kv_type=kv_type)
+    f = open_gguf(resolve_model(model))
+    check_runnable(f)
+    shape = check_model(f)
+    if ctx is None:
+        ctx = min(DEFAULT_CTX, shape.n_ctx_train) if shape.n_ctx_train else DEFAULT_CTX
+    check_training_context(f.path, shape, ctx)
+    check_context(f.path, shape, ctx, 2 if kv_type == "f16" else 4)
+    engine = OurEngine(f, backend=backend, numerics=numerics, n_ctx=ctx, n_threads=threads, kv_type=kv_type)
     tokenizer = engine.tokenizer
     if chat:
         from inference_engine.chat import render_chat

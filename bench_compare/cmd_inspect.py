@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import click
 
+from inference_engine.errors import GGUFParityError
 from inference_engine.gguf_file import open_gguf
-from inference_engine.registry import resolve_model
+from inference_engine.model_cache import resolve_model
 
 _LONG_ARRAY = 8  # metadata arrays longer than this (the vocabulary) are summarised, not printed
 
@@ -23,8 +24,28 @@ def _format_value(value) -> str:
 @click.argument("model")
 @click.option("--no-tensors", is_flag=True, help="Only print metadata.")
 def inspect_cmd(model: str, no_tensors: bool) -> None:
-    """Print MODEL's metadata and a tensor table (name, type, shape, bytes). MODEL is a name or a .gguf path."""
-    f = open_gguf(resolve_model(model))
+    """Print MODEL's metadata and a tensor table (name, type, shape, bytes). MODEL is a name or a .gguf path.
+
+    An invalid file is shown as far as it can be read, then every problem found is listed; exit 2. A valid file
+    our engine cannot run (its architecture or a tensor type) is shown in full, saying so; exit 0."""
+    f = open_gguf(resolve_model(model), strict=False)
+    try:
+        _show(f, no_tensors)
+    finally:
+        if f.unsupported:
+            click.echo(f"\nour engine cannot run this file ({len(f.unsupported)}):")
+            for reason in f.unsupported:
+                click.echo(f"  - {reason}")
+        if f.problems:
+            click.echo(f"\nproblems ({len(f.problems)}):")
+            for problem in f.problems:
+                click.echo(f"  - {problem}")
+    if f.problems:
+        raise GGUFParityError(f"{f.path}: {len(f.problems)} problem(s) found (listed above); "
+                              f"this file cannot be run")
+
+
+def _show(f, no_tensors: bool) -> None:
     d = f.describe()
     click.echo(f"file: {d['path']}")
     click.echo(f"architecture: {d['architecture']}  quant: {d['quant']}  params: {d['n_params']:,}  "

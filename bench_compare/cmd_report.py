@@ -9,6 +9,7 @@ import click
 
 from bench_compare import gate
 from bench_compare import report as report_lib
+from bench_compare.options import OutputFile, ReportDir
 from bench_compare.results import utc_now
 from inference_engine.errors import GGUFParityError
 
@@ -37,13 +38,14 @@ def parse_percent(text: str) -> float:
 
 @click.command("report")
 @click.argument("results", nargs=-1, required=True, metavar="RESULT.json...")
-@click.option("--out", "out_dir", default=None, metavar="DIR",
+@click.option("--out", "out_dir", default=None, type=ReportDir(empty=False), metavar="DIR",
               help="Report directory (default reports/report-<UTC time>).")
-@click.option("--history", "history", default=None, metavar="FILE", help="CSV file to append one row per result to.")
+@click.option("--history", "history", default=None, type=OutputFile(), metavar="FILE",
+              help="CSV file to append one row per result to.")
 @click.option("--baseline", "baseline", default=None, metavar="FILE", help="Baseline JSON to gate against.")
 @click.option("--max-regression", "max_regression", default=None, metavar="PCT",
               help=f"Allowed regression in percent (default {DEFAULT_MAX_REGRESSION_PCT:g}); needs --baseline.")
-@click.option("--write-baseline", "write_baseline", default=None, metavar="FILE",
+@click.option("--write-baseline", "write_baseline", default=None, type=OutputFile(), metavar="FILE",
               help="Also write a baseline JSON (ratios / validation metrics) from these results.")
 def report_cmd(results: tuple[str, ...], out_dir: str | None, history: str | None, baseline: str | None,
                max_regression: str | None, write_baseline: str | None) -> None:

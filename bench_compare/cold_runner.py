@@ -8,6 +8,7 @@ the other engine or with the harness that drives them.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -35,6 +36,8 @@ def cold_start_command(spec: EngineSpec, model_path: str | Path, prompt: str, *,
            "--seed", str(seed)]
     if n_threads is not None:
         cmd += ["--threads", str(n_threads)]
+    for key, value in spec.options:
+        cmd += ["--engine-opt", f"{key}={value}"]
     return cmd
 
 
@@ -55,13 +58,17 @@ def run_cold_start_subprocess(spec: EngineSpec, model_path: str | Path, prompt: 
     return parse_cold_start_output(spec.name, proc.returncode, proc.stdout, proc.stderr)
 
 
-def _child_env(spec: EngineSpec, model_path) -> dict[str, str] | None:
-    """llama.cpp's child runs with the extra-buffer verdict this process made (no probe inside a timed start)."""
-    if not spec.is_reference or not Path(model_path).exists():
-        return None
-    from bench_compare import engines, extra_bufts
+def _child_env(spec: EngineSpec, model_path) -> dict[str, str]:
+    """The environment with the user's working directory on ``PYTHONPATH``, so a plugin engine
+    (``--engine mypkg.mod:factory``) imports in the child as it did here; llama.cpp's child also runs with the
+    extra-buffer verdict this process made (no probe inside a timed start)."""
+    env = dict(os.environ)
+    if spec.is_reference and Path(model_path).exists():
+        from bench_compare import engines, extra_bufts
 
-    return extra_bufts.child_env(engines.llamacpp_extra_bufts(model_path))
+        env = extra_bufts.child_env(engines.llamacpp_extra_bufts(model_path))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH", ""), os.getcwd()) if p)
+    return env
 
 
 def parse_cold_start_output(engine: str, returncode: int, stdout: str, stderr: str) -> dict[str, Any]:

@@ -91,7 +91,6 @@ def run_cold_start(
     ``rss_workload`` is called only after the first token (so drawing its tokens is not timed) and returns the
     (prompt ids, gen ids) to run before the peak RSS is read.
     """
-    import numpy as np
 
     main_ns = clock() if main_ns is None else main_ns
     phases_ns: dict[str, int] = {}
@@ -99,17 +98,22 @@ def run_cold_start(
         phases_ns["interpreter"] = main_ns - spawn_ns
     t = main_ns
     import_modules()
+    from inference_engine.generate import ForcedTokens, StepTimings, generate_step  # the one generation loop
+    from inference_engine.sampling import greedy
+
     t, phases_ns["imports"] = _lap(clock, t)
     rss_after_imports = current_rss_bytes()
     engine = make_engine()
     t, phases_ns["load"] = _lap(clock, t)
     ids = engine.tokenize(prompt, add_bos=True)
     t, phases_ns["tokenize"] = _lap(clock, t)
-    logits = engine.prefill(list(ids))
-    t, phases_ns["prefill"] = _lap(clock, t)
-    first = int(np.argmax(logits))
+    timings = StepTimings()  # in this clock's units (ns)
+    first, _ = next(generate_step(engine, ids, greedy, reset=False, timings=timings, clock=clock))
     first_text = engine.detokenize([first])
-    t, phases_ns["first_token"] = _lap(clock, t)
+    before = t
+    t = clock()
+    phases_ns["prefill"] = int(timings.prefill_s)
+    phases_ns["first_token"] = t - before - phases_ns["prefill"]  # picking the token and its text
     start = spawn_ns if spawn_ns is not None else main_ns
     result: dict[str, Any] = {
         "engine": getattr(engine, "name", "?"),
@@ -125,11 +129,8 @@ def run_cold_start(
     }
     if rss_workload is not None:
         prompt_ids, gen_ids = rss_workload()
-        engine.reset()
-        for s in range(0, len(prompt_ids), n_batch):
-            engine.prefill(list(prompt_ids[s : s + n_batch]))
-        for token in gen_ids:
-            engine.decode(int(token))
+        for _ in generate_step(engine, prompt_ids, ForcedTokens(gen_ids), n_batch=n_batch):
+            pass
         result["rss_workload"] = {"n_prompt": len(prompt_ids), "n_gen": len(gen_ids)}
     result["peak_rss_bytes"] = peak_rss_bytes()
     jit = numba_cache_stats()
@@ -185,7 +186,8 @@ def _plain(d: dict) -> dict:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m bench_compare.cold_start", description=__doc__.split("\n")[0])
-    p.add_argument("--engine", required=True, help="ours:numpy | ours:numba | ours:mlx | llamacpp")
+    p.add_argument("--engine", required=True, help="an engine spec (bench-compare engines list)")
+    p.add_argument("--engine-opt", action="append", default=[], help="KEY=VALUE for the engine's factory")
     p.add_argument("--model", required=True, help="path to a .gguf file (or a named model)")
     p.add_argument("--prompt", required=True)
     p.add_argument("--threads", type=int, default=None)
@@ -206,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from bench_compare import engines
 
-        spec = engines.parse_engine_spec(args.engine)
+        spec = engines.parse_engine_spec(args.engine, engines.parse_engine_opts(args.engine_opt))
 
         def make():
             return engines.make_engine(
@@ -217,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
         def workload() -> tuple[list[int], list[int]]:
             from bench_compare.measure import draw_tokens, pg_test, token_ids_for_model
             from inference_engine.gguf_file import open_gguf
-            from inference_engine.registry import resolve_model
+            from inference_engine.model_cache import resolve_model
 
             allowed = token_ids_for_model(open_gguf(resolve_model(args.model, progress=False)))
             toks = draw_tokens(pg_test(args.rss_prompt, args.rss_gen), allowed, args.seed)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -40,9 +40,7 @@ from bench_compare.measure import (
     ttft_hot_test,
 )
 from bench_compare.results import (
-    COMPARE_KIND,
     REFERENCE_ENGINE,
-    SCHEMA_VERSION,
     TestResult,
     compute_ratios,
     from_measurement,
@@ -50,8 +48,10 @@ from bench_compare.results import (
 )
 from bench_compare.timing import NS_PER_S, Clock
 from inference_engine.errors import GGUFParityError
+from inference_engine.generate import ForcedTokens, generate_step
 from inference_engine.gguf_file import open_gguf
-from inference_engine.registry import resolve_model
+from inference_engine.model_cache import resolve_model
+from validation.results import CompareResult
 
 DEFAULT_REPS = 3
 DEFAULT_COLD_REPS = 3
@@ -101,6 +101,8 @@ class CompareConfig:
     model: str = "smollm2-135m"
     backend: str = field(default_factory=engines.default_backend)
     numerics: str = "f32"
+    engine: str | None = None  # an engine spec to compare instead of ours:<backend>
+    engine_opts: tuple[tuple[str, str], ...] = ()
     n_prompt: int | None = None
     n_gen: int | None = None
     n_depth: int | None = None
@@ -114,11 +116,19 @@ class CompareConfig:
     budget_s: float | None = DEFAULT_BUDGET_S
     n_batch: int = DEFAULT_N_BATCH
 
+    def engine_spec(self) -> engines.EngineSpec:
+        """The engine compared with llama.cpp: ``--engine`` when given, else ours on ``--backend``."""
+        if self.engine:
+            return engines.parse_engine_spec(self.engine, self.engine_opts)
+        return engines.EngineSpec("ours", self.backend)
+
     def validate(self) -> None:
+        from inference_engine.backends import BACKENDS
+
         engines.check_numerics(self.numerics)
-        if self.backend not in engines.OUR_BACKENDS:
-            raise GGUFParityError(
-                f"unknown backend '{self.backend}'; choose one of: {', '.join(engines.OUR_BACKENDS)}")
+        if self.backend not in BACKENDS:
+            raise GGUFParityError(f"unknown backend '{self.backend}'; choose one of: {BACKENDS.listing()}")
+        self.engine_spec()
         for name, value, low in (("-p", self.n_prompt, 1), ("-n", self.n_gen, 1), ("-d", self.n_depth, 0)):
             if value is not None and value < low:
                 raise GGUFParityError(f"{name} must be at least {low} for compare (got {value})")
@@ -189,18 +199,22 @@ def probe_rates(engine, allowed_ids: np.ndarray, seed: int, startup_s: float,
         engine.reset()
         return seconds(lambda: engine.prefill(toks.prompt[:n]))
 
-    def decodes() -> float:
-        return seconds(lambda: [engine.decode(t) for t in toks.gen]) / PROBE_DECODE
+    def decodes(n_past: int) -> float:
+        def run() -> None:
+            for _ in generate_step(engine, [], ForcedTokens(toks.gen), reset=False, n_past=n_past):
+                pass  # each given token decoded, as the tg tests do
+
+        return seconds(run) / PROBE_DECODE
 
     sizes = (PROBE_PREFILL_SMALL, PROBE_PREFILL_LARGE)
     for n in sizes:
         prefill(n)  # untimed: first calls of a size may compile or allocate
-        decodes()
+        decodes(n)
     # Small and large alternate, so that a change in the machine's load hits both sides of each difference.
     runs: dict[int, list[tuple[float, float]]] = {n: [] for n in sizes}
     for _ in range(PROBE_REPEATS):
         for n in sizes:
-            runs[n].append((prefill(n), decodes()))  # decodes at cache sizes n .. n + PROBE_DECODE - 1
+            runs[n].append((prefill(n), decodes(n)))  # decodes at cache sizes n .. n + PROBE_DECODE - 1
     times = {n: float(np.median([t for t, _ in runs[n]])) for n in sizes}
     steps = {n: float(np.median([d for _, d in runs[n]])) for n in sizes}
     reset_s = float(np.median([seconds(engine.reset) for _ in range(PROBE_REPEATS)]))
@@ -341,8 +355,8 @@ def run_compare(cfg: CompareConfig, session: CompareSession, *, clock: Clock | N
     max_ctx = int(gguf.arch_value("context_length", 0) or 0) or 1 << 30
     _check_sizes_fit(cfg, max_ctx)
 
-    ours_spec = engines.EngineSpec("ours", cfg.backend)
-    ref_spec = engines.EngineSpec("llamacpp")
+    ours_spec = cfg.engine_spec()
+    ref_spec = engines.parse_engine_spec(REFERENCE_ENGINE)
     session.ours_name = ours_spec.name
     advance = advance or (lambda desc: None)
 
@@ -431,18 +445,18 @@ def _run_with_engines(cfg, session, made, gguf, path, n_threads, n_ctx, max_ctx,
 def build_result(session: CompareSession, gguf) -> dict[str, Any]:
     results = session.results()
     meta = run_metadata(gguf, session.settings)
-    return {
-        "kind": COMPARE_KIND,
-        "schema_version": SCHEMA_VERSION,
-        "ours": session.ours_name,
-        "reference": REFERENCE_ENGINE,
-        "backend": session.config.backend,
-        "numerics": session.config.numerics,
-        **meta,
-        "results": [r.to_dict() for r in results],
-        "ratios": compute_ratios(results, session.ours_name, REFERENCE_ENGINE),
-        "ratio_orientation": "higher is better for ours: throughput ours/llamacpp, time and memory llamacpp/ours",
-    }
+    return CompareResult(
+        ours=session.ours_name,
+        reference=REFERENCE_ENGINE,
+        backend=session.config.backend,
+        numerics=session.config.numerics,
+        model=meta.pop("model"),
+        settings=meta.pop("settings"),
+        provenance=meta,
+        results=[r.to_dict() for r in results],
+        ratios=compute_ratios(results, session.ours_name, REFERENCE_ENGINE),
+        ratio_orientation="higher is better for ours: throughput ours/llamacpp, time and memory llamacpp/ours",
+    ).to_dict()
 
 
 def _pick_sizes(cfg, made, allowed, session, ttft_tokens, cold_reps, max_ctx, clock, say) -> Sizes:
@@ -472,7 +486,3 @@ def _check_sizes_fit(cfg: CompareConfig, max_ctx: int) -> None:
 
 def _round_up(x: int, m: int) -> int:
     return (x + m - 1) // m * m
-
-
-def config_dict(cfg: CompareConfig) -> dict[str, Any]:
-    return asdict(cfg)

@@ -1,4 +1,22 @@
-"""Make an engine from a spec string: ``ours:numpy``, ``ours:numba``, ``ours:mlx``, ``llamacpp``.
+"""Every engine the harness can run, by spec: ``ours:numba``, ``llamacpp``, ``<scheme>:<target>``, or a Python plugin
+``package.module:factory``.
+
+One registry (:data:`ENGINES`, over :data:`ENGINE_SCHEMES`) serves our backends, llama.cpp and plugins; nothing
+else keeps a list of engine names. A spec is ``scheme:target``: the scheme (the text before the first ``:``, no dots)
+names a factory, ``"module:factory"``; the target (the text after it, ``""`` if none) is handed to it. A spec whose
+part before the colon contains a dot is a plugin: ``package.module:factory`` (optionally ``...:factory:TARGET``).
+Installed packages add schemes by name through the entry-point group ``gguf_parity.engines``. Every factory is
+called the same way::
+
+    open_engine(target: str, model: str, *, n_threads, n_ctx, numerics, n_batch, **engine_opts) -> Engine
+
+(``model``: the GGUF path; ``engine_opts``: the user's ``--engine-opt KEY=VALUE`` pairs, as strings). Factories
+accept ``**options`` and ignore what they do not use. What they return is checked against the Engine protocol
+(:data:`inference_engine.protocol.REQUIRED_ENGINE_MEMBERS`). A factory may carry two optional attributes:
+``settings(target, **options) -> dict`` (what is recorded with each result) and ``import_modules(target)`` (what a cold
+start imports before it loads the model, timed on its own); ``unavailable() -> str | None`` (why it cannot run here)
+is shown by ``engines list``. Engines reached over HTTP (``openai:URL``, ``llamacpp-server``, marked ``http`` in
+:data:`ENGINE_META`) live in :mod:`bench_compare.adapters`; ``compare`` and ``validate`` route them there.
 
 The benchmark runs llama.cpp with llama-bench's defaults (tools/llama-bench/llama-bench.cpp, 0.3.36):
 F16 K and V caches and flash attention ``auto`` (llama.cpp resolves it to *on* for the CPU backend: it probes
@@ -12,17 +30,42 @@ Our engine runs with its own defaults (``kv_type="f32"``). Every setting used is
 
 from __future__ import annotations
 
-import importlib
 import importlib.util
+import inspect
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from inference_engine.errors import GGUFParityError
+from inference_engine.protocol import missing_engine_members
+from inference_engine.registries import NUMERICS, Registry, load_target
 
-OUR_BACKENDS = ("numpy", "numba", "mlx")
-ENGINE_CHOICES = tuple(f"ours:{b}" for b in OUR_BACKENDS) + ("llamacpp",)
-NUMERICS_CHOICES = ("f32", "ggml")
+# scheme -> "module:factory" (see the module docstring for the factory's signature). One line per way in.
+ENGINE_SCHEMES: dict[str, str] = {
+    "ours": "bench_compare.engines:open_ours",
+    "llamacpp": "bench_compare.engines:open_llamacpp",
+    "openai": "bench_compare.adapters.openai_http:open_engine",
+    "llamacpp-server": "bench_compare.adapters.llamacpp_server:open_engine",
+    "dump": "bench_compare.adapters.dump:open_engine",  # a tensor dump written by an engine in any language
+    "cmd": "bench_compare.adapters.command:open_engine",  # a program run per request, writing such dumps
+    "hf": "bench_compare.adapters.hf_transformers:open_engine",  # Hugging Face transformers on the same GGUF
+}
+# Per-scheme facts that need no import: ``usage`` (what to type, where it is not ``scheme:TARGET``) and ``http``
+# (the engine is reached over HTTP: compare/validate route it to bench_compare.adapters; bench cannot drive it).
+ENGINE_META: dict[str, dict[str, Any]] = {
+    "openai": {"usage": "openai:URL", "http": True},
+    "llamacpp-server": {"usage": "llamacpp-server", "http": True},
+    "dump": {"usage": "dump:DIR"},
+    "cmd": {"usage": "'cmd:PROGRAM ARGS {request} {out}'"},
+    "hf": {"usage": "hf:[MODEL]"},
+}
+ENGINE_ENTRY_POINT_GROUP = "gguf_parity.engines"
+PLUGIN_USAGE = "package.module:factory"
+# Other spellings of a scheme users type (``llama.cpp`` has a dot but is not a plugin).
+SCHEME_ALIASES = {"llama.cpp": "llamacpp", "llama_cpp": "llamacpp", "llama-cpp": "llamacpp"}
+ENGINES: Registry[Any] = Registry("engine", ENGINE_SCHEMES, meta=ENGINE_META, group=ENGINE_ENTRY_POINT_GROUP,
+                                  listing="choose one of")
 
 # llama-bench defaults (cmd_params_defaults in llama-bench.cpp): type_k = type_v = F16, flash_attn = AUTO.
 LLAMA_BENCH_KV_TYPE = "f16"
@@ -31,62 +74,148 @@ LLAMACPP_EXTRA_BUFTS = True  # llama-bench's default; off only where bench_compa
 LLAMA_BENCH_N_BATCH = 512
 OUR_DEFAULT_KV_TYPE = "f32"
 
-# Where each backend lives, so its import can be timed on its own (cold start "imports" phase).
-_BACKEND_MODULES = {
-    "numpy": "inference_engine.backends.numpy_ref",
-    "numba": "inference_engine.backends.numba_cpu",
-    "mlx": "inference_engine.backends.mlx_backend",
-}
-
 
 @dataclass(frozen=True)
 class EngineSpec:
-    kind: str  # "ours" | "llamacpp"
-    backend: str | None = None
+    """A parsed ``--engine``: ``scheme`` (a registered name, or ``package.module:factory`` for a plugin), the
+    ``target`` handed to its factory, and the user's ``--engine-opt`` pairs."""
+
+    scheme: str
+    target: str = ""
+    options: tuple[tuple[str, str], ...] = ()
 
     @property
     def name(self) -> str:
-        return f"ours:{self.backend}" if self.kind == "ours" else "llamacpp"
+        return f"{self.scheme}:{self.target}" if self.target else self.scheme
+
+    @property
+    def is_plugin(self) -> bool:
+        return "." in self.scheme.partition(":")[0]
+
+    @property
+    def kind(self) -> str:
+        return "plugin" if self.is_plugin else self.scheme
+
+    @property
+    def backend(self) -> str | None:
+        """Our backend for ``ours:<backend>``; None for any other engine."""
+        return self.target if self.scheme == "ours" else None
+
+    @property
+    def over_http(self) -> bool:
+        """An engine reached over HTTP (``openai:URL``, ``llamacpp-server``): see bench_compare.adapters."""
+        return not self.is_plugin and bool(ENGINES.info(self.scheme).get("http"))
 
     @property
     def is_reference(self) -> bool:
-        return self.kind == "llamacpp"
+        return self.scheme == "llamacpp"
 
     @property
-    def backend_label(self) -> str:
-        """The ``backend`` column of llama-bench's table: llama.cpp's CPU build prints ``CPU``."""
-        return "CPU" if self.kind == "llamacpp" else str(self.backend)
+    def factory_target(self) -> str:
+        """``"module:factory"`` of this spec's factory."""
+        return self.scheme if self.is_plugin else str(ENGINES.target(self.scheme))
+
+    def factory(self):
+        factory = load_target(self.factory_target, f"engine factory for '{self.name}'")
+        if not callable(factory):
+            raise GGUFParityError(f"engine factory '{self.factory_target}' is not callable")
+        return factory
+
+    def engine_options(self) -> dict[str, str]:
+        return dict(self.options)
 
 
-def parse_engine_spec(text: str) -> EngineSpec:
-    value = (text or "").strip().lower()
-    if value in ("llamacpp", "llama.cpp", "llama_cpp", "llama-cpp"):
-        return EngineSpec("llamacpp")
-    if value.startswith("ours:"):
-        backend = value.split(":", 1)[1]
-        if backend in OUR_BACKENDS:
-            return EngineSpec("ours", backend)
-    raise GGUFParityError(f"unknown engine '{text}'; choose one of: {', '.join(ENGINE_CHOICES)}")
+def engine_choices() -> list[str]:
+    """Every spec a user can type, for help texts and errors: ours:<backend>, llamacpp, other schemes, plugins."""
+    from inference_engine.backends import BACKENDS
+
+    shown = []
+    for scheme in ENGINES:
+        if scheme == "ours":
+            shown += [f"ours:{b}" for b in BACKENDS]
+        elif scheme == "llamacpp":
+            shown.append("llamacpp")
+        elif scheme in ENGINE_SCHEMES:
+            shown.append(ENGINES.info(scheme).get("usage", f"{scheme}:TARGET"))
+        else:
+            shown.append(scheme)  # an entry-point plugin, by name
+    return shown + [PLUGIN_USAGE]
+
+
+def engines_help(what: str = "Engine") -> str:
+    """One help text for ``--engine`` (derived from the registry)."""
+    return f"{what}: {' | '.join(engine_choices())} (see `bench-compare engines list`)."
+
+
+def engine_options(what: str):
+    """``--engine ENGINE`` and ``--engine-opt KEY=VALUE`` (repeatable) for a Click command; the ``--engine`` help
+    is built from the registry when help is shown (so schemes added later, and entry points, are listed)."""
+    import click
+
+    class EngineOption(click.Option):
+        def get_help_record(self, ctx):
+            self.help = engines_help(what)
+            return super().get_help_record(ctx)
+
+    def decorate(command):
+        command = click.option("--engine-opt", "engine_opts", multiple=True, metavar="KEY=VALUE",
+                               help="An option for the engine's factory (repeatable).")(command)
+        return click.option("--engine", "engine", cls=EngineOption, default=None, metavar="ENGINE")(command)
+
+    return decorate
+
+
+def parse_engine_spec(text: str, options: Iterable[tuple[str, str]] | dict[str, str] = ()) -> EngineSpec:
+    """``--engine`` text (and ``--engine-opt`` pairs) as an :class:`EngineSpec`; unknown specs are one line."""
+    raw = (text or "").strip()
+    opts = tuple((options.items() if isinstance(options, dict) else options))
+    head, sep, rest = raw.partition(":")
+    lowered = head.lower()
+    scheme = SCHEME_ALIASES.get(lowered, lowered)
+    if "." in head and scheme not in ENGINES:  # package.module:factory[:target]
+        if not sep or not rest:
+            raise _unknown(text)
+        factory, _, target = rest.partition(":")
+        return EngineSpec(f"{head}:{factory}", target, opts)
+    if scheme not in ENGINES:
+        raise _unknown(text)
+    target = rest.strip()
+    if scheme == "ours":
+        from inference_engine.backends import BACKENDS
+
+        target = target.lower()
+        if target not in BACKENDS:
+            raise _unknown(text)
+    elif scheme == "llamacpp" and (sep and target):
+        raise _unknown(text)  # llama.cpp takes no target
+    return EngineSpec(scheme, target, opts)
+
+
+def _unknown(text: str) -> GGUFParityError:
+    return ENGINES.error(text, ", ".join(engine_choices()))
+
+
+def parse_engine_opts(pairs: Iterable[str]) -> tuple[tuple[str, str], ...]:
+    """``--engine-opt KEY=VALUE`` (repeatable) as pairs; a pair without ``=`` is one line, exit 2."""
+    out = []
+    for pair in pairs or ():
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise GGUFParityError(f"--engine-opt '{pair}' is not KEY=VALUE")
+        out.append((key.strip(), value))
+    return tuple(out)
 
 
 def check_numerics(numerics: str) -> str:
-    if numerics not in NUMERICS_CHOICES:
-        raise GGUFParityError(f"unknown numerics '{numerics}'; choose one of: {', '.join(NUMERICS_CHOICES)}")
-    return numerics
+    return NUMERICS.validate(numerics)
 
 
 def import_engine_modules(spec: EngineSpec) -> None:
     """Import what the engine needs (timed separately from loading the model in cold starts)."""
-    if spec.kind == "llamacpp":
-        _import("validation.llamacpp", "llama.cpp adapter (validation.llamacpp)")
-        return
-    _import("inference_engine.engine", "our engine (inference_engine.engine)")
-    module = _BACKEND_MODULES[spec.backend]
-    if importlib.util.find_spec(module) is not None:
-        try:
-            importlib.import_module(module)
-        except ImportError as exc:
-            raise GGUFParityError(_backend_import_message(spec.backend, exc)) from None
+    factory = spec.factory()
+    hook = getattr(factory, "import_modules", None)
+    if callable(hook):
+        hook(spec.target)
 
 
 def _import(module: str, what: str):
@@ -96,11 +225,6 @@ def _import(module: str, what: str):
         if exc.name and module.startswith(exc.name):
             raise GGUFParityError(f"{what} is not available in this installation ({exc})") from None
         raise GGUFParityError(f"{what} cannot be imported: missing module '{exc.name}'") from None
-
-
-def _backend_import_message(backend: str, exc: BaseException) -> str:
-    hint = " (pip install 'gguf-parity[mlx]')" if backend == "mlx" else ""
-    return f"backend '{backend}' cannot be imported{hint}: {exc}"
 
 
 def llamacpp_extra_bufts(model_path: str | Path):
@@ -118,52 +242,112 @@ def engine_settings(spec: EngineSpec, *, n_threads: int | None, n_ctx: int, nume
                     n_batch: int = LLAMA_BENCH_N_BATCH, model: str | Path | None = None) -> dict[str, Any]:
     """The settings :func:`make_engine` uses for ``spec`` on ``model`` (a resolved path; recorded with every
     result). Without ``model`` llama.cpp's extra-buffer verdict is unknown and recorded as None."""
-    if spec.kind == "llamacpp":
-        bufts = (llamacpp_extra_bufts(model).settings() if model is not None
-                 else {"extra_bufts": None, "extra_bufts_reason": "not decided (no model given)"})
-        return {
-            "engine": spec.name, "backend": "CPU", "numerics": "ggml", "n_threads": n_threads, "n_ctx": n_ctx,
-            "n_batch": n_batch, "n_ubatch": n_batch, "type_k": LLAMA_BENCH_KV_TYPE,
-            "type_v": LLAMA_BENCH_KV_TYPE, "flash_attn": LLAMA_BENCH_FLASH_ATTN,
-            "flash_attn_note": "llama-bench default AUTO, which resolves to enabled on CPU",
-            **bufts,
-        }
-    return {
-        "engine": spec.name, "backend": spec.backend, "numerics": numerics, "n_threads": n_threads, "n_ctx": n_ctx,
-        "n_batch": n_batch, "n_ubatch": n_batch, "type_k": OUR_DEFAULT_KV_TYPE, "type_v": OUR_DEFAULT_KV_TYPE,
-        "flash_attn": False,
-    }
+    factory = spec.factory()
+    settings = getattr(factory, "settings", None)
+    base = {"engine": spec.name, "n_threads": n_threads, "n_ctx": n_ctx, "n_batch": n_batch}
+    if callable(settings):
+        return {**base, **settings(spec.target, n_threads=n_threads, n_ctx=n_ctx, numerics=numerics,
+                                   n_batch=n_batch, model=model, **spec.engine_options())}
+    return {**base, "backend": spec.scheme, "numerics": numerics, "n_ubatch": n_batch,
+            "engine_opts": spec.engine_options()}
 
 
 def make_engine(spec: EngineSpec | str, model: str | Path, *, n_threads: int | None = None, n_ctx: int = 2048,
-                numerics: str = "f32", n_batch: int = LLAMA_BENCH_N_BATCH):
+                numerics: str = "f32", n_batch: int = LLAMA_BENCH_N_BATCH, **engine_opts: str):
     """Construct the engine ``spec`` on ``model`` (a named model or a path). ``n_threads=None``: engine default."""
     if isinstance(spec, str):
-        spec = parse_engine_spec(spec)
+        spec = parse_engine_spec(spec, engine_opts)
+    elif engine_opts:
+        spec = EngineSpec(spec.scheme, spec.target, spec.options + tuple(engine_opts.items()))
     check_numerics(numerics)
-    from inference_engine.registry import resolve_model
+    from inference_engine.model_cache import resolve_model
 
     path = resolve_model(str(model), progress=False)
+    factory = spec.factory()
     import_engine_modules(spec)
-    if spec.kind == "llamacpp":
-        from validation.llamacpp import LlamaCppEngine
+    engine = factory(spec.target, str(path), n_threads=n_threads, n_ctx=n_ctx, numerics=numerics, n_batch=n_batch,
+                     **spec.engine_options())
+    check_engine(spec, engine)
+    return engine
 
-        try:
-            return LlamaCppEngine(
-                str(path), n_ctx=n_ctx, n_threads=n_threads, n_batch=n_batch, kv_type=LLAMA_BENCH_KV_TYPE,
-                flash_attn=LLAMA_BENCH_FLASH_ATTN, extra_bufts=llamacpp_extra_bufts(path).enabled,
-            )
-        except GGUFParityError:
-            raise
-        except Exception as exc:  # llama_cpp raises ValueError / RuntimeError when it cannot load a file
-            raise GGUFParityError(f"llama.cpp could not load {path}: {' '.join(str(exc).split())[:200]}") from None
+
+def check_engine(spec: EngineSpec, engine: Any) -> None:
+    """A factory's return value must have the Engine protocol's members (one line naming what is missing)."""
+    missing = missing_engine_members(engine)
+    if missing:
+        close = getattr(engine, "close", None)
+        if callable(close):
+            close()
+        raise GGUFParityError(f"engine '{spec.name}': the factory returned {type(engine).__name__}, which is not an "
+                              f"engine (missing {', '.join(missing)}; see docs/PLUGGING_IN.md)")
+
+
+# --- our engine ---------------------------------------------------------------------------------------------------
+
+
+def open_ours(target: str, model: str, *, n_threads: int | None = None, n_ctx: int = 2048, numerics: str = "f32",
+              kv_type: str = OUR_DEFAULT_KV_TYPE, **options):
+    """Our engine on one of its backends (``ours:<backend>``)."""
     from inference_engine.engine import OurEngine
 
-    return OurEngine(
-        str(path), backend=spec.backend, numerics=numerics, n_ctx=n_ctx, n_threads=n_threads,
-        kv_type=OUR_DEFAULT_KV_TYPE,
-    )
+    return OurEngine(model, backend=target, numerics=numerics, n_ctx=n_ctx, n_threads=n_threads, kv_type=kv_type)
 
+
+def _ours_imports(target: str) -> None:
+    from inference_engine.backends import backend_module, backend_unavailable, get_backend_class
+
+    _import("inference_engine.engine", "our engine (inference_engine.engine)")
+    if importlib.util.find_spec(backend_module(target)) is not None:
+        if backend_unavailable(target) is not None:
+            raise GGUFParityError(f"backend '{target}' cannot be imported: {backend_unavailable(target)}")
+        get_backend_class(target)
+
+
+def _ours_settings(target: str, *, numerics: str, n_batch: int, kv_type: str = OUR_DEFAULT_KV_TYPE,
+                   **options) -> dict[str, Any]:
+    return {"backend": target, "numerics": numerics, "n_ubatch": n_batch, "type_k": kv_type, "type_v": kv_type,
+            "flash_attn": False}
+
+
+open_ours.import_modules = _ours_imports  # type: ignore[attr-defined]
+open_ours.settings = _ours_settings  # type: ignore[attr-defined]
+
+
+# --- llama.cpp ----------------------------------------------------------------------------------------------------
+
+
+def open_llamacpp(target: str, model: str, *, n_threads: int | None = None, n_ctx: int = 2048,
+                  n_batch: int = LLAMA_BENCH_N_BATCH, **options):
+    """llama.cpp through llama-cpp-python, with llama-bench's defaults (the reference)."""
+    from validation.llamacpp import LlamaCppEngine
+
+    try:
+        return LlamaCppEngine(
+            model, n_ctx=n_ctx, n_threads=n_threads, n_batch=n_batch, kv_type=LLAMA_BENCH_KV_TYPE,
+            flash_attn=LLAMA_BENCH_FLASH_ATTN, extra_bufts=llamacpp_extra_bufts(model).enabled,
+        )
+    except GGUFParityError:
+        raise
+    except Exception as exc:  # llama_cpp raises ValueError / RuntimeError when it cannot load a file
+        raise GGUFParityError(f"llama.cpp could not load {model}: {' '.join(str(exc).split())[:200]}") from None
+
+
+def _llamacpp_settings(target: str, *, n_batch: int, model: str | Path | None = None, **options) -> dict[str, Any]:
+    bufts = (llamacpp_extra_bufts(model).settings() if model is not None
+             else {"extra_bufts": None, "extra_bufts_reason": "not decided (no model given)"})
+    return {
+        "backend": "CPU", "numerics": "ggml", "n_ubatch": n_batch, "type_k": LLAMA_BENCH_KV_TYPE,
+        "type_v": LLAMA_BENCH_KV_TYPE, "flash_attn": LLAMA_BENCH_FLASH_ATTN,
+        "flash_attn_note": "llama-bench default AUTO, which resolves to enabled on CPU",
+        **bufts,
+    }
+
+
+open_llamacpp.import_modules = lambda target: _import("validation.llamacpp", "llama.cpp adapter (validation.llamacpp)")  # type: ignore[attr-defined]  # noqa: E501
+open_llamacpp.settings = _llamacpp_settings  # type: ignore[attr-defined]
+
+
+# --- defaults and listing -----------------------------------------------------------------------------------------
 
 # Fastest first: the default backend is the first one present in this installation.
 BACKEND_PREFERENCE = ("numba", "numpy")
@@ -171,16 +355,57 @@ BACKEND_PREFERENCE = ("numba", "numpy")
 
 def default_backend() -> str:
     """``numba`` where its backend module exists (the fast CPU path), else ``numpy``."""
+    from inference_engine.backends import backend_module
+
     for backend in BACKEND_PREFERENCE:
-        if importlib.util.find_spec(_BACKEND_MODULES[backend]) is not None:
+        if importlib.util.find_spec(backend_module(backend)) is not None:
             return backend
     return "numpy"
 
 
-def available_backends() -> list[str]:
-    """Our backends whose Python package is importable here (mlx needs the optional ``mlx`` package)."""
-    found = []
-    for backend, package in (("numpy", "numpy"), ("numba", "numba"), ("mlx", "mlx")):
-        if importlib.util.find_spec(package) is not None:
-            found.append(backend)
-    return found
+@dataclass(frozen=True)
+class EngineListing:
+    spec: str  # what to type after --engine
+    description: str
+    unavailable: str | None = None  # why it cannot run here
+    source: str = "built in"  # "built in" or "entry point <module:factory>"
+
+
+def list_engines() -> list[EngineListing]:
+    """Every engine: ours on each backend, llama.cpp, each registered scheme, each entry-point plugin."""
+    from inference_engine.backends import BACKENDS, backend_unavailable
+
+    rows: list[EngineListing] = []
+    eps = ENGINES.entry_points()
+    for scheme in ENGINES:
+        if scheme == "ours":
+            for backend in BACKENDS:
+                rows.append(EngineListing(f"ours:{backend}", f"our engine on the {backend} backend"
+                                          + (f" ({BACKENDS.info(backend)['help']})"
+                                             if BACKENDS.info(backend).get("help") else ""),
+                                          backend_unavailable(backend)))
+            continue
+        target = str(ENGINES.target(scheme))
+        source = f"entry point {target}" if scheme in eps else "built in"
+        spec = scheme if (scheme == "llamacpp" or scheme in eps) else ENGINES.info(scheme).get("usage",
+                                                                                                f"{scheme}:TARGET")
+        description, unavailable = _describe_factory(target)
+        if scheme == "llamacpp" and unavailable is None and importlib.util.find_spec("llama_cpp") is None:
+            unavailable = "needs llama-cpp-python: pip install llama-cpp-python"
+        rows.append(EngineListing(spec, description, unavailable, source))
+    rows.append(EngineListing(PLUGIN_USAGE, "a Python plugin: a factory returning an object with the Engine "
+                              "protocol (docs/PLUGGING_IN.md)"))
+    return rows
+
+
+def _describe_factory(target: str) -> tuple[str, str | None]:
+    """The factory's one-line description (its docstring's first line) and why it cannot load, if it cannot."""
+    try:
+        factory = load_target(target, "engine factory")
+    except GGUFParityError as exc:
+        return "", str(exc)
+    except ImportError as exc:
+        return "", f"cannot be imported: {exc}"
+    doc = inspect.getdoc(factory) or ""
+    check = getattr(factory, "unavailable", None)  # optional: why it cannot run here (e.g. a missing extra)
+    return (doc.strip().splitlines() or [""])[0], (check() if callable(check) else None)

@@ -104,7 +104,7 @@ def verdict_of(run: ProbeRun) -> tuple[Verdict, bool]:
 # --- the key ------------------------------------------------------------------------------------------------------
 def key_fields(path: Path) -> dict[str, Any]:
     """What the verdict depends on: this CPU, this llama.cpp build, the model's weight types."""
-    from bench_compare.results import ggml_build
+    from validation.provenance import ggml_build
     from inference_engine.cpu_features import cpu_features
     from inference_engine.gguf_file import open_gguf
 
@@ -126,7 +126,7 @@ def probe_key(fields: dict[str, Any]) -> str:
 
 
 def default_cache_dir() -> Path:
-    from inference_engine.registry import cache_dir
+    from inference_engine.model_cache import cache_dir
 
     return cache_dir().parent / "probes"
 
@@ -140,7 +140,7 @@ def _read_cached(path: Path) -> Verdict | None:
 
 
 def _write_cached(path: Path, verdict: Verdict, fields: dict[str, Any]) -> None:
-    from bench_compare.atomic import atomic_write_json
+    from validation.atomic import atomic_write_json
 
     try:
         atomic_write_json(path, {**asdict(verdict), "key": fields})

@@ -16,8 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench_compare.atomic import atomic_write_json
-from bench_compare.report import KIND_COMPARE, classify, load_json, markdown_table, validation_metrics
+from validation.atomic import atomic_write_json
+from bench_compare.report import (RATIO_KINDS, classify, load_json, markdown_table, ratios_of,
+                                  validation_metrics)
 from bench_compare.results import utc_now
 from inference_engine.errors import GGUFParityError
 
@@ -64,8 +65,8 @@ def load_baseline(path: str | Path) -> dict[str, Any]:
     if not isinstance(obj, dict):
         raise shape_error
     kind = classify(obj)
-    if kind == KIND_COMPARE:
-        ratios, validation = obj.get("ratios"), None
+    if kind in RATIO_KINDS:
+        ratios, validation = ratios_of({**obj, "_kind": kind}), None
     elif kind is not None:
         ratios, validation = None, {k: v for k, v in validation_metrics(obj).items() if k in VALIDATION_DIRECTIONS}
         validation["passed"] = bool(obj.get("passed"))
@@ -93,8 +94,8 @@ def make_baseline(results: list[dict[str, Any]]) -> dict[str, Any]:
     ratios: dict[str, float] = {}
     validation: dict[str, Any] = {}
     for r in results:
-        if r["_kind"] == KIND_COMPARE:
-            for test, v in r.get("ratios", {}).items():
+        if r["_kind"] in RATIO_KINDS:
+            for test, v in ratios_of(r).items():
                 if v is not None and math.isfinite(v):
                     ratios[test] = min(v, ratios.get(test, math.inf))
         else:
@@ -123,8 +124,8 @@ def check(results: list[dict[str, Any]], baseline: dict[str, Any], max_regressio
     frac = max_regression_pct / 100.0
     checks: list[Check] = []
     for r in results:
-        if r["_kind"] == KIND_COMPARE:
-            current = {k: (v, True) for k, v in r.get("ratios", {}).items() if v is not None}
+        if r["_kind"] in RATIO_KINDS:
+            current = {k: (v, True) for k, v in ratios_of(r).items() if v is not None}
             base = baseline.get("ratios", {})
         else:
             m = validation_metrics(r)
@@ -144,7 +145,7 @@ def check(results: list[dict[str, Any]], baseline: dict[str, Any], max_regressio
                 regressed = not (value <= limit)
             checks.append(Check(r["_source"], metric, b, float(value), higher, limit, regressed))
     if not checks:
-        have = sorted({k for r in results for k in (r.get("ratios", {}) if r["_kind"] == KIND_COMPARE
+        have = sorted({k for r in results for k in (ratios_of(r) if r["_kind"] in RATIO_KINDS
                                                     else validation_metrics(r))})
         want = sorted(set(baseline.get("ratios", {})) | set(baseline.get("validation", {})))
         raise GGUFParityError(

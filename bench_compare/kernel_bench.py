@@ -75,7 +75,7 @@ def model_matrices(name: str) -> tuple[list[mm.QMatrix], bool]:
     Copied out of the memory map, as the numba backend does (``NumbaBackend.copy_weights``).
     """
     from inference_engine.gguf_file import GGUFFile
-    from inference_engine.registry import cached_path, is_cached
+    from inference_engine.model_cache import cached_path, is_cached
 
     if not is_cached(name):
         return [], False
@@ -206,7 +206,7 @@ def measure_llamacpp_decode(name: str, threads: int, n_tokens: int = 64) -> floa
     (SIGSEGV) in the first decode on this machine.
     """
     try:
-        from inference_engine.registry import cached_path
+        from inference_engine.model_cache import cached_path
         from validation.llamacpp.engine import LlamaCppEngine
     except ImportError:
         return None

@@ -68,7 +68,7 @@ def make_record(
         "build_number": int(build_number),
         "cpu_info": cpu_info,
         "gpu_info": "",
-        "backends": settings["backend"] if settings["engine"] != "llamacpp" else "CPU",
+        "backends": settings["backend"],  # llama.cpp's settings say "CPU", as llama-bench prints
         "engine": settings["engine"],
         "numerics": settings["numerics"],
         "model_filename": model["path"],
@@ -78,9 +78,9 @@ def make_record(
         "n_batch": int(settings["n_batch"]),
         "n_ubatch": int(settings["n_ubatch"]),
         "n_threads": int(settings["n_threads"]),
-        "type_k": settings["type_k"],
-        "type_v": settings["type_v"],
-        "flash_attn": flash_attn_value(settings["flash_attn"]),
+        "type_k": settings.get("type_k", UNKNOWN_SETTING),  # a plugin engine need not say
+        "type_v": settings.get("type_v", UNKNOWN_SETTING),
+        "flash_attn": flash_attn_value(settings.get("flash_attn")),
         "n_prompt": int(n_prompt),
         "n_gen": int(n_gen),
         "n_depth": int(n_depth),
@@ -94,8 +94,14 @@ def make_record(
     }
 
 
+UNKNOWN_SETTING = "unknown"
+
+
 def flash_attn_value(setting: Any) -> int:
-    """llama-bench prints ``(int) llama_flash_attn_type``: -1 auto, 0 off, 1 on."""
+    """llama-bench prints ``(int) llama_flash_attn_type``: -1 auto, 0 off, 1 on. Not known (``None``: a plugin
+    engine that does not say) is -1, the engine's own choice, which is what "auto" means to llama-bench."""
+    if setting is None:
+        return -1
     if isinstance(setting, str):
         return {"auto": -1, "off": 0, "on": 1}[setting.lower()]
     return int(bool(setting))
@@ -185,16 +191,3 @@ def _csv_value(value: Any) -> str:
 
 def format_csv(records: Iterable[dict[str, Any]]) -> str:
     return csv_header() + "".join(csv_row(r) for r in records)
-
-
-def format_records(records: Sequence[dict[str, Any]], fmt: str, build_commit: str = "",
-                   build_number: int | str = 0) -> str:
-    if fmt == "md":
-        return format_markdown(records, build_commit, build_number)
-    if fmt == "json":
-        return format_json(records)
-    if fmt == "jsonl":
-        return format_jsonl(records)
-    if fmt == "csv":
-        return format_csv(records)
-    raise ValueError(f"unknown output format {fmt!r}")

@@ -27,7 +27,9 @@ import numpy as np
 from bench_compare import timing
 from bench_compare.timing import NS_PER_MS, Clock, Stats, summarize, tokens_per_second
 from inference_engine.errors import GGUFParityError
+from inference_engine.generate import ForcedTokens, generate_step, prefill_chunked
 from inference_engine.protocol import Engine
+from inference_engine.sampling import greedy
 
 DEFAULT_N_BATCH = 512  # llama-bench's n_ubatch: the chunk size llama.cpp actually computes a prefill in
 DEFAULT_SEED = 1234
@@ -149,14 +151,6 @@ def draw_tokens(test: TestSpec, allowed_ids: np.ndarray, seed: int = DEFAULT_SEE
 
 
 # --- one sample -------------------------------------------------------------------------------------------------
-def prefill_chunked(engine: Engine, ids: Sequence[int], n_batch: int) -> np.ndarray | None:
-    """Feed ``ids`` in chunks of at most ``n_batch`` (llama-bench's ``test_prompt``); last chunk's logits."""
-    logits = None
-    for start in range(0, len(ids), n_batch):
-        logits = engine.prefill(list(ids[start : start + n_batch]))
-    return logits
-
-
 def run_sample(
     engine: Engine,
     test: TestSpec,
@@ -168,17 +162,16 @@ def run_sample(
     clock = clock or timing.DEFAULT_CLOCK
     engine.reset()
     if tokens.depth:
-        prefill_chunked(engine, tokens.depth, n_batch)
+        prefill_chunked(engine, tokens.depth, n_batch)  # untimed
     if test.kind == KIND_TTFT_HOT:
         start = clock()
-        logits = prefill_chunked(engine, tokens.prompt, n_batch)
-        int(np.argmax(logits))  # the first greedy token
-        return clock() - start
+        next(generate_step(engine, tokens.prompt, greedy, n_batch=n_batch, reset=False, n_past=len(tokens.depth)))
+        return clock() - start  # the prefill and the first greedy token
     start = clock()
-    if tokens.prompt:
-        prefill_chunked(engine, tokens.prompt, n_batch)
-    for token in tokens.gen:
-        engine.decode(token)
+    # llama-bench's pp / tg / pg: the prompt in chunks, then each given token decoded (forced, not sampled)
+    for _ in generate_step(engine, tokens.prompt, ForcedTokens(tokens.gen), n_batch=n_batch, reset=False,
+                           n_past=len(tokens.depth)):
+        pass
     return clock() - start
 
 

@@ -1,13 +1,16 @@
 """Reports from result JSONs: Markdown with PNG plots, and a history file with one row per run.
 
-Two kinds of result are understood:
+The kinds of result understood, by their ``kind`` (:mod:`validation.results`):
 
-* compare results (``bench-compare compare --json``): ``kind == "gguf-parity-compare"``, ``results`` and
+* compare results (``bench-compare compare --json``, :class:`~validation.results.CompareResult`): ``results`` and
   ``ratios`` (higher is better for ours);
-* validation results (``bench-compare validate``): ``passed``, ``tensors`` ``[{name, nmse, ...}]`` and
-  ``logits`` ``{kld_mean, kld_max, top1_agreement}``.
+* validation results (``bench-compare validate``, :class:`~validation.results.ValidationResult`): ``passed``,
+  ``tensors`` ``[{name, nmse, ...}]`` and ``logits`` ``{kld_mean, kld_max, top1_agreement}``;
+* HTTP results (``compare`` / ``validate --engine openai:URL``, :class:`~validation.results.HttpCompareResult`,
+  :class:`~validation.results.HttpValidateResult`): ratios per test and metric, top-k logprob fidelity.
 
-Anything else is refused with a one-line error. Every file is written atomically (:mod:`bench_compare.atomic`).
+Files written before results carried a ``kind`` are upgraded on load (:func:`validation.results.upgrade_legacy`).
+Anything else is refused with a one-line error. Every file is written atomically (:mod:`validation.atomic`).
 Plots use matplotlib's Agg canvas directly (no pyplot, no display needed).
 """
 
@@ -20,12 +23,18 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from bench_compare.atomic import atomic_open, atomic_write_bytes, atomic_write_text
-from bench_compare.results import COMPARE_KIND, cpu_isa_label, utc_now
+from validation.atomic import atomic_open, atomic_write_bytes, atomic_write_text
+from bench_compare.results import utc_now
+from validation.provenance import cpu_isa_label
+from validation.results import (CompareResult, HttpCompareResult, HttpValidateResult, ValidationResult, result_class,
+                                upgrade_legacy)
 from inference_engine.errors import GGUFParityError
 
 KIND_COMPARE = "compare"
 KIND_VALIDATION = "validation"
+KIND_HTTP_COMPARE = HttpCompareResult.kind  # bench_compare.adapters.http_bench results
+KIND_HTTP_VALIDATE = HttpValidateResult.kind  # bench_compare.adapters.http_fidelity results
+RATIO_KINDS = (KIND_COMPARE, KIND_HTTP_COMPARE)  # results whose gateable numbers are ratios
 WORST_TENSORS_SHOWN = 10
 
 UNIT_FORMATS = {"t/s": "{:.2f} t/s", "ms": "{:.1f} ms", "MiB": "{:.1f} MiB"}
@@ -33,16 +42,15 @@ ENGINE_TITLES = {"llamacpp": "llama.cpp"}
 
 
 # --- loading ----------------------------------------------------------------------------------------------------
+# result kind (the JSON's "kind") -> the section of the report it goes to
+REPORT_SECTIONS = {CompareResult.kind: KIND_COMPARE, ValidationResult.kind: KIND_VALIDATION,
+                   HttpCompareResult.kind: KIND_HTTP_COMPARE, HttpValidateResult.kind: KIND_HTTP_VALIDATE}
+
+
 def classify(obj: Any) -> str | None:
-    if not isinstance(obj, dict):
-        return None
-    if obj.get("kind") == COMPARE_KIND or (
-        isinstance(obj.get("results"), list) and isinstance(obj.get("ratios"), dict)
-    ):
-        return KIND_COMPARE
-    if "passed" in obj and (isinstance(obj.get("tensors"), list) or isinstance(obj.get("logits"), dict)):
-        return KIND_VALIDATION
-    return None
+    """The report section of a result object (by its ``kind``; old files upgraded first), or None."""
+    upgraded = upgrade_legacy(obj)
+    return None if upgraded is None else REPORT_SECTIONS.get(upgraded["kind"])
 
 
 def load_json(path: str | Path, what: str = "result") -> Any:
@@ -56,12 +64,13 @@ def load_json(path: str | Path, what: str = "result") -> Any:
 
 
 def load_result(path: str | Path) -> dict[str, Any]:
-    obj = load_json(path)
-    kind = classify(obj)
+    obj = upgrade_legacy(load_json(path))
+    kind = None if obj is None else REPORT_SECTIONS.get(obj["kind"])
     if kind is None:
         raise GGUFParityError(
             f"{path}: not a gguf-parity result (expected a compare JSON with 'results' and 'ratios', or a "
-            "validation JSON with 'passed', 'tensors' and 'logits')")
+            "validation JSON with 'passed', 'tensors' and 'logits', or an HTTP compare / validate JSON)")
+    result_class(obj, str(path))  # refuses a schema newer than this version reads
     obj = dict(obj)
     obj["_kind"] = kind
     obj["_source"] = str(path)
@@ -91,6 +100,11 @@ def tensors_with_nmse(obj: dict[str, Any]) -> list[dict[str, Any]]:
 def validation_metrics(obj: dict[str, Any]) -> dict[str, Any]:
     """The gateable numbers of a validation result: KL divergence, top-1 agreement, the worst tensor NMSE."""
     out: dict[str, Any] = {"passed": bool(obj.get("passed"))}
+    if obj.get("kind") == KIND_HTTP_VALIDATE:  # top-k logprobs only: no full-vocabulary KLD, no tensors
+        value = as_number((obj.get("metrics") or {}).get("top1_agreement"))
+        if value is not None:
+            out["top1_agreement"] = value
+        return out
     logits = obj.get("logits") or {}
     for key in ("kld_mean", "kld_max", "top1_agreement"):
         value = as_number(logits.get(key))
@@ -254,11 +268,26 @@ def nmse_chart_png(obj: dict[str, Any]) -> bytes | None:
 
 
 # --- the report -------------------------------------------------------------------------------------------------
+def ratios_of(r: dict[str, Any]) -> dict[str, float | None]:
+    """A result's ratios as {name: number}: compare's as they are, an HTTP compare's as "test metric" (those it
+    could measure: a pp test has no TPOT)."""
+    if r["_kind"] == KIND_HTTP_COMPARE:
+        return {f"{test} {metric}": v for test, row in (r.get("ratios") or {}).items() for metric, v in row.items()
+                if v is not None}
+    return dict(r.get("ratios") or {})
+
+
 def render_report(results: list[dict[str, Any]], images: dict[int, dict[str, str]],
                   gate_section: str | None = None) -> str:
     lines = ["# gguf-parity report", "", f"Generated {utc_now()} from {len(results)} result file(s).", ""]
     for i, r in enumerate(results):
-        if r["_kind"] == KIND_COMPARE:
+        if r["_kind"] in (KIND_HTTP_COMPARE, KIND_HTTP_VALIDATE):
+            from bench_compare.adapters import http_bench, http_fidelity
+
+            body = (http_bench if r["_kind"] == KIND_HTTP_COMPARE else http_fidelity).markdown(r)
+            lines += [("#" + line) if line.startswith("#") else line for line in body.splitlines()]
+            lines += ["", f"Source: `{r['_source']}`", ""]
+        elif r["_kind"] == KIND_COMPARE:
             model = r.get("model", {}).get("filename", "?")
             lines += [f"## Speed: {r.get('ours')} vs llama.cpp on {model}", "",
                       f"Source: `{r['_source']}`  ", compare_summary_line(r), ""]
@@ -353,6 +382,9 @@ def history_row(r: dict[str, Any]) -> dict[str, Any]:
             row[f"ratio:{test}"] = ratio
         for res in r.get("results", []):
             row[f"{res['engine']}:{res['test']} [{res['unit']}]"] = res["median"]
+    elif r["_kind"] == KIND_HTTP_COMPARE:
+        row["engine"] = r.get("engine")
+        row.update({f"ratio:{name}": v for name, v in ratios_of(r).items()})
     else:
         row["engine"] = r.get("engine")
         row.update({k: v for k, v in validation_metrics(r).items()})

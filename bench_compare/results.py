@@ -8,27 +8,27 @@ throughput ours / llama.cpp, time and memory llama.cpp / ours.
 
 from __future__ import annotations
 
-import ctypes
-import datetime as _dt
-import importlib.metadata
-import importlib.util
-import os
-import platform
-import subprocess
-import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from bench_compare.measure import Measurement
 from bench_compare.timing import Stats, summarize
+from validation.provenance import (  # noqa: F401  (re-exported: the harness reads them from here)
+    cpu_isa_label,
+    cpu_provenance,
+    git_info,
+    machine_info,
+    package_versions,
+    provenance,
+    utc_now,
+)
+from validation.results import CompareResult
 
-COMPARE_KIND = "gguf-parity-compare"
-SCHEMA_VERSION = 1
+COMPARE_KIND = CompareResult.kind
+SCHEMA_VERSION = CompareResult.schema_version
 REFERENCE_ENGINE = "llamacpp"
 
-_PACKAGES = ("gguf-parity", "numpy", "gguf", "llama-cpp-python", "numba", "mlx", "tokenizers", "sentencepiece")
 
 
 @dataclass
@@ -101,118 +101,7 @@ def compute_ratios(results: Iterable[TestResult], ours: str, reference: str = RE
     return ratios
 
 
-# --- metadata ---------------------------------------------------------------------------------------------------
-def utc_now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
-
-
-def git_info(repo: str | os.PathLike | None = None) -> dict[str, Any]:
-    """Commit of the checkout this package runs from (``unknown`` outside a git checkout)."""
-    cwd = Path(repo) if repo else Path(__file__).resolve().parent.parent
-    try:
-        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, timeout=10)
-        if sha.returncode != 0:
-            return {"sha": "unknown", "dirty": None}
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=cwd,
-                               capture_output=True, text=True, timeout=10)
-        return {"sha": sha.stdout.strip(), "dirty": bool(dirty.stdout.strip())}
-    except (OSError, subprocess.SubprocessError):
-        return {"sha": "unknown", "dirty": None}
-
-
-def package_versions() -> dict[str, str | None]:
-    versions: dict[str, str | None] = {"python": platform.python_version()}
-    for name in _PACKAGES:
-        try:
-            versions[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            versions[name] = None
-    versions.update(ggml_build())
-    return versions
-
-
-def ggml_build() -> dict[str, str | None]:
-    """The ggml build inside llama-cpp-python (``ggml_version`` / ``ggml_commit`` from libggml-base)."""
-    try:
-        spec = importlib.util.find_spec("llama_cpp")
-        if spec is None or not spec.origin:
-            return {"ggml": None, "ggml_commit": None}
-        lib_dir = Path(spec.origin).parent / "lib"
-        names = [p for p in lib_dir.glob("libggml-base.*") if p.suffix in (".so", ".dylib", ".dll")]
-        if not names:
-            return {"ggml": None, "ggml_commit": None}
-        lib = ctypes.CDLL(str(names[0]))
-        lib.ggml_version.restype = ctypes.c_char_p
-        lib.ggml_commit.restype = ctypes.c_char_p
-        return {"ggml": lib.ggml_version().decode(), "ggml_commit": lib.ggml_commit().decode()}
-    except (OSError, AttributeError):
-        return {"ggml": None, "ggml_commit": None}
-
-
-def machine_info() -> dict[str, Any]:
-    info: dict[str, Any] = {
-        "platform": platform.platform(),
-        "machine": platform.machine(),
-        "cpu": _cpu_model(),
-        "logical_cpus": os.cpu_count(),
-        "usable_cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
-        "memory_bytes": _memory_total(),
-    }
-    info.update(cpu_provenance())
-    return info
-
-
-def cpu_provenance() -> dict[str, Any]:
-    """The CPU's name and instruction set, recorded next to every figure (a ratio measured on AVX-512 says little
-    about an AVX2 machine): ``cpu``, ``isa`` (``"AVX2"``, ``"AVX-512 + VNNI + AMX"``), ``isa_flags`` and
-    ``cpu_isa`` (``"AMD EPYC, AVX2"``, what reports print). Shared by every result builder."""
-    from inference_engine.cpu_features import cpu_features
-
-    features = cpu_features().as_dict()
-    return {"cpu": features["cpu"], "isa": features["isa"], "isa_flags": features["isa_flags"],
-            "cpu_isa": cpu_isa_label(features)}
-
-
-def cpu_isa_label(machine: dict[str, Any]) -> str:
-    """``"AMD EPYC, AVX2"`` from a result's ``machine`` block (older results without ``isa``: the CPU alone)."""
-    if machine.get("cpu_isa"):
-        return str(machine["cpu_isa"])
-    cpu, isa = machine.get("cpu") or machine.get("processor") or "?", machine.get("isa")
-    return f"{cpu}, {isa}" if isa else str(cpu)
-
-
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    if sys.platform == "darwin":
-        try:
-            out = subprocess.run(["sysctl", "-n", "machdep.cpu.brand_string"], capture_output=True, text=True)
-            if out.returncode == 0:
-                return out.stdout.strip()
-        except OSError:
-            pass
-    return platform.processor() or "unknown"
-
-
-def _memory_total() -> int | None:
-    try:
-        with open("/proc/meminfo") as fh:
-            for line in fh:
-                if line.startswith("MemTotal:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return None
-
-
+# --- metadata (the provenance builder lives in validation.provenance) -------------------------------------------
 def model_description(gguf_file) -> dict[str, Any]:
     """What llama-bench reports about a model, from the GGUF alone (same for every engine).
 
@@ -248,10 +137,7 @@ def model_type_label(architecture: str, n_params: int, quant: str) -> str:
 
 def run_metadata(gguf_file, settings: dict[str, Any]) -> dict[str, Any]:
     return {
-        "date": utc_now(),
-        "git": git_info(),
-        "versions": package_versions(),
-        "machine": machine_info(),
+        **provenance(),
         "model": model_description(gguf_file),
         "settings": settings,
     }

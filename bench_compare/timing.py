@@ -37,17 +37,6 @@ class Stats:
     max: float
     stddev: float
 
-    def as_dict(self) -> dict[str, float]:
-        return {
-            "n": self.n,
-            "mean": self.mean,
-            "median": self.median,
-            "p95": self.p95,
-            "min": self.min,
-            "max": self.max,
-            "stddev": self.stddev,
-        }
-
 
 def sample_stddev(values: Sequence[float]) -> float:
     """Sample standard deviation (n-1), 0 for fewer than two values: llama-bench's ``stdev``."""

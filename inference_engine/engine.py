@@ -19,11 +19,13 @@ from typing import Any
 import numpy as np
 
 from inference_engine.backends import get_backend
+from inference_engine.backends import numerics as nx
 from inference_engine.backends.base import check_kv_type
 from inference_engine.errors import GGUFParityError
 from inference_engine.gguf_file import GGUFFile, open_gguf
+from inference_engine.gguf_validate import check_context, check_model
 from inference_engine.kv_cache import KVCache
-from inference_engine.models import build_model
+from inference_engine.models import build_model, check_runnable
 from inference_engine.models.base import no_tap
 
 
@@ -51,6 +53,9 @@ class OurEngine:
         t0 = time.perf_counter()
         self.gguf = model if isinstance(model, GGUFFile) else open_gguf(model)
         t1 = time.perf_counter()
+        check_runnable(self.gguf)  # an architecture or tensor type we cannot run: say that first
+        shape = check_model(self.gguf)  # every hyperparameter, shape and vocabulary problem, before any weight
+        check_context(self.gguf.path, shape, int(n_ctx), 2 if kv_type == "f16" else 4, flag="context size")
         self.backend = get_backend(backend, numerics, n_threads)
         self.model = build_model(self.gguf, self.backend)
         self.cache = KVCache(self.backend, self.model.kv_layout(), int(n_ctx), kv_type)
@@ -97,6 +102,7 @@ class OurEngine:
             "backend": self.backend.name,
             "backend_description": self.backend.description,
             "numerics": self.numerics,
+            "ggml_simd": nx.ggml_simd() if self.numerics == "ggml" else None,
             "kv_type": self.kv_type,
             "threads": self.n_threads,
             "versions": self.versions(),
@@ -213,7 +219,7 @@ def load_engine(
     progress: bool = True,
 ) -> OurEngine:
     """An engine for a model as users name it: a named model (fetched on first use) or a path to a .gguf."""
-    from inference_engine.registry import resolve_model
+    from inference_engine.model_cache import resolve_model
 
     return OurEngine(resolve_model(str(model), progress=progress), backend, numerics, n_ctx, n_threads, kv_type)
 

@@ -13,3 +13,13 @@ class GGUFParityError(Exception):
 
     def __init__(self, message: str):
         super().__init__(" ".join(str(message).split()))
+
+
+class CheckFailed(Exception):
+    """A run that went to the end and found a difference (a validation that failed): not a user mistake. Reported
+    as one line (``error: ...``) with exit code 1; whatever the run wrote (its report) is kept."""
+
+    exit_code = 1
+
+    def __init__(self, message: str):
+        super().__init__(" ".join(str(message).split()))

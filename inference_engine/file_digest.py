@@ -2,7 +2,7 @@
 
 Every result records its model's sha256; hashing a 1.1 GB file takes seconds, and a compare asks for it in several
 places. The digest is kept in ``<cache>/digests`` (one small JSON file per model path) together with the file's size
-and modification time, and reused while both are unchanged; :mod:`inference_engine.registry` records the digest it
+and modification time, and reused while both are unchanged; :mod:`inference_engine.model_cache` records the digest it
 verified when it fetched a named model, so those are never hashed again.
 """
 
@@ -20,7 +20,7 @@ MAX_SLOTS = 256  # test suites hash many temporary files; the oldest records go 
 
 
 def default_dir() -> Path:
-    from inference_engine.registry import cache_dir
+    from inference_engine.model_cache import cache_dir
 
     return cache_dir().parent / "digests"
 

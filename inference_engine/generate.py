@@ -1,4 +1,15 @@
-"""Generation loop over any engine: prefill the prompt, then decode one token at a time, streaming text.
+"""The one generation loop over any engine (:func:`generate_step`), and text generation built on it (:func:`generate`).
+
+:func:`generate_step` is mlx-lm's ``generate_step`` for our Engine protocol: it prefills the prompt (in chunks of
+``n_batch`` if given) and then yields ``(token, logits)`` one step at a time, the token picked by the sampler from the
+logits of the position before it; the next step decodes that token. It ends when the sampler returns ``None`` (a
+:class:`ForcedTokens` sampler that has run out: llama-bench's ``tg`` decodes given tokens this way) or when the
+context is full; the caller stops it whenever it likes (end-of-generation, a token budget). ``generate`` (CLI
+``generate``), the benchmark's decode timing (``bench_compare.measure``), cold start (``bench_compare.cold_start``),
+the greedy smoke test (``validation.smoke``), compare's cost probe (``bench_compare.compare_run``) and
+the server build on it.
+
+:func:`generate`:
 
 Stops at any end-of-generation id (the tokenizer's ``eog_ids``: EOS, EOT, ``<end_of_turn>``...), after
 ``max_tokens`` tokens, or when the context is full. Timings follow llama.cpp's conventions: time to first token
@@ -10,11 +21,83 @@ from the prefill, so ``n - 1`` decode steps for ``n`` tokens).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from inference_engine.errors import GGUFParityError
-from inference_engine.sampling import Sampler
+from inference_engine.sampling import Sampler, greedy
+
+
+@dataclass
+class StepTimings:
+    """Filled by :func:`generate_step` when passed in: seconds in prefill and in decode calls (sampling excluded,
+    as llama.cpp's eval time), and the number of decode calls."""
+
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+    decode_steps: int = 0
+
+
+class ForcedTokens:
+    """A "sampler" that ignores the logits and returns the given tokens in order, then ``None`` (which ends
+    :func:`generate_step`): decoding given tokens, as llama-bench's ``tg`` test and the smoke test's lockstep do."""
+
+    def __init__(self, tokens: Iterable[int]):
+        self._tokens = iter(tokens)
+
+    def __call__(self, logits) -> int | None:
+        return next(self._tokens, None)
+
+
+def prefill_chunked(engine, ids: Sequence[int], n_batch: int | None = None) -> np.ndarray | None:
+    """Feed ``ids`` in chunks of at most ``n_batch`` (all at once if None); the last chunk's logits (None if no ids)."""
+    logits = None
+    step = n_batch or max(len(ids), 1)
+    for start in range(0, len(ids), step):
+        logits = engine.prefill(list(ids[start : start + step]))
+    return logits
+
+
+def generate_step(
+    engine,
+    prompt_ids: Sequence[int],
+    sampler: Callable[[np.ndarray | None], int | None] | None = None,
+    *,
+    n_batch: int | None = None,
+    reset: bool = True,
+    n_past: int = 0,
+    timings: StepTimings | None = None,
+    clock: Callable[[], float] = time.perf_counter,
+) -> Iterator[tuple[int, np.ndarray | None]]:
+    """Prefill ``prompt_ids`` then yield ``(token, logits)`` one step at a time (see the module docstring).
+
+    ``reset=False`` continues on the engine's cache, which already holds ``n_past`` positions (a benchmark's depth).
+    ``sampler`` defaults to greedy. ``logits`` is None only for a first step with no prompt (a forced token).
+    """
+    sampler = sampler or greedy
+    if reset:
+        engine.reset()
+        n_past = 0
+    t0 = clock()
+    logits = prefill_chunked(engine, prompt_ids, n_batch)
+    if timings is not None:
+        timings.prefill_s += clock() - t0
+    position = n_past + len(prompt_ids)  # where the next token goes in the cache
+    while True:
+        token = sampler(logits)
+        if token is None or position >= engine.n_ctx:
+            return  # out of forced tokens, or no room in the context for this token
+        token = int(token)
+        yield token, logits
+        # decoded only when the caller asks for the next step (a caller that stops pays for no extra decode)
+        t0 = clock()
+        logits = engine.decode(token)
+        if timings is not None:
+            timings.decode_s += clock() - t0
+            timings.decode_steps += 1
+        position += 1
 
 
 @dataclass
@@ -82,31 +165,21 @@ def generate(
                 if on_text:
                     on_text(piece)
 
-    engine.reset()
+    timings = StepTimings()
     start = time.perf_counter()
-    logits = engine.prefill(list(prompt_ids))
-    token = sampler(logits)
-    result.ttft_s = time.perf_counter() - start
-    result.token_ids.append(token)
-    emit(token)
-
-    while True:
+    result.stop_reason = "context"  # unless the loop below ends otherwise
+    for token, _ in generate_step(engine, prompt_ids, sampler, timings=timings):
+        if not result.token_ids:
+            result.ttft_s = time.perf_counter() - start
+        result.token_ids.append(token)
+        emit(token)
         if token in eog:
             result.stop_reason = "eog"
             break
         if result.n_generated >= max_tokens:
             result.stop_reason = "max_tokens"
             break
-        if len(prompt_ids) + result.n_generated >= engine.n_ctx:
-            result.stop_reason = "context"
-            break
-        step_start = time.perf_counter()
-        logits = engine.decode(token)
-        result.decode_s += time.perf_counter() - step_start
-        result.decode_steps += 1
-        token = sampler(logits)
-        result.token_ids.append(token)
-        emit(token)
+    result.decode_s, result.decode_steps = timings.decode_s, timings.decode_steps
 
     if stream_decoder is not None:
         tail = stream_decoder.flush()

@@ -1,8 +1,9 @@
 """Open a GGUF file: metadata, tensors and checks, through gguf-py's memory-mapped ``GGUFReader``.
 
-Nothing here copies weights: each :class:`TensorInfo` holds a view into the memory map. Every problem a user can
-cause (missing path, directory, empty or non-GGUF file, truncated tensor data, unknown architecture, unsupported
-tensor type) raises :class:`GGUFParityError` with one line naming it and what is supported.
+Nothing here copies weights: each :class:`TensorInfo` holds a view into the memory map. A pure reader: any
+architecture and any tensor type opens (``inspect`` shows them); what we can *run* is checked where a model is built
+(:func:`inference_engine.models.check_runnable`). Every problem with the file itself (missing path, directory, empty
+or non-GGUF file, truncated tensor data) raises :class:`GGUFParityError` with one line naming it.
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, LlamaFileType
+from gguf import GGMLQuantizationType, GGUFReader, LlamaFileType
 from gguf.constants import GGUFValueType
 
+from inference_engine import gguf_validate
 from inference_engine.errors import GGUFParityError
 
 GGUF_MAGIC = b"GGUF"
@@ -84,6 +86,16 @@ class FastGGUFReader(GGUFReader):
 
     _U64 = struct.Struct("<Q")
 
+    def __init__(self, path, mode="r", problems: list[str] | None = None):
+        # None: the first structural problem of the tensor table raises; a list: problems are collected there and
+        # only the valid tensors are built (``inspect`` shows what it can of a broken file).
+        self.problems = problems
+        super().__init__(path, mode)
+
+    def _build_tensors(self, start_offs, fields):
+        fields = gguf_validate.checked_tensor_fields(self, start_offs, fields, self.problems)
+        super()._build_tensors(start_offs, fields)
+
     def _get_field_parts(self, orig_offs, raw_type):
         if GGUFValueType(raw_type) != GGUFValueType.ARRAY:
             return super()._get_field_parts(orig_offs, raw_type)
@@ -96,14 +108,20 @@ class FastGGUFReader(GGUFReader):
         nptype = self.gguf_scalar_to_np.get(item_type)
         if nptype is not None:
             values = self._get(offs, nptype, count)
+            if values.shape[0] != count:  # gguf-py's _get returns what is left when the file ends early
+                raise ValueError(f"array of {count} values at offset {orig_offs} runs past the end of the file")
             return 12 + int(values.nbytes), [raw_itype, alen, values], [2], types
         if item_type != GGUFValueType.STRING:  # nested arrays: rare, leave them to gguf-py
             return super()._get_field_parts(orig_offs, raw_type)
         buf = self.data.view(np.ndarray)
+        if count > (len(buf) - offs) // 8:  # each string takes at least its 8-byte length
+            raise ValueError(f"array of {count} strings at offset {orig_offs} cannot fit in the file")
         parts: list[np.ndarray] = [raw_itype, alen]
         unpack = self._U64.unpack_from
         for _ in range(count):
             (length,) = unpack(buf, offs)
+            if length > len(buf) - offs - 8:
+                raise ValueError(f"string of {length} bytes at offset {offs} runs past the end of the file")
             parts.append(buf[offs + 8 : offs + 8 + length])
             offs += 8 + length
         return offs - orig_offs, parts, list(range(2, count + 2)), types
@@ -111,38 +129,48 @@ class FastGGUFReader(GGUFReader):
 
 def _field_value(field) -> Any:
     """Decode one metadata field to plain Python (str, int, float, bool or list)."""
-    return field.contents()
+    try:
+        return field.contents()
+    except UnicodeDecodeError:  # only a file opened with strict=False gets here: validation refuses it otherwise
+        return gguf_validate.lossy_contents(field)
 
 
 class GGUFFile:
-    """A validated, memory-mapped GGUF model file."""
+    """A validated, memory-mapped GGUF model file.
 
-    def __init__(self, path: str | os.PathLike):
+    ``strict=False`` (``inspect``): structural problems are listed in ``problems`` instead of raised, and only the
+    tensors without one are kept, so a broken file still shows what it can.
+    """
+
+    def __init__(self, path: str | os.PathLike, strict: bool = True):
         self.path = Path(path)
+        self.problems: list[str] = []
+        self.unsupported: list[str] = []  # strict=False only: the problems that are our engine's limits
+        self.structure_problems: list[str] = []  # strict=False only: tensor table and metadata problems
         _check_path(self.path)
         try:
-            self.reader = FastGGUFReader(self.path, "r")
-        except (ValueError, IndexError, OSError, KeyError, struct.error) as exc:  # how truncation surfaces
+            self.reader = FastGGUFReader(self.path, "r", problems=None if strict else self.problems)
+        except gguf_validate.StructureError as exc:
+            raise GGUFParityError(f"{self.path}: {exc}") from None
+        except (ValueError, IndexError, OSError, KeyError, OverflowError, struct.error) as exc:  # truncation
             raise GGUFParityError(f"{self.path}: truncated or corrupt GGUF file ({_short(exc)})") from None
+        skip = gguf_validate.VOCAB_STRING_KEYS if strict else ()  # the tokenizer checks those as it decodes them
+        self.problems += gguf_validate.metadata_problems(self.reader, skip_strings=skip)
+        if strict and self.problems:
+            gguf_validate.raise_first(self.path, self.problems)
+        if not strict:
+            self._open_lenient()
+            return
         self.raw_architecture = str(self.metadata_value("general.architecture", ""))
         if not self.raw_architecture:
             raise GGUFParityError(f"{self.path}: GGUF file has no general.architecture key")
+        # Any architecture and tensor type opens (for inspect); what we can run is checked where a model is built
+        # (inference_engine.models.check_runnable).
         self.architecture = ARCHITECTURE_ALIASES.get(self.raw_architecture, self.raw_architecture)
-        if self.architecture not in SUPPORTED_ARCHITECTURES:
-            raise GGUFParityError(
-                f"{self.path}: unsupported architecture '{self.raw_architecture}'; supported: "
-                f"{', '.join(SUPPORTED_ARCHITECTURES)} (aliases: "
-                f"{', '.join(f'{a}->{b}' for a, b in ARCHITECTURE_ALIASES.items())})"
-            )
         self.tensors: dict[str, TensorInfo] = {}
         file_size = self.path.stat().st_size
         for t in self.reader.tensors:
             qtype = GGMLQuantizationType(int(t.tensor_type))
-            if qtype not in SUPPORTED_TENSOR_TYPES:
-                raise GGUFParityError(
-                    f"{self.path}: tensor '{t.name}' has unsupported type {qtype.name}; supported: "
-                    f"{supported_type_names()}"
-                )
             if int(t.data_offset) + int(t.n_bytes) > file_size:
                 raise GGUFParityError(
                     f"{self.path}: file is truncated: tensor '{t.name}' needs bytes up to "
@@ -150,6 +178,26 @@ class GGUFFile:
                 )
             shape = tuple(int(d) for d in reversed(t.shape.tolist()))
             self.tensors[t.name] = TensorInfo(t.name, qtype, shape, int(t.n_bytes), t.data)
+
+    def _open_lenient(self) -> None:
+        """What ``__init__`` does after the structure checks, each refusal recorded in ``problems`` instead."""
+        self.raw_architecture = str(self.metadata_value("general.architecture", "") or "")
+        self.architecture = ARCHITECTURE_ALIASES.get(self.raw_architecture, self.raw_architecture)
+        if self.architecture not in SUPPORTED_ARCHITECTURES:
+            self.unsupported.append(f"unsupported architecture '{self.raw_architecture}'; supported: "
+                                    f"{', '.join(SUPPORTED_ARCHITECTURES)}")
+        self.tensors = {}
+        for t in self.reader.tensors:
+            qtype = GGMLQuantizationType(int(t.tensor_type))
+            if qtype not in SUPPORTED_TENSOR_TYPES:
+                self.unsupported.append(f"tensor '{t.name}' has unsupported type {qtype.name}; supported: "
+                                        f"{supported_type_names()}")
+            shape = tuple(int(d) for d in reversed(t.shape.tolist()))
+            self.tensors[t.name] = TensorInfo(t.name, qtype, shape, int(t.n_bytes), t.data)
+        self.structure_problems = list(self.problems)  # what every reader of the file must refuse
+        if self.architecture in SUPPORTED_ARCHITECTURES:
+            self.problems += gguf_validate.model_problems(self)[0]
+        # ``unsupported`` stays apart: a valid file our engine cannot run is not a broken file (llama.cpp may run it)
 
     # --- metadata -------------------------------------------------------------------------------------------
     @cached_property
@@ -247,10 +295,5 @@ def _short(exc: BaseException) -> str:
     return text[:160]
 
 
-def open_gguf(path: str | os.PathLike) -> GGUFFile:
-    return GGUFFile(path)
-
-
-def row_bytes(qtype: GGMLQuantizationType, n_cols: int) -> int:
-    block, size = GGML_QUANT_SIZES[qtype]
-    return n_cols // block * size
+def open_gguf(path: str | os.PathLike, strict: bool = True) -> GGUFFile:
+    return GGUFFile(path, strict)

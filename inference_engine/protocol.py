@@ -17,6 +17,12 @@ Teacher forcing (optional): an engine whose ``capture`` also accepts ``force={na
 computes it, then continues with the forced array of that name (reshaped to its own shape), so every recorded tensor is
 its op(s) applied to the forcing engine's inputs. Our engine does (``OurEngine.capture``); llama.cpp's adapter does
 not. ``validation`` checks for the parameter and falls back to a free-running comparison without it.
+
+Capability gaps (optional): an engine that cannot do something the protocol names (a tensor dump cannot decode or
+tokenize; an HTTP server cannot capture) raises :class:`EngineCapabilityError` from that method, and the harness
+reports the check that needed it as "not checked: <message>" instead of failing. An engine whose ``capture`` returns
+only some of llama.cpp's tensors by design sets ``partial_capture = True``: validation then lists the tensors it
+lacks as not provided and, when ``result_output`` is among them, reports the logits check as not checked.
 """
 
 from __future__ import annotations
@@ -24,6 +30,16 @@ from __future__ import annotations
 from typing import Any, Iterable, Protocol, runtime_checkable
 
 import numpy as np
+
+from inference_engine.errors import GGUFParityError
+
+
+class EngineCapabilityError(GGUFParityError):
+    """An engine cannot perform this method at all (not a failure of the engine: a gap in what it offers).
+
+    A command that needs it (``bench`` timing a dump) stops with this one line; ``validate`` reports the check that
+    needed it as not checked, with this message as the reason.
+    """
 
 
 @runtime_checkable
@@ -62,3 +78,27 @@ class Engine(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+# What the harness calls on every engine (``capture`` is optional: without it validation compares logits, speed and
+# smoke only; with ``capture(ids, force=...)`` it also compares every tensor teacher-forced).
+REQUIRED_ENGINE_MEMBERS: tuple[str, ...] = (
+    "name", "model_info", "n_vocab", "n_ctx", "tokenize", "detokenize", "reset", "prefill", "decode", "close",
+)
+
+
+def missing_engine_members(obj: Any) -> list[str]:
+    """The members of :data:`REQUIRED_ENGINE_MEMBERS` that ``obj`` lacks (empty: usable as an engine)."""
+    def has(member: str) -> bool:
+        # looked up on the class and the instance, so that properties (model_info may hash the file) are not run
+        if any(member in vars(k) for k in type(obj).__mro__) or member in getattr(obj, "__dict__", {}):
+            return True
+        try:
+            getattr(obj, member)  # a proxy answering through __getattr__
+        except AttributeError:
+            return False
+        except Exception:  # noqa: BLE001 - an attribute that fails to compute still exists
+            return True
+        return True
+
+    return [member for member in REQUIRED_ENGINE_MEMBERS if not has(member)]

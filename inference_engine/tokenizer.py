@@ -96,6 +96,9 @@ class GGUFTokenizer:
                 return cls._from_cache_state(state)
         if isinstance(f, (str, os.PathLike)):
             f = open_gguf(f)
+        from inference_engine.gguf_validate import check_vocab
+
+        check_vocab(f)  # token arrays of matching lengths, special ids inside the vocabulary
         tokenizer = cls(read_vocab(f.reader, str(f.path)))
         if cache and tokenizer.n_vocab >= tokenizer_cache.MIN_VOCAB:
             tokenizer_cache.store(path, tokenizer._cache_state(), Path(cache_dir) if cache_dir else None)

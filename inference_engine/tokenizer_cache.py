@@ -9,8 +9,8 @@ One slot per model file (named by a hash of its real path), valid while the file
 those recorded: a changed or replaced file misses and its slot is rewritten. Small vocabularies are not cached
 (their build costs less than reading a cache file). Slots are written atomically (temporary file, then
 ``os.replace``); at most :data:`MAX_SLOTS` are kept, the least recently written go first. The folder is
-``<cache>/tokenizers`` next to the named models' ``<cache>/models`` (see :mod:`inference_engine.registry`); delete it
-to clear the cache.
+``<cache>/tokenizers`` next to the named models' ``<cache>/models`` (see
+:mod:`inference_engine.model_cache`); delete it to clear the cache.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ MAX_SLOTS = 64
 
 
 def default_dir() -> Path:
-    from inference_engine.registry import cache_dir
+    from inference_engine.model_cache import cache_dir
 
     return cache_dir().parent / "tokenizers"
 

@@ -191,7 +191,10 @@ def read_vocab(reader, path: str = "") -> GGUFVocab:
     try:
         texts = [t.decode("utf-8") for t in raw_texts]
     except UnicodeDecodeError as exc:
-        raise GGUFParityError(f"{path}: a token text is not valid UTF-8 ({exc})") from None
+        from inference_engine.gguf_validate import string_array_problem
+
+        reason = string_array_problem(reader, "tokenizer.ggml.tokens") or f"a token text is not valid UTF-8 ({exc})"
+        raise GGUFParityError(f"{path}: {reason}") from None
     texts = [t if t else f"[EMPTY_{i}]" for i, t in enumerate(texts)]
     n_vocab = len(texts)
 
@@ -208,7 +211,13 @@ def read_vocab(reader, path: str = "") -> GGUFVocab:
         raw_merges = string_array(reader, "tokenizer.ggml.merges")
         if raw_merges is None:
             raise GGUFParityError(f"{path}: GPT-2 BPE vocabulary without tokenizer.ggml.merges")
-        merges = [m.decode("utf-8") for m in raw_merges]
+        try:
+            merges = [m.decode("utf-8") for m in raw_merges]
+        except UnicodeDecodeError as exc:
+            from inference_engine.gguf_validate import string_array_problem
+
+            reason = string_array_problem(reader, "tokenizer.ggml.merges") or f"a merge is not valid UTF-8 ({exc})"
+            raise GGUFParityError(f"{path}: {reason}") from None
 
     text_to_id = dict(zip(texts, range(n_vocab)))
     if len(text_to_id) != n_vocab:  # llama.cpp aborts on these (GGML_ASSERT id_to_token.size() == token_to_id.size())

@@ -16,9 +16,11 @@ from __future__ import annotations
 import ctypes
 from dataclasses import dataclass
 from functools import lru_cache
-from pathlib import Path
 
 import numpy as np
+
+from inference_engine.errors import GGUFParityError
+from validation.ggml_libs import LINKED_FIRST, load_library
 
 GGML_MAX_DIMS = 4
 GGML_MAX_SRC = 10
@@ -59,23 +61,15 @@ class GGMLInitParams(ctypes.Structure):
     _fields_ = [("mem_size", ctypes.c_size_t), ("mem_buffer", ctypes.c_void_p), ("no_alloc", ctypes.c_bool)]
 
 
-def _lib_dir() -> Path:
-    import llama_cpp
-
-    return Path(llama_cpp.__file__).resolve().parent / "lib"
-
-
 @lru_cache(maxsize=1)
 def libggml_base() -> ctypes.CDLL:
     """The ``libggml-base`` that llama-cpp-python loaded, with the prototypes we use declared."""
-    lib_dir = _lib_dir()
-    for candidate in ("libggml-base.so.0", "libggml-base.so", "libggml-base.dylib"):
-        path = lib_dir / candidate
-        if path.exists():
-            lib = ctypes.CDLL(str(path))
-            break
-    else:
-        raise OSError(f"libggml-base not found in {lib_dir}")
+    import llama_cpp  # noqa: F401 - loads libllama and with it this very libggml-base copy
+
+    try:
+        lib = load_library("libggml-base", LINKED_FIRST)
+    except GGUFParityError as exc:
+        raise OSError(str(exc)) from None
     t = ctypes.c_void_p
     _declare(lib, "ggml_get_name", [t], ctypes.c_char_p)
     _declare(lib, "ggml_nbytes", [t], ctypes.c_size_t)

@@ -28,7 +28,7 @@ from typing import Callable
 
 import numpy as np
 
-from inference_engine.errors import GGUFParityError
+from inference_engine.registries import Registry
 
 # --- thresholds -------------------------------------------------------------------------------------------------
 
@@ -75,13 +75,11 @@ THRESHOLDS: dict[str, Thresholds] = {
 }
 
 
+THRESHOLD_TABLE: Registry[Thresholds] = Registry("numerics", THRESHOLDS, base=Thresholds, listing="supported")
+
+
 def thresholds_for(numerics: str) -> Thresholds:
-    try:
-        return THRESHOLDS[numerics]
-    except KeyError:
-        raise GGUFParityError(
-            f"unknown numerics '{numerics}'; supported: {', '.join(THRESHOLDS)}"
-        ) from None
+    return THRESHOLD_TABLE.get(numerics)
 
 
 # --- registries -------------------------------------------------------------------------------------------------
@@ -97,18 +95,18 @@ class Metric:
     description: str
 
 
-TENSOR_METRICS: dict[str, Metric] = {}
-LOGIT_METRICS: dict[str, Metric] = {}
+TENSOR_METRICS: Registry[Metric] = Registry("tensor metric", base=Metric)
+LOGIT_METRICS: Registry[Metric] = Registry("logit metric", base=Metric)
 
 
-def _register(registry: dict[str, Metric], name: str, higher_is_better: bool, description: str):
+def _register(registry: Registry[Metric], name: str, higher_is_better: bool, description: str):
     def wrap(fn: RowMetric) -> RowMetric:
         @functools.wraps(fn)
         def quiet(ours: np.ndarray, ref: np.ndarray) -> np.ndarray:
             with np.errstate(all="ignore"):  # inf/NaN inputs are turned into failing values, not warnings
                 return fn(ours, ref)
 
-        registry[name] = Metric(name, quiet, higher_is_better, description)
+        registry.register(name, Metric(name, quiet, higher_is_better, description))
         return quiet
 
     return wrap

@@ -2,7 +2,7 @@
 
 The report directory is written whole or not at all: every file goes into a temporary sibling directory that is
 renamed into place at the end, so an interrupted or failed run never leaves a half-written report behind. A
-``--json PATH`` outside the directory is written with :func:`bench_compare.atomic.atomic_write_json`.
+``--json PATH`` outside the directory is written with :func:`validation.atomic.atomic_write_json`.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from bench_compare.atomic import atomic_write_json, atomic_write_text
-from bench_compare.results import cpu_isa_label
+from validation.atomic import atomic_write_json, atomic_write_text
+from validation.provenance import cpu_isa_label
 
 WORST_TENSORS_SHOWN = 15  # rows of the "worst tensors" table; the JSON and Markdown per-layer table hold the rest
 JSON_NAME = "validate.json"
@@ -38,7 +38,10 @@ def default_report_dir(result: dict, root: str | os.PathLike = "reports/validate
         model = Path(model).stem
     model = re.sub(r"[^A-Za-z0-9_.-]+", "_", model)
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    return Path(root) / f"{model}-{result['backend']}-{result['numerics']}-{stamp}"
+    engine = str(result.get("engine") or "")
+    # ours:<backend> is named by its backend as before; any other engine by its spec, made file-name safe
+    under_test = result["backend"] if engine in ("", f"ours:{result['backend']}") else re.sub(r"[^A-Za-z0-9_.-]+", "_", engine)[:60]
+    return Path(root) / f"{model}-{under_test}-{result['numerics']}-{stamp}"
 
 
 # --- writing ----------------------------------------------------------------------------------------------------
@@ -213,7 +216,9 @@ def summary_lines(result: dict) -> list[str]:
     lines.append(f"unmatched names: {len(um.get('ours_only', []))} only ours, "
                  f"{len(um.get('reference_only', []))} only reference")
     lg = result.get("logits") or {}
-    if "error" in lg:
+    if "not_checked" in lg:
+        lines.append(f"logits: not checked ({lg['not_checked']})")
+    elif "error" in lg:
         lines.append(f"logits: FAIL ({lg['error']})")
     else:
         lines.append(f"logits{f' ({mode})' if mode else ''} ({lg.get('positions')} positions): KLD mean "
@@ -221,6 +226,7 @@ def summary_lines(result: dict) -> list[str]:
                      f"{fmt(lg.get('top1_agreement'))}, top-5 overlap {fmt(lg.get('top5_overlap'))} -> "
                      f"{_verdict(checks.get('logits'))}")
     lines += _other_mode_lines(result)
+    lines += list(result.get("engine_notes") or [])  # what an outside engine (a dump) did and did not provide
     tok = result.get("tokenizer") or {}
     if tok.get("skipped"):
         lines.append(f"tokenizer: skipped ({tok['skipped']})")
@@ -237,6 +243,8 @@ def summary_lines(result: dict) -> list[str]:
     smoke = result.get("smoke")
     if smoke is None:
         lines.append("greedy smoke: not run")
+    elif smoke.get("skipped"):
+        lines.append(f"greedy smoke: not checked ({smoke['skipped']})")
     else:
         line = f"greedy smoke: {smoke['matched']}/{smoke['tokens']} tokens identical"
         div = smoke.get("first_divergence")
@@ -277,6 +285,8 @@ def _other_mode_lines(result: dict) -> list[str]:
         lines.append(f"free-running tensors (reported, drift compounds over layers): worst {worst.get('name')} NMSE "
                      f"{fmt(worst.get('nmse'))}; {over}/{len(free.get('tensors', []))} over the per-op threshold")
     lg, noise = free.get("logits") or {}, free.get("reference_self_kld") or {}
+    if "not_checked" in lg:
+        return lines
     if "error" in lg:
         lines.append(f"free-running logits: FAIL ({lg['error']})")
         return lines

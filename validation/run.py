@@ -29,21 +29,17 @@ check 4 and never disguises itself as a numerics difference in checks 1-3.
 
 from __future__ import annotations
 
-import datetime as _dt
-import importlib.metadata
 import inspect
-import os
-import platform
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 
-from bench_compare.results import cpu_provenance
+from inference_engine.backends import BACKENDS
 from inference_engine.errors import GGUFParityError
-from inference_engine.protocol import Engine
+from inference_engine.protocol import Engine, EngineCapabilityError
+from inference_engine.registries import Registry
 from validation.diff import diff_captures
 from validation.free_running import (
     FREE_RUNNING_EXPLANATION,
@@ -52,12 +48,15 @@ from validation.free_running import (
     measure_self_noise,
 )
 from validation.metrics import THRESHOLDS, logit_metrics, logits_pass, thresholds_for
+from validation.results import ValidationResult
 from validation.smoke import greedy_smoke
 from validation.tokenizer_parity import builtin_corpus, load_jsonl_corpus, tokenizer_parity
 
-AGAINST_CHOICES = ("llamacpp", "numpy")
-BACKEND_CHOICES = ("numpy", "numba", "mlx")
-NUMERICS_CHOICES = tuple(THRESHOLDS)
+# --against: the reference engines, (options, model_path) -> Engine.
+REFERENCES: Registry[Callable] = Registry("--against", {
+    "llamacpp": "validation.run:open_llamacpp_reference",
+    "numpy": "validation.run:open_numpy_reference",
+}, listing="supported")
 DEFAULT_MODEL = "smollm2-135m"
 # Mixed prose, digits and punctuation: ~30 tokens, enough positions for per-position metrics and for RoPE to reach
 # angles where a wrong base shows, short enough to keep a NumPy prefill with every tensor captured to seconds.
@@ -85,12 +84,13 @@ class ValidateOptions:
     threads: int | None = None
     n_ctx: int = DEFAULT_N_CTX
     free_running: bool = False  # gate the free-running comparison instead of the teacher-forced one
+    engine: str | None = None  # the engine under test when it is not ours:<backend> (its spec name, recorded)
 
     def check(self) -> None:
         """Reject bad choices before anything is loaded."""
-        _choice("--against", self.against, AGAINST_CHOICES)
-        _choice("--backend", self.backend, BACKEND_CHOICES)
-        _choice("--numerics", self.numerics, NUMERICS_CHOICES)
+        REFERENCES.validate(self.against)
+        _choice("--backend", self.backend, tuple(BACKENDS))
+        _choice("--numerics", self.numerics, tuple(THRESHOLDS))  # the modes with pass thresholds
         if self.smoke_tokens < 0:
             raise GGUFParityError(f"--smoke-tokens must be 0 or more, got {self.smoke_tokens}")
         if self.threads is not None and self.threads < 1:
@@ -108,9 +108,17 @@ def _choice(flag: str, value: str, choices: tuple[str, ...]) -> None:
 
 
 def open_reference(options: ValidateOptions, model_path: Path) -> Engine:
-    """llama.cpp (the cleanest reference: F32 KV cache, no flash attention) or our NumPy backend."""
-    if options.against == "numpy":
-        return _open_ours(model_path, "numpy", options)
+    """The ``--against`` engine (:data:`REFERENCES`)."""
+    return REFERENCES.get(options.against)(options, model_path)
+
+
+def open_numpy_reference(options: ValidateOptions, model_path: Path) -> Engine:
+    """Our NumPy backend as the reference (two of our engines, one code path)."""
+    return _open_ours(model_path, "numpy", options)
+
+
+def open_llamacpp_reference(options: ValidateOptions, model_path: Path) -> Engine:
+    """llama.cpp, the cleanest reference: F32 KV cache, no flash attention."""
     from validation.llamacpp import LlamaCppEngine
 
     try:
@@ -144,7 +152,7 @@ def validate(options: ValidateOptions, ours_opener: Callable | None = None,
     User mistakes raise :class:`GGUFParityError`, before any work is done where they can be seen early.
     """
     from inference_engine.gguf_file import open_gguf
-    from inference_engine.registry import resolve_model
+    from inference_engine.model_cache import resolve_model
 
     options.check()
     corpus_texts, corpus_source = _load_corpus(options.corpus)
@@ -169,8 +177,29 @@ def supports_teacher_forcing(engine: Engine) -> bool:
         return False
 
 
+def supports_capture(engine: Engine) -> bool:
+    """Whether the engine offers ``capture`` at all (a plugin may not: then only its logits are compared)."""
+    return callable(getattr(engine, "capture", None))
+
+
+def capture(engine: Engine, ids: list[int]) -> dict[str, np.ndarray]:
+    """``engine.capture(ids)``, or for an engine without ``capture`` its logits at every position
+    (``result_output``), one prefill of the first token then one decode per token."""
+    if supports_capture(engine):
+        return engine.capture(ids)
+    engine.reset()
+    rows = [np.asarray(engine.prefill(list(ids[:1])), dtype=np.float32)]
+    rows += [np.asarray(engine.decode(int(t)), dtype=np.float32) for t in ids[1:]]
+    engine.reset()
+    return {"result_output": np.stack(rows)}
+
+
 def gated_mode(ours: Engine, options: ValidateOptions) -> tuple[str, str]:
     """Which comparison the tensor and logits checks gate, and why."""
+    if not supports_capture(ours):
+        return FREE_RUNNING, (f"the engine under test ({getattr(ours, 'name', type(ours).__name__)}) has no "
+                              "capture(), so only its logits at every position (by decoding), the tokenizer and the "
+                              "greedy smoke test are compared; no per-tensor check")
     if options.free_running:
         return FREE_RUNNING, "--free-running: the free-running comparison is gated at the per-op thresholds"
     if not supports_teacher_forcing(ours):
@@ -225,7 +254,7 @@ def _validate_engines(ours: Engine, reference: Engine, gguf, options: ValidateOp
     mode, mode_reason = gated_mode(ours, options)
 
     captured_ref = reference.capture(ids)
-    captured_free = ours.capture(ids)
+    captured_free = capture(ours, ids)
     free_diff = diff_captures(captured_free, captured_ref, thresholds.tensor_nmse_max)
     free_logits = _logits_check(captured_free, captured_ref, thresholds)
     lens = None
@@ -246,20 +275,28 @@ def _validate_engines(ours: Engine, reference: Engine, gguf, options: ValidateOp
                    "logits": tf_logits}
 
     free = {"gated": mode == FREE_RUNNING, "explanation": FREE_RUNNING_EXPLANATION, **free_diff.summary()}
-    free.update(_free_running_logits(reference, ids, captured_ref.get("result_output"), ours_free_logits,
-                                     thresholds, variants))
+    if ours_free_logits is None and getattr(ours, "partial_capture", False):
+        free.update({"reference_self_kld": None, "logits": {"passed": None, "not_checked": "no result_output"}})
+    else:
+        free.update(_free_running_logits(reference, ids, captured_ref.get("result_output"), ours_free_logits,
+                                         thresholds, variants))
     # The noise-floor gate is a check of its own only beside a teacher-forced gate; when free running is the gated
     # mode, its logits face the strict thresholds (``logits``) and the noise-floor verdict is for the reader.
     free["logits"]["gated"] = bool(free["logits"].get("gated")) and mode == TEACHER_FORCED
     del captured_ref
 
     gated_diff, gated_logits = (tf_diff, tf_logits) if mode == TEACHER_FORCED else (free_diff, free_logits)
+    not_checked: dict[str, str] = {}
+    if ours_free_logits is None and getattr(ours, "partial_capture", False):
+        not_checked["logits"] = f"{_name(ours)} provided no result_output"
+        gated_logits = {"passed": None, "not_checked": not_checked["logits"]}
     result: dict[str, Any] = {
         "passed": False,
         "checks": {},
         "mode": mode,
         "mode_reason": mode_reason,
         "backend": options.backend,
+        "engine": options.engine or f"ours:{options.backend}",
         "numerics": options.numerics,
         "against": options.against,
         "model": _model_identity(options.model, gguf),
@@ -270,7 +307,8 @@ def _validate_engines(ours: Engine, reference: Engine, gguf, options: ValidateOp
         "teacher_forced": teacher,
         "free_running": free,
     }
-    result["checks"]["tensors"] = gated_diff.passed
+    # without capture() only result_output exists on our side: the tensor check did not run
+    result["checks"]["tensors"] = gated_diff.passed if supports_capture(ours) else None
     result["checks"]["logits"] = gated_logits["passed"]
     if mode == TEACHER_FORCED:
         # None in f32 numerics (reported, not gated), like the f32 logits themselves
@@ -282,23 +320,34 @@ def _validate_engines(ours: Engine, reference: Engine, gguf, options: ValidateOp
         result["tokenizer"] = {"source": "builtin", "skipped": "no built-in corpus available", "passed": None,
                                "cases": 0, "mismatches": 0, "first_mismatch": None, "special_tokens": None}
     else:
-        result["tokenizer"] = tokenizer_parity(ours, reference, corpus_texts, corpus_source).to_dict()
+        try:
+            result["tokenizer"] = tokenizer_parity(ours, reference, corpus_texts, corpus_source).to_dict()
+        except EngineCapabilityError as gap:
+            not_checked["tokenizer"] = str(gap)
+            result["tokenizer"] = {"source": corpus_source, "skipped": str(gap), "passed": None, "cases": 0,
+                                   "mismatches": 0, "first_mismatch": None, "special_tokens": None}
     result["checks"]["tokenizer"] = result["tokenizer"]["passed"]
 
     if options.smoke_tokens > 0:
-        result["smoke"] = greedy_smoke(ours, reference, ids, options.smoke_tokens, variants.get()[0]).to_dict()
+        try:
+            result["smoke"] = greedy_smoke(ours, reference, ids, options.smoke_tokens, variants.get()[0]).to_dict()
+        except EngineCapabilityError as gap:
+            not_checked["smoke"] = str(gap)
+            result["smoke"] = {"skipped": str(gap), "passed": None}
         result["checks"]["smoke"] = result["smoke"]["passed"]
     else:
         result["smoke"] = None
+    result["not_checked"] = not_checked
 
     # A check that did not run (None) does not fail the run; every check that ran must pass.
     result["passed"] = all(v for v in result["checks"].values() if v is not None)
     result["engines"] = {"ours": _info(ours), "reference": _info(reference)}
+    result["engine_notes"] = list(result["engines"]["ours"].get("notes") or [])
     result.update(provenance(options.backend))
     build = {k: v for k, v in result["engines"]["reference"].items() if k in REFERENCE_BUILD_KEYS}
     if build:
         result["versions"]["reference_build"] = build
-    return result
+    return ValidationResult.from_dict(result).to_dict()  # the typed, versioned record, as JSON
 
 
 def _free_running_logits(reference: Engine, ids: list[int], ref_logits, ours_logits,
@@ -365,36 +414,16 @@ def _info(engine: Engine) -> dict[str, Any]:
 
 
 def provenance(backend: str | None = None) -> dict[str, Any]:
-    """Versions, git sha, date and machine: what every result records."""
-    packages = ["gguf-parity", "numpy", "gguf", "llama-cpp-python", "numba", "tokenizers", "sentencepiece"]
-    if backend == "mlx":
-        packages.append("mlx")
-    versions = {"python": platform.python_version()}
-    for pkg in packages:
-        try:
-            versions[pkg] = importlib.metadata.version(pkg)
-        except importlib.metadata.PackageNotFoundError:
-            versions[pkg] = None
-    return {
-        "versions": versions,
-        "git_sha": _git_sha(),
-        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "machine": {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
-                    "cpu_count": os.cpu_count(), **cpu_provenance()},
-    }
+    """What every result records (:func:`validation.provenance.provenance`), plus ``git_sha`` as one string."""
+    from validation.provenance import git_sha_label
+    from validation.provenance import provenance as build
+
+    made = build()
+    return {**made, "git_sha": git_sha_label(made["git"])}
 
 
-def _git_sha() -> str | None:
-    repo = Path(__file__).resolve().parent.parent
-    try:
-        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True, timeout=10)
-        if sha.returncode != 0:
-            return None
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=repo,
-                               capture_output=True, text=True, timeout=10)
-        return sha.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
-    except (OSError, subprocess.SubprocessError):
-        return None
+def _name(engine: Engine) -> str:
+    return str(getattr(engine, "name", type(engine).__name__))
 
 
 def _close(engine: Engine | None) -> None:

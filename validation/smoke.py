@@ -26,11 +26,14 @@ to 8 bits and a last-bit difference can move a logit by more than 0.05). Anythin
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import islice
 from typing import Mapping
 
 import numpy as np
 
+from inference_engine.generate import generate_step
 from inference_engine.protocol import Engine
+from inference_engine.sampling import greedy
 
 # Logit units. Between engines that agree to NMSE 1e-6 the logits differ by ~1e-3 * |logit| (rel_l2 = sqrt(NMSE)),
 # i.e. a few thousandths for logits of order 1-10; 0.05 is an order of magnitude above that, and far below the
@@ -70,14 +73,19 @@ def greedy_smoke(ours: Engine, reference: Engine, prompt_ids: list[int], n_token
     ``variants`` are the reference's rounding variants ({label: engine}); at a divergence each one prefills the
     identical prefix and the labels of those whose greedy pick is ours are recorded.
     """
-    ours.reset()
-    reference.reset()
-    logits_ours = np.asarray(ours.prefill(list(prompt_ids)))
-    logits_ref = np.asarray(reference.prefill(list(prompt_ids)))
     generated: list[int] = []
-    for step in range(n_tokens):
-        tok_ours = int(np.argmax(logits_ours))
-        tok_ref = int(np.argmax(logits_ref))
+    # Both engines step through the one generation loop; each step's token is the reference's greedy pick, fed to
+    # both (ours is forced onto the reference's path), and ours' own pick is read from the logits it was given.
+    picked: list[int] = []
+
+    def reference_pick(logits) -> int:
+        picked.append(greedy(logits))
+        return picked[-1]
+
+    ref_steps = generate_step(reference, prompt_ids, reference_pick)
+    ours_steps = generate_step(ours, prompt_ids, lambda logits: picked[-1])  # advanced second: the same token
+    for step, ((tok_ref, logits_ref), (_, logits_ours)) in enumerate(islice(zip(ref_steps, ours_steps), n_tokens)):
+        tok_ours = greedy(logits_ours)
         if tok_ours != tok_ref:
             divergence = _divergence(step, tok_ours, tok_ref, logits_ref, reference)
             if not divergence["near_tie"]:
@@ -85,9 +93,6 @@ def greedy_smoke(ours: Engine, reference: Engine, prompt_ids: list[int], n_token
                 divergence["reference_variants_agreeing"] = _variants_picking(variants or {}, prefix, tok_ours)
             return SmokeResult(n_tokens, step, generated + [tok_ref], generated + [tok_ours], divergence)
         generated.append(tok_ref)
-        if step + 1 < n_tokens:
-            logits_ours = np.asarray(ours.decode(tok_ref))
-            logits_ref = np.asarray(reference.decode(tok_ref))
     return SmokeResult(n_tokens, n_tokens, generated, list(generated), None)
 
 

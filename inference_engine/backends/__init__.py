@@ -1,63 +1,80 @@
 """Backends by name: ``get_backend("numpy" | "numba" | "mlx", numerics, n_threads)``.
 
 Each backend lives in its own module and is imported only when asked for, so a missing optional library (numba,
-mlx) only matters to someone who picks that backend, and then as one line saying what to install.
+mlx) only matters to someone who picks that backend, and then as one line saying what to install. A new backend is
+one module with a :class:`Backend` subclass plus one line: ``BACKENDS.register("name", "module:Class",
+needs="package", install="pip install package")``.
 """
 
 from __future__ import annotations
 
-import importlib
-from dataclasses import dataclass
+import importlib.util
 
-from inference_engine.backends.base import KV_TYPES, NUMERICS, Backend, check_numerics
+from inference_engine.backends.base import KV_TYPES, Backend
 from inference_engine.errors import GGUFParityError
+from inference_engine.registries import NUMERICS, Registry, check_numerics
 
-__all__ = ["BACKENDS", "KV_TYPES", "NUMERICS", "Backend", "backend_names", "get_backend"]
+__all__ = ["BACKENDS", "KV_TYPES", "NUMERICS", "Backend", "backend_names", "backend_unavailable", "get_backend"]
 
-
-@dataclass(frozen=True)
-class BackendEntry:
-    module: str
-    cls: str
-    needs: str  # the third-party package it imports
-    install: str  # what to run when it is missing
-
-
-BACKENDS: dict[str, BackendEntry] = {
-    "numpy": BackendEntry("inference_engine.backends.numpy_ref", "NumpyBackend", "numpy", "pip install numpy"),
-    "numba": BackendEntry("inference_engine.backends.numba_cpu", "NumbaBackend", "numba", "pip install numba"),
-    "mlx": BackendEntry(
-        "inference_engine.backends.mlx_backend", "MLXBackend", "mlx", "pip install 'gguf-parity[mlx]'"
-    ),
-}
+# name -> "module:class"; ``needs``: the third-party package the module imports, ``install``: what to run without it.
+BACKENDS: Registry[type[Backend]] = Registry("backend", {
+    "numpy": "inference_engine.backends.numpy_ref:NumpyBackend",
+    "numba": "inference_engine.backends.numba_cpu:NumbaBackend",
+    "mlx": "inference_engine.backends.mlx_backend:MLXBackend",
+}, base=Backend, listing="supported", meta={
+    "numpy": {"needs": "numpy", "install": "pip install numpy", "help": "NumPy reference ops"},
+    "numba": {"needs": "numba", "install": "pip install numba", "help": "Numba CPU kernels, the fast CPU path"},
+    "mlx": {"needs": "mlx", "install": "pip install 'gguf-parity[mlx]'", "help": "MLX on Apple silicon"},
+})
 
 
 def backend_names() -> tuple[str, ...]:
-    return tuple(BACKENDS)
+    return BACKENDS.names()
+
+
+def backend_module(name: str) -> str:
+    """The module a backend lives in (imported on its own in cold starts)."""
+    return str(BACKENDS.target(name)).partition(":")[0]
+
+
+def backend_unavailable(name: str) -> str | None:
+    """Why backend ``name`` cannot be used here (its module or its library is not installed), or None.
+
+    Answers without importing the backend (``find_spec`` only), so ``engines list`` stays fast."""
+    module = backend_module(name)
+    if importlib.util.find_spec(module) is None:
+        return f"{module} is not part of this installation"
+    needs = BACKENDS.info(name).get("needs")
+    if needs and importlib.util.find_spec(needs) is None:
+        return f"needs the {needs} package: {BACKENDS.info(name).get('install', 'pip install ' + needs)}"
+    return None
+
+
+def get_backend_class(name: str) -> type[Backend]:
+    """The backend's class, imported now; missing libraries raise :class:`GGUFParityError`."""
+    key = BACKENDS.validate(name)
+    info = BACKENDS.info(key)
+    needs, install = info.get("needs", ""), info.get("install", "")
+    try:
+        return BACKENDS.get(key)
+    except ModuleNotFoundError as exc:
+        missing = exc.name or ""
+        if needs and missing.split(".")[0] == needs:
+            raise GGUFParityError(f"backend '{name}' needs the {needs} package: {install}") from None
+        raise
+    except GGUFParityError as exc:
+        if "no module named" in str(exc):
+            raise GGUFParityError(
+                f"backend '{name}' is not part of this installation ({backend_module(key)} missing)") from None
+        raise
+    except ImportError as exc:  # the package is there but its native library would not load
+        raise GGUFParityError(f"backend '{name}' could not load {needs}: {exc}") from None
 
 
 def get_backend(name: str = "numpy", numerics: str = "f32", n_threads: int | None = None) -> Backend:
     """A ready backend; unknown names / numerics and missing libraries raise :class:`GGUFParityError`."""
-    entry = BACKENDS.get(name)
-    if entry is None:
-        raise GGUFParityError(f"unknown backend '{name}'; supported: {', '.join(BACKENDS)}")
+    BACKENDS.validate(name)
     check_numerics(numerics)
     if n_threads is not None and n_threads < 1:
         raise GGUFParityError(f"--threads must be at least 1, got {n_threads}")
-    try:
-        module = importlib.import_module(entry.module)
-    except ModuleNotFoundError as exc:
-        missing = exc.name or ""
-        if missing == entry.module:
-            raise GGUFParityError(
-                f"backend '{name}' is not part of this installation ({entry.module} missing)"
-            ) from None
-        if missing.split(".")[0] == entry.needs:
-            raise GGUFParityError(f"backend '{name}' needs the {entry.needs} package: {entry.install}") from None
-        raise
-    except ImportError as exc:  # the package is there but its native library would not load
-        raise GGUFParityError(f"backend '{name}' could not load {entry.needs}: {exc}") from None
-    cls = getattr(module, entry.cls, None)
-    if cls is None:
-        raise GGUFParityError(f"backend '{name}': {entry.module} defines no {entry.cls}")
-    return cls(numerics=numerics, n_threads=n_threads)
+    return get_backend_class(name)(numerics=numerics, n_threads=n_threads)

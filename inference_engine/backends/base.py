@@ -38,17 +38,11 @@ import numpy as np
 
 from inference_engine.errors import GGUFParityError
 from inference_engine.gguf_file import TensorInfo
+from inference_engine.registries import check_numerics
 
-NUMERICS: tuple[str, ...] = ("f32", "ggml")
 KV_TYPES: tuple[str, ...] = ("f32", "f16")
 
 Array = Any  # the backend's array type (np.ndarray, mx.array, ...)
-
-
-def check_numerics(numerics: str) -> str:
-    if numerics not in NUMERICS:
-        raise GGUFParityError(f"unknown numerics '{numerics}'; supported: {', '.join(NUMERICS)}")
-    return numerics
 
 
 def check_kv_type(kv_type: str) -> str:

@@ -37,7 +37,7 @@ import numpy as np
 from inference_engine.backends import numerics as nx
 from inference_engine.backends.base import Backend, check_kv_type
 from inference_engine.backends.mlx import metal
-from inference_engine.backends.mlx.weights import EmbeddingTable, matrix_form
+from inference_engine.backends.mlx.weights import HostEmbeddingRows, matrix_form
 from inference_engine.errors import GGUFParityError
 from inference_engine.gguf_file import TensorInfo
 
@@ -101,11 +101,11 @@ class MLXBackend(Backend):
 
         return mx.array(np.ascontiguousarray(dequantize_tensor(t), dtype=np.float32).reshape(-1))
 
-    def load_embedding(self, t: TensorInfo) -> EmbeddingTable:
-        return EmbeddingTable(t)
+    def load_embedding(self, t: TensorInfo) -> HostEmbeddingRows:
+        return HostEmbeddingRows(t)
 
     # --- ops ------------------------------------------------------------------------------------------------
-    def embed(self, table: EmbeddingTable, ids: np.ndarray) -> mx.array:
+    def embed(self, table: HostEmbeddingRows, ids: np.ndarray) -> mx.array:
         return table(ids)
 
     def matmul(self, w, x: mx.array) -> mx.array:

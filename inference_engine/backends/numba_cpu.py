@@ -97,6 +97,7 @@ class NumbaBackend(NumpyBackend):
             _F32(scale),
             int(sliding_window),
             self.numerics == "ggml",
+            nx.ggml_simd() == "avx512",
             k.dtype == np.float16,
             out,
         )
@@ -107,7 +108,10 @@ class NumbaBackend(NumpyBackend):
         out = np.empty_like(gate)
         rows = gate.reshape(-1, gate.shape[-1])
         kernel = ops.swiglu_parallel if rows.shape[0] >= PARALLEL_ROWS else ops.swiglu
-        kernel(rows, up.reshape(rows.shape), self.numerics == "ggml", out.reshape(rows.shape))
+        # ggml numerics: the SIMD flavour llama.cpp runs decides the vector width and the exp's last step
+        flavour = nx.ggml_simd()
+        vec_width = nx.SIMD_WIDTH[flavour] if self.numerics == "ggml" else 0
+        kernel(rows, up.reshape(rows.shape), vec_width, flavour == "avx512", out.reshape(rows.shape))
         return out
 
     def geglu(self, gate: np.ndarray, up: np.ndarray) -> np.ndarray:

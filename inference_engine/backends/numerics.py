@@ -8,19 +8,19 @@ are small, so backends usually precompute them on the host and ship the result t
 * :func:`gelu_f16_table`: ``ggml_table_gelu_f16``, the F16 lookup table ggml's GELU / GEGLU read (GGML_GELU_FP16).
 * :func:`gelu_ggml`, :func:`gelu_tanh`: GELU through that table (ggml numerics) or the float formula (f32 numerics).
 * :func:`expf_ggml`, :func:`silu_ggml`, :func:`silu_f32`: ggml's vector ``expf`` and SiLU in the SIMD flavour
-  llama.cpp was built with (:func:`ggml_simd`), or plain SiLU.
+  llama.cpp was built with (:func:`ggml_simd`, set by the harness), or plain SiLU.
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import importlib.util
-import platform
 from functools import lru_cache
-from pathlib import Path
 
 import numpy as np
+
+from inference_engine.cpu_features import cpu_features
+from inference_engine.errors import GGUFParityError
 
 # --- float32 helpers -------------------------------------------------------------------------------------------
 
@@ -167,7 +167,7 @@ def gelu_ggml(x: np.ndarray) -> np.ndarray:
 # ggml's vector SiLU / SwiGLU and softmax use ``ggml_v_expf`` (vec.h), ARM's optimized-routines polynomial, in the
 # SIMD flavour libggml-cpu was compiled for. The AVX-512 version finishes with ``scalef(j, n)`` where ``j`` already
 # includes the +1; the AVX2 and NEON versions (same arithmetic) finish with ``k + k*j`` (``k = 2**n``). The last
-# bit differs between the two, so we pick the one llama.cpp was built with (:func:`ggml_simd`).
+# bit differs between the two, so we follow the one llama.cpp was built with (:func:`ggml_simd`).
 
 # ggml_v_expf's constants, as vec.h writes them (C hex floats).
 _EXP_SHIFT = _hexf("0x1.8p23")  # adding it rounds x/ln2 to an integer n
@@ -180,42 +180,26 @@ _C4, _C3, _C2, _C1, _C0 = (
 SIMD_WIDTH = {"avx512": 16, "avx2": 8, "neon": 4}
 
 
-@lru_cache(maxsize=1)
+# The flavour the emulation follows: the CPU's own by default (what a llama.cpp built natively here runs); the
+# harness sets llama.cpp's actual build flavour with :func:`set_ggml_simd` (a portable or cross-ISA build differs).
+_simd_flavour: str | None = None
+
+
 def ggml_simd() -> str:
-    """The SIMD flavour of llama.cpp's CPU backend: ``"avx512"``, ``"avx2"`` or ``"neon"``.
+    """The SIMD flavour of ggml's CPU kernels that the ``ggml`` numerics follow: ``"avx512"``, ``"avx2"``, ``"neon"``.
 
-    Asked of libggml-cpu itself when llama-cpp-python is installed (``ggml_cpu_has_avx512`` etc. report how it was
-    compiled), else guessed from this CPU. Other flavours (plain SSE) are treated as ``"avx2"``: same formula,
-    possibly off in the last bit.
+    Set by the harness from llama.cpp's build (:func:`set_ggml_simd`); until then, this CPU's own flavour
+    (:attr:`~inference_engine.cpu_features.CPUFeatures.simd_flavour`). The engine never loads llama.cpp's libraries.
     """
-    lib = _libggml_cpu()
-    if lib is not None:
-        if lib.ggml_cpu_has_avx512():
-            return "avx512"
-        if lib.ggml_cpu_has_neon():
-            return "neon"
-        return "avx2"
-    if platform.machine().lower() in ("arm64", "aarch64"):
-        return "neon"
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return "avx2"
-    return "avx512" if " avx512f" in flags and " avx512dq" in flags else "avx2"
+    return _simd_flavour or cpu_features().simd_flavour
 
 
-def _libggml_cpu() -> ctypes.CDLL | None:
-    spec = importlib.util.find_spec("llama_cpp")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    lib_dir = Path(next(iter(spec.submodule_search_locations))) / "lib"
-    for name in ("libggml-cpu.so", "libggml-cpu.so.0", "libggml-cpu.dylib"):
-        if (lib_dir / name).exists():
-            try:
-                return ctypes.CDLL(str(lib_dir / name))
-            except OSError:
-                return None
-    return None
+def set_ggml_simd(flavour: str | None) -> None:
+    """Follow ``flavour`` (one of :data:`SIMD_WIDTH`) from now on; ``None`` goes back to this CPU's own."""
+    global _simd_flavour
+    if flavour is not None and flavour not in SIMD_WIDTH:
+        raise GGUFParityError(f"unknown SIMD flavour '{flavour}'; supported: {', '.join(SIMD_WIDTH)}")
+    _simd_flavour = flavour
 
 
 def silu_f32(x: np.ndarray) -> np.ndarray:

@@ -31,7 +31,7 @@ def _blas_name() -> str:
         return "BLAS"
 
 
-class EmbeddingTable:
+class MappedEmbeddingRows:
     """The memory-mapped embedding tensor; rows are dequantized only when looked up (no full f32 copy)."""
 
     def __init__(self, t: TensorInfo):
@@ -63,11 +63,11 @@ class NumpyBackend(Backend):
     def load_vector(self, t: TensorInfo) -> np.ndarray:
         return np.ascontiguousarray(dequantize_tensor(t), dtype=_F32).reshape(-1)
 
-    def load_embedding(self, t: TensorInfo) -> EmbeddingTable:
-        return EmbeddingTable(t)
+    def load_embedding(self, t: TensorInfo) -> MappedEmbeddingRows:
+        return MappedEmbeddingRows(t)
 
     # --- ops ------------------------------------------------------------------------------------------------
-    def embed(self, table: EmbeddingTable, ids: np.ndarray) -> np.ndarray:
+    def embed(self, table: MappedEmbeddingRows, ids: np.ndarray) -> np.ndarray:
         # ggml_get_rows: dequantize_row_<type> of each requested row.
         return table.rows(np.asarray(ids, dtype=np.int64))
 

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
-import importlib
-
 from inference_engine.backends.base import Backend
 from inference_engine.errors import GGUFParityError
-from inference_engine.gguf_file import GGUFFile
+from inference_engine.gguf_file import (
+    ARCHITECTURE_ALIASES,
+    SUPPORTED_ARCHITECTURES,
+    SUPPORTED_TENSOR_TYPES,
+    GGUFFile,
+    supported_type_names,
+)
+from inference_engine.gguf_validate import check_model
 from inference_engine.models.base import Model
+from inference_engine.registries import Registry
 
 # architecture -> "module:class"; imported on first use.
 ARCHITECTURES: dict[str, str] = {
@@ -16,16 +22,33 @@ ARCHITECTURES: dict[str, str] = {
     "qwen3": "inference_engine.models.qwen3:Qwen3Model",
     "gemma3": "inference_engine.models.gemma3:Gemma3Model",
 }
+MODELS: Registry[type[Model]] = Registry("architecture", ARCHITECTURES, base=Model, unknown="unsupported",
+                                         listing="supported")
 
 
 def model_class(architecture: str) -> type[Model]:
-    target = ARCHITECTURES.get(architecture)
-    if target is None:
-        raise GGUFParityError(f"unsupported architecture '{architecture}'; supported: {', '.join(ARCHITECTURES)}")
-    module, name = target.split(":")
-    return getattr(importlib.import_module(module), name)
+    return MODELS.get(architecture)
+
+
+def check_runnable(f: GGUFFile) -> None:
+    """The run policy: ``f``'s architecture and every tensor type are ones we run (``GGUFFile`` itself opens any
+    file, for ``inspect``). One line naming the problem and what is supported."""
+    if f.architecture not in SUPPORTED_ARCHITECTURES or f.architecture not in MODELS:
+        raise GGUFParityError(
+            f"{f.path}: unsupported architecture '{f.raw_architecture}'; supported: "
+            f"{', '.join(SUPPORTED_ARCHITECTURES)} (aliases: "
+            f"{', '.join(f'{a}->{b}' for a, b in ARCHITECTURE_ALIASES.items())})"
+        )
+    for t in f.tensors.values():
+        if t.qtype not in SUPPORTED_TENSOR_TYPES:
+            raise GGUFParityError(
+                f"{f.path}: tensor '{t.name}' has unsupported type {t.qtype.name}; supported: {supported_type_names()}"
+            )
 
 
 def build_model(f: GGUFFile, backend: Backend) -> Model:
-    """The model for ``f``'s architecture with every weight loaded through ``backend``."""
+    """The model for ``f``'s architecture with every weight loaded through ``backend`` (the run policy, then
+    hyperparameters, shapes and vocabulary validated first: :func:`inference_engine.gguf_validate.check_model`)."""
+    check_runnable(f)
+    check_model(f)
     return model_class(f.architecture)(f, backend)

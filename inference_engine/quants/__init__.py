@@ -5,7 +5,6 @@
 - ``quantize_q8_0 / quantize_q8_1 / quantize_q8_K`` and ``fake_quantize(x, vec_dot_type)``: bit-exact with the
   quantizers llama.cpp's CPU backend runs on x86-64.
 - ``prepare_matmul(t, numerics="f32" | "ggml")`` -> a callable ``x (T, n_in) -> (T, n_out)``.
-- ``ggml_oracle.get_oracle()``: libggml's own kernels through ctypes (for tests).
 """
 
 from inference_engine.quants import float_types, kquants, legacy  # noqa: F401  (registers the classes)

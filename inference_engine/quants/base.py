@@ -20,12 +20,24 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf import quants as gguf_quants
 
 from inference_engine.errors import GGUFParityError
+from inference_engine.registries import Registry
 
 # Small finite f16 scales written into random test blocks: random bytes in an f16 scale field can be inf/NaN or
 # huge, which makes every product meaningless; 2**-8 .. 2**-4 keeps values O(1) like a real model's weights.
 RANDOM_SCALE_RANGE = (2.0**-8, 2.0**-4)
 
-_REGISTRY: dict[GGMLQuantizationType, type[QuantType]] = {}
+
+
+def _qtype_key(qtype: GGMLQuantizationType | int | str) -> GGMLQuantizationType:
+    """A tensor type given as the enum, its int value, or its name such as ``"Q4_K"``."""
+    if isinstance(qtype, str):
+        return GGMLQuantizationType[qtype.upper()]
+    return GGMLQuantizationType(int(qtype))
+
+
+# tensor type -> its QuantType subclass; each subclass registers itself by its class header.
+QUANT_TYPES: Registry[type[QuantType]] = Registry("tensor type", normalize=_qtype_key, unknown="unsupported",
+                                                  listing="supported", quote=False)
 
 
 class QuantType:
@@ -48,9 +60,7 @@ class QuantType:
         cls.qtype = qtype
         cls.block_size, cls.type_size = GGML_QUANT_SIZES[qtype]
         cls.vec_dot_type = vec_dot_type
-        if qtype in _REGISTRY:
-            raise RuntimeError(f"tensor type {qtype.name} registered twice")
-        _REGISTRY[qtype] = cls
+        QUANT_TYPES.register(qtype, cls)
 
     def __init__(self):
         raise TypeError("QuantType classes are used through classmethods, not instances")
@@ -96,24 +106,16 @@ class QuantType:
 
 
 def supported_qtypes() -> tuple[GGMLQuantizationType, ...]:
-    return tuple(_REGISTRY)
+    return QUANT_TYPES.names()
 
 
 def supported_type_names() -> str:
-    return ", ".join(t.name for t in _REGISTRY)
+    return QUANT_TYPES.listing()
 
 
 def quant_for(qtype: GGMLQuantizationType | int | str) -> type[QuantType]:
     """The class for a tensor type (enum, its int value, or its name such as ``"Q4_K"``)."""
-    try:
-        if isinstance(qtype, str):
-            key = GGMLQuantizationType[qtype.upper()]
-        else:
-            key = GGMLQuantizationType(int(qtype))
-        return _REGISTRY[key]
-    except (KeyError, ValueError):
-        name = qtype.name if isinstance(qtype, GGMLQuantizationType) else str(qtype)
-        raise GGUFParityError(f"unsupported tensor type {name}; supported: {supported_type_names()}") from None
+    return QUANT_TYPES.get(qtype)
 
 
 def dequantize_tensor(t) -> np.ndarray:

@@ -37,8 +37,7 @@ from gguf import GGMLQuantizationType as T
 from inference_engine.errors import GGUFParityError
 from inference_engine.quants.activations import fake_quantize, quantize_q8_1
 from inference_engine.quants.base import QuantType, quant_for
-
-NUMERICS: tuple[str, ...] = ("f32", "ggml")
+from inference_engine.registries import NUMERICS
 
 
 def _weight_rows(t) -> np.ndarray:
@@ -138,25 +137,27 @@ def prepare_f32_matmul(t) -> F32Matmul:
     return F32Matmul(t)
 
 
-def prepare_ggml_matmul(t, extra_bufts: bool = False) -> GGMLMatmul:
-    """ggml numerics; ``extra_bufts=True`` mirrors llama.cpp with its extra (AMX / repack) buffers in use."""
+def prepare_ggml_matmul(t, extra_bufts: bool = False, has_amx: bool = False) -> GGMLMatmul:
+    """ggml numerics; ``extra_bufts=True`` mirrors llama.cpp with its extra (AMX / repack) buffers in use, and
+    ``has_amx`` says whether that llama.cpp's CPU backend was built with AMX (the harness asks it:
+    ``validation.ggml_oracle.llamacpp_has_amx``; the engine never loads llama.cpp's libraries)."""
     if not extra_bufts:
         return GGMLMatmul(t)
-    from inference_engine.quants.ggml_oracle import llamacpp_has_amx
-
-    return GGMLMatmul(t, llamacpp_activation_type(t.qtype, t.shape, True, llamacpp_has_amx()))
+    return GGMLMatmul(t, llamacpp_activation_type(t.qtype, t.shape, True, has_amx))
 
 
-def prepare_matmul(t, numerics: str = "f32", extra_bufts: bool = False) -> F32Matmul | GGMLMatmul:
+def prepare_matmul(t, numerics: str = "f32", extra_bufts: bool = False,
+                   has_amx: bool = False) -> F32Matmul | GGMLMatmul:
     """A callable ``x (..., n_in) -> (..., n_out)`` for weight ``t`` in the named numerics.
 
-    ``extra_bufts`` only matters for ``ggml``: set it as the llama.cpp being matched has ``use_extra_bufts``.
+    ``extra_bufts`` / ``has_amx`` only matter for ``ggml``: set them as the llama.cpp being matched has
+    ``use_extra_bufts`` and AMX kernels.
     """
     if numerics == "f32":
         return F32Matmul(t)
     if numerics == "ggml":
-        return prepare_ggml_matmul(t, extra_bufts)
-    raise GGUFParityError(f"unknown numerics '{numerics}'; supported: {', '.join(NUMERICS)}")
+        return prepare_ggml_matmul(t, extra_bufts, has_amx)
+    raise NUMERICS.error(numerics)
 
 
 __all__ = [

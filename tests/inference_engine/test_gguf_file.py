@@ -19,8 +19,6 @@ from inference_engine.gguf_file import SUPPORTED_TENSOR_TYPES, open_gguf
 EXPECTED_MESSAGE = {
     "truncated": ["truncated"],
     "truncated_header": ["truncated"],
-    "unknown_arch": ["unsupported architecture 'phi3'", "llama", "qwen2", "qwen3", "gemma3"],
-    "unsupported_type": ["IQ4_NL", "blk.0.ffn_down.weight", "supported", "Q4_K", "Q8_0"],
     "not_gguf": ["not a GGUF file"],
     "empty": ["empty"],
     "directory": ["directory"],
@@ -40,11 +38,44 @@ def test_open_gguf_refuses_bad_input_in_one_line(bad_model_files, kind):
         assert words in message
 
 
+# Files GGUFFile reads (for inspect) but we cannot run: the run policy refuses them where a model is built.
+RUN_POLICY_MESSAGE = {
+    "unknown_arch": ["unsupported architecture 'phi3'", "llama", "qwen2", "qwen3", "gemma3"],
+    "unsupported_type": ["IQ4_NL", "blk.0.ffn_down.weight", "supported", "Q4_K", "Q8_0"],
+}
+
+
+@pytest.mark.parametrize("kind", sorted(RUN_POLICY_MESSAGE))
+def test_reader_opens_what_we_cannot_run_and_building_refuses_it_in_one_line(bad_model_files, kind, capsys):
+    from inference_engine.engine import OurEngine
+    from inference_engine.models import check_runnable
+
+    path = bad_model_files[kind]
+    f = open_gguf(path)  # a pure reader: any architecture, any tensor type
+    assert f.tensors
+    assert main(["inspect", "--no-tensors", str(path)]) == 0
+    capsys.readouterr()
+    for attempt in (lambda: check_runnable(f), lambda: OurEngine(path)):
+        with pytest.raises(GGUFParityError) as info:
+            attempt()
+        message = str(info.value)
+        assert "\n" not in message and str(path) in message
+        for words in RUN_POLICY_MESSAGE[kind]:
+            assert words in message
+    assert main(["generate", "--model", str(path), "hello"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and RUN_POLICY_MESSAGE[kind][0] in err
+
+
 @pytest.mark.parametrize("kind", sorted(EXPECTED_MESSAGE))
 def test_inspect_on_bad_input_exits_2_with_one_error_line(bad_model_files, kind, capsys):
     assert main(["inspect", str(bad_model_files[kind])]) == 2
     captured = capsys.readouterr()
-    assert captured.out == ""
+    # Nothing readable (not GGUF, empty, cut header...): nothing printed. Readable but invalid (tensor data cut,
+    # unknown architecture or type): shown as far as it goes, then the problems, named as open_gguf names them.
+    if captured.out:
+        problems = captured.out.split("\nproblems (", 1)[1]
+        assert all(words in problems for words in EXPECTED_MESSAGE[kind]), problems
     assert captured.err.startswith("error: ")
     assert captured.err.count("\n") == 1
     assert "Traceback" not in captured.err

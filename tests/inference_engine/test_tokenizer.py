@@ -444,7 +444,7 @@ def test_bad_ids_and_inputs_are_user_errors(bpe_fixture):
 @pytest.fixture(scope="module")
 def real(request):
     """name -> (our tokenizer, llama.cpp, CPU seconds to build ours), loaded once per module."""
-    from inference_engine.registry import fetch
+    from inference_engine.model_cache import fetch
 
     cache = {}
 

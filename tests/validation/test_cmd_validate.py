@@ -48,6 +48,7 @@ def _args(model_path, corpus, report, *extra):
 
 def test_pass_exit_0_writes_report_and_json(model_path, corpus, engines, tmp_path, capsys):
     report, json_path = tmp_path / "rep", tmp_path / "out" / "result.json"
+    json_path.parent.mkdir()  # --json never creates directories (issue 16)
     assert main(_args(model_path, corpus, report, "--logit-lens", "--json", str(json_path))) == 0
     out = capsys.readouterr().out
     assert "PASS" in out and "worst tensors" in out and "per layer" in out

@@ -167,7 +167,7 @@ def test_bad_settings(tmp_path, kwargs, pattern):
 # --- SmolLM2 (llama architecture) --------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def smollm2_path():
-    from inference_engine.registry import fetch
+    from inference_engine.model_cache import fetch
 
     return fetch("smollm2-135m", progress=False)
 
@@ -377,7 +377,7 @@ def test_model_info_and_timings(smollm2, smollm2_path):
 # --- Gemma 3 ---------------------------------------------------------------------------------------------------
 @pytest.mark.slow
 def test_gemma3_capture_extras():
-    from inference_engine.registry import fetch
+    from inference_engine.model_cache import fetch
 
     with LlamaCppEngine(fetch("gemma3-270m", progress=False), n_ctx=64, n_threads=N_THREADS) as gemma:
         ids = gemma.tokenize(PROMPT)
@@ -406,3 +406,24 @@ def test_gemma3_capture_extras():
         np.testing.assert_array_equal(cap["sa_out-1"], cap["attn_post_norm-1"] + cap["l_out-0"])
         logits = gemma.prefill(ids)
         np.testing.assert_allclose(cap["result_output"][-1], logits, rtol=0, atol=CAPTURE_VS_RUN_LOGIT_ATOL)
+
+
+@pytest.mark.parametrize(
+    "system_info, flavour",
+    [
+        ("CPU : SSE3 = 1 | AVX = 1 | AVX2 = 1 | F16C = 1 | FMA = 1 | REPACK = 1 | ", "avx2"),
+        ("CPU : AVX2 = 1 | AVX512 = 1 | AVX512_VNNI = 1 | AMX_INT8 = 1 | ", "avx512"),
+        ("CPU : NEON = 1 | ARM_FMA = 1 | DOTPROD = 1 | ", "neon"),
+        ("CPU : SSE3 = 1 | ", "avx2"),
+    ],
+)
+def test_simd_flavour_is_read_from_llamacpps_build(monkeypatch, system_info, flavour):
+    """The flavour our ggml-numerics emulation follows comes from how llama.cpp was compiled, not from this CPU."""
+    from validation.llamacpp import library
+
+    monkeypatch.setattr(library.ll, "llama_print_system_info", lambda: system_info.encode())
+    library.simd_flavour.cache_clear()
+    try:
+        assert library.simd_flavour() == flavour
+    finally:
+        library.simd_flavour.cache_clear()

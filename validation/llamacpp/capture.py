@@ -75,6 +75,7 @@ class GraphRecorder:
         self.tensors: dict[str, np.ndarray] = {}
         self.nodes: list[GraphNode] = []
         self.error: BaseException | None = None
+        self.interrupted = False
 
     def start(self, names: Iterable[str] | None = None) -> None:
         self.active = True
@@ -82,21 +83,31 @@ class GraphRecorder:
         self.tensors = {}
         self.nodes = []
         self.error = None
+        self.interrupted = False
 
     def stop(self) -> None:
         self.active = False
+        if self.interrupted:
+            self.interrupted = False
+            raise KeyboardInterrupt
         if self.error is not None:
             error, self.error = self.error, None
             raise RuntimeError(f"reading llama.cpp's graph failed: {error!r}") from error
 
     def _on_node(self, ptr: int | None, ask: bool, user_data: int | None) -> bool:
-        if not self.active:
-            return False  # not recording: let the scheduler run the graph in one piece
-        if ask:
-            return True
+        # Nothing may escape into C: ctypes would print "Exception ignored" and carry on. Ctrl-C arrives here as a
+        # KeyboardInterrupt (Python runs its signal handler at the next bytecode, which is in this callback while
+        # llama.cpp computes): note it, stop the graph, and stop() raises it once llama_decode has returned.
         try:
+            if not self.active or self.interrupted:
+                return False  # not recording (or interrupted): let the scheduler run the rest in one piece
+            if ask:
+                return True
             self._record(ptr)
             return True
+        except KeyboardInterrupt:
+            self.interrupted = True
+            return False
         except BaseException as exc:  # an exception must not cross into C; stop the graph and re-raise later
             self.error = exc
             return False

@@ -39,6 +39,7 @@ import numpy as np
 from gguf import LlamaFileType
 from llama_cpp import llama_cpp as ll
 
+from inference_engine.backends.numerics import set_ggml_simd
 from inference_engine.errors import GGUFParityError
 from inference_engine.file_digest import file_sha256
 from inference_engine.gguf_file import GGUF_MAGIC, GGUFFile, open_gguf
@@ -49,9 +50,12 @@ from validation.llamacpp.library import (
     clear_log,
     init_backend,
     last_error,
+    raise_if_interrupted,
     recent_log,
     set_llama_logging,
+    simd_flavour,
 )
+from validation.llamacpp.probe import ensure_loadable
 
 KV_TYPES: dict[str, int] = {"f32": ll.GGML_TYPE_F32, "f16": ll.GGML_TYPE_F16}
 FLASH_ATTN: dict[str, int] = {
@@ -138,12 +142,16 @@ class LlamaCppEngine:
         t0 = time.perf_counter()
         set_llama_logging(verbose)
         init_backend()
+        # Our ggml-numerics emulation follows the SIMD flavour this llama.cpp build runs (exp / SiLU last bits).
+        set_ggml_simd(simd_flavour())
         check_layout()
         check_model_path(self.path)
+        ensure_loadable(self.path)  # our validation, then llama.cpp's first load in a child (cached per file)
         params = ll.llama_model_default_params()
         params.use_extra_bufts = self.extra_bufts
         clear_log()
         self._model = ll.llama_model_load_from_file(str(self.path).encode(), params)
+        raise_if_interrupted()
         if not self._model:
             open_gguf(self.path)  # our reader's one-line reason (truncated file, bad tensor type...) where it has one
             reason = last_error() or "see its log with verbose=True"
@@ -175,6 +183,12 @@ class LlamaCppEngine:
             p.cb_eval = recorder.callback
             p.cb_eval_user_data = None
         ctx = ll.llama_init_from_model(self._model, p)
+        if ctx:
+            try:
+                raise_if_interrupted()
+            except KeyboardInterrupt:
+                ll.llama_free(ctx)
+                raise
         if not ctx:
             raise GGUFParityError(
                 f"{self.path}: llama.cpp could not create a context (n_ctx={n_ctx}, n_batch={n_batch}, "
@@ -303,18 +317,6 @@ class LlamaCppEngine:
         while True:
             buf = ctypes.create_string_buffer(capacity)
             n = ll.llama_detokenize(self._vocab, arr, len(tokens), buf, capacity, False, special)
-            if n >= 0:
-                return buf.raw[:n]
-            capacity = -n
-
-    def token_to_piece(self, token_id: int, special: bool = True) -> bytes:
-        """One token's bytes (a piece may be part of a UTF-8 character)."""
-        self._require_open()
-        (token,) = self._check_ids([token_id])
-        capacity = 64
-        while True:
-            buf = ctypes.create_string_buffer(capacity)
-            n = ll.llama_token_to_piece(self._vocab, token, buf, capacity, 0, special)
             if n >= 0:
                 return buf.raw[:n]
             capacity = -n

@@ -32,15 +32,36 @@ def _remember(level: int, text: bytes) -> str:
     return line
 
 
+# Set when Ctrl-C arrived inside a log callback (where ctypes would swallow the KeyboardInterrupt); the engine calls
+# raise_if_interrupted() after each llama.cpp call that logs (model load, context creation).
+_interrupted = False
+
+
 @ll.llama_log_callback
 def _silent_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
-    _remember(level, text)
+    global _interrupted
+    try:
+        _remember(level, text)
+    except KeyboardInterrupt:
+        _interrupted = True
 
 
 @ll.llama_log_callback
 def _stderr_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
-    sys.stderr.write(_remember(level, text))
-    sys.stderr.flush()
+    global _interrupted
+    try:
+        sys.stderr.write(_remember(level, text))
+        sys.stderr.flush()
+    except KeyboardInterrupt:
+        _interrupted = True
+
+
+def raise_if_interrupted() -> None:
+    """Raise the KeyboardInterrupt a log callback had to hold back (see ``_interrupted``)."""
+    global _interrupted
+    if _interrupted:
+        _interrupted = False
+        raise KeyboardInterrupt
 
 
 def clear_log() -> None:
@@ -90,3 +111,18 @@ def build_info() -> dict[str, str]:
             fn.argtypes = []
             info[name] = (fn() or b"").decode()
     return info
+
+
+@lru_cache(maxsize=1)
+def simd_flavour() -> str:
+    """The SIMD flavour llama.cpp's CPU backend was compiled for, from its system info: ``"avx512"`` (``AVX512 =
+    1``), ``"neon"`` (``NEON = 1``) or ``"avx2"`` (everything else on x86, whose exp/SiLU share the AVX2 formulas)."""
+    flags = {}
+    for part in ll.llama_print_system_info().decode(errors="replace").split("|"):
+        key, _, value = part.partition("=")
+        flags[key.strip().split(":")[-1].strip()] = value.strip()
+    if flags.get("AVX512") == "1":
+        return "avx512"
+    if flags.get("NEON") == "1":
+        return "neon"
+    return "avx2"

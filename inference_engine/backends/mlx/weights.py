@@ -110,7 +110,7 @@ def prepare_matrix(t: TensorInfo, use_metal: bool):
     return matrix_form(t.qtype, use_metal)(t)
 
 
-class EmbeddingTable:
+class HostEmbeddingRows:
     """Token embedding rows, dequantized on the host from the memory-mapped file when looked up.
 
     ``get_rows`` touches a handful of rows per step; dequantizing them with gguf-py (exact, every type) costs

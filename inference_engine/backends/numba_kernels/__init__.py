@@ -22,6 +22,7 @@ modification time of the file defining each kernel only, so after editing :mod:`
 ``__pycache__/*.nbi`` / ``*.nbc`` files of this package.
 """
 
+from inference_engine.backends import numba_interrupts
 from inference_engine.backends.numba_kernels.dispatch import (
     KERNELS,
     MATVEC_MAX_TOKENS,
@@ -32,6 +33,8 @@ from inference_engine.backends.numba_kernels.dispatch import (
     pack_matrix,
     supported_types,
 )
+
+numba_interrupts.install()  # Ctrl-C during a kernel's compile ends the run (exit 130), see that module
 
 __all__ = [
     "KERNELS",

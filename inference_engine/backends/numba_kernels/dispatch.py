@@ -36,8 +36,7 @@ from gguf import GGMLQuantizationType as T
 
 from inference_engine.backends.numba_kernels import activations, floats, gemm, k_quants, q4, q5, q8_0
 from inference_engine.errors import GGUFParityError
-
-NUMERICS: tuple[str, ...] = ("f32", "ggml")
+from inference_engine.registries import NUMERICS, Registry
 
 # Up to this many tokens, T mat-vec calls (each reading the weight once) beat dequantize-a-tile + GEMM, which pays
 # one full dequantization pass however few tokens there are: they cross between 4 and 8 tokens on SmolLM2's and
@@ -65,7 +64,8 @@ class Kernels:
     sub: int  # sub-block length of the constant terms (xs), 0 if none
 
 
-KERNELS: dict[T, Kernels] = {
+# tensor type -> its kernels (a type missing here is refused at load time, naming the ones that are present)
+KERNELS: Registry[Kernels] = Registry("tensor type", {
     T.F32: Kernels(floats.matvec_f32, floats.dequant_f32, "f32", 0),
     T.F16: Kernels(floats.matvec_f16, floats.dequant_f16, "f16", 0),
     T.BF16: Kernels(floats.matvec_bf16, floats.dequant_bf16, "bf16", 0),
@@ -79,14 +79,14 @@ KERNELS: dict[T, Kernels] = {
     T.Q4_K: Kernels(k_quants.matvec_q4_k, k_quants.dequant_q4_k, "q8_K", 32),
     T.Q5_K: Kernels(k_quants.matvec_q5_k, k_quants.dequant_q5_k, "q8_K", 32),
     T.Q6_K: Kernels(k_quants.matvec_q6_k, k_quants.dequant_q6_k, "q8_K", 16),
-}
+}, base=Kernels, normalize=lambda qtype: T(int(qtype)), unknown="no numba kernel for", listing="supported", quote=False)
 
 # Byte offset of the block min ``m`` (f16) and block size in bytes, for the ggml correction of Q4_1 / Q5_1.
 _BLOCK_MIN = {T.Q4_1: (2, 20), T.Q5_1: (2, 24)}
 
 
 def supported_types() -> tuple[T, ...]:
-    return tuple(KERNELS)
+    return KERNELS.names()
 
 
 @dataclass
@@ -127,12 +127,11 @@ def pack_matrix(name: str, qtype, raw: np.ndarray, shape: tuple[int, int], copy:
     anonymous memory on this VM; huge pages made no further difference).
     """
     qtype = T(int(qtype))
-    kernels = KERNELS.get(qtype)
-    if kernels is None:
+    if qtype not in KERNELS:
         raise GGUFParityError(
-            f"tensor '{name}': the numba backend has no kernel for {qtype.name}; supported: "
-            f"{', '.join(t.name for t in KERNELS)}"
+            f"tensor '{name}': the numba backend has no kernel for {qtype.name}; supported: {KERNELS.listing()}"
         )
+    kernels = KERNELS.get(qtype)
     if len(shape) != 2:
         raise GGUFParityError(f"tensor '{name}' has shape {tuple(shape)}; a matmul weight must be 2-D (n_out, n_in)")
     n_out, n_in = int(shape[0]), int(shape[1])
@@ -146,7 +145,7 @@ def pack_matrix(name: str, qtype, raw: np.ndarray, shape: tuple[int, int], copy:
 def matmul(w: QMatrix, x: np.ndarray, numerics: str = "f32") -> np.ndarray:
     """``x (T, n_in) @ W.T -> (T, n_out)`` float32 (a 1-D ``x`` gives a 1-D result)."""
     if numerics not in NUMERICS:
-        raise GGUFParityError(f"unknown numerics '{numerics}'; supported: {', '.join(NUMERICS)}")
+        raise NUMERICS.error(numerics)
     x = np.asarray(x, dtype=np.float32)
     squeeze = x.ndim == 1
     x2 = np.ascontiguousarray(x.reshape(-1, x.shape[-1]) if x.ndim else x.reshape(1, 1))

@@ -112,16 +112,50 @@ _EXP_C1 = _hexf("0x1.ffffecp-1")
 
 
 @njit(inline="always", cache=True)
-def expf_ggml(x):
-    """``ggml_v_expf`` (vec.h, AVX-512 branch) on one float32: ARM's optimized-routines polynomial."""
+def _exp_reduce(x):
+    """The first half every flavour shares: ``z`` (x/ln2 + shift), ``n = round(x/ln2)``, ``b = x - n*ln2``."""
     z = fma32(x, _EXP_LOG2E, _EXP_SHIFT)
     n = z - _EXP_SHIFT
     b = fma32(-n, _EXP_LN2_LO, fma32(-n, _EXP_LN2_HI, x))
+    return z, n, b
+
+
+@njit(inline="always", cache=True)
+def _pow2_f32(e):
+    """``2**e`` as a float32, exactly (``e`` an integer in the float32 normal range)."""
+    return _F32(math.ldexp(1.0, e))
+
+
+@njit(inline="always", cache=True)
+def expf_ggml(x, scalef):
+    """``ggml_v_expf`` (vec.h) on one float32: ARM's optimized-routines polynomial, in one of two flavours.
+
+    ``scalef`` (the AVX-512 branch): ``j = 1 + b + ...`` then ``_mm512_scalef_ps(j, n)``. Otherwise (the AVX2 and
+    NEON branches): ``j = b + ...`` without the 1, ``k = 2**n`` built in the exponent bits and ``fma(k, j, k)``;
+    where ``2**n`` alone would overflow or be denormal (|n| > 126) two factors, ``(s2 + s2*j) * s1``. The powers of
+    two are built with ``ldexp`` (exact), which equals the bit arithmetic of the C code.
+    """
+    z, n, b = _exp_reduce(x)
     u = b * b
-    j = fma32(fma32(fma32(_EXP_C5, b, _EXP_C4), u, fma32(_EXP_C3, b, _EXP_C2)), u, fma32(_EXP_C1, b, _F32(1.0)))
-    if abs(n) > _F32(192.0):
+    if scalef:
+        j = fma32(fma32(fma32(_EXP_C5, b, _EXP_C4), u, fma32(_EXP_C3, b, _EXP_C2)), u, fma32(_EXP_C1, b, _F32(1.0)))
+        if abs(n) > _F32(192.0):
+            return _F32(0.0) if n <= _F32(0.0) else _F32(np.inf)
+        return _F32(math.ldexp(np.float64(j), int(n)))  # scalef: exact in double, one rounding
+    j = fma32(fma32(fma32(_EXP_C5, b, _EXP_C4), u, fma32(_EXP_C3, b, _EXP_C2)), u, _EXP_C1 * b)
+    if not abs(n) > _F32(126.0):  # also NaN: the C code's fma(j, k, k) with a NaN j
+        if n != n:
+            return n
+        k = _pow2_f32(int(n))
+        return fma32(k, j, k)
+    if abs(n) > _F32(192.0):  # s1 * s1: 2**-250 -> 0, 2**254 -> inf
         return _F32(0.0) if n <= _F32(0.0) else _F32(np.inf)
-    return _F32(math.ldexp(np.float64(j), int(n)))  # _mm512_scalef_ps(j, n): exact in double, one rounding
+    ni = int(n)
+    if n <= _F32(0.0):
+        s1, s2 = _pow2_f32(-125), _pow2_f32(ni + 125)
+    else:
+        s1, s2 = _pow2_f32(127), _pow2_f32(ni - 127)
+    return fma32(s2, j, s2) * s1
 
 
 @njit(inline="always", cache=True)
@@ -131,27 +165,28 @@ def silu_f32(x):
 
 
 @njit(inline="always", cache=True)
-def _swiglu_row(gate, up, ggml, out, t):
+def _swiglu_row(gate, up, vec_width, scalef, out, t):
     n = gate.shape[1]
-    n_vec = n - n % 16 if ggml else 0
+    n_vec = n - n % vec_width if vec_width else 0
     for i in range(n_vec):
         x = gate[t, i]
-        out[t, i] = (x / (_F32(1.0) + expf_ggml(_F32(0.0) - x))) * up[t, i]
+        out[t, i] = (x / (_F32(1.0) + expf_ggml(_F32(0.0) - x, scalef))) * up[t, i]
     for i in range(n_vec, n):
         out[t, i] = silu_f32(gate[t, i]) * up[t, i]
 
 
 @njit(cache=True)
-def swiglu(gate, up, ggml, out):
-    """``silu(gate) * up`` over rows (T, n). ggml: ``ggml_v_silu`` on the first ``n - n % 16``, scalar on the rest."""
+def swiglu(gate, up, vec_width, scalef, out):
+    """``silu(gate) * up`` over rows (T, n). ggml numerics (``vec_width`` > 0, the SIMD flavour's floats per vector):
+    ``ggml_v_silu`` on the first ``n - n % vec_width``, scalar on the rest; ``vec_width`` 0: f32 numerics."""
     for t in range(gate.shape[0]):
-        _swiglu_row(gate, up, ggml, out, t)
+        _swiglu_row(gate, up, vec_width, scalef, out, t)
 
 
 @njit(parallel=True, cache=True)
-def swiglu_parallel(gate, up, ggml, out):
+def swiglu_parallel(gate, up, vec_width, scalef, out):
     for t in prange(gate.shape[0]):
-        _swiglu_row(gate, up, ggml, out, t)
+        _swiglu_row(gate, up, vec_width, scalef, out, t)
 
 
 _GELU_COEF_A = _F32(0.044715)
@@ -215,7 +250,7 @@ def _dot_head(qv, kv, j_off, d, f16):
 
 
 @njit(parallel=True, cache=True)
-def attention(q, k, v, positions, kv_len, scale, window, ggml, f16, out):
+def attention(q, k, v, positions, kv_len, scale, window, ggml, scalef, f16, out):
     """Causal (sliding-window) grouped-query attention, as NumpyBackend.attention.
 
     ``q (T, H, dk)`` float32; ``k (S, Hkv * dk * esize)``, ``v (S, Hkv * dv * esize)`` the cache rows as bytes
@@ -247,7 +282,7 @@ def attention(q, k, v, positions, kv_len, scale, window, ggml, f16, out):
         for j in range(kv_len):
             if visible[j]:
                 shifted = scores[j] - _F32(top)
-                e = expf_ggml(shifted) if ggml else _F32(math.exp(np.float64(shifted)))
+                e = expf_ggml(shifted, scalef) if ggml else _F32(math.exp(np.float64(shifted)))
                 scores[j] = e
                 total += np.float64(e)
             else:

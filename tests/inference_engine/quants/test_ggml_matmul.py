@@ -15,7 +15,7 @@ from gguf import GGMLQuantizationType as T
 from inference_engine.errors import GGUFParityError
 from inference_engine.gguf_file import TensorInfo
 from inference_engine.quants import F32Matmul, GGMLMatmul, fake_quantize, prepare_matmul, quant_for
-from inference_engine.quants.ggml_oracle import llamacpp_has_amx
+from validation.ggml_oracle import llamacpp_has_amx
 from inference_engine.quants.matmul import llamacpp_activation_type
 
 # |ours - ggml| / sum|w*a|: float32 summation-order noise. Measured worst 7e-8 over all types, K = 256..2048,
@@ -151,5 +151,5 @@ def test_activation_type_override(rng, make_weight):
 def test_extra_bufts_follows_the_installed_build(oracle, rng, make_weight):
     weight = make_weight(T.F16, 32, 64, rng)
     expected = T.F32 if llamacpp_has_amx() else T.F16
-    assert prepare_matmul(weight, "ggml", extra_bufts=True).vec_dot_type == expected
+    assert prepare_matmul(weight, "ggml", extra_bufts=True, has_amx=llamacpp_has_amx()).vec_dot_type == expected
     assert prepare_matmul(weight, "ggml").vec_dot_type == T.F16

@@ -12,7 +12,7 @@ from inference_engine.errors import GGUFParityError
 from inference_engine.gguf_file import SUPPORTED_TENSOR_TYPES, TensorInfo, open_gguf
 from inference_engine.quants import QuantType, dequantize_tensor, quant_for, supported_qtypes
 from inference_engine.quants.base import RANDOM_SCALE_RANGE
-from inference_engine.quants.ggml_oracle import ggml_type_symbol
+from validation.ggml_oracle import ggml_type_symbol
 
 # ggml-cpu.c's type_traits_cpu[w].vec_dot_type for each weight type we support (llama.cpp 0.3.36).
 EXPECTED_VEC_DOT_TYPE = {

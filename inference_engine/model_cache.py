@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from inference_engine.errors import GGUFParityError
+from inference_engine.registries import Registry
 
 CACHE_ENV = "GGUF_PARITY_CACHE"
 
@@ -130,13 +131,13 @@ def cached_path(name: str) -> Path:
     return cache_dir() / model.name / model.filename
 
 
+NAMED_MODELS: Registry[NamedModel] = Registry("model name", MODELS, base=NamedModel, listing="known models")
+
+
 def get_named_model(name: str) -> NamedModel:
-    try:
-        return MODELS[name]
-    except KeyError:
-        raise GGUFParityError(
-            f"unknown model name '{name}'; known models: {', '.join(MODELS)} (or give a path to a .gguf file)"
-        ) from None
+    if name not in NAMED_MODELS:
+        raise NAMED_MODELS.error(name, f"{NAMED_MODELS.listing()} (or give a path to a .gguf file)")
+    return NAMED_MODELS.get(name)
 
 
 def is_cached(name: str) -> bool:

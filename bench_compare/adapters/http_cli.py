@@ -1,0 +1,136 @@
+"""The HTTP modes of ``bench-compare compare`` and ``validate`` (``--engine openai:URL`` / ``llamacpp-server``).
+
+Every engine and server opened here is closed in ``finally`` (servers the harness started are stopped on success,
+error and Ctrl-C). A request that fails mid-run ends the run with its one-line error (exit 2), after printing, and
+writing where asked, what was measured before it.
+"""
+
+from __future__ import annotations
+
+from contextlib import ExitStack
+from pathlib import Path
+
+import click
+
+from bench_compare import engines
+from validation.atomic import atomic_write_json, atomic_write_text
+from inference_engine.errors import GGUFParityError
+
+AGAINST_CHOICES = ("llamacpp-server", "llamacpp", "none")
+
+
+def parse_int_list(text: str | None, flag: str, default: list[int], minimum: int) -> list[int]:
+    if text is None:
+        return list(default)
+    try:
+        values = [int(v) for v in str(text).split(",") if v.strip()]
+    except ValueError:
+        raise GGUFParityError(f"{flag} takes integers separated by commas (e.g. 1,4,16), got '{text}'") from None
+    if not values or any(v < minimum for v in values):
+        raise GGUFParityError(f"{flag} needs integers >= {minimum}, got '{text}'")
+    return values
+
+
+def _close_later(stack: ExitStack, engine):
+    stack.callback(engine.close)
+    return engine
+
+
+def _write_outputs(result: dict, markdown: str, json_path: str | None, report_dir: str | None, name: str) -> None:
+    if json_path:
+        atomic_write_json(json_path, result)
+        click.echo(f"json: {json_path}")
+    if report_dir:
+        out = Path(report_dir)
+        atomic_write_json(out / f"{name}.json", result)
+        click.echo(f"report: {atomic_write_text(out / 'report.md', markdown)}")
+
+
+def run_compare(*, spec: engines.EngineSpec, against: str, model: str, threads: int | None, n_ctx: int,
+                cfg, json_path: str | None, report_dir: str | None, progress: bool) -> None:
+    """``compare --engine openai:URL``: the serving benchmark (see ``http_bench``)."""
+    from bench_compare.adapters import http_bench
+    from bench_compare.adapters.llamacpp_server import ONE_REQUEST_AT_A_TIME_NOTE
+
+    if against not in AGAINST_CHOICES:
+        raise GGUFParityError(f"--against for an HTTP engine must be one of {', '.join(AGAINST_CHOICES)}, "
+                              f"got '{against}'")
+    cfg.check(n_ctx)
+    notes = []
+    sides = []
+    with ExitStack() as stack:
+        engine = _close_later(stack, engines.make_engine(spec, model, n_threads=threads, n_ctx=n_ctx))
+        engine.model_name  # noqa: B018 - asks /models now: an unreachable URL fails before anything is measured
+        prompts = http_bench.PromptMaker(engine.tokenizer, seed=cfg.seed)
+        sides.append(_with_settings(http_bench.HttpSide(engine), engine))
+        if against == "llamacpp-server":
+            ref = _close_later(stack, engines.make_engine("llamacpp-server", model, n_threads=threads, n_ctx=n_ctx))
+            sides.append(_with_settings(http_bench.HttpSide(ref), ref))
+        elif against == "llamacpp":
+            ref = _close_later(stack, engines.make_engine("llamacpp", model, n_threads=threads, n_ctx=n_ctx))
+            side = http_bench.InProcessSide(ref, engine.tokenizer)
+            side.settings = ref.model_info
+            sides.append(side)
+            notes.append("llama.cpp in-process runs one sequence: the concurrency sweep above 1 is HTTP only")
+        if any(s.name == "llamacpp-server" for s in sides):
+            notes.append(ONE_REQUEST_AT_A_TIME_NOTE)
+        measured = http_bench.Measurements()
+        n_runs = (cfg.warmup * len(sides) + len(http_bench._tests(cfg)) * cfg.reps * len(sides)
+                  + len(cfg.concurrency) * len(sides))
+        from tqdm import tqdm
+        import sys
+
+        bar = tqdm(total=n_runs, file=sys.stderr, disable=not progress, desc="http compare", leave=False)
+
+        def advance(desc: str) -> None:
+            bar.set_description(desc)
+            bar.update(1)
+
+        error = None
+        try:
+            http_bench.run_http_bench(cfg, sides, prompts, measured, advance)
+        except GGUFParityError as exc:
+            error = str(exc)
+        except KeyboardInterrupt:
+            bar.close()
+            result = http_bench.build_result(cfg, sides, measured, model_info=engine.model_info, notes=notes,
+                                             error="interrupted")
+            click.echo("interrupted; measured so far (nothing was written):")
+            click.echo(http_bench.markdown(result))
+            raise
+        finally:
+            bar.close()
+        result = http_bench.build_result(cfg, sides, measured, model_info=engine.model_info, notes=notes,
+                                         error=error)
+    click.echo(http_bench.markdown(result))
+    _write_outputs(result, http_bench.markdown(result), json_path, report_dir, "http_compare")
+    if error:
+        raise GGUFParityError(error)
+
+
+def _with_settings(side, engine):
+    side.settings = dict(engine.model_info)
+    return side
+
+
+def run_validate(*, spec: engines.EngineSpec, model: str, prompt: str | None, threads: int | None, n_tokens: int,
+                 top_k: int, json_path: str | None, report_dir: str | None) -> dict:
+    """``validate --engine openai:URL``: top-k logprob fidelity against llama.cpp in-process (``http_fidelity``)."""
+    from bench_compare.adapters import http_fidelity
+
+    if top_k < 1 or n_tokens < 1:
+        raise GGUFParityError(f"--top-k and --smoke-tokens must be >= 1 for an HTTP engine, got {top_k}, {n_tokens}")
+    options = {"logits_all": "true"} if spec.scheme == "llamacpp-server" else {}  # its logprobs need logits_all
+    text = prompt or DEFAULT_PROMPT
+    with ExitStack() as stack:
+        engine = _close_later(stack, engines.make_engine(spec, model, n_threads=threads, **options))
+        engine.model_name  # noqa: B018 - fail fast on an unreachable URL
+        reference = _close_later(stack, engines.make_engine("llamacpp", model, n_threads=threads))
+        result = http_fidelity.run_http_fidelity(engine, reference, text, n_tokens=n_tokens, top_k=top_k)
+    md = http_fidelity.markdown(result)
+    click.echo(md)
+    _write_outputs(result, md, json_path, report_dir, "http_validate")
+    return result
+
+
+DEFAULT_PROMPT = "The capital of France is Paris. The capital of Germany is Berlin. The capital of Italy is"

@@ -1,0 +1,372 @@
+"""Fidelity over HTTP: an OpenAI-compatible server's top-k log-probabilities against llama.cpp in-process.
+
+For one prompt (token ids from the GGUF's tokenizer, which equals llama.cpp's):
+
+1. **Prompt**: sent as token ids when the server accepts them; otherwise as text, after checking that the text
+   tokenizes back to exactly those ids (:func:`openai_http.check_text_round_trip`); otherwise refused.
+2. **Generated positions**: the server generates ``n`` tokens greedily (every sampler and penalty neutral) with
+   ``logprobs: k``. llama.cpp in-process generates greedily on the same ids. While the two greedy tokens agree both
+   condition on the same prefix, so each position's top-k is compared; at the first disagreement the comparison
+   stops (as in ``validation.smoke``) and the disagreement passes only as a near tie: llama.cpp's own log-probability
+   of its token minus that of the server's token below ``validation.smoke.NEAR_TIE_MARGIN`` (a log-prob difference
+   within one distribution equals the logit difference).
+3. **Prompt positions** (``echo: true``): the server's log-probabilities of the prompt's own tokens. Their alignment
+   is verified on the generated part of the same echo response before use: in an aligned response each generated
+   token is the top-1 of its own entry (greedy); if instead it is the top-1 of the entry *before* it, the entries are
+   shifted by one (llama-cpp-python 0.3.36 does this when the model adds no BOS token: it pairs the distribution
+   after token i with token i) and are realigned; anything else and the prompt positions are not compared, saying so.
+
+Per compared position: **top-1 agreement**, **top-k overlap** (|server top-k & llama.cpp top-k| / k) and a **KLD over
+the shared top-k**: both sides' probabilities of the tokens in both top-k sets, each renormalised to sum to 1 over
+that shared set (p_i = exp(lp_i) / sum_shared exp(lp_j)), then KL(llama.cpp || server). It compares the *shape* of
+the two distributions on the tokens both rank highest and ignores the mass outside them: 0 when those shared
+probabilities are proportional, not a full-vocabulary KLD (which needs every logit; HTTP gives only k). The largest
+absolute log-probability difference on shared tokens is reported beside it.
+
+The gates allow for llama.cpp's own rounding noise, measured in the same run: llama.cpp's rounding variant (its other
+attention kernel) against llama.cpp on the same positions by the same metrics (:func:`noise_floor`). The KLD gate is
+max(:data:`SHARED_KLD_MEAN_MAX`, :data:`SHARED_KLD_NOISE_FACTOR` x that floor), and a top-1 or greedy disagreement
+also passes when the variant picks the server's token there (as in ``validation.smoke``).
+
+Tokens are matched by their text, as servers return them (``top_logprobs`` is ``{token text: logprob}``); llama.cpp's
+top-k ids are turned into text the same way (the token's bytes, invalid UTF-8 dropped; when two tokens render the same
+text the lower-ranked one wins, as in llama-cpp-python's dict).
+
+Not checkable over HTTP (said in the report): full-vocabulary logits and KLD, hidden states and per-tensor
+intermediates, teacher-forced per-op checks.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from bench_compare.adapters.openai_http import NOT_OVER_HTTP, check_text_round_trip
+from inference_engine.errors import GGUFParityError
+from validation.free_running import NOISE_FACTOR
+from validation.provenance import provenance
+from validation.results import HttpValidateResult
+from validation.smoke import NEAR_TIE_MARGIN
+
+DEFAULT_TOP_K = 5
+DEFAULT_TOKENS = 16
+# Gates, for engines that claim llama.cpp's numerics. KLD over the shared top-k: llama.cpp's server against llama.cpp
+# in-process computes the same kernels, and engines agreeing to the validate gate's logits NMSE (1e-6) differ by
+# ~1e-3 in log-probabilities, a renormalised KLD ~1e-6; 1e-4 is the validate command's own ggml logits KLD gate
+# (validation.metrics.KLD_MEAN_MAX_GGML), reused so the two gates mean the same.
+SHARED_KLD_MEAN_MAX = 1e-4
+# A server need not compute exactly as the in-process reference does (llama.cpp's own server with flash attention
+# off, another engine): the KLD gate is max(SHARED_KLD_MEAN_MAX, factor x llama.cpp's own noise floor), the floor
+# being the same metric between llama.cpp and its rounding variant (the other attention kernel) on the same positions,
+# with the factor (and its reasons) of the free-running logits gate (validation.free_running.NOISE_FACTOR). Seen on
+# SmolLM2 Q4_1: a server with flash attention off gave shared-top-k KLD mean 2.2e-3 (log-prob differences up to 0.54)
+# against the in-process reference with it on.
+SHARED_KLD_NOISE_FACTOR = NOISE_FACTOR
+# Top-k overlap: near-tied k-th and (k+1)-th tokens may swap at the edge of the list; one swap at k=5 is 0.8.
+TOPK_OVERLAP_MEAN_MIN = 0.8
+
+
+def _token_text(tokenizer, token_id: int) -> str:
+    return tokenizer.token_bytes(int(token_id)).decode("utf-8", errors="ignore")
+
+
+def _log_softmax(logits: np.ndarray) -> np.ndarray:
+    x = np.asarray(logits, dtype=np.float64)
+    m = np.max(x)
+    return x - (m + np.log(np.sum(np.exp(x - m))))
+
+
+def reference_topk(tokenizer, logprobs: np.ndarray, k: int) -> dict[str, float]:
+    """llama.cpp's top-k as {token text: logprob}, built like llama-cpp-python's server builds its dict."""
+    order = np.argsort(-logprobs, kind="stable")[:k]
+    return {_token_text(tokenizer, int(i)): float(logprobs[int(i)]) for i in order}
+
+
+def _server_topk(entry: dict | None, k: int) -> dict[str, float] | None:
+    if not isinstance(entry, dict) or not entry:
+        return None
+    items = sorted(((str(t), float(lp)) for t, lp in entry.items()), key=lambda kv: -kv[1])
+    return dict(items[:k])  # the server may add the sampled token beyond the top k
+
+
+def compare_position(server: dict[str, float], reference: dict[str, float], k: int) -> dict[str, Any]:
+    s_top = max(server, key=server.get)
+    r_top = max(reference, key=reference.get)
+    shared = sorted(set(server) & set(reference))
+    out: dict[str, Any] = {"server_top1": s_top, "reference_top1": r_top, "top1_agree": s_top == r_top,
+                           "topk_overlap": len(shared) / k, "shared": len(shared)}
+    if shared:
+        lp_r = np.array([reference[t] for t in shared])
+        lp_s = np.array([server[t] for t in shared])
+        p = np.exp(lp_r - np.logaddexp.reduce(lp_r))
+        log_p = lp_r - np.logaddexp.reduce(lp_r)
+        log_q = lp_s - np.logaddexp.reduce(lp_s)
+        out["shared_kld"] = float(max(0.0, np.sum(p * (log_p - log_q))))
+        out["max_abs_logprob_diff"] = float(np.max(np.abs(lp_r - lp_s)))
+    else:
+        out["shared_kld"] = None
+        out["max_abs_logprob_diff"] = None
+    if not out["top1_agree"]:
+        # near tie: llama.cpp's log-prob of its own top-1 minus that of the server's top-1 (if llama.cpp ranks it)
+        out["margin"] = (reference[r_top] - reference[s_top]) if s_top in reference else None
+        out["near_tie"] = out["margin"] is not None and out["margin"] < NEAR_TIE_MARGIN
+    return out
+
+
+def _send_prompt(engine, ids: list[int], add_bos: bool, max_tokens: int, k: int, echo: bool,
+                 state: dict[str, Any]) -> dict:
+    """One non-streamed request with the prompt as ids if the server takes them, else as round-trip-checked text."""
+    body = engine.completion_body("", max_tokens, logprobs=k, echo=echo)
+    if state.get("prompt_as") in (None, "token ids"):
+        try:
+            data = engine.client.complete({**body, "prompt": list(ids)})
+            state["prompt_as"] = "token ids"
+            return data
+        except GGUFParityError as exc:
+            if " HTTP " not in str(exc) or state.get("prompt_as") == "token ids":
+                raise  # not a refusal of the request (down, timeout, malformed answer)
+            state["token_ids_refused"] = str(exc)[:120]
+    text = check_text_round_trip(engine.tokenizer, ids, add_bos)
+    state["prompt_as"] = "text (checked to tokenize to the same ids)"
+    return engine.client.complete({**body, "prompt": text})
+
+
+def _choice_logprobs(engine, data: dict, what: str) -> dict:
+    logprobs = data["choices"][0].get("logprobs")
+    if not isinstance(logprobs, dict) or not isinstance(logprobs.get("top_logprobs"), list):
+        raise GGUFParityError(f"{engine.client.base_url}/completions returned no top_logprobs for {what}; the "
+                              "server must support the 'logprobs' field of /completions")
+    return logprobs
+
+
+def run_http_fidelity(engine, reference, prompt: str, *, n_tokens: int = DEFAULT_TOKENS,
+                      top_k: int = DEFAULT_TOP_K, echo: bool = True) -> dict[str, Any]:
+    """Compare ``engine`` (HTTP) with ``reference`` (llama.cpp in-process) on ``prompt``; see the module doc."""
+    tok = engine.tokenizer
+    ids = tok.encode(prompt)
+    add_bos = bool(ids) and tok.bos_id is not None and ids[0] == tok.bos_id
+    if ids != reference.tokenize(prompt):
+        raise GGUFParityError("the GGUF tokenizer and llama.cpp disagree on the prompt's token ids; run "
+                              "bench-compare validate for the tokenizer parity report")
+    state: dict[str, Any] = {}
+    positions: list[dict[str, Any]] = []
+
+    # Generated positions: server greedy with top-k, llama.cpp greedy on the same prefix.
+    data = _send_prompt(engine, ids, add_bos, n_tokens, top_k, False, state)
+    gen = _choice_logprobs(engine, data, "generated tokens")
+    server_tokens = [str(t) for t in gen.get("tokens") or []]
+    server_text = str(data["choices"][0].get("text") or "")
+    reference.reset()
+    logits = np.asarray(reference.prefill(ids))
+    ref_ids: list[int] = []
+    divergence = None
+    for step, entry in enumerate(gen["top_logprobs"][:n_tokens]):
+        lp = _log_softmax(logits)
+        ref_tok = int(np.argmax(lp))
+        server_top = _server_topk(entry, top_k)
+        if server_top is None:
+            raise GGUFParityError(f"{engine.client.base_url}/completions: empty top_logprobs at generated "
+                                  f"position {step}")
+        ref_top = reference_topk(tok, lp, top_k)
+        row = compare_position(server_top, ref_top, top_k)
+        row.update({"where": "generated", "index": step, "server_topk": server_top, "reference_topk": ref_top})
+        positions.append(row)
+        ref_ids.append(ref_tok)
+        server_tok_text = server_tokens[step] if step < len(server_tokens) else None
+        if server_tok_text is not None and server_tok_text != _token_text(tok, ref_tok):
+            margin = None
+            for tid in np.argsort(-lp)[: max(top_k, 50)]:
+                if _token_text(tok, int(tid)) == server_tok_text:
+                    margin = float(lp[ref_tok] - lp[int(tid)])
+                    break
+            divergence = {"step": step, "reference_text": _token_text(tok, ref_tok), "server_text": server_tok_text,
+                          "margin": margin, "near_tie": margin is not None and margin < NEAR_TIE_MARGIN}
+            break
+        if step + 1 < len(gen["top_logprobs"]):
+            logits = np.asarray(reference.decode(ref_tok))
+    reference_text = tok.decode(ref_ids)
+
+    # Prompt positions (echo), alignment verified on the generated entries of the same response.
+    echo_info: dict[str, Any] = {"requested": echo}
+    if echo:
+        echo_info.update(_echo_positions(engine, reference, ids, add_bos, top_k, state, positions))
+
+    floor = noise_floor(reference, tok, ids, ref_ids, positions, top_k)
+    return _summarize(engine, reference, ids, positions, divergence, server_text, reference_text, n_tokens, top_k,
+                      state, echo_info, floor)
+
+
+def noise_floor(reference, tok, ids: list[int], ref_ids: list[int], positions: list[dict], top_k: int) -> dict:
+    """How far llama.cpp moves from *itself* on the compared positions, by the same metrics: each of its rounding
+    variants (``rounding_variants()``: the other attention kernel) against it. Sets ``variant_top1`` on each row
+    (whether a variant picks the server's top-1 there) and returns {label: shared-top-k KLD mean}, the largest as
+    ``floor`` (see :data:`SHARED_KLD_NOISE_FACTOR`)."""
+    variants = reference.rounding_variants() if hasattr(reference, "rounding_variants") else {}
+    out: dict[str, Any] = {"variants": {}, "floor": 0.0}
+    try:
+        for label, variant in variants.items():
+            klds = []
+            generated = [p for p in positions if p["where"] == "generated"]
+            if generated:
+                variant.reset()
+                logits = np.asarray(variant.prefill(ids))
+                for step, row in enumerate(generated):
+                    _variant_row(row, reference_topk(tok, _log_softmax(logits), top_k), top_k, label, klds)
+                    if step + 1 < len(generated):
+                        logits = np.asarray(variant.decode(ref_ids[step]))
+            prompt_rows = [p for p in positions if p["where"] == "prompt"]
+            if prompt_rows:
+                variant.capture(ids, names=["result_output"])
+                v_logits = variant.capture_logits()
+                for row in prompt_rows:
+                    top = reference_topk(tok, _log_softmax(v_logits[row["index"] - 1]), top_k)
+                    _variant_row(row, top, top_k, label, klds)
+            out["variants"][label] = float(np.mean(klds)) if klds else 0.0
+    finally:
+        for variant in variants.values():
+            variant.close()
+    out["floor"] = max(out["variants"].values(), default=0.0)
+    return out
+
+
+def _variant_row(row: dict, variant_top: dict[str, float], top_k: int, label: str, klds: list[float]) -> None:
+    cmp = compare_position(variant_top, row["reference_topk"], top_k)
+    if cmp["shared_kld"] is not None:
+        klds.append(cmp["shared_kld"])
+    if not row["top1_agree"] and cmp["server_top1"] == row["server_top1"]:
+        row.setdefault("variants_agreeing", []).append(label)
+
+
+def _echo_positions(engine, reference, ids, add_bos, top_k, state, positions) -> dict[str, Any]:
+    n_gen = 4  # greedy tokens requested with the echo, to verify the alignment on
+    try:
+        data = _send_prompt(engine, ids, add_bos, n_gen, top_k, True, state)
+    except GGUFParityError as exc:
+        return {"compared": 0, "alignment": "unverified", "note": f"echo request failed: {exc}"}
+    lp = data["choices"][0].get("logprobs") or {}
+    tops = lp.get("top_logprobs") or []
+    tokens = [str(t) for t in lp.get("tokens") or []]
+    texts = [_token_text(engine.tokenizer, t) for t in ids]
+    # Where the echoed entries start in the sequence: servers drop a leading BOS or keep it.
+    offset = next((off for off in (0, 1) if len(tokens) > len(ids) - off
+                   and tokens[: len(ids) - off] == texts[off:]), None)
+    if offset is None or len(tops) != len(tokens):
+        return {"compared": 0, "alignment": "unverified",
+                "note": "the echoed tokens do not spell the prompt's tokens; prompt positions not compared"}
+    first = len(ids) - offset  # entry index of the first generated token
+    generated = range(first, len(tokens))
+
+    def top1(i):
+        t = _server_topk(tops[i], 1)
+        return None if not t else next(iter(t))
+
+    aligned = all(top1(i) == tokens[i] for i in generated)
+    shifted = all(top1(i - 1) == tokens[i] for i in generated)
+    if aligned == shifted:
+        return {"compared": 0, "alignment": "unverified",
+                "note": "the server's echo log-probabilities line up neither with its own greedy tokens nor with "
+                        "the next ones; prompt positions not compared"}
+    shift = 0 if aligned else 1
+    reference.capture(ids, names=["result_output"])
+    ref_logits = reference.capture_logits()
+    compared = 0
+    for i in range(first):
+        predicted = offset + i + shift  # sequence index of the token this entry's distribution predicts
+        if predicted < 1 or predicted >= len(ids):
+            continue  # the first token has no prediction; the last prompt entry (shifted) predicts generation
+        server_top = _server_topk(tops[i], top_k)
+        if server_top is None:
+            continue  # the API leaves the first entry empty
+        ref_top = reference_topk(engine.tokenizer, _log_softmax(ref_logits[predicted - 1]), top_k)
+        row = compare_position(server_top, ref_top, top_k)
+        row.update({"where": "prompt", "index": predicted, "server_topk": server_top, "reference_topk": ref_top})
+        positions.append(row)
+        compared += 1
+    note = (f"aligned (verified on {len(generated)} greedy tokens): each entry is the distribution for its own "
+            "token" if shift == 0 else
+            f"shifted by one (verified on {len(generated)} greedy tokens): the server paired the distribution "
+            "after token i with token i (llama-cpp-python when the model adds no BOS token); realigned")
+    return {"compared": compared, "alignment": "aligned" if shift == 0 else "shifted-by-one", "note": note}
+
+
+def _summarize(engine, reference, ids, positions, divergence, server_text, reference_text, n_tokens, top_k, state,
+               echo_info, floor) -> dict[str, Any]:
+    kld = [p["shared_kld"] for p in positions if p.get("shared_kld") is not None]
+    overlap = [p["topk_overlap"] for p in positions]
+    disagreements = [p for p in positions if not p["top1_agree"]]
+    unexcused = [p for p in disagreements if not p.get("near_tie") and not p.get("variants_agreeing")]
+    kld_limit = max(SHARED_KLD_MEAN_MAX, SHARED_KLD_NOISE_FACTOR * floor["floor"])
+    if divergence is not None:
+        at = [p for p in positions if p["where"] == "generated" and p["index"] == divergence["step"]]
+        divergence["reference_variants_agreeing"] = at[0].get("variants_agreeing", []) if at else []
+    greedy_ok = divergence is None or bool(divergence["near_tie"]) or bool(divergence["reference_variants_agreeing"])
+    metrics = {
+        "positions": len(positions),
+        "top1_agreement": (sum(p["top1_agree"] for p in positions) / len(positions)) if positions else None,
+        "top1_disagreements_not_near_tie": len(unexcused),
+        "topk_overlap_mean": float(np.mean(overlap)) if overlap else None,
+        "shared_kld_mean": float(np.mean(kld)) if kld else None,
+        "shared_kld_max": float(np.max(kld)) if kld else None,
+        "max_abs_logprob_diff": max((p["max_abs_logprob_diff"] for p in positions
+                                     if p.get("max_abs_logprob_diff") is not None), default=None),
+    }
+    checks = {
+        "top1": bool(positions) and not unexcused,
+        "topk_overlap": (metrics["topk_overlap_mean"] is not None
+                         and metrics["topk_overlap_mean"] >= TOPK_OVERLAP_MEAN_MIN),
+        "shared_kld": metrics["shared_kld_mean"] is not None and metrics["shared_kld_mean"] <= kld_limit,
+        "greedy_text": greedy_ok,
+    }
+    return HttpValidateResult.from_dict({
+        **provenance(), "engine": engine.name, "reference": reference.name,
+        "model": engine.model_info, "prompt_tokens": len(ids), "prompt_sent_as": state.get("prompt_as"),
+        "token_ids_refused": state.get("token_ids_refused"), "top_k": top_k, "n_tokens": n_tokens,
+        "noise_floor": floor,
+        "thresholds": {"shared_kld_mean_max": kld_limit, "shared_kld_floor_free": SHARED_KLD_MEAN_MAX,
+                       "shared_kld_noise_factor": SHARED_KLD_NOISE_FACTOR,
+                       "topk_overlap_mean_min": TOPK_OVERLAP_MEAN_MIN,
+                       "near_tie_margin": NEAR_TIE_MARGIN},
+        "metrics": metrics, "checks": checks, "passed": all(checks.values()),
+        "greedy": {"server_text": server_text, "reference_text": reference_text,
+                   "equal": server_text == reference_text, "first_divergence": divergence},
+        "echo": echo_info, "positions": positions,
+        "kld_note": ("KLD over the shared top-k: both sides' probabilities of the tokens in both top-k lists, each "
+                     "renormalised to sum to 1 over that shared set; not a full-vocabulary KLD"),
+        "not_checkable_over_http": list(NOT_OVER_HTTP.values()),
+    }).to_dict()  # the typed, versioned record
+
+
+def markdown(result: dict[str, Any]) -> str:
+    m, c = result["metrics"], result["checks"]
+    def fmt(v, spec=".3g"):
+        return "-" if v is None else format(v, spec)
+    lines = [f"# HTTP validate: {result['engine']} vs {result['reference']}", "",
+             f"- model: `{result['model'].get('file')}` (sha256 {str(result['model'].get('sha256'))[:12]})",
+             f"- prompt: {result['prompt_tokens']} tokens, sent as {result['prompt_sent_as']}"
+             + (f" (token ids refused: {result['token_ids_refused']})" if result.get("token_ids_refused") else ""),
+             f"- top-k = {result['top_k']}; {result['n_tokens']} greedy tokens; echo: "
+             f"{result['echo'].get('note', 'not requested')}",
+             f"- verdict: **{'PASS' if result['passed'] else 'FAIL'}**", "",
+             "| check | value | gate | ok |", "| --- | ---: | --- | --- |",
+             f"| top-1 agreement | {fmt(m['top1_agreement'], '.3f')} over {m['positions']} positions | every "
+             f"disagreement a near tie (< {result['thresholds']['near_tie_margin']}) or picked by a llama.cpp "
+             f"variant | {c['top1']} |",
+             f"| top-k overlap mean | {fmt(m['topk_overlap_mean'], '.3f')} | >= "
+             f"{result['thresholds']['topk_overlap_mean_min']} | {c['topk_overlap']} |",
+             f"| KLD over shared top-k, mean (max) | {fmt(m['shared_kld_mean'])} ({fmt(m['shared_kld_max'])}) | <= "
+             f"{result['thresholds']['shared_kld_mean_max']:.3g} "
+             f"(max of {result['thresholds']['shared_kld_floor_free']:g}"
+             f" and {result['thresholds']['shared_kld_noise_factor']:g} x llama.cpp's own floor "
+             f"{fmt(result['noise_floor']['floor'])}: {', '.join(result['noise_floor']['variants']) or 'none'}) | "
+             f"{c['shared_kld']} |",
+             f"| max abs logprob diff (shared) | {fmt(m['max_abs_logprob_diff'])} | reported | |",
+             f"| greedy text equal | {result['greedy']['equal']} | equal or near tie | {c['greedy_text']} |", "",
+             f"{result['kld_note']}.", "", "## Not checkable over HTTP", ""]
+    lines += [f"- {what}" for what in result["not_checkable_over_http"]]
+    d = result["greedy"]["first_divergence"]
+    if d:
+        lines += ["", f"Greedy divergence at step {d['step']}: llama.cpp {d['reference_text']!r}, server "
+                      f"{d['server_text']!r}, margin {fmt(d['margin'])}."]
+    return "\n".join(lines) + "\n"
+

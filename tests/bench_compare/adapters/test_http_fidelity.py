@@ -1,0 +1,183 @@
+"""Top-k logprob comparison over HTTP: the shared-top-k KLD and its renormalisation, and the echo alignment check
+(aligned, shifted by one as llama-cpp-python 0.3.36 does without BOS, or neither) on crafted server answers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from bench_compare.adapters import http_fidelity
+
+N_VOCAB = 40
+TOP_K = 4
+
+
+class Tokenizer:
+    """Every token renders as its own distinct text ("t7"), so matching by text is matching by id."""
+
+    n_vocab = N_VOCAB
+    bos_id = None
+
+    def encode(self, text):
+        return list(IDS)
+
+    def decode(self, ids):
+        return "".join(f"t{i}" for i in ids)
+
+    def token_bytes(self, i: int) -> bytes:
+        return f"t{i}".encode()
+
+
+def logits_after(prefix: list[int], model: int = 0) -> np.ndarray:
+    """A deterministic, well-separated distribution for each prefix (the 'model'; another ``model`` differs)."""
+    rng = np.random.default_rng(abs(hash((model, *prefix))) % (2**32))
+    return rng.normal(0.0, 3.0, N_VOCAB)
+
+
+class Reference:
+    """llama.cpp in-process, as far as the fidelity check uses it."""
+
+    name = "reference"
+
+    def tokenize(self, text):
+        return list(IDS)
+
+    def reset(self):
+        self._seq = []
+
+    def prefill(self, ids):
+        self._seq = list(ids)
+        return logits_after(self._seq)
+
+    def decode(self, token):
+        self._seq.append(int(token))
+        return logits_after(self._seq)
+
+    def capture(self, ids, names=None):
+        self._ids = list(ids)
+        return {}
+
+    def capture_logits(self):
+        return np.stack([logits_after(self._ids[: j + 1]) for j in range(len(self._ids))])
+
+
+def top_dict(tok, prefix):
+    return http_fidelity.reference_topk(tok, http_fidelity._log_softmax(logits_after(prefix)), TOP_K)
+
+
+def echo_answer(ids: list[int], n_gen: int, layout: str) -> dict:
+    tok = Tokenizer()
+    seq = list(ids)
+    for _ in range(n_gen):
+        seq.append(int(np.argmax(logits_after(seq))))
+    if layout == "aligned":  # entry i: the distribution that predicts token i
+        tops = [None] + [top_dict(tok, seq[:i]) for i in range(1, len(seq))]
+        tokens = seq
+    elif layout == "shifted":  # entry i: the distribution after token i; the last generated token has no entry
+        tops = [top_dict(tok, seq[: i + 1]) for i in range(len(seq) - 1)]
+        tops[0] = None
+        tokens = seq[:-1]
+    else:  # entries scrambled: neither reading holds
+        tops = [top_dict(tok, seq[: (i * 7) % len(seq) + 1]) for i in range(len(seq))]
+        tokens = seq
+    return {"choices": [{"text": "", "logprobs": {"tokens": [f"t{t}" for t in tokens], "top_logprobs": tops}}]}
+
+
+class Engine:
+    name = "server"
+    model_info = {"file": "fake.gguf", "sha256": "0" * 64}
+
+    def __init__(self, answer, generation=None):
+        self.tokenizer = Tokenizer()
+        self.answer = answer
+        self.generation = generation
+        self.client = self
+
+    def completion_body(self, prompt, max_tokens, **kw):
+        return {"prompt": prompt, "max_tokens": max_tokens, **kw}
+
+    def complete(self, body):
+        return self.answer if body.get("echo") or self.generation is None else self.generation
+
+
+def generation_answer(ids: list[int], n_gen: int, model: int) -> dict:
+    """A server's non-echo answer: ``n_gen`` greedy tokens of ``model`` with their top-k."""
+    tok, seq, tops = Tokenizer(), list(ids), []
+    for _ in range(n_gen):
+        lp = http_fidelity._log_softmax(logits_after(seq, model))
+        tops.append(http_fidelity.reference_topk(tok, lp, TOP_K))
+        seq.append(int(np.argmax(lp)))
+    gen = seq[len(ids):]
+    return {"choices": [{"text": tok.decode(gen), "logprobs": {"tokens": [f"t{t}" for t in gen],
+                                                                "top_logprobs": tops}}]}
+
+
+IDS = [5, 9, 13, 2, 30, 7, 21, 11]
+
+
+@pytest.mark.parametrize("layout, alignment", [("aligned", "aligned"), ("shifted", "shifted-by-one")])
+def test_echo_alignment_is_detected_and_positions_match(layout, alignment):
+    positions = []
+    info = http_fidelity._echo_positions(Engine(echo_answer(IDS, 4, layout)), Reference(), IDS, False, TOP_K,
+                                         {"prompt_as": "token ids"}, positions)
+    assert info["alignment"] == alignment
+    assert info["compared"] == len(IDS) - 1 - (1 if layout == "shifted" else 0)  # shifted: first entry blanked
+    assert all(p["top1_agree"] and p["topk_overlap"] == 1.0 and p["shared_kld"] < 1e-12 for p in positions)
+    assert sorted(p["index"] for p in positions)[-1] == len(IDS) - 1  # up to the last prompt token
+
+
+def test_echo_that_lines_up_with_nothing_is_not_compared():
+    positions = []
+    info = http_fidelity._echo_positions(Engine(echo_answer(IDS, 4, "scrambled")), Reference(), IDS, False, TOP_K,
+                                         {"prompt_as": "token ids"}, positions)
+    assert info["alignment"] == "unverified" and info["compared"] == 0 and not positions
+
+
+def test_shared_topk_kld_renormalises_over_the_shared_tokens():
+    ref = {"a": np.log(0.5), "b": np.log(0.3), "c": np.log(0.1), "d": np.log(0.05)}
+    # the same shape, every log-prob lower by 0.7 (mass moved outside the top-k): KLD 0, the offset reported
+    shifted = {t: v - 0.7 for t, v in ref.items()}
+    row = http_fidelity.compare_position(shifted, ref, 4)
+    assert row["shared_kld"] == pytest.approx(0.0, abs=1e-12)
+    assert row["max_abs_logprob_diff"] == pytest.approx(0.7)
+    # only a, b shared: p = (0.5, 0.3)/0.8, q = (0.3, 0.35)/0.65; the server's top-1 is b
+    other = {"a": np.log(0.3), "b": np.log(0.35), "x": np.log(0.2), "y": np.log(0.1)}
+    row = http_fidelity.compare_position(other, ref, 4)
+    p, q = np.array([0.625, 0.375]), np.array([0.3, 0.35]) / 0.65
+    assert row["topk_overlap"] == 0.5 and row["top1_agree"] is False
+    assert row["shared_kld"] == pytest.approx(float(np.sum(p * np.log(p / q))))
+
+
+def test_top1_disagreement_is_a_near_tie_only_below_the_margin():
+    ref = {"a": -0.70, "b": -0.72, "c": -3.0}
+    assert http_fidelity.compare_position({"b": -0.6, "a": -0.8, "c": -3.0}, ref, 3)["near_tie"] is True
+    wide = {"a": -0.7, "b": -1.5, "c": -3.0}
+    assert http_fidelity.compare_position({"b": -0.6, "a": -0.8, "c": -3.0}, wide, 3)["near_tie"] is False
+
+
+def test_same_model_passes_and_another_model_fails_end_to_end():
+    same = Engine(echo_answer(IDS, 4, "shifted"), generation_answer(IDS, 6, model=0))
+    result = http_fidelity.run_http_fidelity(same, Reference(), "prompt", n_tokens=6, top_k=TOP_K)
+    assert result["passed"] and result["greedy"]["equal"] and result["prompt_sent_as"] == "token ids"
+    assert result["metrics"]["positions"] == 6 + len(IDS) - 2 and result["metrics"]["shared_kld_mean"] < 1e-12
+    # a server computing another model: its own greedy tokens and distributions, same prompt
+    other = Engine(echo_answer(IDS, 4, "shifted"), generation_answer(IDS, 6, model=1))
+    result = http_fidelity.run_http_fidelity(other, Reference(), "prompt", n_tokens=6, top_k=TOP_K)
+    assert not result["passed"]
+    assert not result["checks"]["top1"] and not result["checks"]["greedy_text"]
+    assert result["greedy"]["first_divergence"]["step"] == 0
+
+
+def test_result_is_a_typed_record_that_report_reads(tmp_path):
+    """run_http_fidelity writes an HttpValidateResult (kind, schema version, provenance); `report` loads it by kind
+    and gates its top-1 agreement."""
+    from bench_compare import report
+    from validation.atomic import atomic_write_json
+
+    same = Engine(echo_answer(IDS, 4, "shifted"), generation_answer(IDS, 6, model=0))
+    result = http_fidelity.run_http_fidelity(same, Reference(), "prompt", n_tokens=6, top_k=TOP_K)
+    assert (result["kind"], result["schema_version"]) == ("http-validate", 1)
+    assert {"date", "git", "versions", "machine"} <= set(result)
+    loaded = report.load_result(atomic_write_json(tmp_path / "v.json", result))
+    assert loaded["_kind"] == report.KIND_HTTP_VALIDATE
+    assert report.validation_metrics(loaded) == {"passed": True, "top1_agreement": 1.0}

@@ -1,0 +1,167 @@
+"""llama.cpp's OpenAI server on the real smollm2 model, started on 127.0.0.1 by the tests and the harness and always
+stopped: compare and validate end to end through the CLI, the HTTP overhead ratio, the official openai client."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from bench_compare.adapters.llamacpp_server import LlamaCppServer, server_available
+
+pytestmark = pytest.mark.slow
+
+ok, why = server_available()
+if not ok:
+    pytest.skip(f"llama.cpp's server is not installed: {why}", allow_module_level=True)
+
+from bench_compare import cli  # noqa: E402
+
+N_THREADS = 2
+SMALL = ["-p", "16", "-n", "8", "-r", "1", "--warmup", "1", "--no-progress", "-t", str(N_THREADS), "-c", "512"]
+
+
+@pytest.fixture(scope="module")
+def smollm2_path() -> Path:
+    from inference_engine.model_cache import resolve_model
+
+    return resolve_model("smollm2-135m", progress=False)
+
+
+TEST_SERVER_PIDS: set[int] = set()  # servers the tests themselves hold (the module fixture), not the harness
+
+
+def _server_children() -> list[int]:
+    """Live processes started from this test process that run the harness's llama.cpp server launcher, other than
+    the servers the tests hold themselves."""
+    me = os.getpid()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        state = stat.rsplit(")", 1)[1].split()[0]
+        if int(entry.name) in TEST_SERVER_PIDS:
+            continue
+        if ppid == me and state != "Z" and "bench_compare.adapters.llamacpp_server" in cmdline:
+            found.append(int(entry.name))
+    return found
+
+
+@pytest.fixture(scope="module")
+def logprob_server(smollm2_path):
+    """The engine under test for validate: llama.cpp's server with logits_all (needed for logprobs)."""
+    with LlamaCppServer(smollm2_path, n_threads=N_THREADS, n_ctx=512, logits_all=True) as server:
+        TEST_SERVER_PIDS.add(server.process.pid)
+        yield server
+    TEST_SERVER_PIDS.clear()
+    assert not _server_children()
+
+
+def test_server_is_stopped_on_error(smollm2_path):
+    with pytest.raises(RuntimeError, match="boom"):
+        with LlamaCppServer(smollm2_path, n_threads=1, n_ctx=256) as server:
+            pid = server.process.pid
+            raise RuntimeError("boom")
+    assert server.process is None
+    assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split(")")[1][:3]
+    assert not _server_children()
+
+
+def test_compare_openai_against_llamacpp_server(logprob_server, smollm2_path, tmp_path, capsys):
+    out = tmp_path / "http.json"
+    rc = cli.main(["compare", "--engine", f"openai:{logprob_server.base_url}", "-m", str(smollm2_path),
+                   "--against", "llamacpp-server", "--concurrency", "1,2", "--json", str(out), *SMALL])
+    assert rc == 0, capsys.readouterr().err
+    result = json.loads(out.read_text())
+    engine, ref = f"openai:{logprob_server.base_url}", "llamacpp-server"
+    assert set(result["summary"]) == {engine, ref}
+    for side in (engine, ref):
+        tg = result["summary"][side]["tg8"]
+        assert tg["output_tokens"] == 8 and tg["ttft_s"]["median"] > 0 and tg["tps"]["median"] > 0
+        assert result["summary"][side]["c2"]["aggregate_tps"] > 0
+    assert result["ratios"]["tg8"]["tps"] > 0
+    assert any("one request at a time" in n for n in result["notes"])
+    assert not _server_children()  # the harness stopped the reference server it started
+
+
+def test_http_overhead_of_llamacpp_server_over_in_process(smollm2_path, tmp_path, capsys):
+    out = tmp_path / "overhead.json"
+    rc = cli.main(["compare", "--engine", "llamacpp-server", "-m", str(smollm2_path), "--against", "llamacpp",
+                   "--json", str(out), *SMALL])
+    assert rc == 0, capsys.readouterr().err
+    result = json.loads(out.read_text())
+    overhead = result["http_overhead"]["tg8"]
+    assert overhead["e2e"] > 0 and overhead["ttft"] > 0
+    assert "HTTP overhead" in capsys.readouterr().out
+    assert not _server_children()
+
+
+def test_validate_openai_against_llamacpp_in_process(logprob_server, smollm2_path, tmp_path, capsys):
+    out = tmp_path / "validate.json"
+    rc = cli.main(["validate", "--engine", f"openai:{logprob_server.base_url}", "--model", str(smollm2_path),
+                   "--smoke-tokens", "8", "--threads", str(N_THREADS), "--json", str(out),
+                   "--report", str(tmp_path / "rep")])
+    printed = capsys.readouterr()
+    assert rc == 0, printed.err + printed.out
+    result = json.loads(out.read_text())
+    assert result["passed"] and result["greedy"]["equal"]
+    assert result["prompt_sent_as"].startswith("text")  # llama-cpp-python's server takes no token ids
+    assert result["echo"]["compared"] > 0 and result["echo"]["alignment"] in ("aligned", "shifted-by-one")
+    assert result["metrics"]["top1_agreement"] == 1.0
+    assert "Not checkable over HTTP" in (tmp_path / "rep" / "report.md").read_text()
+
+
+def test_openai_client_library_against_llamacpp_server(logprob_server):
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url=logprob_server.base_url, api_key="unused", timeout=60)
+    stream = client.completions.create(model="gguf-parity-model", prompt="The capital of France is", max_tokens=4,
+                                       temperature=0, stream=True, extra_body={"repeat_penalty": 1.0})
+    text = "".join(chunk.choices[0].text for chunk in stream)
+    assert text.strip()
+
+
+def test_ctrl_c_stops_the_server_the_harness_started(smollm2_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    root = Path(__file__).resolve().parents[3]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    cmd = [sys.executable, "-m", "bench_compare.cli", "compare", "--engine", "llamacpp-server", "-m",
+           str(smollm2_path), "--against", "none", "-p", "16", "-n", "64", "-r", "1000", "--warmup", "0",
+           "--no-progress", "-t", "1", "-c", "256"]
+    proc = subprocess.Popen(cmd, env=env, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    server_pid = None
+    try:
+        deadline = time.monotonic() + 120
+        while server_pid is None and time.monotonic() < deadline and proc.poll() is None:
+            for entry in Path("/proc").iterdir():
+                if entry.name.isdigit():
+                    try:
+                        stat = (entry / "stat").read_text()
+                        cmdline = (entry / "cmdline").read_bytes()
+                    except OSError:
+                        continue
+                    if (int(stat.rsplit(")", 1)[1].split()[1]) == proc.pid
+                            and b"bench_compare.adapters.llamacpp_server" in cmdline):
+                        server_pid = int(entry.name)
+            time.sleep(0.2)
+        assert server_pid is not None, "the harness did not start llama.cpp's server"
+        time.sleep(8)  # let it load the model and take requests
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    assert "interrupted" in err
+    assert not Path(f"/proc/{server_pid}").exists()
