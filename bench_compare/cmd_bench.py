@@ -218,7 +218,7 @@ def bench(model, n_prompt, n_gen, pg, n_depth, reps, threads, n_batch, fmt, engi
     else:
         build_commit = git_info()["sha"][:10]
         build_number = f"gguf-parity {package_versions().get('gguf-parity')}"
-    cpu = machine_info()["cpu"]
+    cpu = machine_info()["cpu_isa"]  # llama-bench's cpu_info, with the instruction set: "AMD EPYC, AVX2"
     out = Output(fmt, build_commit, build_number)
     show = sys.stderr.isatty() if progress is None else progress
     from tqdm import tqdm
@@ -233,7 +233,7 @@ def bench(model, n_prompt, n_gen, pg, n_depth, reps, threads, n_batch, fmt, engi
             eng = engines.make_engine(spec, path, n_threads=n_threads, n_ctx=n_ctx, numerics=numerics, n_batch=batch)
             try:
                 settings = engines.engine_settings(spec, n_threads=n_threads, n_ctx=n_ctx, numerics=numerics,
-                                                   n_batch=batch)
+                                                   n_batch=batch, model=path)
                 allowed = token_ids_for_model(gguf, eng.n_vocab)
                 if spec.is_reference:  # llama-bench prints llama.cpp's own description (llama_model_desc)
                     llama_type = eng.model_info.get("model_type", model_desc["model_type"])

@@ -38,9 +38,9 @@ def _optional_int(text: str | None, flag: str, minimum: int) -> int | None:
 @engines.engine_options("Engine to compare with llama.cpp instead of ours:<backend>")
 @click.option("--numerics", metavar="MODE", default="f32", show_default=True, help=f"{numerics_help()} (our engine)")
 @click.option("-p", "n_prompt", metavar="N", default=None,
-              help="Prompt size (default 512, scaled down to fit --budget).")
+              help="Prompt size (default 512, llama-bench's; smaller only to fit the context or --budget).")
 @click.option("-n", "n_gen", metavar="N", default=None,
-              help="Generated tokens (default 128, scaled to fit --budget).")
+              help="Generated tokens (default 128, llama-bench's; smaller only to fit the context or --budget).")
 @click.option("-d", "n_depth", metavar="N", default=None,
               help="Depth for the tg @ depth test (default 512, scaled; 0: none).")
 @click.option("-r", "reps", metavar="N", default=str(compare_run.DEFAULT_REPS), show_default=True,
@@ -52,9 +52,9 @@ def _optional_int(text: str | None, flag: str, minimum: int) -> int | None:
 @click.option("--quick", is_flag=True,
               help=f"Small fixed preset for CI: -p {compare_run.QUICK_SIZES[0]} -n {compare_run.QUICK_SIZES[1]} "
                    f"-d {compare_run.QUICK_SIZES[2]} -r {compare_run.QUICK_REPS}, one cold run.")
-@click.option("--budget", metavar="SECONDS", default=compare_run.DEFAULT_BUDGET_S, show_default=True,
-              type=Number(0.0, lo_open=True),
-              help="Seconds the measurements may take when -p/-n/-d are not all given.")
+@click.option("--budget", metavar="SECONDS", default=compare_run.DEFAULT_BUDGET_S, type=Number(0.0, lo_open=True),
+              help="Shrink the sizes not given with -p/-n/-d until the measurements are projected (from a short "
+                   "probe) to take at most SECONDS. Default: no budget, llama-bench's sizes.")
 @click.option("--prompt", metavar="TEXT", default=None,
               help="Text prompt for TTFT (default: a built-in ~110-token paragraph).")
 @click.option("--seed", metavar="N", default=str(DEFAULT_SEED), show_default=True)
@@ -81,7 +81,7 @@ def compare(model, backend, engine, engine_opts, numerics, n_prompt, n_gen, n_de
     if spec is not None and spec.over_http:
         return _http_compare(spec, against, model, threads, n_ctx, n_prompt, n_gen, n_depth, reps, concurrency, warmup,
                              requests_per_client, seed, json_path, report_dir, progress, quick)
-    budget_s = float(budget)
+    budget_s = None if budget is None else float(budget)
     cfg = compare_run.CompareConfig(
         model=model, backend=backend or engines.default_backend(), numerics=numerics, engine=engine,
         engine_opts=engines.parse_engine_opts(engine_opts),
@@ -133,7 +133,12 @@ def compare(model, backend, engine, engine_opts, numerics, n_prompt, n_gen, n_de
     phases = report.cold_phase_table(result)
     if phases:
         click.echo("\ncold start phases:\n" + phases)
-    click.echo(f"\ncompare took {elapsed:.0f} s")
+    projected = result["settings"].get("projected_s")
+    measured = result["settings"].get("measured_s")
+    took = f"\ncompare took {elapsed:.0f} s"
+    if projected is not None and measured is not None:
+        took += f" (measurements {measured:.0f} s, projected {projected:.0f} s)"
+    click.echo(took)
     if json_path:
         atomic_write_json(json_path, result)
         click.echo(f"json: {json_path}")

@@ -52,16 +52,21 @@ def run_cold_start_subprocess(spec: EngineSpec, model_path: str | Path, prompt: 
     try:
         # cwd: where this package lives, so "-m" finds it (and not a same-named folder in the user's cwd)
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=PACKAGE_ROOT,
-                              env=_child_env())
+                              env=_child_env(spec, model_path))
     except subprocess.TimeoutExpired:
         raise GGUFParityError(f"cold start of {spec.name} took longer than {timeout:.0f} s") from None
     return parse_cold_start_output(spec.name, proc.returncode, proc.stdout, proc.stderr)
 
 
-def _child_env() -> dict[str, str]:
+def _child_env(spec: EngineSpec, model_path) -> dict[str, str]:
     """The environment with the user's working directory on ``PYTHONPATH``, so a plugin engine
-    (``--engine mypkg.mod:factory``) imports in the child as it did here."""
+    (``--engine mypkg.mod:factory``) imports in the child as it did here; llama.cpp's child also runs with the
+    extra-buffer verdict this process made (no probe inside a timed start)."""
     env = dict(os.environ)
+    if spec.is_reference and Path(model_path).exists():
+        from bench_compare import engines, extra_bufts
+
+        env = extra_bufts.child_env(engines.llamacpp_extra_bufts(model_path))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH", ""), os.getcwd()) if p)
     return env
 
@@ -86,7 +91,8 @@ def cold_results(engine: str, runs: list[dict[str, Any]], complete: bool = True)
         samples=[r["total_ns"] / NS_PER_MS for r in runs], samples_ns=[int(r["total_ns"]) for r in runs],
         n_prompt=int(runs[0]["n_prompt_tokens"]), complete=complete,
         extra={"phases_median_ms": phase_ms, "includes_interpreter": runs[0].get("includes_interpreter"),
-               "first_token": runs[0].get("first_token"), "load_timings": runs[0].get("load_timings", {})},
+               "first_token": runs[0].get("first_token"), "load_timings": runs[0].get("load_timings", {}),
+               **({"numba_cache": [r["numba_cache"] for r in runs]} if runs[0].get("numba_cache") else {})},
     )
     rss = TestResult(
         test="peak rss", kind=KIND_PEAK_RSS, engine=engine, unit="MiB", higher_is_better=False,

@@ -133,10 +133,39 @@ def run_cold_start(
             pass
         result["rss_workload"] = {"n_prompt": len(prompt_ids), "n_gen": len(gen_ids)}
     result["peak_rss_bytes"] = peak_rss_bytes()
+    jit = numba_cache_stats()
+    if jit is not None:
+        result["numba_cache"] = jit
     close = getattr(engine, "close", None)
     if callable(close):
         close()
     return result
+
+
+def numba_cache_stats(package: str = "inference_engine") -> dict[str, int] | None:
+    """How this process got the Numba kernels it ran: ``loaded`` from Numba's on-disk cache, ``compiled`` although
+    cached (a miss: first run, or the cache was invalidated) or ``compiled_uncached`` (kernels without
+    ``cache=True``). None when Numba was never imported. A warm second start shows ``compiled == 0``."""
+    if "numba" not in sys.modules:
+        return None
+    from numba.core.caching import NullCache
+    from numba.core.dispatcher import Dispatcher
+
+    seen: set[int] = set()
+    stats = {"loaded": 0, "compiled": 0, "compiled_uncached": 0}
+    for name, module in list(sys.modules.items()):
+        if not name.startswith(package) or module is None:
+            continue
+        for value in list(vars(module).values()):
+            if not isinstance(value, Dispatcher) or id(value) in seen:
+                continue
+            seen.add(id(value))
+            if isinstance(value._cache, NullCache):
+                stats["compiled_uncached"] += len(value.overloads)
+            else:
+                stats["loaded"] += sum(value.stats.cache_hits.values())
+                stats["compiled"] += sum(value.stats.cache_misses.values())
+    return stats
 
 
 def _lap(clock: Callable[[], int], since: int) -> tuple[int, int]:

@@ -5,10 +5,13 @@ Tests (llama-bench semantics, see :mod:`bench_compare.measure`): ``pp{P}``, ``tg
 (A, B, A, B, ...) so that drift on a shared machine hits both, and the ratios (higher is better for ours) are the
 numbers to track, never the absolute times.
 
-Sizes: llama-bench's defaults (``-p 512 -n 128``, and depth 512) unless the projected run time exceeds the time
-budget. Then, unless the user gave ``-p``/``-n``/``-d``, a short probe measures each engine's prefill and decode
-costs and the largest sizes from :data:`SIZE_LADDER` that fit the budget are used (prompt and depth shrink
-together, generation on its own); the run says so.
+Sizes: llama-bench's defaults (``-p 512 -n 128``, and depth 512), always, unless the model's context is shorter
+(then the largest that fits, with a note saying so) or the user gives ``--budget SECONDS``: then a probe measures
+each engine's costs (per prefill call and token, per decode step and per token of context it attends to, per cache
+reset), :func:`project_seconds` adds up exactly the work the run will do, and the largest sizes from
+:data:`SIZE_LADDER` whose projection fits are used (prompt and depth shrink together, generation on its own); the
+note says so. Every run records its projection next to the seconds it actually took (``settings.projected_s`` /
+``settings.measured_s``), so a wrong projection shows.
 ``--quick`` is a fixed small preset (for CI).
 """
 
@@ -34,6 +37,7 @@ from bench_compare.measure import (
     pp_test,
     tg_test,
     token_ids_for_model,
+    ttft_hot_test,
 )
 from bench_compare.results import (
     REFERENCE_ENGINE,
@@ -51,9 +55,9 @@ from validation.results import CompareResult
 
 DEFAULT_REPS = 3
 DEFAULT_COLD_REPS = 3
-# The run's measured part should end within this many seconds; loading, probing and metadata add ~10-20 s, so a
-# default compare finishes in about two minutes.
-DEFAULT_BUDGET_S = 100.0
+# No time budget by default: llama-bench's sizes are what a compare is for (about two minutes on smollm2-135m on a
+# 2-core machine; minutes more on a 1.5B model). ``--budget`` asks for sizes that fit.
+DEFAULT_BUDGET_S: float | None = None
 
 # (n_prompt, n_gen, n_depth), largest first; the first is llama-bench's default -p 512 -n 128 plus -d 512.
 SIZE_LADDER: tuple[tuple[int, int, int], ...] = (
@@ -63,16 +67,17 @@ QUICK_SIZES = (64, 16, 64)
 QUICK_REPS = 2
 QUICK_COLD_REPS = 1
 
-# The probe times two prefills (8 and 32 tokens) to separate a fixed cost per call from the cost per token (some
-# backends spend most of a short prefill in per-call overhead), and a few decodes. Short enough to cost ~1 s on
-# the NumPy backend.
-PROBE_PREFILL_SMALL = 8
-PROBE_PREFILL_LARGE = 32
+# The probe times prefills of two sizes (separating a fixed cost per call from the cost per token; some backends
+# spend most of a short prefill in per-call overhead) and decodes at two context sizes (separating the fixed cost
+# of a step from the attention over the cache, which a tg @ d512 pays 512 times over). The large size is big enough
+# that the per-token figure is not noise times 512: on the old 8/32-token probe a 31 s run was projected at 108 s.
+# Each is measured after an untimed run of the same size (first calls compile or allocate).
+PROBE_PREFILL_SMALL = 16
+PROBE_PREFILL_LARGE = 128
 PROBE_DECODE = 4
-# Per-token cost grows with context (attention over the cache); the probe runs at context <= 36, the tests at up
-# to depth + gen. This factor covers that growth at these sizes (measured: llama.cpp tg at d512 is ~10-20% slower
-# than at d0 on SmolLM2) with room for the noise of a shared machine.
-PROJECTION_SAFETY = 1.3
+# Each figure is the median of this many timings: on a shared machine one timing can be 10x the next (seen here:
+# three single-timing probes of the same engines projected 3073 s, 513 s and 365 s for the same run).
+PROBE_REPEATS = 3
 # Untimed pause whenever the runner switches engine: measured here, NumPy's OpenBLAS worker threads keep spinning
 # for ~30 ms of CPU after a call (llama.cpp's ~1 ms), which would otherwise be charged to the next engine's sample
 # on a 2-core machine. 0.1 s covers that with margin and adds ~3 s to a default run.
@@ -88,6 +93,7 @@ class Sizes:
     n_depth: int
     how: str = "given"  # "given" | "default" | "auto-scaled" | "quick"
     note: str = ""
+    projected_s: float | None = None  # the probe's projection of the measured part (only with --budget)
 
 
 @dataclass
@@ -107,7 +113,7 @@ class CompareConfig:
     quick: bool = False
     seed: int = DEFAULT_SEED
     prompt: str = DEFAULT_TTFT_PROMPT
-    budget_s: float = DEFAULT_BUDGET_S
+    budget_s: float | None = DEFAULT_BUDGET_S
     n_batch: int = DEFAULT_N_BATCH
 
     def engine_spec(self) -> engines.EngineSpec:
@@ -132,7 +138,7 @@ class CompareConfig:
             raise GGUFParityError(f"--cold-reps must be at least 1 (got {self.cold_reps})")
         if self.n_threads is not None and self.n_threads < 1:
             raise GGUFParityError(f"-t must be at least 1 (got {self.n_threads})")
-        if self.budget_s <= 0:
+        if self.budget_s is not None and self.budget_s <= 0:
             raise GGUFParityError(f"--budget must be positive (got {self.budget_s})")
         if not self.prompt.strip():
             raise GGUFParityError("--prompt must not be empty")
@@ -152,12 +158,15 @@ def plan_tests(sizes: Sizes) -> list[TestSpec]:
 @dataclass
 class EngineRates:
     """Costs measured by the probe, in seconds: a prefill call of n tokens costs ``prefill_call_s + n *
-    prefill_token_s``; a decode step ``decode_s``; a fresh process ``startup_s`` before its first token."""
+    prefill_token_s``; a decode step with c tokens in the cache ``decode_s + c * decode_ctx_s``; a cache reset
+    ``reset_s``; a fresh process ``startup_s`` before its first token."""
 
     prefill_call_s: float
     prefill_token_s: float
     decode_s: float
     startup_s: float
+    decode_ctx_s: float = 0.0
+    reset_s: float = 0.0
 
     def prefill(self, n_tokens: int, n_batch: int = DEFAULT_N_BATCH) -> float:
         if n_tokens <= 0:
@@ -165,47 +174,79 @@ class EngineRates:
         calls = -(-n_tokens // n_batch)
         return calls * self.prefill_call_s + n_tokens * self.prefill_token_s
 
+    def generate(self, n_tokens: int, context: int) -> float:
+        """``n_tokens`` decode steps starting with ``context`` tokens in the cache."""
+        return n_tokens * self.decode_s + self.decode_ctx_s * (n_tokens * context + n_tokens * (n_tokens - 1) / 2)
+
+    def sample(self, test: TestSpec, n_batch: int = DEFAULT_N_BATCH) -> float:
+        """Wall time of one :func:`bench_compare.measure.run_sample` of ``test`` (reset and depth included)."""
+        return (self.reset_s + self.prefill(test.n_depth, n_batch) + self.prefill(test.n_prompt, n_batch)
+                + self.generate(test.n_gen, test.n_depth + test.n_prompt))
+
 
 def probe_rates(engine, allowed_ids: np.ndarray, seed: int, startup_s: float,
                 clock: Clock | None = None) -> EngineRates:
-    """Prefill and decode costs, after a tiny untimed warm-up (first calls compile / allocate)."""
+    """Measure :class:`EngineRates` (each figure after an untimed run of the same size)."""
     clock = clock or timing.DEFAULT_CLOCK
     toks = draw_tokens(pg_test(PROBE_PREFILL_LARGE, PROBE_DECODE), allowed_ids, seed)
-    engine.reset()
-    engine.prefill(toks.prompt[:4])
-    engine.decode(toks.gen[0])
-    times = {}
-    for n in (PROBE_PREFILL_SMALL, PROBE_PREFILL_LARGE):
-        engine.reset()
+
+    def seconds(fn) -> float:
         t0 = clock()
-        engine.prefill(toks.prompt[:n])
-        times[n] = (clock() - t0) / NS_PER_S
-    t0 = clock()
-    for _ in generate_step(engine, [], ForcedTokens(toks.gen), reset=False, n_past=PROBE_PREFILL_LARGE):
-        pass  # each given token decoded, as the tg tests do
-    decode_s = (clock() - t0) / NS_PER_S / PROBE_DECODE
-    engine.reset()
-    per_token = max(times[PROBE_PREFILL_LARGE] - times[PROBE_PREFILL_SMALL], 0.0) / (
-        PROBE_PREFILL_LARGE - PROBE_PREFILL_SMALL)
+        fn()
+        return (clock() - t0) / NS_PER_S
+
+    def prefill(n: int) -> float:
+        engine.reset()
+        return seconds(lambda: engine.prefill(toks.prompt[:n]))
+
+    def decodes(n_past: int) -> float:
+        def run() -> None:
+            for _ in generate_step(engine, [], ForcedTokens(toks.gen), reset=False, n_past=n_past):
+                pass  # each given token decoded, as the tg tests do
+
+        return seconds(run) / PROBE_DECODE
+
+    sizes = (PROBE_PREFILL_SMALL, PROBE_PREFILL_LARGE)
+    for n in sizes:
+        prefill(n)  # untimed: first calls of a size may compile or allocate
+        decodes(n)
+    # Small and large alternate, so that a change in the machine's load hits both sides of each difference.
+    runs: dict[int, list[tuple[float, float]]] = {n: [] for n in sizes}
+    for _ in range(PROBE_REPEATS):
+        for n in sizes:
+            runs[n].append((prefill(n), decodes(n)))  # decodes at cache sizes n .. n + PROBE_DECODE - 1
+    times = {n: float(np.median([t for t, _ in runs[n]])) for n in sizes}
+    steps = {n: float(np.median([d for _, d in runs[n]])) for n in sizes}
+    reset_s = float(np.median([seconds(engine.reset) for _ in range(PROBE_REPEATS)]))
+    span = PROBE_PREFILL_LARGE - PROBE_PREFILL_SMALL
+    per_token = max(times[PROBE_PREFILL_LARGE] - times[PROBE_PREFILL_SMALL], 0.0) / span
     per_call = max(times[PROBE_PREFILL_SMALL] - PROBE_PREFILL_SMALL * per_token, 0.0)
-    return EngineRates(per_call, per_token, decode_s, startup_s)
+    per_ctx = max(steps[PROBE_PREFILL_LARGE] - steps[PROBE_PREFILL_SMALL], 0.0) / span
+    mean_ctx = PROBE_PREFILL_SMALL + (PROBE_DECODE - 1) / 2
+    decode_s = max(steps[PROBE_PREFILL_SMALL] - per_ctx * mean_ctx, 0.0)
+    return EngineRates(per_call, per_token, decode_s, startup_s, decode_ctx_s=per_ctx, reset_s=reset_s)
 
 
 def project_seconds(rates: list[EngineRates], sizes: tuple[int, int, int], reps: int, ttft_tokens: int,
-                    cold_reps: int) -> float:
-    """Projected wall time of the measured part of a compare run with ``sizes`` (warm-ups included)."""
+                    cold_reps: int, n_batch: int = DEFAULT_N_BATCH, pause_s: float | None = None) -> float:
+    """Projected wall time of the measured part of a compare run with ``sizes``: exactly the work the
+    :class:`~bench_compare.measure.Runner` does (per test a warm-up with one generated token, then ``reps``
+    samples, on each engine), the engine-switch pauses, and the cold starts. No safety factor: the projection is
+    for this machine as loaded as during the probe, and the run records it next to the time it took."""
     p, n, d = sizes
+    tests = plan_tests(Sizes(p, n, d)) + [ttft_hot_test(ttft_tokens)]
+    pause_s = INTERLEAVE_PAUSE_S if pause_s is None else pause_s
     total = 0.0
     for r in rates:
-        pp = (reps + 1) * r.prefill(p)
-        tg = (reps * n + 1) * r.decode_s
-        tgd = ((reps + 1) * r.prefill(d) + (reps * n + 1) * r.decode_s) if d > 0 else 0.0
-        ttft = (reps + 1) * r.prefill(ttft_tokens)
-        cold = cold_reps * (INTERPRETER_START_S + r.startup_s + r.prefill(ttft_tokens) + r.prefill(p)
-                            + n * r.decode_s)
-        pauses = 2 * (reps + 1) * 4 * INTERLEAVE_PAUSE_S / len(rates)
-        total += pp + tg + tgd + ttft + cold + pauses
-    return total * PROJECTION_SAFETY
+        for test in tests:
+            warmup = TestSpec(test.kind, test.n_prompt, min(test.n_gen, 1), test.n_depth)  # warmup_tokens()
+            total += r.sample(warmup, n_batch) + reps * r.sample(test, n_batch)
+        rss = pg_test(p, n)  # the cold start's memory workload after the first token
+        total += cold_reps * (INTERPRETER_START_S + r.startup_s + r.prefill(ttft_tokens, n_batch)
+                              + r.sample(rss, n_batch) - r.reset_s)
+    if len(rates) > 1:
+        total += (len(tests) * len(rates) * (reps + 1) - 1) * pause_s
+    return total
 
 
 def size_candidates(ladder: tuple[tuple[int, int, int], ...]) -> list[tuple[int, int, int]]:
@@ -228,32 +269,47 @@ def size_candidates(ladder: tuple[tuple[int, int, int], ...]) -> list[tuple[int,
     return out
 
 
+def fit_context(max_ctx: int, ladder: tuple[tuple[int, int, int], ...] = SIZE_LADDER) -> Sizes:
+    """The largest of :func:`size_candidates` whose tests fit the model's context (no time budget)."""
+    top = ladder[0]
+    fitting = [s for s in size_candidates(ladder) if s[2] + s[1] <= max_ctx and s[0] <= max_ctx]
+    chosen = fitting[0] if fitting else ladder[-1]
+    if chosen == top:
+        return Sizes(*chosen, how="default")
+    return Sizes(*chosen, how="auto-scaled", note=(
+        f"scaled down from -p {top[0]} -n {top[1]} -d {top[2]} to -p {chosen[0]} -n {chosen[1]} -d {chosen[2]} "
+        f"to fit the model's context ({max_ctx} tokens)"))
+
+
 def choose_sizes(rates: list[EngineRates], reps: int, ttft_tokens: int, cold_reps: int, budget_s: float,
                  max_ctx: int, ladder: tuple[tuple[int, int, int], ...] = SIZE_LADDER) -> Sizes:
     """The first (largest) of :func:`size_candidates` that fits the context and whose projected time fits
-    ``budget_s``; the note says why larger sizes were passed over."""
+    ``budget_s``; the note says why larger sizes were passed over, with the projections."""
     top = ladder[0]
     fitting = [s for s in size_candidates(ladder) if s[2] + s[1] <= max_ctx and s[0] <= max_ctx]
     reasons = [] if top in fitting else [f"the model's context ({max_ctx} tokens)"]
-    chosen = None
+    chosen, largest_projected = None, None
     for s in fitting:
         projected = project_seconds(rates, s, reps, ttft_tokens, cold_reps)
         if projected <= budget_s:
             chosen = s
             break
-        if not any("budget" in r for r in reasons):
-            reasons.append(f"the {budget_s:.0f} s time budget")
+        if largest_projected is None:
+            largest_projected = projected
+            reasons.append(f"the {budget_s:.0f} s time budget (-p {s[0]} -n {s[1]} -d {s[2]} is projected to take "
+                           f"{projected:.0f} s)")
     if chosen is None:
         chosen = fitting[-1] if fitting else ladder[-1]
         projected = project_seconds(rates, chosen, reps, ttft_tokens, cold_reps)
-        return Sizes(*chosen, how="auto-scaled", note=(
+        return Sizes(*chosen, how="auto-scaled", projected_s=projected, note=(
             f"even the smallest sizes (-p {chosen[0]} -n {chosen[1]} -d {chosen[2]}) are projected to take "
             f"{projected:.0f} s, over the {budget_s:.0f} s budget"))
     if chosen == top:
-        return Sizes(*chosen, how="default")
-    return Sizes(*chosen, how="auto-scaled", note=(
+        return Sizes(*chosen, how="default", projected_s=projected,
+                     note=f"projected {projected:.0f} s, within the {budget_s:.0f} s budget")
+    return Sizes(*chosen, how="auto-scaled", projected_s=projected, note=(
         f"scaled down from -p {top[0]} -n {top[1]} -d {top[2]} to -p {chosen[0]} -n {chosen[1]} -d {chosen[2]} "
-        f"to fit {' and '.join(reasons)} (projected {projected:.0f} s); pass -p/-n/-d or --budget to choose"))
+        f"(projected {projected:.0f} s) to fit {' and '.join(reasons)}; pass -p/-n/-d, or a larger --budget"))
 
 
 @dataclass
@@ -309,6 +365,8 @@ def run_compare(cfg: CompareConfig, session: CompareSession, *, clock: Clock | N
     want_ctx = max(ladder_max, (cfg.n_depth or 0) + (cfg.n_gen or 0), cfg.n_prompt or 0)
     n_ctx = min(_round_up(want_ctx + 8, 256), max_ctx)
 
+    # llama.cpp's repacked-weight verdict (a child-process probe on a machine's first run) before any load is timed
+    engines.llamacpp_extra_bufts(path)
     say(f"loading {ours_spec.name} and llama.cpp on {path.name} ({n_threads} threads)")
     made: dict[str, Any] = {}
     try:
@@ -350,10 +408,11 @@ def _run_with_engines(cfg, session, made, gguf, path, n_threads, n_ctx, max_ctx,
         "n_threads": n_threads, "n_ctx": n_ctx, "reps": reps, "cold_reps": cold_reps, "seed": cfg.seed,
         "n_prompt": sizes.n_prompt, "n_gen": sizes.n_gen, "n_depth": sizes.n_depth, "sizes_chosen": sizes.how,
         "sizes_note": sizes.note, "prompt": cfg.prompt, "ttft_prompt_tokens": ttft_tokens, "quick": cfg.quick,
-        "budget_s": cfg.budget_s, "order": "interleaved per repetition: ours, llamacpp",
+        "budget_s": cfg.budget_s, "projected_s": sizes.projected_s,
+        "order": "interleaved per repetition: ours, llamacpp",
         "engines": {
             spec.name: engines.engine_settings(spec, n_threads=n_threads, n_ctx=n_ctx, numerics=cfg.numerics,
-                                               n_batch=cfg.n_batch)
+                                               n_batch=cfg.n_batch, model=path)
             for spec in (ours_spec, ref_spec)
         },
         "load_s_in_process": session.load_s,
@@ -364,6 +423,7 @@ def _run_with_engines(cfg, session, made, gguf, path, n_threads, n_ctx, max_ctx,
                     n_batch=cfg.n_batch, seed=cfg.seed, pause_s=INTERLEAVE_PAUSE_S,
                     on_progress=lambda label, test, what: advance(f"{test.name} {label}"))
     session.runner = runner
+    started_ns = clock()
     for test in tests:
         runner.run(test)
     measure_ttft_hot(runner, cfg.prompt)
@@ -378,6 +438,7 @@ def _run_with_engines(cfg, session, made, gguf, path, n_threads, n_ctx, max_ctx,
                 session.cold_runs[spec.name].append(run)
                 advance(f"cold start {spec.name}")
         session.cold_done = True
+    settings["measured_s"] = (clock() - started_ns) / NS_PER_S  # next to projected_s: was the projection honest?
     return build_result(session, gguf)
 
 
@@ -406,10 +467,12 @@ def _pick_sizes(cfg, made, allowed, session, ttft_tokens, cold_reps, max_ctx, cl
                      f"{QUICK_COLD_REPS if cfg.cold else 0}")
     if all(g is not None for g in given):
         return Sizes(*given, how="given")
-    say("probing per-token cost to fit the time budget")
-    rates = [probe_rates(engine, allowed, cfg.seed, session.load_s[name], clock) for name, engine in made.items()]
     # Sizes the user gave are kept; only the others move down the ladder.
     ladder = tuple(tuple(g if g is not None else s for g, s in zip(given, step)) for step in SIZE_LADDER)
+    if cfg.budget_s is None:
+        return fit_context(max_ctx, ladder)
+    say(f"probing each engine's costs to fit the {cfg.budget_s:.0f} s budget")
+    rates = [probe_rates(engine, allowed, cfg.seed, session.load_s[name], clock) for name, engine in made.items()]
     return choose_sizes(rates, cfg.reps, ttft_tokens, cold_reps, cfg.budget_s, max_ctx, ladder)
 
 

@@ -21,11 +21,11 @@ is shown by ``engines list``. Engines reached over HTTP (``openai:URL``, ``llama
 The benchmark runs llama.cpp with llama-bench's defaults (tools/llama-bench/llama-bench.cpp, 0.3.36):
 F16 K and V caches and flash attention ``auto`` (llama.cpp resolves it to *on* for the CPU backend: it probes
 whether the device supports the fused op, llama-context.cpp ``auto_fa``). The chunk size is 512 (llama-bench's
-n_ubatch, the size llama.cpp computes a prefill in). One default differs: llama-bench loads with
-``use_extra_bufts`` (``--repack``) on, which moves quantized weights into AMX / repacked buffers; on CPUs that
-report AMX-INT8 without being able to run the tile kernels (this project's build machine) that crashes the
-process on the first batched prefill, so the adapter's default (off) is kept and recorded. Our engine runs with its
-own defaults (``kv_type="f32"``). Every setting used is returned by :func:`engine_settings` and recorded.
+n_ubatch, the size llama.cpp computes a prefill in). Like llama-bench it loads with ``use_extra_bufts``
+(``--repack``: quantized weights moved into AMX / repacked buffers) on, except where a probe in a child process shows
+that this crashes (CPUs reporting AMX-INT8 with llama-cpp-python 0.3.36); see :mod:`bench_compare.extra_bufts`.
+Our engine runs with its own defaults (``kv_type="f32"``). Every setting used is returned by
+:func:`engine_settings` and recorded, the extra-buffer verdict and its reason included.
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ ENGINES: Registry[Any] = Registry("engine", ENGINE_SCHEMES, meta=ENGINE_META, gr
 # llama-bench defaults (cmd_params_defaults in llama-bench.cpp): type_k = type_v = F16, flash_attn = AUTO.
 LLAMA_BENCH_KV_TYPE = "f16"
 LLAMA_BENCH_FLASH_ATTN = "auto"  # resolves to enabled on the CPU backend
-LLAMACPP_EXTRA_BUFTS = False  # llama-bench: on; off here because AMX tile kernels crash on the build machine
+LLAMACPP_EXTRA_BUFTS = True  # llama-bench's default; off only where bench_compare.extra_bufts' probe crashes
 LLAMA_BENCH_N_BATCH = 512
 OUR_DEFAULT_KV_TYPE = "f32"
 
@@ -227,15 +227,27 @@ def _import(module: str, what: str):
         raise GGUFParityError(f"{what} cannot be imported: missing module '{exc.name}'") from None
 
 
+def llamacpp_extra_bufts(model_path: str | Path):
+    """:class:`bench_compare.extra_bufts.Verdict` for llama.cpp on this model here (probed once per machine)."""
+    if not LLAMACPP_EXTRA_BUFTS:
+        from bench_compare.extra_bufts import Verdict
+
+        return Verdict(False, "LLAMACPP_EXTRA_BUFTS is off", "configuration")
+    from bench_compare import extra_bufts
+
+    return extra_bufts.decide(model_path)
+
+
 def engine_settings(spec: EngineSpec, *, n_threads: int | None, n_ctx: int, numerics: str,
-                    n_batch: int = LLAMA_BENCH_N_BATCH) -> dict[str, Any]:
-    """The settings :func:`make_engine` uses for ``spec`` (recorded with every result)."""
+                    n_batch: int = LLAMA_BENCH_N_BATCH, model: str | Path | None = None) -> dict[str, Any]:
+    """The settings :func:`make_engine` uses for ``spec`` on ``model`` (a resolved path; recorded with every
+    result). Without ``model`` llama.cpp's extra-buffer verdict is unknown and recorded as None."""
     factory = spec.factory()
     settings = getattr(factory, "settings", None)
     base = {"engine": spec.name, "n_threads": n_threads, "n_ctx": n_ctx, "n_batch": n_batch}
     if callable(settings):
         return {**base, **settings(spec.target, n_threads=n_threads, n_ctx=n_ctx, numerics=numerics,
-                                   n_batch=n_batch, **spec.engine_options())}
+                                   n_batch=n_batch, model=model, **spec.engine_options())}
     return {**base, "backend": spec.scheme, "numerics": numerics, "n_ubatch": n_batch,
             "engine_opts": spec.engine_options()}
 
@@ -312,7 +324,7 @@ def open_llamacpp(target: str, model: str, *, n_threads: int | None = None, n_ct
     try:
         return LlamaCppEngine(
             model, n_ctx=n_ctx, n_threads=n_threads, n_batch=n_batch, kv_type=LLAMA_BENCH_KV_TYPE,
-            flash_attn=LLAMA_BENCH_FLASH_ATTN, extra_bufts=LLAMACPP_EXTRA_BUFTS,
+            flash_attn=LLAMA_BENCH_FLASH_ATTN, extra_bufts=llamacpp_extra_bufts(model).enabled,
         )
     except GGUFParityError:
         raise
@@ -320,12 +332,14 @@ def open_llamacpp(target: str, model: str, *, n_threads: int | None = None, n_ct
         raise GGUFParityError(f"llama.cpp could not load {model}: {' '.join(str(exc).split())[:200]}") from None
 
 
-def _llamacpp_settings(target: str, *, n_batch: int, **options) -> dict[str, Any]:
+def _llamacpp_settings(target: str, *, n_batch: int, model: str | Path | None = None, **options) -> dict[str, Any]:
+    bufts = (llamacpp_extra_bufts(model).settings() if model is not None
+             else {"extra_bufts": None, "extra_bufts_reason": "not decided (no model given)"})
     return {
         "backend": "CPU", "numerics": "ggml", "n_ubatch": n_batch, "type_k": LLAMA_BENCH_KV_TYPE,
         "type_v": LLAMA_BENCH_KV_TYPE, "flash_attn": LLAMA_BENCH_FLASH_ATTN,
         "flash_attn_note": "llama-bench default AUTO, which resolves to enabled on CPU",
-        "extra_bufts": LLAMACPP_EXTRA_BUFTS,
+        **bufts,
     }
 
 

@@ -25,6 +25,7 @@ from typing import Any
 
 from validation.atomic import atomic_open, atomic_write_bytes, atomic_write_text
 from bench_compare.results import utc_now
+from validation.provenance import cpu_isa_label
 from validation.results import (CompareResult, HttpCompareResult, HttpValidateResult, ValidationResult, result_class,
                                 upgrade_legacy)
 from inference_engine.errors import GGUFParityError
@@ -171,7 +172,9 @@ def compare_table(result: dict[str, Any]) -> str:
             format_value(row["reference"], row["unit"]),
             "-" if ratio is None or math.isnan(ratio) else f"{ratio:.2f}",
         ])
-    return markdown_table(["test", ours, engine_title(ref), "ratio"], rows)
+    machine = result.get("machine")
+    first = f"test ({cpu_isa_label(machine)})" if machine else "test"  # the CPU and its ISA head every table
+    return markdown_table([first, ours, engine_title(ref), "ratio"], rows)
 
 
 def cold_phase_table(result: dict[str, Any]) -> str | None:
@@ -188,7 +191,17 @@ def cold_phase_table(result: dict[str, Any]) -> str | None:
     for p in phases:
         rows.append([p] + [format_value(r["extra"]["phases_median_ms"].get(p), "ms") for r in cold])
     rows.append(["**total**"] + [f"**{format_value(r['median'], 'ms')}**" for r in cold])
+    if any(r["extra"].get("numba_cache") for r in cold):  # is Numba's kernel cache warm across runs?
+        rows.append(["numba kernels"] + [_numba_cache_cell(r["extra"].get("numba_cache")) for r in cold])
     return markdown_table(["phase (median)"] + [engine_title(e) for e in engines_], rows)
+
+
+def _numba_cache_cell(runs: list[dict] | None) -> str:
+    """Per cold run: kernels loaded from Numba's cache / compiled (``12/0 12/0``: warm in every run)."""
+    if not runs:
+        return "-"
+    cells = [f"{r.get('loaded', 0)}/{r.get('compiled', 0) + r.get('compiled_uncached', 0)}" for r in runs]
+    return "cached/compiled " + " ".join(cells)
 
 
 def compare_summary_line(result: dict[str, Any]) -> str:
@@ -200,7 +213,7 @@ def compare_summary_line(result: dict[str, Any]) -> str:
             f"{result.get('ours')} numerics {result.get('numerics')}, {s.get('n_threads')} threads, "
             f"-p {s.get('n_prompt')} -n {s.get('n_gen')} -d {s.get('n_depth')} -r {s.get('reps')} "
             f"({s.get('sizes_chosen')}), git {str(git.get('sha', '?'))[:10]}{'+dirty' if git.get('dirty') else ''}, "
-            f"{result.get('date', '?')}, {machine.get('cpu', '?')}")
+            f"{result.get('date', '?')}, {cpu_isa_label(machine)}")
 
 
 # --- plots ------------------------------------------------------------------------------------------------------
@@ -364,7 +377,7 @@ def history_row(r: dict[str, Any]) -> dict[str, Any]:
     if r["_kind"] == KIND_COMPARE:
         s = r.get("settings", {})
         row.update({"engine": r.get("ours"), "numerics": r.get("numerics"), "n_threads": s.get("n_threads"),
-                    "cpu": (r.get("machine") or {}).get("cpu")})
+                    "cpu": cpu_isa_label(r.get("machine") or {})})
         for test, ratio in r.get("ratios", {}).items():
             row[f"ratio:{test}"] = ratio
         for res in r.get("results", []):

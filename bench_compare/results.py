@@ -14,7 +14,15 @@ from typing import Any
 
 from bench_compare.measure import Measurement
 from bench_compare.timing import Stats, summarize
-from validation.provenance import git_info, machine_info, package_versions, provenance, utc_now  # noqa: F401
+from validation.provenance import (  # noqa: F401  (re-exported: the harness reads them from here)
+    cpu_isa_label,
+    cpu_provenance,
+    git_info,
+    machine_info,
+    package_versions,
+    provenance,
+    utc_now,
+)
 from validation.results import CompareResult
 
 COMPARE_KIND = CompareResult.kind

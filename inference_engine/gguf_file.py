@@ -234,7 +234,9 @@ class GGUFFile:
 
     @cached_property
     def sha256(self) -> str:
-        return sha256_of_file(self.path)
+        from inference_engine.file_digest import file_sha256  # remembered per file version: no 1 GB re-hash
+
+        return file_sha256(self.path)
 
     @property
     def n_params(self) -> int:

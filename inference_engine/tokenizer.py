@@ -22,8 +22,12 @@ import numbers
 import os
 from collections.abc import Iterable
 from functools import cached_property
+from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
+
+from inference_engine import tokenizer_cache
 from inference_engine.errors import GGUFParityError
 from inference_engine.gguf_file import open_gguf
 from inference_engine.tokenizer_bpe import ByteLevelBPE, pre_tokenizer_family
@@ -35,7 +39,7 @@ from inference_engine.tokenizer_vocab import (
     GGUFVocab,
     TokenAttr,
     read_vocab,
-    token_pieces,
+    token_piece,
 )
 
 if TYPE_CHECKING:
@@ -53,19 +57,23 @@ Fragment = str | int
 class GGUFTokenizer:
     """Encode / decode with a GGUF's vocabulary exactly as llama.cpp does."""
 
-    def __init__(self, vocab: GGUFVocab):
+    def __init__(self, vocab: GGUFVocab, *, merge_pairs: list[tuple[str, str]] | None = None,
+                 spm_proto: bytes | None = None):
+        """``merge_pairs`` / ``spm_proto``: what an earlier build derived from ``vocab`` (the tokenizer cache hands
+        them back); computed when not given."""
         self.vocab = vocab
         self.model = vocab.model
-        self._pieces = token_pieces(vocab)
+        self.from_cache = False  # set by from_gguf when the build came from the tokenizer cache
+        self._pieces: dict[int, bytes] = {}  # each token's piece, rendered on first use (decoding needs a few)
         self._special = vocab.special_tokens_longest_first()
         if vocab.model == "gpt2":
             family = pre_tokenizer_family(vocab.pre, vocab.path)
             self.pre_tokenizer = family.name
-            self._model: ByteLevelBPE | SentencePieceBPE = ByteLevelBPE(vocab, family)
+            self._model: ByteLevelBPE | SentencePieceBPE = ByteLevelBPE(vocab, family, merge_pairs)
             default_add_bos = family.add_bos
         else:
             self.pre_tokenizer = "SPM"
-            self._model = SentencePieceBPE(vocab)
+            self._model = SentencePieceBPE(vocab, spm_proto)
             default_add_bos = True
         # The GGUF's flags, else llama.cpp's defaults. Only llama.cpp's SPM path ever prefixes a space.
         self.add_bos: bool = default_add_bos if vocab.add_bos is None else vocab.add_bos
@@ -74,14 +82,61 @@ class GGUFTokenizer:
 
     # --- construction ---------------------------------------------------------------------------------------
     @classmethod
-    def from_gguf(cls, f: GGUFFile | str | os.PathLike) -> GGUFTokenizer:
-        """Build from an open :class:`~inference_engine.gguf_file.GGUFFile` (or a path to one)."""
+    def from_gguf(cls, f: GGUFFile | str | os.PathLike, cache: bool = True,
+                  cache_dir: os.PathLike | None = None) -> GGUFTokenizer:
+        """Build from an open :class:`~inference_engine.gguf_file.GGUFFile` (or a path to one).
+
+        With ``cache`` (the default) a tokenizer built earlier from the same, unchanged file is read back from the
+        tokenizer cache (:mod:`inference_engine.tokenizer_cache`) instead of being rebuilt; ids are identical.
+        """
+        path = Path(f) if isinstance(f, (str, os.PathLike)) else f.path
+        if cache:
+            state = tokenizer_cache.load(path, Path(cache_dir) if cache_dir else None)
+            if state is not None:
+                return cls._from_cache_state(state)
         if isinstance(f, (str, os.PathLike)):
             f = open_gguf(f)
         from inference_engine.gguf_validate import check_vocab
 
         check_vocab(f)  # token arrays of matching lengths, special ids inside the vocabulary
-        return cls(read_vocab(f.reader, str(f.path)))
+        tokenizer = cls(read_vocab(f.reader, str(f.path)))
+        if cache and tokenizer.n_vocab >= tokenizer_cache.MIN_VOCAB:
+            tokenizer_cache.store(path, tokenizer._cache_state(), Path(cache_dir) if cache_dir else None)
+        return tokenizer
+
+    def _cache_state(self) -> dict:
+        v = self.vocab
+        state = {
+            "vocab": {
+                "path": v.path, "model": v.model, "pre": v.pre, "texts": v.texts, "attrs": v.attrs,
+                "scores": v.scores.tolist(), "special_ids": v.special_ids, "eog_ids": sorted(v.eog_ids),
+                "add_bos": v.add_bos, "add_eos": v.add_eos, "add_space_prefix": v.add_space_prefix,
+            },
+        }
+        if isinstance(self._model, ByteLevelBPE):
+            # flat [left0, right0, left1, ...]: zipped back into pairs at C speed
+            state["merge_pairs"] = [text for pair in self._model.merge_pairs for text in pair]
+        else:
+            state["spm_proto"] = self._model.proto
+        return state
+
+    @classmethod
+    def _from_cache_state(cls, state: dict) -> GGUFTokenizer:
+        v = state["vocab"]
+        texts = v["texts"]
+        vocab = GGUFVocab(
+            path=v["path"], model=v["model"], pre=v["pre"], texts=texts, attrs=v["attrs"],
+            scores=np.asarray(v["scores"], dtype=np.float32),
+            merges=None,  # not kept: the BPE model is built from merge_pairs, the usable merges in rank order
+            special_ids=v["special_ids"], eog_ids=frozenset(v["eog_ids"]), add_bos=v["add_bos"],
+            add_eos=v["add_eos"], add_space_prefix=v["add_space_prefix"],
+            text_to_id=dict(zip(texts, range(len(texts)))),
+        )
+        flat = state.get("merge_pairs")
+        tokenizer = cls(vocab, merge_pairs=None if flat is None else list(zip(flat[::2], flat[1::2])),
+                        spm_proto=state.get("spm_proto"))
+        tokenizer.from_cache = True
+        return tokenizer
 
     # --- attributes -------------------------------------------------------------------------------------------
     @property
@@ -189,7 +244,10 @@ class GGUFTokenizer:
         tid = self._check_id(token_id)
         if not special and self.vocab.attrs[tid] & PARSE_SPECIAL_ONLY_ATTRS:
             return b""
-        return self._pieces[tid]
+        piece = self._pieces.get(tid)
+        if piece is None:
+            piece = self._pieces[tid] = token_piece(self.vocab, tid)
+        return piece
 
     def decode_bytes(self, ids: Iterable[int], special: bool = False) -> bytes:
         return b"".join(self.token_bytes(i, special) for i in ids)

@@ -97,14 +97,17 @@ def pre_tokenizer_family(pre: str, path: str = "") -> PreTokenizerFamily:
 class ByteLevelBPE:
     """Maps one plain-text fragment (special tokens already cut out) to llama.cpp's ids."""
 
-    def __init__(self, vocab: GGUFVocab, family: PreTokenizerFamily):
+    def __init__(self, vocab: GGUFVocab, family: PreTokenizerFamily,
+                 merge_pairs: list[tuple[str, str]] | None = None):
         self.family = family
+        # (left, right) per usable merge, in rank order: what the BPE model is built from (kept for the cache)
+        self.merge_pairs = usable_merges(vocab) if merge_pairs is None else merge_pairs
         # Splitting runs on the collapsed text (see tokenizer_unicode), so it is a separate step from the model.
         self._splitter = tk_pre.Sequence([tk_pre.Split(Regex(rx), behavior="isolated") for rx in family.regexes])
         # A byte-level character missing from the vocabulary stays a symbol in llama.cpp (so it blocks merges across
         # it) and is dropped at the end; an "unknown" stand-in outside the vocabulary does the same here.
         self._oov_id = vocab.n_vocab
-        self._model = Tokenizer(_bpe_model(vocab, family, self._oov_id))
+        self._model = Tokenizer(_bpe_model(vocab, family, self._oov_id, self.merge_pairs))
         self._model.pre_tokenizer = tk_pre.ByteLevel(add_prefix_space=False, use_regex=False)
 
     def words(self, text: str) -> list[str]:
@@ -126,8 +129,9 @@ class ByteLevelBPE:
 _OOV_TEXT = "\x00gguf-parity:oov\x00"
 
 
-def _bpe_model(vocab: GGUFVocab, family: PreTokenizerFamily, oov_id: int) -> tk_models.BPE:
-    token_ids = dict(vocab.text_to_id)
+def usable_merges(vocab: GGUFVocab) -> list[tuple[str, str]]:
+    """The GGUF's merges as (left, right) pairs, in rank order, that ``tokenizers`` accepts."""
+    token_ids = vocab.text_to_id
     merges = []
     for line in vocab.merges or ():
         cut = line.find(" ", 1)  # llama.cpp splits at the first space after the first character
@@ -138,5 +142,11 @@ def _bpe_model(vocab: GGUFVocab, family: PreTokenizerFamily, oov_id: int) -> tk_
         # never have one; llama.cpp would apply it and then drop the untokenizable result, which we do not mimic.
         if left in token_ids and right in token_ids and left + right in token_ids:
             merges.append((left, right))
+    return merges
+
+
+def _bpe_model(vocab: GGUFVocab, family: PreTokenizerFamily, oov_id: int,
+               merges: list[tuple[str, str]]) -> tk_models.BPE:
+    token_ids = dict(vocab.text_to_id)
     token_ids[_OOV_TEXT] = oov_id
     return tk_models.BPE(token_ids, merges, unk_token=_OOV_TEXT, fuse_unk=False, ignore_merges=family.ignore_merges)

@@ -68,10 +68,11 @@ def model_proto(vocab: GGUFVocab) -> bytes:
 class SentencePieceBPE:
     """Maps one plain-text fragment (special tokens already cut out) to llama.cpp's ids."""
 
-    def __init__(self, vocab: GGUFVocab):
+    def __init__(self, vocab: GGUFVocab, proto: bytes | None = None):
+        self.proto = model_proto(vocab) if proto is None else proto  # kept for the tokenizer cache
         self._processor = spm.SentencePieceProcessor()
         try:
-            self._processor.LoadFromSerializedProto(model_proto(vocab))
+            self._processor.LoadFromSerializedProto(self.proto)
         except (RuntimeError, OSError) as exc:
             raise GGUFParityError(
                 f"{vocab.path}: cannot build a SentencePiece model from this vocabulary ({exc})"

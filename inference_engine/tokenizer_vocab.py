@@ -153,7 +153,7 @@ class GGUFVocab:
     texts: list[str]  # token texts (empty ones renamed "[EMPTY_i]" as llama.cpp does)
     attrs: list[int]  # TokenAttr bits per token, after llama.cpp's auto-detection
     scores: np.ndarray  # float32 per token (zeros when the GGUF has none)
-    merges: list[str] | None  # "left right" BPE merges, in rank order
+    merges: list[str] | None  # "left right" BPE merges, in rank order (None from the tokenizer cache)
     special_ids: dict[str, int | None]  # bos, eos, eot, eom, unk, ... (None = llama.cpp's LLAMA_TOKEN_NULL)
     eog_ids: frozenset[int]
     add_bos: bool | None  # tokenizer.ggml.add_bos_token, None when absent (the tokenizer applies its default)
@@ -219,7 +219,7 @@ def read_vocab(reader, path: str = "") -> GGUFVocab:
             reason = string_array_problem(reader, "tokenizer.ggml.merges") or f"a merge is not valid UTF-8 ({exc})"
             raise GGUFParityError(f"{path}: {reason}") from None
 
-    text_to_id = {t: i for i, t in enumerate(texts)}
+    text_to_id = dict(zip(texts, range(n_vocab)))
     if len(text_to_id) != n_vocab:  # llama.cpp aborts on these (GGML_ASSERT id_to_token.size() == token_to_id.size())
         duplicate = next(t for i, t in enumerate(texts) if text_to_id[t] != i)
         raise GGUFParityError(f"{path}: the vocabulary holds the token text {duplicate!r} more than once")
@@ -398,18 +398,18 @@ def _byte_token_value(text: str) -> bytes:
         return b"\x00"  # strtol on non-hex digits gives 0
 
 
+def token_piece(vocab: GGUFVocab, token_id: int) -> bytes:
+    """One token's piece with special tokens rendered (llama.cpp's cache_token_to_piece, special=true)."""
+    text, attr = vocab.texts[token_id], vocab.attrs[token_id]
+    if attr & SPECIAL_ATTRS:
+        return text.encode("utf-8")
+    if attr & int(TokenAttr.NORMAL):
+        return text.replace(SPM_SPACE, " ").encode("utf-8") if vocab.model == "llama" else _decode_gpt2_text(text)
+    if attr & int(TokenAttr.BYTE):
+        return _byte_token_value(text)
+    return b""  # UNUSED / UNDEFINED tokens render as nothing
+
+
 def token_pieces(vocab: GGUFVocab) -> list[bytes]:
-    """Every token's piece with special tokens rendered (llama.cpp's cache_token_to_piece, special=true)."""
-    pieces: list[bytes] = []
-    spm = vocab.model == "llama"
-    verbatim, normal, byte = SPECIAL_ATTRS, int(TokenAttr.NORMAL), int(TokenAttr.BYTE)
-    for text, attr in zip(vocab.texts, vocab.attrs):
-        if attr & verbatim:
-            pieces.append(text.encode("utf-8"))
-        elif attr & normal:
-            pieces.append(text.replace(SPM_SPACE, " ").encode("utf-8") if spm else _decode_gpt2_text(text))
-        elif attr & byte:
-            pieces.append(_byte_token_value(text))
-        else:  # UNUSED / UNDEFINED tokens render as nothing
-            pieces.append(b"")
-    return pieces
+    """Every token's piece (:func:`token_piece`)."""
+    return [token_piece(vocab, i) for i in range(vocab.n_vocab)]

@@ -6,8 +6,11 @@ user-error tests need. Parametrize over ``ARCHITECTURES`` and ``TENSOR_TYPES``, 
 ``fixtures.tiny_models`` (pytest puts ``tests/`` on ``sys.path`` because ``tests/`` has no ``__init__.py``).
 
 Real-model tests are marked ``@pytest.mark.slow``; deselect them with ``-m "not slow"``. Minutes-long tests (the
-1.5B model, long contexts) are also marked ``@pytest.mark.heavy`` and are skipped unless the ``-m`` expression names
-``heavy`` (``python -m pytest -m heavy``), so the README's test command stays well inside CI's time.
+1.5B model, long contexts) are also marked ``@pytest.mark.heavy`` and are skipped (so the README's test command stays
+well inside CI's time) unless either of two ways asks for them:
+
+- the ``-m`` expression names ``heavy``: ``python -m pytest -m heavy`` runs only those;
+- ``--heavy``: ``python -m pytest --heavy`` runs them together with whatever else is selected.
 """
 
 from __future__ import annotations
@@ -33,10 +36,15 @@ from fixtures.tiny_models import (  # noqa: F401  (ARCHITECTURES, TENSOR_TYPES: 
 os.environ.setdefault("GGUF_PARITY_PROBE", "off")
 
 
+def pytest_addoption(parser):
+    parser.addoption("--heavy", action="store_true", default=False,
+                     help="also run the minutes-long tests marked heavy (the 1.5B model, long contexts)")
+
+
 def pytest_collection_modifyitems(config, items):
-    if "heavy" in (config.option.markexpr or ""):
+    if config.getoption("--heavy") or "heavy" in (config.option.markexpr or ""):
         return
-    skip = pytest.mark.skip(reason="minutes-long (heavy): run with python -m pytest -m heavy")
+    skip = pytest.mark.skip(reason="minutes-long (heavy): run with python -m pytest -m heavy (or --heavy)")
     for item in items:
         if "heavy" in item.keywords:
             item.add_marker(skip)

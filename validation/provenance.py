@@ -2,7 +2,8 @@
 
 ``provenance()`` gives ``date`` (UTC), ``git`` (``{sha, dirty}`` of the checkout this package runs from), ``versions``
 (Python, our packages, llama-cpp-python and the ggml build inside it) and ``machine`` (platform, CPU model, logical
-and usable CPUs, memory). Validation, compare and bench results all embed it (``validation.run``,
+and usable CPUs, memory, and the CPU's instruction set: ``cpu``, ``isa``, ``isa_flags``, ``cpu_isa`` from
+:func:`cpu_provenance`). Validation, compare and bench results all embed it (``validation.run``,
 ``bench_compare.results``). It lives on the reference side so that both the harness and the validation library
 import it without a cycle (``bench_compare`` imports ``validation``, never the reverse).
 """
@@ -87,7 +88,27 @@ def machine_info() -> dict[str, Any]:
         "usable_cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
         "memory_bytes": _memory_total(),
     }
+    info.update(cpu_provenance())
     return info
+
+
+def cpu_provenance() -> dict[str, Any]:
+    """The CPU's name and instruction set, recorded next to every figure (a ratio measured on AVX-512 says little
+    about an AVX2 machine): ``cpu``, ``isa`` (``"AVX2"``, ``"AVX-512 + VNNI + AMX"``), ``isa_flags`` and
+    ``cpu_isa`` (``"AMD EPYC, AVX2"``, what reports print). Part of every result's ``machine`` block."""
+    from inference_engine.cpu_features import cpu_features
+
+    features = cpu_features().as_dict()
+    return {"cpu": features["cpu"], "isa": features["isa"], "isa_flags": features["isa_flags"],
+            "cpu_isa": cpu_isa_label(features)}
+
+
+def cpu_isa_label(machine: dict[str, Any]) -> str:
+    """``"AMD EPYC, AVX2"`` from a result's ``machine`` block (older results without ``isa``: the CPU alone)."""
+    if machine.get("cpu_isa"):
+        return str(machine["cpu_isa"])
+    cpu, isa = machine.get("cpu") or machine.get("processor") or "?", machine.get("isa")
+    return f"{cpu}, {isa}" if isa else str(cpu)
 
 
 def _cpu_model() -> str:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from validation.atomic import atomic_write_json, atomic_write_text
+from validation.provenance import cpu_isa_label
 
 WORST_TENSORS_SHOWN = 15  # rows of the "worst tensors" table; the JSON and Markdown per-layer table hold the rest
 JSON_NAME = "validate.json"
@@ -372,6 +373,7 @@ def markdown(result: dict) -> str:
         f"- model: `{m['path']}` ({m.get('architecture')}, {m.get('quant')}), sha256 `{m['sha256']}`",
         f"- prompt: {result['prompt']['n_tokens']} tokens: {result['prompt']['text']!r}",
         f"- date {result.get('date')}, git {result.get('git_sha')}",
+        f"- machine: {cpu_isa_label(result.get('machine') or {})}",
         "",
         "## Checks",
         "",

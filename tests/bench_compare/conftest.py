@@ -37,6 +37,10 @@ def fake_engines(monkeypatch, fake_clock):
         return engine
 
     monkeypatch.setattr(engines, "make_engine", make_engine)
+    from bench_compare.extra_bufts import Verdict
+
+    # no probe child for fake llama.cpp engines
+    monkeypatch.setattr(engines, "llamacpp_extra_bufts", lambda path: Verdict(True, "fake engines", "test"))
     monkeypatch.setattr(engines, "import_engine_modules", lambda spec: None)
     monkeypatch.setattr(compare_run, "INTERLEAVE_PAUSE_S", 0.0)  # the fakes have no threads to calm down
 

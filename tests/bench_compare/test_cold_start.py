@@ -107,3 +107,38 @@ def test_peak_rss_is_the_child_s_own_not_the_parent_s(tiny_model):
                                        n_ctx=64)
     assert float(ballast[-1]) == 1.0
     assert result["peak_rss_bytes"] < 200 * 2**20  # python + numpy + a 5 MB model (~50 MiB here), not the parent's
+
+
+@pytest.mark.slow
+def test_numba_kernels_come_from_the_cache_in_a_second_process(tiny_model):
+    """Numba's on-disk kernel cache stays warm across runs: a second fresh process compiles nothing."""
+    pytest.importorskip("numba")
+    _require("inference_engine.backends.numba_cpu")
+    path = tiny_model("llama", "Q4_K")
+    def run():
+        return run_cold_start_subprocess(parse_engine_spec("ours:numba"), path, "hello world", n_threads=1,
+                                         n_ctx=128, rss_prompt=16, rss_gen=2)
+
+    run()  # fills the cache where it was empty or stale
+    second = run()["numba_cache"]
+    assert second["loaded"] > 0
+    assert second["compiled"] == 0 and second["compiled_uncached"] == 0, second
+
+
+def test_numba_cache_stats_count_hits_and_misses():
+    numba = pytest.importorskip("numba")
+    import sys
+    import types
+
+    from bench_compare.cold_start import numba_cache_stats
+
+    module = types.ModuleType("inference_engine._test_jit_module")
+    module.uncached = numba.njit(lambda x: x + 1)
+    sys.modules[module.__name__] = module
+    try:
+        module.uncached(1)
+        module.uncached(1.5)
+        stats = numba_cache_stats()
+    finally:
+        del sys.modules[module.__name__]
+    assert stats["compiled_uncached"] >= 2

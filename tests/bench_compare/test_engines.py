@@ -34,7 +34,9 @@ def test_unknown_engine(text):
 def test_llamacpp_settings_are_llama_bench_defaults():
     s = engines.engine_settings(engines.parse_engine_spec("llamacpp"), n_threads=2, n_ctx=1024, numerics="f32")
     assert (s["type_k"], s["type_v"], s["flash_attn"], s["n_ubatch"]) == ("f16", "f16", "auto", 512)
-    assert s["numerics"] == "ggml" and s["extra_bufts"] is False
+    assert s["numerics"] == "ggml"
+    assert engines.LLAMACPP_EXTRA_BUFTS is True  # llama-bench's --repack default; a probe turns it off (extra_bufts)
+    assert s["extra_bufts"] is None and "not decided" in s["extra_bufts_reason"]  # no model given: no verdict
 
 
 def write_without_tensor(src: Path, dst: Path, dropped: str) -> Path:

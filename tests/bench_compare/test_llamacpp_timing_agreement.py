@@ -77,15 +77,18 @@ def llama(request):
     from inference_engine.model_cache import fetch
 
     path = fetch("smollm2-135m", progress=False)
-    # Llama(...) cannot pass use_extra_bufts; the harness runs llama.cpp with it off (see bench_compare.engines).
+    # Llama(...) cannot pass use_extra_bufts; it gets the harness's probed verdict (see bench_compare.extra_bufts).
+    from bench_compare.engines import llamacpp_extra_bufts
+
+    use_extra_bufts = llamacpp_extra_bufts(path).enabled
     real_defaults = llama_module.llama_cpp.llama_model_default_params
 
-    def defaults_without_extra_bufts():
+    def defaults_as_the_harness():
         params = real_defaults()
-        params.use_extra_bufts = False
+        params.use_extra_bufts = use_extra_bufts
         return params
 
-    llama_module.llama_cpp.llama_model_default_params = defaults_without_extra_bufts
+    llama_module.llama_cpp.llama_model_default_params = defaults_as_the_harness
     try:
         llm = llama_cpp.Llama(model_path=str(path), n_ctx=N_CTX, n_batch=512, n_ubatch=512, n_threads=N_THREADS,
                               n_threads_batch=N_THREADS, flash_attn=True, type_k=llama_cpp.GGML_TYPE_F16,
@@ -104,8 +107,8 @@ def test_same_settings_as_the_harness_llamacpp_engine(llama):
     try:
         info = engine.model_info
         p = llm.context_params
-        assert (info["n_threads"], info["n_batch"], info["kv_type"], info["extra_bufts"]) == (
-            p.n_threads, p.n_batch, "f16", False)
+        assert (info["n_threads"], info["n_batch"], info["kv_type"]) == (p.n_threads, p.n_batch, "f16")
+        assert info["extra_bufts"] == llm.model_params.use_extra_bufts
         assert p.type_k == p.type_v == llama_cpp.GGML_TYPE_F16
         # the harness asks for llama-bench's AUTO, which llama.cpp resolves to enabled on the CPU backend
         assert info["flash_attn"] == "auto" and p.flash_attn_type == llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED

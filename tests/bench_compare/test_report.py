@@ -204,3 +204,24 @@ def test_load_baseline_from_a_validation_result(tmp_path):
     assert b["ratios"] == {} and b["validation"]["worst_nmse"] == 2e-5 and b["validation"]["passed"] is True
     with pytest.raises(GGUFParityError):
         load_baseline(write(tmp_path, "x.json", {"validation": {"kld_mean": None}}))
+
+
+def test_cold_phases_show_whether_numba_kernels_came_from_the_cache():
+    from bench_compare.report import cold_phase_table
+
+    result = compare_result()
+    result["results"][4]["extra"]["numba_cache"] = [{"loaded": 0, "compiled": 12, "compiled_uncached": 0},
+                                                    {"loaded": 12, "compiled": 0, "compiled_uncached": 0}]
+    table = cold_phase_table(result)
+    assert "| numba kernels | cached/compiled 0/12 12/0 | - |" in table
+    assert "numba kernels" not in cold_phase_table(compare_result())  # llama.cpp-only runs: no such row
+
+
+def test_compare_table_header_names_the_cpu_and_isa():
+    from bench_compare.report import compare_table
+
+    result = compare_result()
+    result["machine"] = {"cpu": "AMD EPYC", "isa": "AVX2", "cpu_isa": "AMD EPYC, AVX2"}
+    assert compare_table(result).splitlines()[0].startswith("| test (AMD EPYC, AVX2) |")
+    del result["machine"]["cpu_isa"]  # results written before cpu_isa existed
+    assert compare_table(result).splitlines()[0].startswith("| test (AMD EPYC, AVX2) |")

@@ -460,8 +460,12 @@ def real(request):
     return make
 
 
+# The 1.5B model (a 1.1 GB download on first use) only with --heavy.
+REAL_NAMES = ("smollm2-135m", "gemma3-270m", pytest.param("qwen2.5-coder-1.5b", marks=pytest.mark.heavy))
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ("smollm2-135m", "gemma3-270m"))
+@pytest.mark.parametrize("name", REAL_NAMES)
 def test_real_model_ids_equal_llama_cpp_on_corpus(real, name):
     ours, llm, _ = real(name)
     assert ours.n_vocab == llm.n_vocab()
@@ -469,7 +473,7 @@ def test_real_model_ids_equal_llama_cpp_on_corpus(real, name):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ("smollm2-135m", "gemma3-270m"))
+@pytest.mark.parametrize("name", REAL_NAMES)
 def test_real_model_pieces_and_special_ids_equal_llama_cpp(real, name):
     ours, llm, _ = real(name)
     vocab = llm._model.vocab

@@ -10,6 +10,7 @@ import pytest
 from validation_fakes import FakeEngine, Faults, TeacherForcedFakeEngine, TinyWeights, write_tiny_gguf
 
 from inference_engine.errors import GGUFParityError
+from validation.report import markdown
 from validation.run import ValidateOptions, validate
 
 CORPUS = ["hello world", "zigzag 123", "the quick brown fox"]
@@ -126,6 +127,10 @@ def test_result_records_provenance(model_path, weights):
     assert result["versions"]["numpy"] and result["versions"]["python"]
     assert "date" in result and "git_sha" in result
     assert result["engines"]["ours"]["engine"] == "ours"
+    from inference_engine.cpu_features import cpu_features
+
+    assert result["machine"]["isa"] == cpu_features().label and result["machine"]["cpu"] == cpu_features().name
+    assert result["machine"]["cpu_isa"] in markdown(result)
 
 
 # --- teacher forcing ----------------------------------------------------------------------------------------------

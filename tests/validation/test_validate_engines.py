@@ -201,6 +201,17 @@ def test_real_model_passes_against_llamacpp(model, numerics):
     assert not failed, f"failed: {failed}; {_worst(result)}; tokenizer {result['tokenizer']['special_tokens']}"
 
 
+@pytest.mark.heavy
+def test_the_1_5b_model_passes_against_llamacpp_on_numba():
+    """qwen2.5-coder-1.5b (qwen2, QKV bias, 1.1 GB), the numba backend in ggml numerics: what
+    ``bench-compare validate --model qwen2.5-coder-1.5b --backend numba`` runs."""
+    options = ValidateOptions(model="qwen2.5-coder-1.5b", backend="numba", numerics="ggml", prompt=PROMPT,
+                              smoke_tokens=REAL_SMOKE_TOKENS, threads=TEST_THREADS)
+    result = validate(options)
+    failed = [name for name, ok in result["checks"].items() if ok is False]
+    assert not failed, f"failed: {failed}; {_worst(result)}; tokenizer {result['tokenizer']['special_tokens']}"
+
+
 def _worst(result) -> str:
     """The failure message: where it starts, the worst tensor, the logits summary."""
     tensors = [t for t in result["tensors"] if isinstance(t["nmse"], float)]

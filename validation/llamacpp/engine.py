@@ -41,7 +41,8 @@ from llama_cpp import llama_cpp as ll
 
 from inference_engine.backends.numerics import set_ggml_simd
 from inference_engine.errors import GGUFParityError
-from inference_engine.gguf_file import GGUF_MAGIC, GGUFFile, open_gguf, sha256_of_file
+from inference_engine.file_digest import file_sha256
+from inference_engine.gguf_file import GGUF_MAGIC, GGUFFile, open_gguf
 from validation.ggml_ctypes import check_layout
 from validation.llamacpp.capture import GraphNode, GraphRecorder
 from validation.llamacpp.library import (
@@ -236,7 +237,7 @@ class LlamaCppEngine:
 
     @cached_property
     def sha256(self) -> str:
-        return sha256_of_file(self.path)
+        return file_sha256(self.path)
 
     @cached_property
     def gguf(self) -> GGUFFile:

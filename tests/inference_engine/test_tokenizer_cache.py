@@ -1,0 +1,89 @@
+"""The tokenizer cache: a hit gives exactly the tokenizer a fresh build gives, and a changed file is rebuilt."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+
+from inference_engine import tokenizer as tokenizer_module
+from inference_engine import tokenizer_cache
+from inference_engine.tokenizer import GGUFTokenizer, load_builtin_corpus
+
+TEXTS = load_builtin_corpus() + ["<|im_start|>user\nhi<|im_end|>", "<start_of_turn>model\n  x", ""]
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setattr(tokenizer_cache, "MIN_VOCAB", 0)  # the fixtures' vocabularies are small
+    return tmp_path / "tokenizers"
+
+
+def same_tokenizer(a: GGUFTokenizer, b: GGUFTokenizer) -> None:
+    for text in TEXTS:
+        for parse_special in (True, False):
+            assert a.encode(text, parse_special=parse_special) == b.encode(text, parse_special=parse_special), text
+    ids = range(a.n_vocab)
+    assert [a.token_bytes(i, special=True) for i in ids] == [b.token_bytes(i, special=True) for i in ids]
+    assert (a.vocab.special_ids, a.eog_ids, a.add_bos, a.add_eos, a.pre_tokenizer) == (
+        b.vocab.special_ids, b.eog_ids, b.add_bos, b.add_eos, b.pre_tokenizer)
+    assert a.vocab.attrs == b.vocab.attrs and (a.vocab.scores == b.vocab.scores).all()
+
+
+@pytest.mark.parametrize("vocab", ["gpt2", "spm"])  # BPE with merges; SentencePiece
+def test_a_cache_hit_is_the_same_tokenizer_without_reading_the_vocabulary(tiny_model, cache, monkeypatch, vocab):
+    path = tiny_model("llama", vocab=vocab)
+    built = GGUFTokenizer.from_gguf(path, cache_dir=cache)
+    assert not built.from_cache and len(list(cache.glob("*.json"))) == 1
+
+    def no_reading(*args, **kwargs):
+        raise AssertionError("a cache hit must not read the GGUF vocabulary")
+
+    monkeypatch.setattr(tokenizer_module, "read_vocab", no_reading)
+    cached = GGUFTokenizer.from_gguf(path, cache_dir=cache)
+    assert cached.from_cache
+    same_tokenizer(cached, built)
+
+
+def test_a_changed_file_is_rebuilt(tiny_model, cache, tmp_path):
+    path = tmp_path / "model.gguf"
+    shutil.copy(tiny_model("llama", vocab="gpt2"), path)
+    first = GGUFTokenizer.from_gguf(path, cache_dir=cache)
+    shutil.copy(tiny_model("llama", vocab="spm"), path)  # same path, another vocabulary
+    st = os.stat(path)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))  # even on a coarse-mtime file system
+    second = GGUFTokenizer.from_gguf(path, cache_dir=cache)
+    assert not second.from_cache and second.model == "llama" and first.model == "gpt2"
+    same_tokenizer(second, GGUFTokenizer.from_gguf(path, cache=False))
+    assert GGUFTokenizer.from_gguf(path, cache_dir=cache).from_cache  # the slot now holds the new file
+    assert len(list(cache.glob("*.json"))) == 1  # one slot per path, rewritten
+
+
+def test_a_damaged_slot_is_ignored_and_rewritten(tiny_model, cache):
+    path = tiny_model("llama", vocab="spm")
+    GGUFTokenizer.from_gguf(path, cache_dir=cache)
+    [slot] = cache.glob("*.json")
+    slot.write_text("{not json")
+    again = GGUFTokenizer.from_gguf(path, cache_dir=cache)
+    assert not again.from_cache
+    assert GGUFTokenizer.from_gguf(path, cache_dir=cache).from_cache
+
+
+def test_no_cache_writes_nothing_and_small_vocabularies_are_not_cached(tiny_model, tmp_path, monkeypatch):
+    folder = tmp_path / "t"
+    monkeypatch.setattr(tokenizer_cache, "MIN_VOCAB", 0)
+    GGUFTokenizer.from_gguf(tiny_model("llama", vocab="gpt2"), cache=False, cache_dir=folder)
+    assert not folder.exists()
+    monkeypatch.setattr(tokenizer_cache, "MIN_VOCAB", 10**9)
+    GGUFTokenizer.from_gguf(tiny_model("llama", vocab="gpt2"), cache_dir=folder)
+    assert not folder.exists()
+
+
+def test_slots_are_bounded(tiny_model, cache, tmp_path, monkeypatch):
+    monkeypatch.setattr(tokenizer_cache, "MAX_SLOTS", 2)
+    for i in range(4):
+        path = tmp_path / f"m{i}.gguf"
+        shutil.copy(tiny_model("llama", vocab="spm"), path)
+        GGUFTokenizer.from_gguf(path, cache_dir=cache)
+    assert len(list(cache.glob("*.json"))) == 2 and len(list(cache.glob("*.spm.model"))) == 2
