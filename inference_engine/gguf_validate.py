@@ -520,7 +520,12 @@ def _shape_problems(f: GGUFFile, s: ModelShape, n_ff: list[int], n_vocab: int | 
             f"{blk}.attn_q_norm.weight": (s.head_dim_k,), f"{blk}.attn_k_norm.weight": (s.head_dim_k,),
             f"{blk}.ffn_gate.weight": (n_ff[il], s.n_embd), f"{blk}.ffn_up.weight": (n_ff[il], s.n_embd),
             f"{blk}.ffn_down.weight": (s.n_embd, n_ff[il]),
+            f"{blk}.attn_qkv.weight": (q + kv_k + kv_v, s.n_embd),  # fused Q/K/V (phi3)
         })
+        if f"{blk}.ffn_gate.weight" not in f.tensors and f"{blk}.ffn_up.weight" in f.tensors:
+            # no separate gate: a fused gate+up (phi3, llama.cpp's LLM_FFN_SWIGLU on one tensor) holds both halves
+            n_up = f.tensors[f"{blk}.ffn_up.weight"].shape[0]
+            expected[f"{blk}.ffn_up.weight"] = (n_up if n_up == 2 * n_ff[il] else n_ff[il], s.n_embd)
     for name, shape in expected.items():
         t = f.tensors.get(name)
         if t is not None and tuple(t.shape) != shape:

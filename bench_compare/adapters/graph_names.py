@@ -27,10 +27,15 @@ _LAYER_NAMES: dict[str, tuple[str, ...]] = {
               "ffn_up", "ffn_gate", "ffn_swiglu", "ffn_out", "l_out"),
     "gemma3": ("attn_norm", "Qcur_normed", "Kcur_normed", "Qcur", "Kcur", "Vcur", "kqv_out", "attn_post_norm",
                "sa_out", "ffn_norm", "ffn_up", "ffn_gate", "ffn_geglu", "ffn_out", "ffn_post_norm", "l_out"),
+    "gemma2": ("attn_norm", "Qcur", "Kcur", "Vcur", "kqv_out", "attn_post_norm", "sa_out", "ffn_norm", "ffn_up",
+               "ffn_gate", "ffn_geglu", "ffn_out", "l_out"),
+    # fused Q/K/V (``wqkv``, split into views) and gate+up (``ffn_up`` holds both halves)
+    "phi3": ("attn_norm", "wqkv", "Kcur", "Vcur", "Qcur", "kqv_out", "ffn_norm", "ffn_up", "ffn_swiglu", "ffn_out",
+             "l_out"),
 }
 _ALIASES = {"mistral": "llama"}
 # Before the first layer: the token embedding (this build: ``embd``; older builds ``inp_embd``), Gemma's scaled one.
-_INPUT_NAMES: dict[str, tuple[str, ...]] = {"gemma3": ("embd", "inp_scaled")}
+_INPUT_NAMES: dict[str, tuple[str, ...]] = {"gemma3": ("embd", "inp_scaled"), "gemma2": ("embd", "inp_scaled")}
 
 
 @dataclass(frozen=True)
@@ -73,6 +78,10 @@ def _row_shape(kind: str, d: ModelDims) -> tuple[int, ...]:
         return (d.n_head_kv, d.head_dim_v)
     if kind == "kqv_out":
         return (d.n_head * d.head_dim_v,)
+    if kind == "wqkv":
+        return (d.n_head * d.head_dim_k + d.n_head_kv * (d.head_dim_k + d.head_dim_v),)
+    if kind == "ffn_up" and d.architecture == "phi3":  # the fused gate+up
+        return (2 * d.n_ff,)
     if kind in ("ffn_up", "ffn_gate", "ffn_swiglu", "ffn_geglu"):
         return (d.n_ff,)
     if kind == "result_output":

@@ -109,7 +109,7 @@ def test_fail_exit_1_still_writes_the_report(model_path, corpus, engines, tmp_pa
     (["--numerics", "f64"], "unknown --numerics 'f64'"),
     (["--prompt", ""], "--prompt is empty"),
     (["--decode-steps", "4", "--depth", "0,six"], "--depth takes comma-separated token counts"),
-    (["--decode-steps", "-1"], "--decode-steps must be 0 or more"),
+    (["--decode-steps", "-1"], "--decode-steps must be at least 0, got -1"),
     (["--corpus-kld", "missing.txt"], "missing.txt: no such text file"),
     (["--corpus-kld", "--ctx", "2"], "--ctx must be at least 4"),
 ])
