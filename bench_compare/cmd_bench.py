@@ -178,7 +178,8 @@ class Output:
 @click.option("-o", "--output", "fmt", default="md", show_default=True, metavar="FORMAT",
               help="md | json | jsonl | csv")
 @engines.engine_options("Engine (default: ours:numba if installed, else ours:numpy)")
-@click.option("--numerics", default="f32", show_default=True, metavar="MODE", help=f"{numerics_help()} (our engine)")
+@click.option("--numerics", default="ggml", show_default=True, metavar="MODE",
+              help=f"{numerics_help()} (our engine; ggml: llama.cpp's own arithmetic, so both do the same work)")
 @click.option("--seed", default=str(DEFAULT_SEED), show_default=True, metavar="N", help="Seed of the random tokens.")
 @click.option("--no-warmup", is_flag=True, help="Skip the warm-up run.")
 @click.option("--progress/--no-progress", default=None, help="Progress bar on stderr (default: if a terminal).")

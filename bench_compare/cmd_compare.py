@@ -36,7 +36,8 @@ def _optional_int(text: str | None, flag: str, minimum: int) -> int | None:
 @click.option("--backend", metavar="BACKEND", default=None,
               help=f"{' | '.join(BACKENDS)} (default: numba if installed, else numpy)")
 @engines.engine_options("Engine to compare with llama.cpp instead of ours:<backend>")
-@click.option("--numerics", metavar="MODE", default="f32", show_default=True, help=f"{numerics_help()} (our engine)")
+@click.option("--numerics", metavar="MODE", default="ggml", show_default=True,
+              help=f"{numerics_help()} (our engine; ggml: llama.cpp's own arithmetic, so both do the same work)")
 @click.option("-p", "n_prompt", metavar="N", default=None,
               help="Prompt size (default 512, llama-bench's; smaller only to fit the context or --budget).")
 @click.option("-n", "n_gen", metavar="N", default=None,

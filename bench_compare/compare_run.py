@@ -100,7 +100,8 @@ class Sizes:
 class CompareConfig:
     model: str = "smollm2-135m"
     backend: str = field(default_factory=engines.default_backend)
-    numerics: str = "f32"
+    # ggml: what llama.cpp computes (8-bit activations into integer dot products), so both engines do the same work
+    numerics: str = "ggml"
     engine: str | None = None  # an engine spec to compare instead of ours:<backend>
     engine_opts: tuple[tuple[str, str], ...] = ()
     n_prompt: int | None = None
