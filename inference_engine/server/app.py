@@ -154,7 +154,8 @@ def create_app(served: ServedModel, metrics: ServerMetrics) -> FastAPI:
         _check_model(served, body.model)
         prompt_ids, prompt_text = await asyncio.to_thread(_completion_prompt, served, body.prompt)
         max_tokens = _check_room(served, len(prompt_ids), body.max_tokens)
-        params = _params(body, max_tokens, body.logprobs, prompt_logprobs=body.echo and body.logprobs is not None)
+        params = _params(body, max_tokens, body.logprobs, prompt_logprobs=body.echo and body.logprobs is not None,
+                         logit_bias=_logit_bias(served, body.logit_bias))
         gen, queue = await _start(served, prompt_ids, params, request)
         rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
         shaper = CompletionShaper(served, rid, created, body, prompt_text)
@@ -168,7 +169,7 @@ def create_app(served: ServedModel, metrics: ServerMetrics) -> FastAPI:
         prompt_ids = await asyncio.to_thread(_chat_prompt, served, body)
         max_tokens = _check_room(served, len(prompt_ids), body.max_new_tokens)
         k = (body.top_logprobs or 0) if body.logprobs else None
-        params = _params(body, max_tokens, k, prompt_logprobs=False)
+        params = _params(body, max_tokens, k, prompt_logprobs=False, logit_bias=_logit_bias(served, body.logit_bias))
         gen, queue = await _start(served, prompt_ids, params, request)
         rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
         shaper = ChatShaper(served, rid, created, body)
@@ -268,8 +269,23 @@ def _check_room(served: ServedModel, n_prompt: int, max_tokens: int | None) -> i
     return max_tokens
 
 
-def _params(body, max_tokens: int, logprobs: int | None, prompt_logprobs: bool) -> GenerationParams:
+def _logit_bias(served: ServedModel, bias: dict[str, float] | None) -> dict[int, float] | None:
+    """The request's logit_bias with its token ids checked against this model's vocabulary."""
+    if not bias:
+        return None
+    n_vocab = served.scheduler.runner.n_vocab
+    out = {int(t): b for t, b in bias.items()}
+    bad = [t for t in out if t >= n_vocab]
+    if bad:
+        raise APIError(400, f"logit_bias token id {bad[0]} is not in this model's vocabulary (0..{n_vocab - 1})",
+                       param="logit_bias")
+    return out
+
+
+def _params(body, max_tokens: int, logprobs: int | None, prompt_logprobs: bool,
+            logit_bias: dict[int, float] | None = None) -> GenerationParams:
     return GenerationParams(
+        logit_bias=logit_bias,
         max_tokens=max_tokens,
         temperature=body.temperature,
         top_p=body.top_p,

@@ -96,6 +96,8 @@ class GenerationParams:
     stop: list[str] = field(default_factory=list)
     logprobs: int | None = None  # alternatives per token; None: no log-probabilities
     prompt_logprobs: bool = False  # echo with logprobs: every prompt token's log-probability too
+    # token id -> bias added to its logit before sampling (OpenAI's logit_bias); log-probabilities stay the model's
+    logit_bias: dict[int, float] | None = None
 
 
 _ids = itertools.count()
@@ -302,7 +304,7 @@ class Scheduler:
         if seq.n_computed < seq.n_tokens:
             return  # still prefilling
         logits = rows[-1]
-        token = req.sampler(logits)
+        token = req.sampler(_biased(logits, req.params.logit_bias))
         now = time.monotonic()
         first = req.first_token_at is None
         self.metrics.on_token(req, first, 0.0 if first else now - req.last_token_at)
@@ -358,3 +360,13 @@ class Scheduler:
                 req.sink(event)
             except Exception:  # noqa: BLE001  (a consumer that cannot take it any more has gone)
                 log.debug("could not deliver the end of request %s", req.id)
+
+
+def _biased(logits: np.ndarray, bias: dict[int, float] | None) -> np.ndarray:
+    """``logits`` with the request's logit_bias added (a copy; the unbiased row still gives the log-probabilities)."""
+    if not bias:
+        return logits
+    out = np.array(logits, dtype=np.float32, copy=True)
+    ids = np.fromiter(bias, dtype=np.int64, count=len(bias))
+    out[ids] += np.fromiter(bias.values(), dtype=np.float32, count=len(bias))
+    return out

@@ -8,12 +8,16 @@ names the field. ``top_k`` (vLLM's extension; 0 or -1 = off) and llama.cpp's ``r
 
 from __future__ import annotations
 
+import math
+
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 MAX_LOGPROBS = 20  # top alternatives per token (OpenAI: 5 for completions, 20 for chat)
 MAX_STOPS = 16
+# OpenAI accepts up to 300 logit_bias entries; a benchmark suppressing every end-of-generation token needs a few.
+MAX_LOGIT_BIAS = 300
 SEED_MODULUS = 2**64  # numpy's generator takes non-negative seeds; any integer a client sends maps into range
 
 
@@ -53,10 +57,20 @@ class _Common(BaseModel):
 
     @field_validator("logit_bias")
     @classmethod
-    def _no_bias(cls, v):
-        if v:
-            raise ValueError("logit_bias is not supported")
-        return v
+    def _bias(cls, v):
+        """OpenAI's shape: token id (as a string) -> a bias in [-100, 100] added to that token's logit."""
+        if not v:
+            return None
+        if len(v) > MAX_LOGIT_BIAS:
+            raise ValueError(f"at most {MAX_LOGIT_BIAS} logit_bias entries are supported")
+        out = {}
+        for key, bias in v.items():
+            if not str(key).isdigit():
+                raise ValueError(f"logit_bias keys are token ids (0 or more), got '{key}'")
+            if not (math.isfinite(bias) and -100.0 <= bias <= 100.0):
+                raise ValueError(f"logit_bias values must be between -100 and 100, got {bias} for token {key}")
+            out[str(int(key))] = float(bias)
+        return out
 
     @property
     def stop_list(self) -> list[str]:

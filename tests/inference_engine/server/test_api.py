@@ -225,7 +225,24 @@ BAD_BODIES = [
     ("presence penalty", {"prompt": "hi", "presence_penalty": 1.5}, 400),
     ("two prompts", {"prompt": ["a", "b"]}, 400),
     ("string max_tokens", {"prompt": "hi", "max_tokens": "lots"}, 400),
+    ("logit_bias key not a token id", {"prompt": "hi", "logit_bias": {"the": 5}}, 400),
+    ("logit_bias beyond 100", {"prompt": "hi", "logit_bias": {"3": 500}}, 400),
+    ("logit_bias token outside the vocabulary", {"prompt": "hi", "logit_bias": {str(10**9): -100}}, 400),
 ]
+
+
+def test_logit_bias_moves_sampling_not_the_logprobs(tiny_server):
+    """OpenAI's logit_bias: -100 on the greedy token makes greedy pick another; the reported log-probabilities stay
+    the model's (the benchmark sends it to keep end-of-generation tokens away)."""
+    body = {"model": model_id(tiny_server), "prompt": PROMPT, "max_tokens": 1, "temperature": 0, "logprobs": 1}
+    plain = httpx.post(f"{tiny_server.url}/v1/completions", json=body, timeout=30).json()["choices"][0]
+    first = plain["logprobs"]["tokens"][0]
+    tok = OurEngine(tiny_server.model_path, n_ctx=8).tokenizer
+    banned = tok.encode(PROMPT + first, add_bos=None)[len(tok.encode(PROMPT, add_bos=None)):]
+    biased = httpx.post(f"{tiny_server.url}/v1/completions", json={**body, "logit_bias": {str(banned[0]): -100}},
+                        timeout=30).json()["choices"][0]
+    assert biased["logprobs"]["tokens"][0] != first
+    assert biased["logprobs"]["token_logprobs"][0] <= plain["logprobs"]["token_logprobs"][0]
 
 
 @pytest.mark.parametrize("what,body,status", BAD_BODIES, ids=[b[0] for b in BAD_BODIES])

@@ -1,0 +1,64 @@
+"""Our own engine through the third way in: `bench-compare serve`'s OpenAI API, driven by `--engine openai:URL`
+exactly as a user's server would be. The fidelity verdict over HTTP must equal the in-process one (both pass against
+llama.cpp), and the serving benchmark must run against llama.cpp's own server, both on 127.0.0.1 and stopped.
+
+The fidelity test runs on the real smollm2: a tiny random model's greedy tokens are arbitrary bytes (partial UTF-8),
+whose streamed text cannot be compared piece by piece over HTTP (the server holds incomplete characters back)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from fixtures.servers import start_server
+
+from bench_compare import cli
+from bench_compare.adapters.llamacpp_server import server_available
+
+ARCH = "llama"  # the serving benchmark runs on a tiny model: speed only, no text compared
+
+
+@pytest.fixture(scope="module")
+def model(tiny_model):
+    return tiny_model(ARCH, "Q8_0")
+
+
+@pytest.mark.slow
+def test_validate_our_server_over_http_gives_the_in_process_verdict(tmp_path, capsys):
+    from inference_engine.model_cache import resolve_model
+
+    smollm2 = resolve_model("smollm2-135m", progress=False)
+    in_process = cli.main(["validate", "--model", str(smollm2), "--backend", "numba", "--numerics", "ggml",
+                           "--smoke-tokens", "8", "--threads", "2", "--report", str(tmp_path / "in-process")])
+    capsys.readouterr()
+    out = tmp_path / "http.json"
+    with start_server(smollm2, backend="numba", numerics="ggml", threads=2) as server:
+        over_http = cli.main(["validate", "--engine", f"openai:{server.url}/v1", "--model", str(smollm2),
+                              "--smoke-tokens", "8", "--threads", "2", "--json", str(out),
+                              "--report", str(tmp_path / "http")])
+        printed = capsys.readouterr()
+    assert in_process == 0
+    assert over_http == in_process, printed.err + printed.out
+    result = json.loads(out.read_text())
+    assert result["passed"] and result["greedy"]["equal"]
+    assert result["prompt_sent_as"] == "token ids"  # our server takes the harness's ids as they are
+    assert result["metrics"]["top1_agreement"] == 1.0
+
+
+@pytest.mark.slow
+def test_compare_our_server_against_llamacpps_server(model, tmp_path, capsys):
+    ok, why = server_available()
+    if not ok:
+        pytest.skip(f"llama.cpp's server is not installed: {why}")
+    out = tmp_path / "compare.json"
+    with start_server(model, backend="numpy", numerics="ggml") as server:
+        rc = cli.main(["compare", "--engine", f"openai:{server.url}/v1", "-m", str(model), "--against",
+                       "llamacpp-server", "--concurrency", "1,4", "-p", "16", "-n", "8", "-r", "1", "--warmup", "1",
+                       "--no-progress", "-t", "1", "-c", "512", "--json", str(out)])
+        printed = capsys.readouterr()
+    assert rc == 0, printed.err
+    result = json.loads(out.read_text())
+    engine = f"openai:{server.url}/v1"
+    assert set(result["summary"]) == {engine, "llamacpp-server"}
+    for side in result["summary"].values():
+        assert side["tg8"]["output_tokens"] == 8 and side["c4"]["aggregate_tps"] > 0
