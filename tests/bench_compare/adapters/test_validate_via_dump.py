@@ -114,11 +114,18 @@ WRITER = textwrap.dedent('''
 
 def test_a_command_engine_is_run_per_request_and_decodes_by_rerunning(tiny_llama, tmp_path, monkeypatch,
                                                                       validate_engine):
+    from threadpoolctl import threadpool_limits
+
     script = tmp_path / "writer.py"
     script.write_text(WRITER)
     monkeypatch.setenv("PYTHONPATH", ":".join(sys.path))
-    result = validate_engine(f"cmd:{sys.executable} {script} {{request}} {{out}}", model=str(tiny_llama),
-                             against="numpy", numerics="f32", prompt=PROMPT, smoke_tokens=2)
+    # Bit-equal tensors need the same BLAS summation order on both sides: one BLAS thread in the writer and here
+    # (other tests may have changed this process's thread count).
+    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        monkeypatch.setenv(var, "1")
+    with threadpool_limits(limits=1, user_api="blas"):
+        result = validate_engine(f"cmd:{sys.executable} {script} {{request}} {{out}}", model=str(tiny_llama),
+                                 against="numpy", numerics="f32", prompt=PROMPT, smoke_tokens=2)
     assert result["passed"], result["checks"]
     assert result["checks"]["smoke"] is True and result["smoke"]["matched"] == 2
     assert result["checks"]["tokenizer"] is None and "not a tokenizer" in result["not_checked"]["tokenizer"]
