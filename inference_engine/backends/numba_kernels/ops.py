@@ -249,6 +249,25 @@ def _dot_head(qv, kv, j_off, d, f16):
     return total
 
 
+@njit(inline="always", cache=True)
+def softmax_visible(scores, visible, top, ggml, scalef, f16):
+    """In place: ``scores`` -> probabilities over the ``visible`` keys (0 elsewhere); exponentials summed in double,
+    ggml's vector exp in ggml numerics, rounded to F16 with an F16 cache (ggml's F16 mul_mat converts them)."""
+    total = 0.0  # double
+    for j in range(scores.shape[0]):
+        if visible[j]:
+            shifted = scores[j] - _F32(top)
+            e = expf_ggml(shifted, scalef) if ggml else _F32(math.exp(np.float64(shifted)))
+            scores[j] = e
+            total += np.float64(e)
+        else:
+            scores[j] = _F32(0.0)
+    inv = _F32(1.0 / total)
+    for j in range(scores.shape[0]):
+        pj = scores[j] * inv
+        scores[j] = round_f16(pj) if (ggml and f16) else pj
+
+
 @njit(parallel=True, cache=True)
 def attention(q, k, v, positions, kv_len, scale, window, ggml, scalef, f16, out):
     """Causal (sliding-window) grouped-query attention, as NumpyBackend.attention.
@@ -278,19 +297,7 @@ def attention(q, k, v, positions, kv_len, scale, window, ggml, scalef, f16, out)
                 s = _dot_head(qv, k[j], g * dk * esize, dk, f16) * scale
                 scores[j] = s
                 top = max(top, s)
-        total = 0.0  # double
-        for j in range(kv_len):
-            if visible[j]:
-                shifted = scores[j] - _F32(top)
-                e = expf_ggml(shifted, scalef) if ggml else _F32(math.exp(np.float64(shifted)))
-                scores[j] = e
-                total += np.float64(e)
-            else:
-                scores[j] = _F32(0.0)
-        inv = _F32(1.0 / total)
-        for j in range(kv_len):
-            pj = scores[j] * inv
-            scores[j] = round_f16(pj) if (ggml and f16) else pj
+        softmax_visible(scores, visible, top, ggml, scalef, f16)
         dst = out[t]
         base = h * dv
         e0 = 0

@@ -10,12 +10,11 @@ and the one-sequence engine agree bit for bit on attention.
 
 from __future__ import annotations
 
-import math
 
 import numpy as np
 from numba import njit, prange
 
-from inference_engine.backends.numba_kernels.ops import _dot_head, expf_ggml
+from inference_engine.backends.numba_kernels.ops import _dot_head, softmax_visible
 from inference_engine.backends.numba_kernels.simd import (
     load_f16,
     load_f32,
@@ -59,19 +58,7 @@ def paged_attention(q, k_pool, v_pool, slots, slot_start, row_seq, positions, sc
                 s = _dot_head(qv, k_pool[slots[base + j]], g * dk * esize, dk, f16) * scale
                 scores[j] = s
                 top = max(top, s)
-        total = 0.0  # double
-        for j in range(kv_len):
-            if visible[j]:
-                shifted = scores[j] - _F32(top)
-                e = expf_ggml(shifted, scalef) if ggml else _F32(math.exp(np.float64(shifted)))
-                scores[j] = e
-                total += np.float64(e)
-            else:
-                scores[j] = _F32(0.0)
-        inv = _F32(1.0 / total)
-        for j in range(kv_len):
-            pj = scores[j] * inv
-            scores[j] = round_f16(pj) if (ggml and f16) else pj
+        softmax_visible(scores, visible, top, ggml, scalef, f16)
         dst = out[t]
         out_base = h * dv
         e0 = 0
