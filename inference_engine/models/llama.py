@@ -4,6 +4,10 @@ Pre-norm blocks with RMSNorm; grouped-query attention with NORM-style RoPE (adja
 permuted Q/K rows for exactly this); SwiGLU feed-forward; tied ``output`` falls back to ``token_embd``.
 Optional Q/K/V and ``attn_output`` biases and ``rope_freqs`` (Llama 3 frequency factors) are honoured as
 llama.cpp does. The attention and FFN blocks are :mod:`inference_engine.models.blocks`.
+
+Mistral-style ``llama.attention.sliding_window``: llama.cpp's llama architecture does not read it (src/models/llama.cpp
+loads no ``LLM_KV_ATTENTION_SLIDING_WINDOW``; every layer attends to the whole context), and neither do we, since the
+reference defines the right answer (tested past the window against llama.cpp in tests/validation/test_depth_llamacpp.py).
 """
 
 from __future__ import annotations

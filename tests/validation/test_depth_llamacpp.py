@@ -66,6 +66,22 @@ def test_wrong_sliding_window_against_llamacpp_is_named(tiny_model):
     assert out["first_failure"] == {"depth": 10, "step": PREFIX_CHUNK, "position": 8, "tensor": "kqv_out-0"}
 
 
+def test_mistral_style_window_on_llama_is_full_attention_as_in_llamacpp(tiny_model):
+    """A llama file that stores ``attention.sliding_window`` (Mistral 7B v0.1's converter writes one): llama.cpp's
+    llama graph ignores it, so past the window both sides attend to the whole context and every tensor agrees."""
+    from inference_engine.gguf_file import GGUFFile
+
+    path = tiny_model("llama", "Q8_0", sliding_window=4)
+    assert GGUFFile(path).arch_value("attention.sliding_window") == 4
+    ours, ref = _engines(path)
+    try:
+        out = validate_depths(ours, ref, _ids(ref, 20), DepthPlan((0, 10), 3), GGML)
+    finally:
+        ref.close()
+    assert out["passed"], out["first_failure"]
+    assert out["depths"][1]["depth"] == 10 > 4  # decode steps read K/V more than one window back
+
+
 def test_kv_position_off_by_one_against_llamacpp_is_named(tiny_model):
     ours, ref = _engines(tiny_model("llama", "Q8_0"))
     cache = ours.cache
