@@ -79,6 +79,8 @@ def compare(model, backend, engine, engine_opts, numerics, n_prompt, n_gen, n_de
     """Benchmark our engine and llama.cpp side by side, interleaved: pp, tg, tg @ depth, hot and cold TTFT and
     peak RSS, with ratios (higher is better for ours). With --engine openai:URL: a serving benchmark over HTTP."""
     spec = engines.parse_engine_spec(engine, engines.parse_engine_opts(engine_opts)) if engine else None
+    if spec is not None:
+        engines.check_timed(spec)
     if spec is not None and spec.over_http:
         return _http_compare(spec, against, model, threads, n_ctx, n_prompt, n_gen, n_depth, reps, concurrency, warmup,
                              requests_per_client, seed, json_path, report_dir, progress, quick)

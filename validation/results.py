@@ -1,8 +1,8 @@
-"""Typed, versioned result records: what ``validate`` and ``compare`` write (in-process engines, and HTTP engines
-through ``bench_compare.adapters``), and what ``report`` reads.
+"""Typed, versioned result records: what ``validate``, ``compare`` and ``bench`` write (in-process engines, and HTTP
+engines through ``bench_compare.adapters``), and what ``report`` reads.
 
-(``bench`` writes llama-bench's own row format, unchanged, so that llama-bench tooling reads it; it has no record
-here.)
+``bench`` prints llama-bench's own row format (``-o md|csv|json|jsonl``), rendered from its :class:`BenchResult`'s
+typed rows (:class:`BenchRow`, one llama-bench result object each); ``bench --json FILE`` writes the record itself.
 
 Each result is a dataclass with a ``kind`` and a ``schema_version`` (class constants written into the JSON) and one
 provenance block (:func:`validation.provenance.provenance`). JSON is written from them (``to_dict``); ``report`` finds
@@ -15,6 +15,7 @@ The classes live here, on the reference side, because both ``validation`` (which
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
@@ -130,19 +131,102 @@ class HttpValidateResult(Result):
     extra: dict[str, Any] = field(default_factory=dict)  # prompt, greedy, echo, positions, noise floor, notes
 
 
+@dataclass
+class BenchRow:
+    """One llama-bench result object (one test on one engine), fields in llama-bench's ``test::get_fields()`` order
+    (GPU-only fields left out, ``engine`` and ``numerics`` added), then the per-repetition samples.
+    :func:`bench_compare.llamabench_format.make_record` fills it; the formats there print it."""
+
+    build_commit: str
+    build_number: int
+    cpu_info: str
+    gpu_info: str
+    backends: str
+    engine: str
+    numerics: str
+    model_filename: str
+    model_type: str
+    model_size: int
+    model_n_params: int
+    n_batch: int
+    n_ubatch: int
+    n_threads: int
+    type_k: str
+    type_v: str
+    flash_attn: int
+    n_prompt: int
+    n_gen: int
+    n_depth: int
+    test_time: str
+    avg_ns: int
+    stddev_ns: int
+    avg_ts: float
+    stddev_ts: float
+    samples_ns: list[int] = field(default_factory=list)
+    samples_ts: list[float] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The llama-bench JSON object, keys in llama-bench's order."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_dict(cls, obj: dict[str, Any]) -> BenchRow:
+        """A row from llama-bench JSON (ours or llama-bench's own: its GPU-only fields are dropped; ``engine`` and
+        ``numerics``, which llama-bench does not write, default to what it runs)."""
+        names = {f.name for f in fields(cls)}
+        defaults = {"engine": "llamacpp", "numerics": "ggml", "gpu_info": ""}
+        return cls(**{**defaults, **{k: v for k, v in obj.items() if k in names}})
+
+
+@dataclass
+class BenchResult(Result):
+    """``bench-compare bench``: llama-bench's tests on one engine. ``rows`` are llama-bench's result objects, in the
+    order the tests ran; ``complete`` is False when Ctrl-C cut the run short (the last row may hold fewer samples
+    than ``settings["reps"]``)."""
+
+    kind: ClassVar[str] = "gguf-parity-bench"
+    schema_version: ClassVar[int] = 1
+    engine: str = ""
+    build_commit: str = ""
+    build_number: str = ""
+    settings: dict[str, Any] = field(default_factory=dict)
+    rows: list[BenchRow] = field(default_factory=list)
+    complete: bool = True
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**super().to_dict(), "rows": [row.to_dict() for row in self.rows]}
+
+    @classmethod
+    def from_dict(cls, obj: dict[str, Any]) -> BenchResult:
+        made = super().from_dict(obj)
+        made.rows = [row if isinstance(row, BenchRow) else BenchRow.from_dict(row) for row in made.rows]
+        return made
+
+
 # kind -> result class
 RESULT_KINDS: Registry[type[Result]] = Registry("result kind", {
     ValidationResult.kind: ValidationResult,
     CompareResult.kind: CompareResult,
     HttpCompareResult.kind: HttpCompareResult,
     HttpValidateResult.kind: HttpValidateResult,
+    BenchResult.kind: BenchResult,
 }, base=Result)
 
 
 def upgrade_legacy(obj: Any) -> dict[str, Any] | None:
     """A result file written before results carried ``kind`` (schema 0), with its kind filled in; None if it is
     not one. Compare files had ``kind`` from the start; validation files are recognised by their verdict and
-    tensors or logits."""
+    tensors or logits; bench files by being what ``bench -o json`` prints (and llama-bench's own ``-o json``): an
+    array of llama-bench result objects."""
+    if isinstance(obj, list) and obj and all(isinstance(row, dict) and {"avg_ns", "n_prompt", "n_gen"} <= set(row)
+                                             for row in obj):
+        first = obj[0]
+        return {"kind": BenchResult.kind, "schema_version": 0, "engine": first.get("engine", "llamacpp"),
+                "numerics": first.get("numerics", ""), "build_commit": first.get("build_commit", ""),
+                "build_number": str(first.get("build_number", "")),
+                "model": {"path": first.get("model_filename"), "model_type": first.get("model_type"),
+                          "filename": os.path.basename(str(first.get("model_filename") or ""))},
+                "rows": obj}
     if not isinstance(obj, dict) or "kind" in obj:
         return obj if isinstance(obj, dict) and obj.get("kind") in RESULT_KINDS else None
     if isinstance(obj.get("results"), list) and isinstance(obj.get("ratios"), dict):
