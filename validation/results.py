@@ -77,8 +77,13 @@ class ValidationResult(Result):
     free_running: dict[str, Any] | None = None
     tokenizer: dict[str, Any] | None = None
     smoke: dict[str, Any] | None = None
+    not_checked: dict[str, str] = field(default_factory=dict)  # check -> why the engine could not give it
+    decode_steps: dict[str, Any] | None = None  # --decode-steps
+    corpus_kld: dict[str, Any] | None = None  # --corpus-kld
+    logit_lens: list[dict[str, Any]] | None = None  # --logit-lens (diagnostic)
     engines: dict[str, Any] = field(default_factory=dict)
-    extra: dict[str, Any] = field(default_factory=dict)  # optional sections (logit_lens)
+    engine_notes: list[str] = field(default_factory=list)  # what an outside engine did and did not provide
+    extra: dict[str, Any] = field(default_factory=dict)  # sections this version does not know
 
 
 @dataclass
