@@ -364,10 +364,9 @@ def bench_section(r: dict[str, Any]) -> list[str]:
 
 
 def _validation_title(r: dict[str, Any]) -> str:
-    model = r.get("model")
-    if isinstance(model, dict):
-        model = model.get("filename") or model.get("path") or model.get("name")
-    engine = r.get("engine") or r.get("ours") or (f"ours:{r['backend']}" if r.get("backend") else "")
+    identity = r.get("model") or {}  # a dict in every kind (old shapes upgraded on load)
+    model = identity.get("filename") or identity.get("path") or identity.get("name")
+    engine = r.get("engine") or ""
     return " ".join(str(x) for x in (engine, "on" if engine and model else "", model or "") if x).strip() or "result"
 
 
@@ -403,13 +402,12 @@ def write_report(results: list[dict[str, Any]], out_dir: str | Path, gate_sectio
 
 # --- history ----------------------------------------------------------------------------------------------------
 def history_row(r: dict[str, Any]) -> dict[str, Any]:
-    model = r.get("model") if isinstance(r.get("model"), dict) else {"filename": r.get("model")}
-    git = r.get("git") if isinstance(r.get("git"), dict) else {}
+    model, git = r.get("model") or {}, r.get("git") or {}  # old shapes were upgraded on load (upgrade_legacy)
     row: dict[str, Any] = {
         "recorded": utc_now(),
         "date": r.get("date"),
         "kind": r["_kind"],
-        "git_sha": git.get("sha") or r.get("git_sha"),
+        "git_sha": git.get("sha"),
         "git_dirty": git.get("dirty"),
         "model": model.get("filename") or model.get("name"),
         "model_sha256": model.get("sha256"),

@@ -237,8 +237,23 @@ def upgrade_legacy(obj: Any) -> dict[str, Any] | None:
     if isinstance(obj.get("results"), list) and isinstance(obj.get("ratios"), dict):
         return {**obj, "kind": CompareResult.kind, "schema_version": 0}
     if "passed" in obj and (isinstance(obj.get("tensors"), list) or isinstance(obj.get("logits"), dict)):
-        return {**obj, "kind": ValidationResult.kind, "schema_version": 0}
+        return {**obj, "kind": ValidationResult.kind, "schema_version": 0, **_legacy_validation_fields(obj)}
     return None
+
+
+def _legacy_validation_fields(obj: dict[str, Any]) -> dict[str, Any]:
+    """An old validation file's fields in today's shapes: the model as an identity dict (it was once a bare name),
+    the commit as ``git`` ``{sha, dirty}`` (once only the ``git_sha`` string), the engine named (once only its
+    backend)."""
+    out: dict[str, Any] = {}
+    if not isinstance(obj.get("model"), dict):
+        out["model"] = {"name": obj.get("model")}
+    if not isinstance(obj.get("git"), dict) and isinstance(obj.get("git_sha"), str):
+        sha = obj["git_sha"]
+        out["git"] = {"sha": sha.removesuffix("-dirty"), "dirty": sha.endswith("-dirty")}
+    if not obj.get("engine") and obj.get("backend"):
+        out["engine"] = f"ours:{obj['backend']}"
+    return out
 
 
 def result_class(obj: dict[str, Any], source: str = "") -> type[Result]:

@@ -109,3 +109,17 @@ def test_an_old_bench_array_upgrades_to_a_bench_result(tmp_path):
     assert loaded["engine"] == "llamacpp" and loaded["rows"][0]["engine"] == "llamacpp"
     assert "n_gpu_layers" not in loaded["rows"][0]
     assert upgrade_legacy([{"avg_ns": 1}]) is None  # not llama-bench rows
+
+
+def test_old_validation_shapes_are_upgraded_in_one_place(tmp_path):
+    from bench_compare.report import history_row
+
+    old = {**OLD_VALIDATION, "model": "tiny.gguf", "git_sha": "0123456789abcdef-dirty"}
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(old))
+    loaded = load_result(path)
+    assert loaded["model"] == {"name": "tiny.gguf"} and loaded["engine"] == "ours:numpy"
+    assert loaded["git"] == {"sha": "0123456789abcdef", "dirty": True}
+    row = history_row(loaded)
+    assert (row["git_sha"], row["git_dirty"], row["model"], row["engine"]) == (
+        "0123456789abcdef", True, "tiny.gguf", "ours:numpy")
