@@ -16,6 +16,7 @@ from bench_compare.results import REFERENCE_ENGINE
 from inference_engine.backends import BACKENDS
 from inference_engine.registries import numerics_help
 from inference_engine.model_cache import DEFAULT_MODEL
+from validation.results import CompareResult
 from bench_compare.options import Number, OutputFile, ReportDir
 
 
@@ -175,5 +176,5 @@ def _http_compare(spec, against, model, threads, n_ctx, n_prompt, n_gen, n_depth
 
 def _partial_result(session: compare_run.CompareSession) -> dict:
     results = session.results()
-    return {"ours": session.ours_name, "reference": REFERENCE_ENGINE, "results": [r.to_dict() for r in results],
-            "ratios": session.ratios()}
+    return CompareResult(ours=session.ours_name, reference=REFERENCE_ENGINE, results=[r.to_dict() for r in results],
+                         ratios=session.ratios()).to_dict()

@@ -164,8 +164,8 @@ def test_report_reads_an_old_bench_json_array(capsys, fake_engines, model, tmp_p
 def test_ctrl_c_writes_the_measured_rows_marked_incomplete(capsys, fake_engines, model, tmp_path):
     fake_engines.tune["ours:numba"] = {"interrupt_after_decodes": 1 + 4 * 2}  # warm-up + 2 repetitions of tg4
     saved = tmp_path / "bench.json"
-    code, out, err = run(capsys, "-m", model, "-p", "16", "-n", "4", "-r", "5", "-o", "json", "--engine",
-                         "ours:numba", "--json", str(saved))
+    code, out, _ = run(capsys, "-m", model, "-p", "16", "-n", "4", "-r", "5", "-o", "json", "--engine",
+                       "ours:numba", "--json", str(saved))
     assert code == 130
     written = json.loads(saved.read_text())
     assert written["complete"] is False and written["rows"] == json.loads(out)

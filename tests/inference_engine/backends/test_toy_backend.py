@@ -19,7 +19,8 @@ TOY_LOGITS_ATOL = 1e-3
 def toy_registered(monkeypatch):
     monkeypatch.setattr(BACKENDS, "entries", dict(BACKENDS.entries))  # copies, so the registration ends with the test
     monkeypatch.setattr(BACKENDS, "meta", dict(BACKENDS.meta))
-    BACKENDS.register("toy", "toy_backend:ToyBackend", needs="numpy", help="a toy in one file")  # the one registration
+    # the one registration:
+    BACKENDS.register("toy", "toy_backend:ToyBackend", needs="numpy", help="a toy in one file")
 
 
 @pytest.mark.parametrize("arch", ["llama", "gemma3"])
