@@ -352,6 +352,8 @@ def bench_section(r: dict[str, Any]) -> list[str]:
         facts.append(f"git {str(git['sha'])[:10]}{'+dirty' if git.get('dirty') else ''}")
     if r.get("machine"):
         facts.append(cpu_isa_label(r["machine"]))
+    elif r.get("rows"):  # an old file: llama-bench's own cpu_info
+        facts.append(str(r["rows"][0].get("cpu_info") or "?"))
     if r.get("date"):
         facts.append(str(r["date"]))
     rows = [[row["test"], str(row["n_threads"]), f"{row['avg_ts']:.2f} ± {row['stddev_ts']:.2f}", str(row["n"])]
