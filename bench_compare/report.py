@@ -81,7 +81,10 @@ def load_result(path: str | Path) -> dict[str, Any]:
             "JSON: bench --json, or the array of rows bench -o json and llama-bench -o json print)")
     cls = result_class(obj, str(path))  # refuses a schema newer than this version reads
     version = obj.get("schema_version", 0)
-    obj = cls.from_dict(obj).to_dict()  # through the typed record: every field there, rows typed and checked
+    try:
+        obj = cls.from_dict(obj).to_dict()  # through the typed record: every field there, rows typed and checked
+    except GGUFParityError as exc:
+        raise GGUFParityError(f"{path}: {exc}") from None
     obj["schema_version"] = version  # as written (0: upgraded from an old file)
     obj["_kind"] = kind
     obj["_source"] = str(path)

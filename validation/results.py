@@ -136,6 +136,9 @@ class HttpValidateResult(Result):
     extra: dict[str, Any] = field(default_factory=dict)  # prompt, greedy, echo, positions, noise floor, notes
 
 
+SAMPLES_OPTIONAL = ("samples_ns", "samples_ts")  # llama-bench's csv and md carry none
+
+
 @dataclass
 class BenchRow:
     """One llama-bench result object (one test on one engine), fields in llama-bench's ``test::get_fields()`` order
@@ -178,9 +181,14 @@ class BenchRow:
     def from_dict(cls, obj: dict[str, Any]) -> BenchRow:
         """A row from llama-bench JSON (ours or llama-bench's own: its GPU-only fields are dropped; ``engine`` and
         ``numerics``, which llama-bench does not write, default to what it runs)."""
-        names = {f.name for f in fields(cls)}
-        defaults = {"engine": "llamacpp", "numerics": "ggml", "gpu_info": ""}
-        return cls(**{**defaults, **{k: v for k, v in obj.items() if k in names}})
+        names = [f.name for f in fields(cls)]
+        # llama-bench does not write engine / numerics; gpu_info is GPU-only; n_depth came with llama-bench's -d
+        defaults = {"engine": "llamacpp", "numerics": "ggml", "gpu_info": "", "n_depth": 0}
+        given = {**defaults, **{k: v for k, v in obj.items() if k in names}} if isinstance(obj, dict) else {}
+        missing = [n for n in names if n not in given and n not in SAMPLES_OPTIONAL]
+        if missing:
+            raise GGUFParityError(f"a bench row lacks {', '.join(missing)} (a llama-bench result object has them)")
+        return cls(**given)
 
 
 @dataclass
@@ -204,6 +212,8 @@ class BenchResult(Result):
     @classmethod
     def from_dict(cls, obj: dict[str, Any]) -> BenchResult:
         made = super().from_dict(obj)
+        if not isinstance(made.rows, list):
+            raise GGUFParityError("a bench result's rows must be a list of llama-bench result objects")
         made.rows = [row if isinstance(row, BenchRow) else BenchRow.from_dict(row) for row in made.rows]
         return made
 

@@ -123,3 +123,12 @@ def test_old_validation_shapes_are_upgraded_in_one_place(tmp_path):
     row = history_row(loaded)
     assert (row["git_sha"], row["git_dirty"], row["model"], row["engine"]) == (
         "0123456789abcdef", True, "tiny.gguf", "ours:numpy")
+
+
+def test_a_bench_file_with_incomplete_rows_is_one_line(tmp_path):
+    row = _bench_row().to_dict()
+    del row["avg_ts"], row["model_type"]
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps({"kind": "gguf-parity-bench", "schema_version": 1, "rows": [row]}))
+    with pytest.raises(GGUFParityError, match=r"bad.json: a bench row lacks model_type, avg_ts \(a llama-bench"):
+        load_result(path)
