@@ -4,6 +4,10 @@
 ``1-4+1``); ``-pg P,N`` may be repeated. Tests run in llama-bench's order (per thread count and depth: every
 ``pp``, every ``tg``, every ``pg``). Rows are printed as each test finishes (``-o json`` prints the array at the
 end); Ctrl-C prints what was measured so far, including a test cut short, and exits 130.
+
+The run is one :class:`validation.results.BenchResult` (provenance, model, settings, a typed row per test): the
+printed formats are rendered from its rows, and ``--json FILE`` writes the record itself (atomically, also on
+Ctrl-C, marked incomplete) for ``bench-compare report``.
 """
 
 from __future__ import annotations
@@ -36,11 +40,14 @@ from bench_compare.measure import (
     tg_test,
     token_ids_for_model,
 )
-from bench_compare.results import git_info, machine_info, model_description, package_versions, utc_now
+from bench_compare.options import OutputFile
+from bench_compare.results import git_info, machine_info, model_description, package_versions, provenance, utc_now
 from inference_engine.errors import GGUFParityError
 from inference_engine.gguf_file import open_gguf
 from inference_engine.registries import numerics_help
 from inference_engine.model_cache import DEFAULT_MODEL, resolve_model
+from validation.atomic import atomic_write_json
+from validation.results import BenchResult, BenchRow
 
 LLAMA_BENCH_DEFAULT_PROMPT = (512,)
 LLAMA_BENCH_DEFAULT_GEN = (128,)
@@ -127,16 +134,16 @@ def make_plan(n_prompt, n_gen, pg, n_depth, threads, default_threads: int) -> Be
 
 
 class Output:
-    """Streams llama-bench output: header first, one row per finished test, footer (json: array at the end)."""
+    """Streams llama-bench output from a :class:`BenchResult`: header first, then each row as it is added to the
+    result, footer (json: the array of rows at the end)."""
 
-    def __init__(self, fmt: str, build_commit: str, build_number: str, stream=None):
-        self.fmt, self.build_commit, self.build_number = fmt, build_commit, build_number
+    def __init__(self, fmt: str, result: BenchResult, stream=None):
+        self.fmt, self.result = fmt, result
         self.stream = stream or sys.stdout
-        self.records: list[dict] = []
         self.started = False
 
-    def emit(self, record: dict) -> None:
-        self.records.append(record)
+    def emit(self, record: BenchRow) -> None:
+        self.result.rows.append(record)
         if not self.started:
             self.started = True
             if self.fmt == "md":
@@ -152,9 +159,9 @@ class Output:
 
     def finish(self) -> None:
         if self.fmt == "json":
-            self._write(format_json(self.records))
+            self._write(format_json(self.result.rows))
         elif self.fmt == "md" and self.started:
-            self._write(markdown_footer(self.build_commit, self.build_number) + "\n")
+            self._write(markdown_footer(self.result.build_commit, self.result.build_number) + "\n")
 
     def _write(self, text: str) -> None:
         self.stream.write(text)
@@ -183,8 +190,10 @@ class Output:
 @click.option("--seed", default=str(DEFAULT_SEED), show_default=True, metavar="N", help="Seed of the random tokens.")
 @click.option("--no-warmup", is_flag=True, help="Skip the warm-up run.")
 @click.option("--progress/--no-progress", default=None, help="Progress bar on stderr (default: if a terminal).")
+@click.option("--json", "json_path", metavar="PATH", default=None, type=OutputFile(),
+              help="Also write the result JSON here (for bench-compare report).")
 def bench(model, n_prompt, n_gen, pg, n_depth, reps, threads, n_batch, fmt, engine, engine_opts, numerics, seed,
-          no_warmup, progress) -> None:
+          no_warmup, progress, json_path) -> None:
     """llama-bench compatible benchmark of one engine (pp / tg / pg tests, optional depth)."""
     from bench_compare.compare_run import default_threads
 
@@ -195,6 +204,7 @@ def bench(model, n_prompt, n_gen, pg, n_depth, reps, threads, n_batch, fmt, engi
     if spec.over_http:
         raise GGUFParityError(f"bench drives an engine's prefill/decode in this process; '{spec.name}' is reached "
                               "over HTTP: use bench-compare compare --engine SPEC --against none (pp/tg over HTTP)")
+    engines.check_timed(spec)
     engines.check_numerics(numerics)
     reps_n = parse_positive_int(reps, "-r")
     batch = parse_positive_int(n_batch, "-b")
@@ -220,7 +230,11 @@ def bench(model, n_prompt, n_gen, pg, n_depth, reps, threads, n_batch, fmt, engi
         build_commit = git_info()["sha"][:10]
         build_number = f"gguf-parity {package_versions().get('gguf-parity')}"
     cpu = machine_info()["cpu_isa"]  # llama-bench's cpu_info, with the instruction set: "AMD EPYC, AVX2"
-    out = Output(fmt, build_commit, build_number)
+    result = BenchResult(provenance=provenance(), backend=spec.backend or "", numerics=numerics, model=model_desc,
+                         engine=spec.name, build_commit=build_commit, build_number=build_number,
+                         settings={"reps": reps_n, "n_batch": batch, "seed": seed_n, "warmup": not no_warmup,
+                                   "threads": plan.threads, "tests": [t.name for t in tests]})
+    out = Output(fmt, result)
     show = sys.stderr.isatty() if progress is None else progress
     from tqdm import tqdm
 
@@ -235,10 +249,12 @@ def bench(model, n_prompt, n_gen, pg, n_depth, reps, threads, n_batch, fmt, engi
             try:
                 settings = engines.engine_settings(spec, n_threads=n_threads, n_ctx=n_ctx, numerics=numerics,
                                                    n_batch=batch, model=path)
+                result.settings.setdefault("engine", settings)  # the engine's own (first thread count's)
                 allowed = token_ids_for_model(gguf, eng.n_vocab)
                 if spec.is_reference:  # llama-bench prints llama.cpp's own description (llama_model_desc)
                     llama_type = eng.model_info.get("model_type", model_desc["model_type"])
                     model_desc = dict(model_desc, model_type=llama_type)
+                    result.model = model_desc
                 runner = Runner({spec.name: eng}, allowed, reps=reps_n, n_batch=batch, seed=seed_n,
                                 warmup=not no_warmup,
                                 on_progress=lambda label, test, what: bar.update(1))
@@ -258,12 +274,21 @@ def bench(model, n_prompt, n_gen, pg, n_depth, reps, threads, n_batch, fmt, engi
                            "samples", err=True)
                 out.emit(_record(last, model_desc, settings, build_commit, cpu, started))
         out.finish()
+        result.complete = False
+        _save(result, json_path)
         raise
     bar.close()
     out.finish()
+    _save(result, json_path)
 
 
-def _record(m, model_desc, settings, build_commit, cpu, test_time) -> dict:
+def _save(result: BenchResult, json_path: str | None) -> None:
+    if json_path:
+        atomic_write_json(json_path, result.to_dict())
+        click.echo(f"json: {json_path}", err=True)
+
+
+def _record(m, model_desc, settings, build_commit, cpu, test_time) -> BenchRow:
     return make_record(model=model_desc, settings=settings, n_prompt=m.test.n_prompt, n_gen=m.test.n_gen,
                        n_depth=m.test.n_depth, samples_ns=m.samples_ns, test_time=test_time,
                        build_commit=build_commit, cpu_info=cpu)

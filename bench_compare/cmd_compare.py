@@ -16,6 +16,7 @@ from bench_compare.results import REFERENCE_ENGINE
 from inference_engine.backends import BACKENDS
 from inference_engine.registries import numerics_help
 from inference_engine.model_cache import DEFAULT_MODEL
+from validation.results import CompareResult
 from bench_compare.options import Number, OutputFile, ReportDir
 
 
@@ -79,6 +80,8 @@ def compare(model, backend, engine, engine_opts, numerics, n_prompt, n_gen, n_de
     """Benchmark our engine and llama.cpp side by side, interleaved: pp, tg, tg @ depth, hot and cold TTFT and
     peak RSS, with ratios (higher is better for ours). With --engine openai:URL: a serving benchmark over HTTP."""
     spec = engines.parse_engine_spec(engine, engines.parse_engine_opts(engine_opts)) if engine else None
+    if spec is not None:
+        engines.check_timed(spec)
     if spec is not None and spec.over_http:
         return _http_compare(spec, against, model, threads, n_ctx, n_prompt, n_gen, n_depth, reps, concurrency, warmup,
                              requests_per_client, seed, json_path, report_dir, progress, quick)
@@ -173,5 +176,5 @@ def _http_compare(spec, against, model, threads, n_ctx, n_prompt, n_gen, n_depth
 
 def _partial_result(session: compare_run.CompareSession) -> dict:
     results = session.results()
-    return {"ours": session.ours_name, "reference": REFERENCE_ENGINE, "results": [r.to_dict() for r in results],
-            "ratios": session.ratios()}
+    return CompareResult(ours=session.ours_name, reference=REFERENCE_ENGINE, results=[r.to_dict() for r in results],
+                         ratios=session.ratios()).to_dict()

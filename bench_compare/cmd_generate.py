@@ -11,7 +11,7 @@ import sys
 import click
 
 from inference_engine.backends import BACKENDS
-from bench_compare.options import NON_NEGATIVE, POSITIVE, SEED, Number
+from bench_compare.options import NON_NEGATIVE, POSITIVE, SEED, Number, require_at_least
 from inference_engine.errors import GGUFParityError
 from inference_engine.registries import numerics_help
 
@@ -23,18 +23,13 @@ DEFAULT_CTX = 2048
 def _check_flags(max_tokens: int, ctx: int | None, threads: int | None, backend: str, numerics: str,
                  kv_type: str) -> None:
     """Refuse bad flags before anything slow happens (one line each, exit 2)."""
-    from inference_engine.backends import BACKENDS, KV_TYPES, NUMERICS
+    from inference_engine.backends.base import check_kv_type
+    from inference_engine.registries import check_numerics
 
-    if max_tokens < 1:
-        raise GGUFParityError(f"--max-tokens must be at least 1, got {max_tokens}")
-    if ctx is not None and ctx < 1:
-        raise GGUFParityError(f"--ctx must be at least 1, got {ctx}")
-    if threads is not None and threads < 1:
-        raise GGUFParityError(f"--threads must be at least 1, got {threads}")
+    require_at_least(1, ("--max-tokens", max_tokens), ("--ctx", ctx), ("--threads", threads))
     BACKENDS.validate(backend)
-    NUMERICS.validate(numerics)
-    if kv_type not in KV_TYPES:
-        raise GGUFParityError(f"unknown KV cache type '{kv_type}'; supported: {', '.join(KV_TYPES)}")
+    check_numerics(numerics)
+    check_kv_type(kv_type)
 
 
 @click.command("generate")

@@ -49,8 +49,8 @@ def parse_percent(text: str) -> float:
               help="Also write a baseline JSON (ratios / validation metrics) from these results.")
 def report_cmd(results: tuple[str, ...], out_dir: str | None, history: str | None, baseline: str | None,
                max_regression: str | None, write_baseline: str | None) -> None:
-    """Merge compare / validation RESULT JSONs into one Markdown report with plots; optionally append them to a
-    history CSV and fail (exit 1) when a ratio to llama.cpp or a validation metric got worse than the baseline
+    """Merge compare / validation / bench RESULT JSONs into one Markdown report with plots; optionally append them
+    to a history CSV and fail (exit 1) when a ratio to llama.cpp or a validation metric got worse than the baseline
     by more than --max-regression percent."""
     if max_regression is not None and baseline is None:
         raise GGUFParityError("--max-regression needs --baseline FILE")

@@ -10,6 +10,7 @@ import signal
 
 import click
 
+from bench_compare.options import require_at_least
 from inference_engine.errors import GGUFParityError
 
 
@@ -37,24 +38,19 @@ from inference_engine.errors import GGUFParityError
 def serve(model, backend, numerics, host, port, threads, ctx, max_batch, kv_blocks, block_size, kv_type, max_queue,
           queue_timeout, prefill_chunk, no_prefix_cache, model_id, drain, log_level) -> int:
     """Serve MODEL with an OpenAI-compatible API (/v1/completions, /v1/chat/completions, /metrics)."""
-    from inference_engine.backends import BACKENDS, KV_TYPES, NUMERICS
+    from inference_engine.backends import BACKENDS
+    from inference_engine.backends.base import check_kv_type
+    from inference_engine.registries import check_numerics
     from inference_engine.server.serve import ServerConfig
     from inference_engine.server.serve import serve as run_server
 
     if backend not in BACKENDS or backend == "mlx":
         raise GGUFParityError(f"unknown or unsupported backend '{backend}' for serving; supported: numpy, numba")
-    if numerics not in NUMERICS:
-        raise GGUFParityError(f"unknown numerics '{numerics}'; supported: {', '.join(NUMERICS)}")
-    if kv_type not in KV_TYPES:
-        raise GGUFParityError(f"unknown KV cache type '{kv_type}'; supported: {', '.join(KV_TYPES)}")
-    for name, value in (("--ctx", ctx), ("--max-batch", max_batch), ("--block-size", block_size),
-                        ("--max-queue", max_queue), ("--prefill-chunk", prefill_chunk)):
-        if value < 1:
-            raise GGUFParityError(f"{name} must be at least 1, got {value}")
-    if threads is not None and threads < 1:
-        raise GGUFParityError(f"--threads must be at least 1, got {threads}")
-    if kv_blocks is not None and kv_blocks < 1:
-        raise GGUFParityError(f"--kv-blocks must be at least 1, got {kv_blocks}")
+    check_numerics(numerics)
+    check_kv_type(kv_type)
+    require_at_least(1, ("--ctx", ctx), ("--max-batch", max_batch), ("--block-size", block_size),
+                     ("--max-queue", max_queue), ("--prefill-chunk", prefill_chunk), ("--threads", threads),
+                     ("--kv-blocks", kv_blocks))
     if queue_timeout <= 0:
         raise GGUFParityError(f"--queue-timeout must be positive, got {queue_timeout}")
     config = ServerConfig(model=model, backend=backend, numerics=numerics, threads=threads, ctx=ctx,

@@ -44,7 +44,8 @@ from bench_compare.results import (
     TestResult,
     compute_ratios,
     from_measurement,
-    run_metadata,
+    model_description,
+    provenance,
 )
 from bench_compare.timing import NS_PER_S, Clock
 from inference_engine.errors import GGUFParityError
@@ -445,15 +446,14 @@ def _run_with_engines(cfg, session, made, gguf, path, n_threads, n_ctx, max_ctx,
 
 def build_result(session: CompareSession, gguf) -> dict[str, Any]:
     results = session.results()
-    meta = run_metadata(gguf, session.settings)
     return CompareResult(
         ours=session.ours_name,
         reference=REFERENCE_ENGINE,
         backend=session.config.backend,
         numerics=session.config.numerics,
-        model=meta.pop("model"),
-        settings=meta.pop("settings"),
-        provenance=meta,
+        model=model_description(gguf),
+        settings=session.settings,
+        provenance=provenance(),
         results=[r.to_dict() for r in results],
         ratios=compute_ratios(results, session.ours_name, REFERENCE_ENGINE),
         ratio_orientation="higher is better for ours: throughput ours/llamacpp, time and memory llamacpp/ours",

@@ -51,13 +51,14 @@ ENGINE_SCHEMES: dict[str, str] = {
     "cmd": "bench_compare.adapters.command:open_engine",  # a program run per request, writing such dumps
     "hf": "bench_compare.adapters.hf_transformers:open_engine",  # Hugging Face transformers on the same GGUF
 }
-# Per-scheme facts that need no import: ``usage`` (what to type, where it is not ``scheme:TARGET``) and ``http``
-# (the engine is reached over HTTP: compare/validate route it to bench_compare.adapters; bench cannot drive it).
+# Per-scheme facts that need no import: ``usage`` (what to type, where it is not ``scheme:TARGET``), ``http``
+# (the engine is reached over HTTP: compare/validate route it to bench_compare.adapters; bench cannot drive it) and
+# ``timed`` (False: nothing it does measures the engine's speed, so bench and compare refuse it; default True).
 ENGINE_META: dict[str, dict[str, Any]] = {
     "openai": {"usage": "openai:URL", "http": True},
     "llamacpp-server": {"usage": "llamacpp-server", "http": True},
-    "dump": {"usage": "dump:DIR"},
-    "cmd": {"usage": "'cmd:PROGRAM ARGS {request} {out}'"},
+    "dump": {"usage": "dump:DIR", "timed": False},  # a file written earlier: no run to time
+    "cmd": {"usage": "'cmd:PROGRAM ARGS {request} {out}'", "timed": False},  # a process per request, read back
     "hf": {"usage": "hf:[MODEL]"},
 }
 ENGINE_ENTRY_POINT_GROUP = "gguf_parity.engines"
@@ -105,6 +106,11 @@ class EngineSpec:
     def over_http(self) -> bool:
         """An engine reached over HTTP (``openai:URL``, ``llamacpp-server``): see bench_compare.adapters."""
         return not self.is_plugin and bool(ENGINES.info(self.scheme).get("http"))
+
+    @property
+    def timed(self) -> bool:
+        """False for engines whose runs measure nothing of their speed (``timed`` in :data:`ENGINE_META`)."""
+        return self.is_plugin or bool(ENGINES.info(self.scheme).get("timed", True))
 
     @property
     def is_reference(self) -> bool:
@@ -204,6 +210,15 @@ def parse_engine_opts(pairs: Iterable[str]) -> tuple[tuple[str, str], ...]:
             raise GGUFParityError(f"--engine-opt '{pair}' is not KEY=VALUE")
         out.append((key.strip(), value))
     return tuple(out)
+
+
+def check_timed(spec: EngineSpec) -> None:
+    """The one refusal ``bench`` and ``compare`` give an engine that cannot be timed (``timed: False``)."""
+    if not spec.timed:
+        untimed = ", ".join(str(ENGINES.info(n).get("usage", n)) for n in ENGINES
+                            if not ENGINES.info(n).get("timed", True))
+        raise GGUFParityError(f"'{spec.name}' cannot be timed: {untimed} engines hand back tensors an engine wrote "
+                              "and nothing measures their speed; use them with bench-compare validate")
 
 
 def check_numerics(numerics: str) -> str:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from validation.atomic import atomic_write_json
-from bench_compare.report import (RATIO_KINDS, classify, load_json, markdown_table, ratios_of,
+from bench_compare.report import (GATED_KINDS, RATIO_KINDS, classify, load_json, markdown_table, ratios_of,
                                   validation_metrics)
 from bench_compare.results import utc_now
 from inference_engine.errors import GGUFParityError
@@ -65,6 +65,9 @@ def load_baseline(path: str | Path) -> dict[str, Any]:
     if not isinstance(obj, dict):
         raise shape_error
     kind = classify(obj)
+    if kind is not None and kind not in GATED_KINDS:
+        raise GGUFParityError(f"{path}: a {kind} result holds absolute speeds, which move with the machine and are "
+                              "not gated; use a compare result (ratios to llama.cpp) or a validation result")
     if kind in RATIO_KINDS:
         ratios, validation = ratios_of({**obj, "_kind": kind}), None
     elif kind is not None:
@@ -94,6 +97,8 @@ def make_baseline(results: list[dict[str, Any]]) -> dict[str, Any]:
     ratios: dict[str, float] = {}
     validation: dict[str, Any] = {}
     for r in results:
+        if r["_kind"] not in GATED_KINDS:
+            continue
         if r["_kind"] in RATIO_KINDS:
             for test, v in ratios_of(r).items():
                 if v is not None and math.isfinite(v):
@@ -124,6 +129,8 @@ def check(results: list[dict[str, Any]], baseline: dict[str, Any], max_regressio
     frac = max_regression_pct / 100.0
     checks: list[Check] = []
     for r in results:
+        if r["_kind"] not in GATED_KINDS:
+            continue
         if r["_kind"] in RATIO_KINDS:
             current = {k: (v, True) for k, v in ratios_of(r).items() if v is not None}
             base = baseline.get("ratios", {})
@@ -145,8 +152,8 @@ def check(results: list[dict[str, Any]], baseline: dict[str, Any], max_regressio
                 regressed = not (value <= limit)
             checks.append(Check(r["_source"], metric, b, float(value), higher, limit, regressed))
     if not checks:
-        have = sorted({k for r in results for k in (ratios_of(r) if r["_kind"] in RATIO_KINDS
-                                                    else validation_metrics(r))})
+        have = sorted({k for r in results if r["_kind"] in GATED_KINDS
+                       for k in (ratios_of(r) if r["_kind"] in RATIO_KINDS else validation_metrics(r))})
         want = sorted(set(baseline.get("ratios", {})) | set(baseline.get("validation", {})))
         raise GGUFParityError(
             f"the baseline shares no metric with the results (baseline: {', '.join(want) or 'none'}; results: "

@@ -16,21 +16,19 @@ import io
 import json
 import math
 from collections.abc import Iterable, Sequence
+from dataclasses import fields
 from typing import Any
 
 from bench_compare.measure import llama_bench_test_name
 from bench_compare.timing import sample_stddev, tokens_per_second
+from validation.results import BenchRow
 
 OUTPUT_FORMATS = ("md", "json", "jsonl", "csv")
 
-# llama-bench's test::get_fields() order, minus GPU / offload-only fields, plus ours after ``backends``.
-LLAMA_BENCH_FIELDS: tuple[str, ...] = (
-    "build_commit", "build_number", "cpu_info", "gpu_info", "backends", "engine", "numerics",
-    "model_filename", "model_type", "model_size", "model_n_params", "n_batch", "n_ubatch", "n_threads",
-    "type_k", "type_v", "flash_attn", "n_prompt", "n_gen", "n_depth",
-    "test_time", "avg_ns", "stddev_ns", "avg_ts", "stddev_ts",
-)
+# The record's fields (:class:`validation.results.BenchRow`): llama-bench's test::get_fields() order, minus GPU /
+# offload-only fields, plus ours after ``backends``; then the samples (JSON only).
 SAMPLE_FIELDS: tuple[str, ...] = ("samples_ns", "samples_ts")
+LLAMA_BENCH_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(BenchRow) if f.name not in SAMPLE_FIELDS)
 
 
 # markdown_printer::get_field_width: negative = left-aligned.
@@ -57,41 +55,41 @@ def make_record(
     build_commit: str,
     build_number: int = 0,
     cpu_info: str = "",
-) -> dict[str, Any]:
+) -> BenchRow:
     """One llama-bench result object. ``model`` is :func:`bench_compare.results.model_description`'s dict and
     ``settings`` :func:`bench_compare.engines.engine_settings`'s."""
     samples_ns = [int(s) for s in samples_ns]
     n_tokens = n_prompt + n_gen
     samples_ts = [tokens_per_second(n_tokens, s) for s in samples_ns]
-    return {
-        "build_commit": build_commit,
-        "build_number": int(build_number),
-        "cpu_info": cpu_info,
-        "gpu_info": "",
-        "backends": settings["backend"],  # llama.cpp's settings say "CPU", as llama-bench prints
-        "engine": settings["engine"],
-        "numerics": settings["numerics"],
-        "model_filename": model["path"],
-        "model_type": model["model_type"],
-        "model_size": int(model["size_bytes"]),
-        "model_n_params": int(model["n_params"]),
-        "n_batch": int(settings["n_batch"]),
-        "n_ubatch": int(settings["n_ubatch"]),
-        "n_threads": int(settings["n_threads"]),
-        "type_k": settings.get("type_k", UNKNOWN_SETTING),  # a plugin engine need not say
-        "type_v": settings.get("type_v", UNKNOWN_SETTING),
-        "flash_attn": flash_attn_value(settings.get("flash_attn")),
-        "n_prompt": int(n_prompt),
-        "n_gen": int(n_gen),
-        "n_depth": int(n_depth),
-        "test_time": test_time,
-        "avg_ns": sum(samples_ns) // len(samples_ns) if samples_ns else 0,
-        "stddev_ns": int(sample_stddev(samples_ns)),
-        "avg_ts": math.fsum(samples_ts) / len(samples_ts) if samples_ts else 0.0,
-        "stddev_ts": sample_stddev(samples_ts),
-        "samples_ns": samples_ns,
-        "samples_ts": samples_ts,
-    }
+    return BenchRow(
+        build_commit=build_commit,
+        build_number=int(build_number),
+        cpu_info=cpu_info,
+        gpu_info="",
+        backends=settings["backend"],  # llama.cpp's settings say "CPU", as llama-bench prints
+        engine=settings["engine"],
+        numerics=settings["numerics"],
+        model_filename=model["path"],
+        model_type=model["model_type"],
+        model_size=int(model["size_bytes"]),
+        model_n_params=int(model["n_params"]),
+        n_batch=int(settings["n_batch"]),
+        n_ubatch=int(settings["n_ubatch"]),
+        n_threads=int(settings["n_threads"]),
+        type_k=settings.get("type_k", UNKNOWN_SETTING),  # a plugin engine need not say
+        type_v=settings.get("type_v", UNKNOWN_SETTING),
+        flash_attn=flash_attn_value(settings.get("flash_attn")),
+        n_prompt=int(n_prompt),
+        n_gen=int(n_gen),
+        n_depth=int(n_depth),
+        test_time=test_time,
+        avg_ns=sum(samples_ns) // len(samples_ns) if samples_ns else 0,
+        stddev_ns=int(sample_stddev(samples_ns)),
+        avg_ts=math.fsum(samples_ts) / len(samples_ts) if samples_ts else 0.0,
+        stddev_ts=sample_stddev(samples_ts),
+        samples_ns=samples_ns,
+        samples_ts=samples_ts,
+    )
 
 
 UNKNOWN_SETTING = "unknown"
@@ -128,16 +126,16 @@ def format_params(n: int) -> str:
     return f"{n / 1e6:.2f} M" if n < 1000**3 else f"{n / 1e9:.2f} B"
 
 
-def markdown_row(record: dict[str, Any]) -> str:
+def markdown_row(record: BenchRow) -> str:
     values = {
-        "model": record["model_type"],
-        "size": format_size(record["model_size"]),
-        "params": format_params(record["model_n_params"]),
-        "backend": record["backends"],
-        "n_threads": str(record["n_threads"]),
-        "test": llama_bench_test_name(record["n_prompt"], record["n_gen"], record["n_depth"]),
+        "model": record.model_type,
+        "size": format_size(record.model_size),
+        "params": format_params(record.model_n_params),
+        "backend": record.backends,
+        "n_threads": str(record.n_threads),
+        "test": llama_bench_test_name(record.n_prompt, record.n_gen, record.n_depth),
         # llama-bench pads to 21 *bytes* because "±" is 2 bytes in UTF-8: 20 visible characters.
-        "t/s": f"{record['avg_ts']:.2f} ± {record['stddev_ts']:.2f}",
+        "t/s": f"{record.avg_ts:.2f} ± {record.stddev_ts:.2f}",
     }
     return "|" + "".join(_cell(values[key], width) for key, _, width in _MD_COLUMNS)
 
@@ -146,26 +144,22 @@ def markdown_footer(build_commit: str, build_number: int | str) -> str:
     return f"\nbuild: {build_commit} ({build_number})"
 
 
-def format_markdown(records: Iterable[dict[str, Any]], build_commit: str = "", build_number: int | str = 0) -> str:
+def format_markdown(records: Iterable[BenchRow], build_commit: str = "", build_number: int | str = 0) -> str:
     lines = [markdown_header()] + [markdown_row(r) for r in records]
     return "\n".join(lines) + "\n" + markdown_footer(build_commit, build_number) + "\n"
 
 
 # --- json / jsonl / csv -----------------------------------------------------------------------------------------
-def _ordered(record: dict[str, Any]) -> dict[str, Any]:
-    return {k: record[k] for k in LLAMA_BENCH_FIELDS + SAMPLE_FIELDS if k in record}
-
-
-def format_json(records: Iterable[dict[str, Any]]) -> str:
+def format_json(records: Iterable[BenchRow]) -> str:
     """A JSON array of result objects, as ``llama-bench -o json`` prints."""
-    return json.dumps([_ordered(r) for r in records], indent=2) + "\n"
+    return json.dumps([r.to_dict() for r in records], indent=2) + "\n"
 
 
-def format_jsonl_line(record: dict[str, Any]) -> str:
-    return json.dumps(_ordered(record)) + "\n"
+def format_jsonl_line(record: BenchRow) -> str:
+    return json.dumps(record.to_dict()) + "\n"
 
 
-def format_jsonl(records: Iterable[dict[str, Any]]) -> str:
+def format_jsonl(records: Iterable[BenchRow]) -> str:
     return "".join(format_jsonl_line(r) for r in records)
 
 
@@ -173,11 +167,11 @@ def csv_header() -> str:
     return ",".join(LLAMA_BENCH_FIELDS) + "\n"
 
 
-def csv_row(record: dict[str, Any]) -> str:
+def csv_row(record: BenchRow) -> str:
     """llama-bench quotes every CSV value (and leaves the samples out)."""
     buf = io.StringIO()
     writer = csv.writer(buf, quoting=csv.QUOTE_ALL, lineterminator="\n")
-    writer.writerow([_csv_value(record[k]) for k in LLAMA_BENCH_FIELDS])
+    writer.writerow([_csv_value(getattr(record, k)) for k in LLAMA_BENCH_FIELDS])
     return buf.getvalue()
 
 
@@ -189,5 +183,5 @@ def _csv_value(value: Any) -> str:
     return str(value)
 
 
-def format_csv(records: Iterable[dict[str, Any]]) -> str:
+def format_csv(records: Iterable[BenchRow]) -> str:
     return csv_header() + "".join(csv_row(r) for r in records)

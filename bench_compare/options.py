@@ -85,6 +85,16 @@ POSITIVE = Integer(1)
 NON_NEGATIVE = Integer(0)
 
 
+def require_at_least(minimum: int, *flags: tuple[str, int | None]) -> None:
+    """Each ``(flag, value)`` given (``None``: not given) is at least ``minimum``; else one line naming the flag.
+    For flags checked after Click (their defaults come from elsewhere or they are plain ``int`` options)."""
+    from inference_engine.errors import GGUFParityError
+
+    for name, value in flags:
+        if value is not None and value < minimum:
+            raise GGUFParityError(f"{name} must be at least {minimum}, got {value}")
+
+
 class OutputFile(click.ParamType):
     """A file to be written at the end of the run; checked now. ``append``: it may exist (a history CSV)."""
 

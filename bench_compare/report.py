@@ -7,9 +7,13 @@ The kinds of result understood, by their ``kind`` (:mod:`validation.results`):
 * validation results (``bench-compare validate``, :class:`~validation.results.ValidationResult`): ``passed``,
   ``tensors`` ``[{name, nmse, ...}]`` and ``logits`` ``{kld_mean, kld_max, top1_agreement}``;
 * HTTP results (``compare`` / ``validate --engine openai:URL``, :class:`~validation.results.HttpCompareResult`,
-  :class:`~validation.results.HttpValidateResult`): ratios per test and metric, top-k logprob fidelity.
+  :class:`~validation.results.HttpValidateResult`): ratios per test and metric, top-k logprob fidelity;
+* bench results (``bench --json``, :class:`~validation.results.BenchResult`): llama-bench's rows, t/s per test
+  (reported and kept in the history, never gated: absolute speeds move with the machine).
 
-Files written before results carried a ``kind`` are upgraded on load (:func:`validation.results.upgrade_legacy`).
+Files written before results carried a ``kind`` are upgraded on load (:func:`validation.results.upgrade_legacy`;
+that includes a JSON array of llama-bench rows, what ``bench -o json`` and llama-bench's ``-o json`` print). Every
+file is read through its typed class (:data:`validation.results.RESULT_KINDS`).
 Anything else is refused with a one-line error. Every file is written atomically (:mod:`validation.atomic`).
 Plots use matplotlib's Agg canvas directly (no pyplot, no display needed).
 """
@@ -26,14 +30,16 @@ from typing import Any
 from validation.atomic import atomic_open, atomic_write_bytes, atomic_write_text
 from bench_compare.results import utc_now
 from validation.provenance import cpu_isa_label
-from validation.results import (CompareResult, HttpCompareResult, HttpValidateResult, ValidationResult, result_class,
-                                upgrade_legacy)
+from validation.results import (BenchResult, CompareResult, HttpCompareResult, HttpValidateResult, ValidationResult,
+                                result_class, upgrade_legacy)
 from inference_engine.errors import GGUFParityError
+from bench_compare.measure import llama_bench_test_name
 
 KIND_COMPARE = "compare"
 KIND_VALIDATION = "validation"
 KIND_HTTP_COMPARE = HttpCompareResult.kind  # bench_compare.adapters.http_bench results
 KIND_HTTP_VALIDATE = HttpValidateResult.kind  # bench_compare.adapters.http_fidelity results
+KIND_BENCH = "bench"
 RATIO_KINDS = (KIND_COMPARE, KIND_HTTP_COMPARE)  # results whose gateable numbers are ratios
 WORST_TENSORS_SHOWN = 10
 
@@ -44,7 +50,9 @@ ENGINE_TITLES = {"llamacpp": "llama.cpp"}
 # --- loading ----------------------------------------------------------------------------------------------------
 # result kind (the JSON's "kind") -> the section of the report it goes to
 REPORT_SECTIONS = {CompareResult.kind: KIND_COMPARE, ValidationResult.kind: KIND_VALIDATION,
-                   HttpCompareResult.kind: KIND_HTTP_COMPARE, HttpValidateResult.kind: KIND_HTTP_VALIDATE}
+                   HttpCompareResult.kind: KIND_HTTP_COMPARE, HttpValidateResult.kind: KIND_HTTP_VALIDATE,
+                   BenchResult.kind: KIND_BENCH}
+GATED_KINDS = (KIND_COMPARE, KIND_VALIDATION, KIND_HTTP_COMPARE, KIND_HTTP_VALIDATE)  # bench: absolute speeds
 
 
 def classify(obj: Any) -> str | None:
@@ -69,9 +77,15 @@ def load_result(path: str | Path) -> dict[str, Any]:
     if kind is None:
         raise GGUFParityError(
             f"{path}: not a gguf-parity result (expected a compare JSON with 'results' and 'ratios', or a "
-            "validation JSON with 'passed', 'tensors' and 'logits', or an HTTP compare / validate JSON)")
-    result_class(obj, str(path))  # refuses a schema newer than this version reads
-    obj = dict(obj)
+            "validation JSON with 'passed', 'tensors' and 'logits', an HTTP compare / validate JSON, or a bench "
+            "JSON: bench --json, or the array of rows bench -o json and llama-bench -o json print)")
+    cls = result_class(obj, str(path))  # refuses a schema newer than this version reads
+    version = obj.get("schema_version", 0)
+    try:
+        obj = cls.from_dict(obj).to_dict()  # through the typed record: every field there, rows typed and checked
+    except GGUFParityError as exc:
+        raise GGUFParityError(f"{path}: {exc}") from None
+    obj["schema_version"] = version  # as written (0: upgraded from an old file)
     obj["_kind"] = kind
     obj["_source"] = str(path)
     return obj
@@ -287,6 +301,8 @@ def render_report(results: list[dict[str, Any]], images: dict[int, dict[str, str
             body = (http_bench if r["_kind"] == KIND_HTTP_COMPARE else http_fidelity).markdown(r)
             lines += [("#" + line) if line.startswith("#") else line for line in body.splitlines()]
             lines += ["", f"Source: `{r['_source']}`", ""]
+        elif r["_kind"] == KIND_BENCH:
+            lines += bench_section(r)
         elif r["_kind"] == KIND_COMPARE:
             model = r.get("model", {}).get("filename", "?")
             lines += [f"## Speed: {r.get('ours')} vs llama.cpp on {model}", "",
@@ -322,11 +338,40 @@ def render_report(results: list[dict[str, Any]], images: dict[int, dict[str, str
     return "\n".join(lines)
 
 
+def bench_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per llama-bench test: {test, n_threads, avg_ts, stddev_ts, n} (t/s as llama-bench reports it)."""
+    return [{"test": llama_bench_test_name(row["n_prompt"], row["n_gen"], row["n_depth"]),
+             "n_threads": row["n_threads"], "avg_ts": row["avg_ts"], "stddev_ts": row["stddev_ts"],
+             "n": len(row.get("samples_ns") or [])} for row in result.get("rows", [])]
+
+
+def bench_section(r: dict[str, Any]) -> list[str]:
+    """A bench result's part of the report: what ran, then llama-bench's t/s per test."""
+    model = r.get("model") or {}
+    name = model.get("filename") or Path(str(model.get("path") or "?")).name
+    git = r.get("git") or {}
+    facts = [f"build {r.get('build_commit') or '?'} ({r.get('build_number') or '?'})"]
+    if git.get("sha"):
+        facts.append(f"git {str(git['sha'])[:10]}{'+dirty' if git.get('dirty') else ''}")
+    if r.get("machine"):
+        facts.append(cpu_isa_label(r["machine"]))
+    elif r.get("rows"):  # an old file: llama-bench's own cpu_info
+        facts.append(str(r["rows"][0].get("cpu_info") or "?"))
+    if r.get("date"):
+        facts.append(str(r["date"]))
+    rows = [[row["test"], str(row["n_threads"]), f"{row['avg_ts']:.2f} ± {row['stddev_ts']:.2f}", str(row["n"])]
+            for row in bench_rows(r)]
+    lines = [f"## Bench: {r.get('engine') or '?'} on {name}", "", f"Source: `{r['_source']}`  ", ", ".join(facts),
+             ""]
+    if not r.get("complete", True):
+        lines += ["> Interrupted: the last test holds fewer samples than planned.", ""]
+    return lines + [markdown_table(["test", "threads", "t/s", "samples"], rows, "lrrr"), ""]
+
+
 def _validation_title(r: dict[str, Any]) -> str:
-    model = r.get("model")
-    if isinstance(model, dict):
-        model = model.get("filename") or model.get("path") or model.get("name")
-    engine = r.get("engine") or r.get("ours") or (f"ours:{r['backend']}" if r.get("backend") else "")
+    identity = r.get("model") or {}  # a dict in every kind (old shapes upgraded on load)
+    model = identity.get("filename") or identity.get("path") or identity.get("name")
+    engine = r.get("engine") or ""
     return " ".join(str(x) for x in (engine, "on" if engine and model else "", model or "") if x).strip() or "result"
 
 
@@ -362,13 +407,12 @@ def write_report(results: list[dict[str, Any]], out_dir: str | Path, gate_sectio
 
 # --- history ----------------------------------------------------------------------------------------------------
 def history_row(r: dict[str, Any]) -> dict[str, Any]:
-    model = r.get("model") if isinstance(r.get("model"), dict) else {"filename": r.get("model")}
-    git = r.get("git") if isinstance(r.get("git"), dict) else {}
+    model, git = r.get("model") or {}, r.get("git") or {}  # old shapes were upgraded on load (upgrade_legacy)
     row: dict[str, Any] = {
         "recorded": utc_now(),
         "date": r.get("date"),
         "kind": r["_kind"],
-        "git_sha": git.get("sha") or r.get("git_sha"),
+        "git_sha": git.get("sha"),
         "git_dirty": git.get("dirty"),
         "model": model.get("filename") or model.get("name"),
         "model_sha256": model.get("sha256"),
@@ -385,6 +429,11 @@ def history_row(r: dict[str, Any]) -> dict[str, Any]:
     elif r["_kind"] == KIND_HTTP_COMPARE:
         row["engine"] = r.get("engine")
         row.update({f"ratio:{name}": v for name, v in ratios_of(r).items()})
+    elif r["_kind"] == KIND_BENCH:
+        row.update({"engine": r.get("engine"), "numerics": r.get("numerics"),
+                    "cpu": cpu_isa_label(r.get("machine") or {}) if r.get("machine") else None})
+        for b in bench_rows(r):
+            row[f"{r.get('engine')}:{b['test']} t={b['n_threads']} [t/s]"] = b["avg_ts"]
     else:
         row["engine"] = r.get("engine")
         row.update({k: v for k, v in validation_metrics(r).items()})

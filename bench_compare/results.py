@@ -23,12 +23,8 @@ from validation.provenance import (  # noqa: F401  (re-exported: the harness rea
     provenance,
     utc_now,
 )
-from validation.results import CompareResult
 
-COMPARE_KIND = CompareResult.kind
-SCHEMA_VERSION = CompareResult.schema_version
 REFERENCE_ENGINE = "llamacpp"
-
 
 
 @dataclass
@@ -134,10 +130,3 @@ def model_type_label(architecture: str, n_params: int, quant: str) -> str:
         size = f"{round(n_params / 1e6)}M"
     return f"{architecture} {size} {quant}"
 
-
-def run_metadata(gguf_file, settings: dict[str, Any]) -> dict[str, Any]:
-    return {
-        **provenance(),
-        "model": model_description(gguf_file),
-        "settings": settings,
-    }

@@ -62,6 +62,28 @@ def test_forbidden_imports():
     assert not bad, "layering broken:\n" + "\n".join(bad)
 
 
+LIBRARY_LOADERS = ("CDLL", "PyDLL", "LoadLibrary", "find_library", "load_library")
+
+
+def loaded_libraries(path: Path) -> set[str]:
+    """String names handed to a shared-library loader or locator (``ctypes.CDLL("libggml-cpu.so")``, ...)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    return {arg.value for node in ast.walk(tree) if isinstance(node, ast.Call)
+            and getattr(node.func, "attr", getattr(node.func, "id", "")) in LIBRARY_LOADERS
+            for arg in node.args if isinstance(arg, ast.Constant) and isinstance(arg.value, str)}
+
+
+def test_engine_locates_no_llamacpp_library(tmp_path):
+    """llama.cpp's libraries (libggml*, libllama) are located and loaded on the reference side only
+    (``validation.ggml_libs``); the engine loads nothing but the C maths library."""
+    bad = [f"{path.relative_to(ROOT).as_posix()} loads {name}" for path in package_files("inference_engine")
+           for name in loaded_libraries(path) if "ggml" in name or "llama" in name]
+    assert not bad, "\n".join(bad)
+    sample = tmp_path / "sample.py"  # the checker itself sees each way of naming a library
+    sample.write_text("ctypes.CDLL('libggml-cpu.so')\nctypes.util.find_library('llama')\nload_library('x')\n")
+    assert loaded_libraries(sample) == {"libggml-cpu.so", "llama", "x"}
+
+
 def test_no_cycle_between_packages():
     graph = {p: set() for p in PACKAGES}
     for package in PACKAGES:

@@ -1,8 +1,8 @@
-"""Typed, versioned result records: what ``validate`` and ``compare`` write (in-process engines, and HTTP engines
-through ``bench_compare.adapters``), and what ``report`` reads.
+"""Typed, versioned result records: what ``validate``, ``compare`` and ``bench`` write (in-process engines, and HTTP
+engines through ``bench_compare.adapters``), and what ``report`` reads.
 
-(``bench`` writes llama-bench's own row format, unchanged, so that llama-bench tooling reads it; it has no record
-here.)
+``bench`` prints llama-bench's own row format (``-o md|csv|json|jsonl``), rendered from its :class:`BenchResult`'s
+typed rows (:class:`BenchRow`, one llama-bench result object each); ``bench --json FILE`` writes the record itself.
 
 Each result is a dataclass with a ``kind`` and a ``schema_version`` (class constants written into the JSON) and one
 provenance block (:func:`validation.provenance.provenance`). JSON is written from them (``to_dict``); ``report`` finds
@@ -15,6 +15,7 @@ The classes live here, on the reference side, because both ``validation`` (which
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
@@ -76,8 +77,13 @@ class ValidationResult(Result):
     free_running: dict[str, Any] | None = None
     tokenizer: dict[str, Any] | None = None
     smoke: dict[str, Any] | None = None
+    not_checked: dict[str, str] = field(default_factory=dict)  # check -> why the engine could not give it
+    decode_steps: dict[str, Any] | None = None  # --decode-steps
+    corpus_kld: dict[str, Any] | None = None  # --corpus-kld
+    logit_lens: list[dict[str, Any]] | None = None  # --logit-lens (diagnostic)
     engines: dict[str, Any] = field(default_factory=dict)
-    extra: dict[str, Any] = field(default_factory=dict)  # optional sections (logit_lens)
+    engine_notes: list[str] = field(default_factory=list)  # what an outside engine did and did not provide
+    extra: dict[str, Any] = field(default_factory=dict)  # sections this version does not know
 
 
 @dataclass
@@ -130,26 +136,134 @@ class HttpValidateResult(Result):
     extra: dict[str, Any] = field(default_factory=dict)  # prompt, greedy, echo, positions, noise floor, notes
 
 
+SAMPLES_OPTIONAL = ("samples_ns", "samples_ts")  # llama-bench's csv and md carry none
+
+
+@dataclass
+class BenchRow:
+    """One llama-bench result object (one test on one engine), fields in llama-bench's ``test::get_fields()`` order
+    (GPU-only fields left out, ``engine`` and ``numerics`` added), then the per-repetition samples.
+    :func:`bench_compare.llamabench_format.make_record` fills it; the formats there print it."""
+
+    build_commit: str
+    build_number: int
+    cpu_info: str
+    gpu_info: str
+    backends: str
+    engine: str
+    numerics: str
+    model_filename: str
+    model_type: str
+    model_size: int
+    model_n_params: int
+    n_batch: int
+    n_ubatch: int
+    n_threads: int
+    type_k: str
+    type_v: str
+    flash_attn: int
+    n_prompt: int
+    n_gen: int
+    n_depth: int
+    test_time: str
+    avg_ns: int
+    stddev_ns: int
+    avg_ts: float
+    stddev_ts: float
+    samples_ns: list[int] = field(default_factory=list)
+    samples_ts: list[float] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The llama-bench JSON object, keys in llama-bench's order."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_dict(cls, obj: dict[str, Any]) -> BenchRow:
+        """A row from llama-bench JSON (ours or llama-bench's own: its GPU-only fields are dropped; ``engine`` and
+        ``numerics``, which llama-bench does not write, default to what it runs)."""
+        names = [f.name for f in fields(cls)]
+        # llama-bench does not write engine / numerics; gpu_info is GPU-only; n_depth came with llama-bench's -d
+        defaults = {"engine": "llamacpp", "numerics": "ggml", "gpu_info": "", "n_depth": 0}
+        given = {**defaults, **{k: v for k, v in obj.items() if k in names}} if isinstance(obj, dict) else {}
+        missing = [n for n in names if n not in given and n not in SAMPLES_OPTIONAL]
+        if missing:
+            raise GGUFParityError(f"a bench row lacks {', '.join(missing)} (a llama-bench result object has them)")
+        return cls(**given)
+
+
+@dataclass
+class BenchResult(Result):
+    """``bench-compare bench``: llama-bench's tests on one engine. ``rows`` are llama-bench's result objects, in the
+    order the tests ran; ``complete`` is False when Ctrl-C cut the run short (the last row may hold fewer samples
+    than ``settings["reps"]``)."""
+
+    kind: ClassVar[str] = "gguf-parity-bench"
+    schema_version: ClassVar[int] = 1
+    engine: str = ""
+    build_commit: str = ""
+    build_number: str = ""
+    settings: dict[str, Any] = field(default_factory=dict)
+    rows: list[BenchRow] = field(default_factory=list)
+    complete: bool = True
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**super().to_dict(), "rows": [row.to_dict() for row in self.rows]}
+
+    @classmethod
+    def from_dict(cls, obj: dict[str, Any]) -> BenchResult:
+        made = super().from_dict(obj)
+        if not isinstance(made.rows, list):
+            raise GGUFParityError("a bench result's rows must be a list of llama-bench result objects")
+        made.rows = [row if isinstance(row, BenchRow) else BenchRow.from_dict(row) for row in made.rows]
+        return made
+
+
 # kind -> result class
 RESULT_KINDS: Registry[type[Result]] = Registry("result kind", {
     ValidationResult.kind: ValidationResult,
     CompareResult.kind: CompareResult,
     HttpCompareResult.kind: HttpCompareResult,
     HttpValidateResult.kind: HttpValidateResult,
+    BenchResult.kind: BenchResult,
 }, base=Result)
 
 
 def upgrade_legacy(obj: Any) -> dict[str, Any] | None:
     """A result file written before results carried ``kind`` (schema 0), with its kind filled in; None if it is
     not one. Compare files had ``kind`` from the start; validation files are recognised by their verdict and
-    tensors or logits."""
+    tensors or logits; bench files by being what ``bench -o json`` prints (and llama-bench's own ``-o json``): an
+    array of llama-bench result objects."""
+    if isinstance(obj, list) and obj and all(isinstance(row, dict) and {"avg_ns", "n_prompt", "n_gen"} <= set(row)
+                                             for row in obj):
+        first = obj[0]
+        return {"kind": BenchResult.kind, "schema_version": 0, "engine": first.get("engine", "llamacpp"),
+                "numerics": first.get("numerics", ""), "build_commit": first.get("build_commit", ""),
+                "build_number": str(first.get("build_number", "")),
+                "model": {"path": first.get("model_filename"), "model_type": first.get("model_type"),
+                          "filename": os.path.basename(str(first.get("model_filename") or ""))},
+                "rows": obj}
     if not isinstance(obj, dict) or "kind" in obj:
         return obj if isinstance(obj, dict) and obj.get("kind") in RESULT_KINDS else None
     if isinstance(obj.get("results"), list) and isinstance(obj.get("ratios"), dict):
         return {**obj, "kind": CompareResult.kind, "schema_version": 0}
     if "passed" in obj and (isinstance(obj.get("tensors"), list) or isinstance(obj.get("logits"), dict)):
-        return {**obj, "kind": ValidationResult.kind, "schema_version": 0}
+        return {**obj, "kind": ValidationResult.kind, "schema_version": 0, **_legacy_validation_fields(obj)}
     return None
+
+
+def _legacy_validation_fields(obj: dict[str, Any]) -> dict[str, Any]:
+    """An old validation file's fields in today's shapes: the model as an identity dict (it was once a bare name),
+    the commit as ``git`` ``{sha, dirty}`` (once only the ``git_sha`` string), the engine named (once only its
+    backend)."""
+    out: dict[str, Any] = {}
+    if not isinstance(obj.get("model"), dict):
+        out["model"] = {"name": obj.get("model")}
+    if not isinstance(obj.get("git"), dict) and isinstance(obj.get("git_sha"), str):
+        sha = obj["git_sha"]
+        out["git"] = {"sha": sha.removesuffix("-dirty"), "dirty": sha.endswith("-dirty")}
+    if not obj.get("engine") and obj.get("backend"):
+        out["engine"] = f"ours:{obj['backend']}"
+    return out
 
 
 def result_class(obj: dict[str, Any], source: str = "") -> type[Result]:

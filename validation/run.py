@@ -322,74 +322,75 @@ def _validate_engines(ours: Engine, reference: Engine, gguf, options: ValidateOp
     if ours_free_logits is None and getattr(ours, "partial_capture", False):
         not_checked["logits"] = f"{_name(ours)} provided no result_output"
         gated_logits = {"passed": None, "not_checked": not_checked["logits"]}
-    result: dict[str, Any] = {
-        "passed": False,
-        "checks": {},
-        "mode": mode,
-        "mode_reason": mode_reason,
-        "backend": options.backend,
-        "engine": options.engine or f"ours:{options.backend}",
-        "numerics": options.numerics,
-        "against": options.against,
-        "model": _model_identity(options.model, gguf),
-        "prompt": {"text": prompt, "ids": ids, "n_tokens": len(ids)},
-        "thresholds": thresholds.to_dict(),
-        **gated_diff.to_dict(),
-        "logits": gated_logits,
-        "teacher_forced": teacher,
-        "free_running": free,
-    }
+    gated = gated_diff.to_dict()
+    result = ValidationResult(
+        mode=mode,
+        mode_reason=mode_reason,
+        backend=options.backend,
+        engine=options.engine or f"ours:{options.backend}",
+        numerics=options.numerics,
+        against=options.against,
+        model=_model_identity(options.model, gguf),
+        prompt={"text": prompt, "ids": ids, "n_tokens": len(ids)},
+        thresholds=thresholds.to_dict(),
+        threshold=gated["threshold"],
+        first_failure=gated["first_failure"],
+        tensors=gated["tensors"],
+        unmatched=gated["unmatched"],
+        layers=gated["layers"],
+        logits=gated_logits,
+        teacher_forced=teacher,
+        free_running=free,
+        logit_lens=lens,
+    )
+    checks = result.checks
     # without capture() only result_output exists on our side: the tensor check did not run
-    result["checks"]["tensors"] = gated_diff.passed if supports_capture(ours) else None
-    result["checks"]["logits"] = gated_logits["passed"]
+    checks["tensors"] = gated_diff.passed if supports_capture(ours) else None
+    checks["logits"] = gated_logits["passed"]
     if mode == TEACHER_FORCED:
         # None in f32 numerics (reported, not gated), like the f32 logits themselves
-        result["checks"]["free_running"] = free["logits"].get("passed")
-    if lens is not None:
-        result["logit_lens"] = lens
+        checks["free_running"] = free["logits"].get("passed")
 
     if corpus_texts is None:
-        result["tokenizer"] = {"source": "builtin", "skipped": "no built-in corpus available", "passed": None,
-                               "cases": 0, "mismatches": 0, "first_mismatch": None, "special_tokens": None}
+        result.tokenizer = {"source": "builtin", "skipped": "no built-in corpus available", "passed": None,
+                            "cases": 0, "mismatches": 0, "first_mismatch": None, "special_tokens": None}
     else:
         try:
-            result["tokenizer"] = tokenizer_parity(ours, reference, corpus_texts, corpus_source).to_dict()
+            result.tokenizer = tokenizer_parity(ours, reference, corpus_texts, corpus_source).to_dict()
         except EngineCapabilityError as gap:
             not_checked["tokenizer"] = str(gap)
-            result["tokenizer"] = {"source": corpus_source, "skipped": str(gap), "passed": None, "cases": 0,
-                                   "mismatches": 0, "first_mismatch": None, "special_tokens": None}
-    result["checks"]["tokenizer"] = result["tokenizer"]["passed"]
+            result.tokenizer = {"source": corpus_source, "skipped": str(gap), "passed": None, "cases": 0,
+                                "mismatches": 0, "first_mismatch": None, "special_tokens": None}
+    checks["tokenizer"] = result.tokenizer["passed"]
 
     if options.smoke_tokens > 0:
         noise = free.get("reference_self_kld") or {}
         drift = GAP_SHIFT_FACTOR * float(noise.get("flip_margin_max") or 0.0)
         try:
-            result["smoke"] = greedy_smoke(ours, reference, ids, options.smoke_tokens, variants.get()[0],
-                                           drift_margin=drift).to_dict()
+            result.smoke = greedy_smoke(ours, reference, ids, options.smoke_tokens, variants.get()[0],
+                                        drift_margin=drift).to_dict()
         except EngineCapabilityError as gap:
             not_checked["smoke"] = str(gap)
-            result["smoke"] = {"skipped": str(gap), "passed": None}
-        result["checks"]["smoke"] = result["smoke"]["passed"]
-    else:
-        result["smoke"] = None
-    result["not_checked"] = not_checked
+            result.smoke = {"skipped": str(gap), "passed": None}
+        checks["smoke"] = result.smoke["passed"]
+    result.not_checked = not_checked
 
     if options.decode_steps:
-        result["decode_steps"] = _decode_steps(ours, reference, options, thresholds)
-        result["checks"]["decode_steps"] = result["decode_steps"]["passed"]
+        result.decode_steps = _decode_steps(ours, reference, options, thresholds)
+        checks["decode_steps"] = result.decode_steps["passed"]
     if options.corpus_kld is not None:
-        result["corpus_kld"] = _corpus_kld(ours, reference, options, thresholds, variants)
-        result["checks"]["corpus_kld"] = result["corpus_kld"]["passed"]
+        result.corpus_kld = _corpus_kld(ours, reference, options, thresholds, variants)
+        checks["corpus_kld"] = result.corpus_kld["passed"]
 
     # A check that did not run (None) does not fail the run; every check that ran must pass.
-    result["passed"] = all(v for v in result["checks"].values() if v is not None)
-    result["engines"] = {"ours": _info(ours), "reference": _info(reference)}
-    result["engine_notes"] = list(result["engines"]["ours"].get("notes") or [])
-    result.update(provenance(options.backend))
-    build = {k: v for k, v in result["engines"]["reference"].items() if k in REFERENCE_BUILD_KEYS}
+    result.passed = all(v for v in checks.values() if v is not None)
+    result.engines = {"ours": _info(ours), "reference": _info(reference)}
+    result.engine_notes = list(result.engines["ours"].get("notes") or [])
+    result.provenance = provenance(options.backend)
+    build = {k: v for k, v in result.engines["reference"].items() if k in REFERENCE_BUILD_KEYS}
     if build:
-        result["versions"]["reference_build"] = build
-    return ValidationResult.from_dict(result).to_dict()  # the typed, versioned record, as JSON
+        result.provenance["versions"]["reference_build"] = build
+    return result.to_dict()  # the typed, versioned record, as JSON
 
 
 def _free_running_logits(reference: Engine, ids: list[int], ref_logits, ours_logits,

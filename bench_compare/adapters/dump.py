@@ -285,7 +285,6 @@ class DumpEngine:
     ``prefill``'s logits) for the dump's ids; everything else raises :class:`EngineCapabilityError`."""
 
     partial_capture = True  # an engine dumps what it can; validation lists the rest as not provided
-    timed = False  # nothing here measures the engine's speed: bench/compare should refuse it
 
     def __init__(self, directory: str | Path, model: str | Path, *, n_ctx: int = 2048,
                  name_map: str | Path | None = None, label: str | None = None):

@@ -347,25 +347,26 @@ def build_result(cfg: HttpBenchConfig, sides: list, measured: Measurements, *, m
                  notes: list[str], error: str | None = None) -> dict[str, Any]:
     summaries = {s.name: summarize_side(measured.requests.get(s.name, []), measured.level_wall_s.get(s.name, {}))
                  for s in sides}
-    result: dict[str, Any] = {
-        "engine": sides[0].name,
-        "reference": sides[1].name if len(sides) > 1 else None,
-        "config": asdict(cfg), "model": model_info, "notes": [TTFT_NOTE, *notes],
-        "sides": {s.name: {"kind": s.kind, "settings": getattr(s, "settings", {})} for s in sides},
-        "summary": summaries,
-        "requests": {name: [asdict(r) for r in rs] for name, rs in measured.requests.items()},
-        "complete": error is None,
-    }
+    result = HttpCompareResult(
+        provenance=provenance(),
+        engine=sides[0].name,
+        reference=sides[1].name if len(sides) > 1 else None,
+        config=asdict(cfg), model=model_info, notes=[TTFT_NOTE, *notes],
+        sides={s.name: {"kind": s.kind, "settings": getattr(s, "settings", {})} for s in sides},
+        summary=summaries,
+        requests={name: [asdict(r) for r in rs] for name, rs in measured.requests.items()},
+        complete=error is None,
+    )
     if len(sides) > 1:
-        result["ratios"] = ratio_rows(summaries[sides[0].name], summaries[sides[1].name])
+        result.ratios = ratio_rows(summaries[sides[0].name], summaries[sides[1].name])
         if sides[0].name == "llamacpp-server" and sides[1].kind == "in-process":
-            result["http_overhead"] = {
+            result.extra["http_overhead"] = {
                 test: {k: (1.0 / v if v else None) for k, v in row.items() if k in ("ttft", "tpot", "e2e")}
-                for test, row in result["ratios"].items()
+                for test, row in result.ratios.items()
             }
     if error:
-        result["error"] = error
-    return HttpCompareResult.from_dict({**result, **provenance()}).to_dict()  # the typed, versioned record
+        result.extra["error"] = error
+    return result.to_dict()  # the typed, versioned record
 
 
 # --- presentation ---------------------------------------------------------------------------------------------------

@@ -318,23 +318,25 @@ def _summarize(engine, reference, ids, positions, divergence, server_text, refer
         "shared_kld": metrics["shared_kld_mean"] is not None and metrics["shared_kld_mean"] <= kld_limit,
         "greedy_text": greedy_ok,
     }
-    return HttpValidateResult.from_dict({
-        **provenance(), "engine": engine.name, "reference": reference.name,
-        "model": engine.model_info, "prompt_tokens": len(ids), "prompt_sent_as": state.get("prompt_as"),
-        "token_ids_refused": state.get("token_ids_refused"), "top_k": top_k, "n_tokens": n_tokens,
-        "noise_floor": floor,
-        "thresholds": {"shared_kld_mean_max": kld_limit, "shared_kld_floor_free": SHARED_KLD_MEAN_MAX,
-                       "shared_kld_noise_factor": SHARED_KLD_NOISE_FACTOR,
-                       "topk_overlap_mean_min": TOPK_OVERLAP_MEAN_MIN,
-                       "near_tie_margin": NEAR_TIE_MARGIN},
-        "metrics": metrics, "checks": checks, "passed": all(checks.values()),
-        "greedy": {"server_text": server_text, "reference_text": reference_text,
-                   "equal": server_text == reference_text, "first_divergence": divergence},
-        "echo": echo_info, "positions": positions,
-        "kld_note": ("KLD over the shared top-k: both sides' probabilities of the tokens in both top-k lists, each "
-                     "renormalised to sum to 1 over that shared set; not a full-vocabulary KLD"),
-        "not_checkable_over_http": list(NOT_OVER_HTTP.values()),
-    }).to_dict()  # the typed, versioned record
+    return HttpValidateResult(
+        provenance=provenance(), engine=engine.name, reference=reference.name, model=engine.model_info,
+        thresholds={"shared_kld_mean_max": kld_limit, "shared_kld_floor_free": SHARED_KLD_MEAN_MAX,
+                    "shared_kld_noise_factor": SHARED_KLD_NOISE_FACTOR,
+                    "topk_overlap_mean_min": TOPK_OVERLAP_MEAN_MIN,
+                    "near_tie_margin": NEAR_TIE_MARGIN},
+        metrics=metrics, checks=checks, passed=all(checks.values()),
+        extra={
+            "prompt_tokens": len(ids), "prompt_sent_as": state.get("prompt_as"),
+            "token_ids_refused": state.get("token_ids_refused"), "top_k": top_k, "n_tokens": n_tokens,
+            "noise_floor": floor,
+            "greedy": {"server_text": server_text, "reference_text": reference_text,
+                       "equal": server_text == reference_text, "first_divergence": divergence},
+            "echo": echo_info, "positions": positions,
+            "kld_note": ("KLD over the shared top-k: both sides' probabilities of the tokens in both top-k lists, "
+                         "each renormalised to sum to 1 over that shared set; not a full-vocabulary KLD"),
+            "not_checkable_over_http": list(NOT_OVER_HTTP.values()),
+        },
+    ).to_dict()  # the typed, versioned record
 
 
 def markdown(result: dict[str, Any]) -> str:

@@ -118,3 +118,67 @@ def test_parse_int_list_ranges():
     assert parse_int_list(["128-512*2", "7"], "-p") == [128, 256, 512, 7]
     with pytest.raises(GGUFParityError):
         parse_int_list(["4-8*1"], "-p")  # does not increase
+
+
+def test_json_file_is_the_typed_result_and_report_reads_it(capsys, fake_engines, model, tmp_path):
+    from validation.results import BenchResult
+
+    saved = tmp_path / "bench.json"
+    code, out, err = run(capsys, "-m", model, "-p", "16", "-n", "4", "-r", "3", "-o", "json", "--engine",
+                         "ours:numpy", "--json", str(saved))
+    assert code == 0, err
+    printed = json.loads(out)
+    written = json.loads(saved.read_text())
+    assert (written["kind"], written["schema_version"]) == (BenchResult.kind, BenchResult.schema_version)
+    assert written["rows"] == printed  # the printed rows are the record's rows, field for field
+    assert written["engine"] == "ours:numpy" and written["complete"] is True
+    assert {"date", "git", "versions", "machine"} <= set(written) and written["settings"]["reps"] == 3
+    assert BenchResult.from_dict(written).to_dict() == written
+
+    code = main(["report", str(saved), "--out", str(tmp_path / "rep")])
+    md = (tmp_path / "rep" / "report.md").read_text()
+    assert code == 0
+    assert "## Bench: ours:numpy on " in md
+    pp = printed[0]
+    assert f"| pp16 | {pp['n_threads']} | {pp['avg_ts']:.2f} ± {pp['stddev_ts']:.2f} | 3 |" in md
+
+
+def test_report_reads_an_old_bench_json_array(capsys, fake_engines, model, tmp_path):
+    # before bench results had a record, the only file bench gave was its -o json output: an array of rows
+    code, out, err = run(capsys, "-m", model, "-p", "16", "-n", "4", "-r", "2", "-o", "json", "--engine", "llamacpp")
+    assert code == 0, err
+    old = tmp_path / "old.json"
+    old.write_text(out)
+    code = main(["report", str(old), "--out", str(tmp_path / "rep"), "--history", str(tmp_path / "h.csv")])
+    md = (tmp_path / "rep" / "report.md").read_text()
+    assert code == 0
+    rows = json.loads(out)
+    assert "## Bench: llamacpp on " in md
+    for row, name in zip(rows, ("pp16", "tg4")):
+        assert f"| {name} | {row['n_threads']} | {row['avg_ts']:.2f} ± {row['stddev_ts']:.2f} | 2 |" in md
+    history = list(csv.DictReader((tmp_path / "h.csv").open()))
+    assert history[0]["kind"] == "bench"
+    assert float(history[0][f"llamacpp:tg4 t={rows[1]['n_threads']} [t/s]"]) == pytest.approx(rows[1]["avg_ts"])
+
+
+def test_ctrl_c_writes_the_measured_rows_marked_incomplete(capsys, fake_engines, model, tmp_path):
+    fake_engines.tune["ours:numba"] = {"interrupt_after_decodes": 1 + 4 * 2}  # warm-up + 2 repetitions of tg4
+    saved = tmp_path / "bench.json"
+    code, out, _ = run(capsys, "-m", model, "-p", "16", "-n", "4", "-r", "5", "-o", "json", "--engine",
+                       "ours:numba", "--json", str(saved))
+    assert code == 130
+    written = json.loads(saved.read_text())
+    assert written["complete"] is False and written["rows"] == json.loads(out)
+    assert [len(r["samples_ns"]) for r in written["rows"]] == [5, 2]
+
+
+@pytest.mark.parametrize("spec", ["dump:/tmp/some-dump", "cmd:my-engine {request} {out}"])
+def test_untimed_engines_are_refused_by_bench_and_compare_alike(capsys, fake_engines, model, spec):
+    code, _, err = run(capsys, "-m", model, "-r", "1", "--engine", spec)
+    code_c = main(["compare", "--no-progress", "-m", model, "--engine", spec])
+    _, err_c = capsys.readouterr()
+    assert code == 2 and code_c == 2
+    assert err == err_c  # the same one line from both commands
+    assert err.startswith("error: ") and len(err.strip().splitlines()) == 1
+    assert f"'{spec}' cannot be timed" in err and "bench-compare validate" in err
+    assert not fake_engines.engines  # refused before anything was loaded

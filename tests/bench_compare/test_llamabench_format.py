@@ -40,7 +40,7 @@ def record(samples_ns=(1_000_000_000, 2_000_000_000, 4_000_000_000), n_prompt=51
 
 
 def test_fields_and_arithmetic_follow_llama_bench():
-    r = record()
+    r = record().to_dict()
     for name in LLAMA_BENCH_CORE_FIELDS + ["samples_ns", "samples_ts", "engine", "numerics"]:
         assert name in r, name
     # llama-bench order for its own fields
@@ -57,8 +57,8 @@ def test_fields_and_arithmetic_follow_llama_bench():
 
 
 def test_flash_attn_auto_prints_minus_one_like_llama_bench():
-    assert record(flash_attn="auto")["flash_attn"] == -1
-    assert record(flash_attn="on")["flash_attn"] == 1
+    assert record(flash_attn="auto").flash_attn == -1
+    assert record(flash_attn="on").flash_attn == 1
 
 
 @pytest.mark.parametrize("p,n,d,name", [(512, 0, 0, "pp512"), (0, 128, 0, "tg128"), (0, 128, 512, "tg128 @ d512"),

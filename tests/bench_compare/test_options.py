@@ -103,3 +103,12 @@ def test_report_history_into_a_missing_directory(tmp_path, capsys):
     code, _, err = run(capsys, "report", tmp_path / "r.json", "--history", tmp_path / "no" / "h.csv")
     assert_one_line(code, err, "--history directory")
     assert not (tmp_path / "no").exists()
+
+
+def test_require_at_least_names_the_first_bad_flag_and_skips_absent_ones():
+    from bench_compare.options import require_at_least
+    from inference_engine.errors import GGUFParityError
+
+    require_at_least(1, ("--ctx", 1), ("--threads", None))  # None: not given
+    with pytest.raises(GGUFParityError, match=r"^--max-batch must be at least 1, got 0$"):
+        require_at_least(1, ("--ctx", 4), ("--max-batch", 0), ("--threads", -1))

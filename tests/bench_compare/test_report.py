@@ -225,3 +225,27 @@ def test_compare_table_header_names_the_cpu_and_isa():
     assert compare_table(result).splitlines()[0].startswith("| test (AMD EPYC, AVX2) |")
     del result["machine"]["cpu_isa"]  # results written before cpu_isa existed
     assert compare_table(result).splitlines()[0].startswith("| test (AMD EPYC, AVX2) |")
+
+
+def bench_result():
+    row = {"build_commit": "abc", "build_number": 0, "cpu_info": "Test CPU", "gpu_info": "", "backends": "numba",
+           "engine": "ours:numba", "numerics": "ggml", "model_filename": "/m/m.gguf", "model_type": "llama 1M F32",
+           "model_size": 1000, "model_n_params": 250, "n_batch": 512, "n_ubatch": 512, "n_threads": 2,
+           "type_k": "f32", "type_v": "f32", "flash_attn": 0, "n_prompt": 64, "n_gen": 0, "n_depth": 0,
+           "test_time": "2025-01-01T00:00:00Z", "avg_ns": 1_000_000, "stddev_ns": 0, "avg_ts": 64000.0,
+           "stddev_ts": 0.0, "samples_ns": [1_000_000], "samples_ts": [64000.0]}
+    return {"kind": "gguf-parity-bench", "schema_version": 1, "engine": "ours:numba", "numerics": "ggml",
+            "model": {"filename": "m.gguf"}, "date": "2025-01-01T00:00:00Z", "rows": [row]}
+
+
+def test_bench_results_are_reported_but_never_gated(capsys, tmp_path):
+    bench = write(tmp_path, "bench.json", bench_result())
+    base = write(tmp_path, "base.json", compare_result(pp_ratio=0.5))
+    same = write(tmp_path, "same.json", compare_result(pp_ratio=0.5))
+    code, out, err = run(capsys, bench, same, "--out", str(tmp_path / "a"), "--baseline", base)
+    assert code == 0, err
+    assert "gate: passed (3 metrics" in out  # the compare result's ratios; nothing from the bench result
+    md = (tmp_path / "a" / "report.md").read_text()
+    assert "## Bench: ours:numba on m.gguf" in md and "| pp64 | 2 | 64000.00 ± 0.00 | 1 |" in md
+    code, _, err = run(capsys, same, "--out", str(tmp_path / "b"), "--baseline", bench)
+    assert code == 2 and "not gated" in err and len(err.strip().splitlines()) == 1

@@ -65,3 +65,70 @@ def test_every_numerics_mode_has_thresholds():
 def test_unknown_shapes_are_not_results():
     assert upgrade_legacy({"hello": 1}) is None and upgrade_legacy([1, 2]) is None
     assert upgrade_legacy({"kind": "something-else"}) is None
+
+
+def _bench_row(**kw):
+    from bench_compare.llamabench_format import make_record
+
+    model = {"path": "/m/tiny.gguf", "model_type": "llama 1M F32", "size_bytes": 1000, "n_params": 250}
+    settings = {"engine": "ours:numpy", "backend": "numpy", "numerics": "ggml", "n_batch": 512, "n_ubatch": 512,
+                "n_threads": 2, "type_k": "f32", "type_v": "f32", "flash_attn": False}
+    return make_record(model=model, settings=settings, n_prompt=kw.get("n_prompt", 16), n_gen=kw.get("n_gen", 0),
+                       n_depth=0, samples_ns=[1_000_000, 2_000_000], test_time="2026-11-01T00:00:00Z",
+                       build_commit="abc", cpu_info="Test CPU")
+
+
+def test_bench_result_round_trips_with_typed_rows(tmp_path):
+    from validation.results import BenchResult, BenchRow
+
+    result = BenchResult(provenance=provenance(), backend="numpy", numerics="ggml", engine="ours:numpy",
+                         model={"filename": "tiny.gguf"}, build_commit="abc", build_number="gguf-parity 0.1",
+                         settings={"reps": 2}, rows=[_bench_row(), _bench_row(n_prompt=0, n_gen=4)])
+    d = result.to_dict()
+    assert (d["kind"], d["schema_version"]) == ("gguf-parity-bench", 1)
+    assert d["rows"][1] == result.rows[1].to_dict() and d["rows"][1]["n_gen"] == 4
+    back = BenchResult.from_dict(json.loads(json.dumps(d)))
+    assert back == BenchResult.from_dict(d) and isinstance(back.rows[0], BenchRow)
+    assert back.rows == result.rows and back.to_dict() == d
+
+
+def test_an_old_bench_array_upgrades_to_a_bench_result(tmp_path):
+    rows = [_bench_row().to_dict(), _bench_row(n_prompt=0, n_gen=4).to_dict()]
+    upgraded = upgrade_legacy(rows)
+    assert (upgraded["kind"], upgraded["schema_version"]) == ("gguf-parity-bench", 0)
+    assert upgraded["engine"] == "ours:numpy" and upgraded["model"]["filename"] == "tiny.gguf"
+    path = tmp_path / "old-bench.json"
+    path.write_text(json.dumps(rows))
+    loaded = load_result(path)
+    assert loaded["_kind"] == "bench" and loaded["schema_version"] == 0 and loaded["rows"] == rows
+    # llama-bench's own -o json (GPU fields, no engine/numerics) reads too
+    theirs = [{k: v for k, v in row.items() if k not in ("engine", "numerics")} | {"n_gpu_layers": 99}
+              for row in rows]
+    path.write_text(json.dumps(theirs))
+    loaded = load_result(path)
+    assert loaded["engine"] == "llamacpp" and loaded["rows"][0]["engine"] == "llamacpp"
+    assert "n_gpu_layers" not in loaded["rows"][0]
+    assert upgrade_legacy([{"avg_ns": 1}]) is None  # not llama-bench rows
+
+
+def test_old_validation_shapes_are_upgraded_in_one_place(tmp_path):
+    from bench_compare.report import history_row
+
+    old = {**OLD_VALIDATION, "model": "tiny.gguf", "git_sha": "0123456789abcdef-dirty"}
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(old))
+    loaded = load_result(path)
+    assert loaded["model"] == {"name": "tiny.gguf"} and loaded["engine"] == "ours:numpy"
+    assert loaded["git"] == {"sha": "0123456789abcdef", "dirty": True}
+    row = history_row(loaded)
+    assert (row["git_sha"], row["git_dirty"], row["model"], row["engine"]) == (
+        "0123456789abcdef", True, "tiny.gguf", "ours:numpy")
+
+
+def test_a_bench_file_with_incomplete_rows_is_one_line(tmp_path):
+    row = _bench_row().to_dict()
+    del row["avg_ts"], row["model_type"]
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps({"kind": "gguf-parity-bench", "schema_version": 1, "rows": [row]}))
+    with pytest.raises(GGUFParityError, match=r"bad.json: a bench row lacks model_type, avg_ts \(a llama-bench"):
+        load_result(path)

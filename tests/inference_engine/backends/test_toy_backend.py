@@ -17,8 +17,10 @@ TOY_LOGITS_ATOL = 1e-3
 
 @pytest.fixture
 def toy_registered(monkeypatch):
-    monkeypatch.setitem(BACKENDS.entries, "toy", "toy_backend:ToyBackend")  # the one registration
-    monkeypatch.setitem(BACKENDS.meta, "toy", {"needs": "numpy", "help": "a toy in one file"})
+    monkeypatch.setattr(BACKENDS, "entries", dict(BACKENDS.entries))  # copies, so the registration ends with the test
+    monkeypatch.setattr(BACKENDS, "meta", dict(BACKENDS.meta))
+    # the one registration:
+    BACKENDS.register("toy", "toy_backend:ToyBackend", needs="numpy", help="a toy in one file")
 
 
 @pytest.mark.parametrize("arch", ["llama", "gemma3"])
