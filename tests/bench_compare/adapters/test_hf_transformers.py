@@ -41,6 +41,16 @@ def test_hf_gemma3_maps_gemmas_own_tensors(validate_engine):
     assert result["engines"]["ours"]["class"] == "Gemma3ForCausalLM"
 
 
+@pytest.mark.heavy
+def test_hf_qwen_1_5b_validates_against_llamacpp(validate_engine):
+    """The 1.5B (qwen2: QKV biases, GPT-2 BPE): transformers dequantizes it to 6 GB of float32; minutes."""
+    result = validate_engine("hf:", model="qwen2.5-coder-1.5b", numerics="f32", threads=2, smoke_tokens=4)
+    assert result["mode"] == "teacher_forced" and result["engines"]["ours"]["class"] == "Qwen2ForCausalLM"
+    assert result["checks"]["tensors"] is True, result["first_failure"]
+    assert max(t["nmse"] for t in result["tensors"]) <= NMSE_MAX_F32
+    assert result["checks"]["logits"] is True
+
+
 # Both engines run float32 on the same F32 weights; only the order of float sums differs (seen: NMSE ~1e-12).
 TINY_NMSE_MAX = 1e-9
 
