@@ -47,7 +47,13 @@ from dataclasses import dataclass
 import numpy as np
 from llama_cpp import llama_cpp as ll
 
-from validation.ggml_ctypes import GGML_TYPE_I32, drop_leading_ones, index_tensor_to_numpy, read_header, tensor_to_numpy
+from validation.ggml_ctypes import (
+    GGML_TYPE_I32,
+    drop_leading_ones,
+    index_tensor_to_numpy,
+    read_header,
+    tensor_to_numpy,
+)
 
 # "name" or "name-<layer>", as llama_context::graph_get_cb formats them ("%s-%d" for il >= 0, the bare name else).
 GRAPH_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(-[0-9]+)?$")
