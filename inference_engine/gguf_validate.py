@@ -421,16 +421,22 @@ def model_problems(f: GGUFFile, reference: bool = False) -> tuple[list[str], Mod
     elif n_expert_used and n_expert and n_expert_used > n_expert:
         c.problems.append(f"metadata {c.arch}.expert_used_count is {n_expert_used}, above "
                           f"{c.arch}.expert_count {n_expert}")
+    elif n_expert and not n_expert_used:
+        c.problems.append(f"metadata {c.arch}.expert_used_count is {'missing' if n_expert_used is None else 0} but "
+                          f"{c.arch}.expert_count is {n_expert}; expected 1..{n_expert} (llama.cpp asserts "
+                          f"expert_used_count > 0 when there are experts)")
+    groups = c.number("expert_group_count", "int", lo=0, hi=MAX_EXPERTS)
+    if n_expert and groups and groups >= n_expert:
+        c.problems.append(f"metadata {c.arch}.expert_group_count is {groups}; llama.cpp asserts fewer groups than "
+                          f"{c.arch}.expert_count {n_expert}")
     moe = f.architecture in MOE_ARCHITECTURES
     if n_expert and not reference and not moe:
         c.problems.append(f"mixture-of-experts {c.arch} models are not supported ({c.arch}.expert_count = "
                           f"{n_expert}); supported mixture-of-experts architectures: {', '.join(MOE_ARCHITECTURES)}")
     if moe and not reference:
-        for key, value in (("expert_count", n_expert), ("expert_used_count", n_expert_used)):
-            if not value:
-                c.problems.append(f"metadata {c.arch}.{key} is {'missing' if value is None else value}; {c.arch} "
-                                  f"needs at least 1 (llama.cpp: n_expert and n_expert_used must be > 0)")
-        groups = c.number("expert_group_count", "int", lo=0, hi=MAX_EXPERTS)
+        if not n_expert:
+            c.problems.append(f"metadata {c.arch}.expert_count is {'missing' if n_expert is None else 0}; {c.arch} "
+                              f"needs at least 1 expert (llama.cpp: n_expert must be > 0)")
         if groups and groups > 1:
             c.problems.append(f"metadata {c.arch}.expert_group_count is {groups}: grouped expert selection is not "
                               f"supported; supported: 0 or 1 group")
