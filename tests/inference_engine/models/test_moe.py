@@ -194,3 +194,20 @@ def test_inspect_shows_the_expert_counts(tiny_model, capsys):
     out = capsys.readouterr().out
     assert "experts: 4 per layer, 2 used per token, each 256 wide\n" in out
     assert "blk.0.ffn_up_exps.weight" in out and "4x256x256" in out
+
+
+@pytest.mark.parametrize("arch", MOE_ARCHS)
+def test_decode_steps_on_numba_match_llamacpp(tiny_model, arch):
+    """Decode steps (one token each: every expert matmul a single row) and a chunked prefix on the numba backend,
+    teacher-forced per tensor against llama.cpp's own decode graphs."""
+    from validation.decode_steps import DepthPlan, validate_depths
+
+    path = tiny_model(arch, "Q4_K")
+    ref = LlamaCppEngine(str(path), n_ctx=64, n_threads=1, n_batch=4)
+    ours = OurEngine(path, backend="numba", numerics="ggml", n_ctx=64)
+    try:
+        out = validate_depths(ours, ref, ROUTING_IDS[:20], DepthPlan((0, 10), 3), thresholds_for("ggml"))
+    finally:
+        ref.close()
+    assert out["passed"], out["first_failure"]
+    assert all(s["tensors"] >= 20 for d in out["depths"] for s in d["steps"])
