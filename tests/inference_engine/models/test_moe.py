@@ -152,7 +152,6 @@ def test_malformed_moe_fields_are_one_line(tmp_path, overrides, problem, capsys)
 def test_expert_tensor_of_the_wrong_shape_is_one_line(tmp_path):
     """An expert width that disagrees with the file's expert_feed_forward_length names the tensor."""
     import gguf
-
     from fixtures.tiny_models import write_tiny_model
 
     src = open_gguf(write_tiny_model(tmp_path / "ok.gguf", "qwen2moe", "F32"))
