@@ -210,3 +210,22 @@ def test_decode_steps_on_numba_match_llamacpp(tiny_model, arch):
         ref.close()
     assert out["passed"], out["first_failure"]
     assert all(s["tensors"] >= 20 for d in out["depths"] for s in d["steps"])
+
+
+# 4: all scalar tail (the fixtures); 8: one AVX2 vector; 60 (Qwen1.5-MoE): vectors and a tail; 128 (Qwen3-MoE)
+@pytest.mark.parametrize("n_expert", [4, 8, 60, 128])
+def test_router_softmax_equals_libggml_bit_for_bit(n_expert):
+    """The router's softmax in ggml numerics against llama.cpp's own ``ggml_vec_soft_max_f32`` (its SIMD flavour),
+    row by row, on routers wider than the fixtures' 4 experts (the SIMD part of the kernel)."""
+    from inference_engine.backends import numerics as nx
+    from validation.ggml_oracle import get_oracle, oracle_available
+    from validation.llamacpp.library import simd_flavour
+
+    available, why = oracle_available()
+    if not available:
+        pytest.skip(why)
+    oracle = get_oracle()
+    logits = (np.random.default_rng(n_expert).standard_normal((16, n_expert)) * 3).astype(np.float32)
+    ours = nx.soft_max_ggml(logits, simd_flavour())
+    theirs = np.stack([oracle.soft_max_row(row) for row in logits])
+    np.testing.assert_array_equal(ours, theirs)
