@@ -45,11 +45,26 @@ def inspect_cmd(model: str, no_tensors: bool) -> None:
                               f"this file cannot be run")
 
 
+def _experts_line(f) -> str | None:
+    """A mixture-of-experts file's expert counts in one line (None for a dense model)."""
+    n_expert = f.arch_value("expert_count")
+    if not n_expert:
+        return None
+    used = f.arch_value("expert_used_count")
+    width = f.arch_value("expert_feed_forward_length")
+    shared = any(name.endswith(".ffn_gate_inp_shexp.weight") for name in f.tensors)
+    return (f"experts: {n_expert} per layer, {used if used is not None else '?'} used per token"
+            + (f", each {width} wide" if width else "") + (", plus a shared expert" if shared else ""))
+
+
 def _show(f, no_tensors: bool) -> None:
     d = f.describe()
     click.echo(f"file: {d['path']}")
     click.echo(f"architecture: {d['architecture']}  quant: {d['quant']}  params: {d['n_params']:,}  "
                f"size: {d['size_bytes']:,} bytes  tensors: {len(f.tensors)}")
+    experts = _experts_line(f)
+    if experts:
+        click.echo(experts)
     click.echo("\nmetadata:")
     for key, value in f.metadata.items():
         click.echo(f"  {key} = {_format_value(value)}")

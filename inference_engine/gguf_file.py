@@ -43,7 +43,8 @@ SUPPORTED_TENSOR_TYPES: tuple[GGMLQuantizationType, ...] = (
 )
 
 # general.architecture values we run, and the aliases llama.cpp treats as one of them.
-SUPPORTED_ARCHITECTURES: tuple[str, ...] = ("llama", "qwen2", "qwen3", "gemma3", "phi3", "gemma2")
+SUPPORTED_ARCHITECTURES: tuple[str, ...] = ("llama", "qwen2", "qwen3", "gemma3", "phi3", "gemma2", "qwen2moe",
+                                            "qwen3moe")
 ARCHITECTURE_ALIASES: dict[str, str] = {"mistral": "llama"}
 
 

@@ -54,7 +54,10 @@ NUMBER_TYPES = INTEGER_TYPES | FLOAT_TYPES
 
 # Architectures whose every layer has attention and a feed-forward block (ours and their aliases): 0 heads or a
 # 0-wide feed-forward in a layer is malformed there (llama.cpp asserts on a 0 in head_count_kv).
-ATTENTION_EVERY_LAYER = ("llama", "mistral", "qwen2", "qwen3", "gemma3")
+ATTENTION_EVERY_LAYER = ("llama", "mistral", "qwen2", "qwen3", "gemma3", "qwen2moe", "qwen3moe")
+# Our mixture-of-experts architectures: expert_count and expert_used_count are required there (llama.cpp throws
+# "n_expert must be > 0 for QWEN2MOE") and refused elsewhere (a Mixtral-style llama with experts is not run).
+MOE_ARCHITECTURES = ("qwen2moe", "qwen3moe")
 
 # Keys whose value, when an array, holds one entry per layer (llama.cpp's get_key_or_arr over n_layer).
 PER_LAYER_KEYS = ("feed_forward_length", "attention.head_count", "attention.head_count_kv")
@@ -418,8 +421,27 @@ def model_problems(f: GGUFFile, reference: bool = False) -> tuple[list[str], Mod
     elif n_expert_used and n_expert and n_expert_used > n_expert:
         c.problems.append(f"metadata {c.arch}.expert_used_count is {n_expert_used}, above "
                           f"{c.arch}.expert_count {n_expert}")
-    if n_expert and not reference:
-        c.problems.append(f"mixture-of-experts models are not supported ({c.arch}.expert_count = {n_expert})")
+    elif n_expert and not n_expert_used:
+        c.problems.append(f"metadata {c.arch}.expert_used_count is {'missing' if n_expert_used is None else 0} but "
+                          f"{c.arch}.expert_count is {n_expert}; expected 1..{n_expert} (llama.cpp asserts "
+                          f"expert_used_count > 0 when there are experts)")
+    groups = c.number("expert_group_count", "int", lo=0, hi=MAX_EXPERTS)
+    if n_expert and groups and groups >= n_expert:
+        c.problems.append(f"metadata {c.arch}.expert_group_count is {groups}; llama.cpp asserts fewer groups than "
+                          f"{c.arch}.expert_count {n_expert}")
+    moe = f.architecture in MOE_ARCHITECTURES
+    if n_expert and not reference and not moe:
+        c.problems.append(f"mixture-of-experts {c.arch} models are not supported ({c.arch}.expert_count = "
+                          f"{n_expert}); supported mixture-of-experts architectures: {', '.join(MOE_ARCHITECTURES)}")
+    if moe and not reference:
+        if not n_expert:
+            c.problems.append(f"metadata {c.arch}.expert_count is {'missing' if n_expert is None else 0}; {c.arch} "
+                              f"needs at least 1 expert (llama.cpp: n_expert must be > 0)")
+        if groups and groups > 1:
+            c.problems.append(f"metadata {c.arch}.expert_group_count is {groups}: grouped expert selection is not "
+                              f"supported; supported: 0 or 1 group")
+    n_ff_exp = c.number("expert_feed_forward_length", "int", lo=1, hi=MAX_EMBEDDING * 64)
+    n_ff_shexp = c.number("expert_shared_feed_forward_length", "int", lo=1, hi=MAX_EMBEDDING * 64)
     if None in (n_layer, n_embd, n_head, n_ff) or (n_head_kv is None and f.arch_value("attention.head_count_kv")
                                                    is not None):
         return c.problems, None
@@ -445,6 +467,9 @@ def model_problems(f: GGUFFile, reference: bool = False) -> tuple[list[str], Mod
     n_vocab = _vocab_problems(f, c.problems, required=not reference)
     if not reference:
         _shape_problems(f, shape, n_ff, n_vocab, c.problems)
+        if moe and n_expert and n_expert_used:
+            experts = (int(n_expert), int(n_ff_exp or n_ff[0] // n_expert_used), int(n_ff_shexp or n_ff[0]))
+            _expert_shape_problems(f, shape, experts, c.problems)
     return c.problems, shape
 
 
@@ -532,6 +557,32 @@ def _shape_problems(f: GGUFFile, s: ModelShape, n_ff: list[int], n_vocab: int | 
             problems.append(f"tensor '{name}' has shape {list(t.shape)}; the hyperparameters say {list(shape)}")
             if len(problems) > 32:  # one broken key makes every layer disagree: enough to see the pattern
                 return
+
+
+def _expert_shape_problems(f: GGUFFile, s: ModelShape, experts: tuple[int, int, int], problems: list[str]) -> None:
+    """The MoE tensors' shapes (llama.cpp's qwen2moe / qwen3moe ``load_arch_tensors``): the router
+    ``(n_expert, n_embd)``, stacked experts ``(n_expert, n_ff_exp, n_embd)`` / ``(n_expert, n_embd, n_ff_exp)``
+    with ``n_ff_exp`` = expert_feed_forward_length (else feed_forward_length / expert_used_count), and the shared
+    expert's with ``n_ff_shexp`` = expert_shared_feed_forward_length (else feed_forward_length)."""
+    n_expert, n_ff_exp, n_ff_shexp = experts
+    for il in range(s.n_layer):
+        blk = f"blk.{il}"
+        expected = {
+            f"{blk}.ffn_gate_inp.weight": (n_expert, s.n_embd),
+            f"{blk}.ffn_gate_exps.weight": (n_expert, n_ff_exp, s.n_embd),
+            f"{blk}.ffn_up_exps.weight": (n_expert, n_ff_exp, s.n_embd),
+            f"{blk}.ffn_down_exps.weight": (n_expert, s.n_embd, n_ff_exp),
+            f"{blk}.ffn_gate_inp_shexp.weight": (s.n_embd,),
+            f"{blk}.ffn_gate_shexp.weight": (n_ff_shexp, s.n_embd),
+            f"{blk}.ffn_up_shexp.weight": (n_ff_shexp, s.n_embd),
+            f"{blk}.ffn_down_shexp.weight": (s.n_embd, n_ff_shexp),
+        }
+        for name, shape in expected.items():
+            t = f.tensors.get(name)
+            if t is not None and tuple(t.shape) != shape:
+                problems.append(f"tensor '{name}' has shape {list(t.shape)}; the hyperparameters say {list(shape)}")
+                if len(problems) > 32:
+                    return
 
 
 def check_model(f: GGUFFile, reference: bool = False) -> ModelShape | None:

@@ -32,6 +32,7 @@ GGML_OBJECT_SIZE = 32  # sizeof(struct ggml_object) in ggml.c: offs, size, next,
 GGML_TYPE_F32 = 0
 GGML_TYPE_F16 = 1
 GGML_TYPE_BF16 = 30
+GGML_TYPE_I32 = 26
 FLOAT_TYPES: dict[int, str] = {GGML_TYPE_F32: "F32", GGML_TYPE_F16: "F16", GGML_TYPE_BF16: "BF16"}
 _STORAGE_DTYPE = {GGML_TYPE_F32: np.float32, GGML_TYPE_F16: np.float16, GGML_TYPE_BF16: np.uint16}
 
@@ -183,6 +184,19 @@ def tensor_to_numpy(ptr: int, header: TensorHeader | None = None) -> np.ndarray 
     view = np.lib.stride_tricks.as_strided(base, shape=shape, strides=strides, writeable=False)
     if header.type == GGML_TYPE_BF16:
         return (view.astype(np.uint32) << 16).view(np.float32)
+    return np.array(view, dtype=np.float32, order="C")
+
+
+def index_tensor_to_numpy(ptr: int, header: TensorHeader | None = None) -> np.ndarray | None:
+    """An I32 tensor of indices (an MoE router's chosen experts, ``ffn_moe_topk``: a strided view of its argsort)
+    as float32 in NumPy order, strides respected; indices below 2**24 are exact in float32, which is what the
+    capture contract (float32 arrays) carries. None for any other type."""
+    header = header or read_header(ptr)
+    if header.type != GGML_TYPE_I32:
+        return None
+    base = tensor_bytes(ptr).view(np.int32)
+    view = np.lib.stride_tricks.as_strided(base, shape=tuple(reversed(header.ne)),
+                                           strides=tuple(reversed(header.nb)), writeable=False)
     return np.array(view, dtype=np.float32, order="C")
 
 

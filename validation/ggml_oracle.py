@@ -90,6 +90,18 @@ class GGMLOracle:
         x = np.asarray(x, dtype=np.float32)
         return np.stack([self.quantize_row(vec_dot_type, row) for row in x.reshape(-1, x.shape[-1])])
 
+    # --- element-wise ----------------------------------------------------------------------------------------
+    def soft_max_row(self, x: np.ndarray) -> np.ndarray:
+        """``ggml_compute_forward_soft_max_f32`` on one float32 row with no mask and scale 1: the row max,
+        ``ggml_vec_soft_max_f32`` (exp values and their double sum), then ``y *= (float)(1.0 / sum)``."""
+        x = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
+        y = np.empty_like(x)
+        fn = self.cpu.ggml_vec_soft_max_f32
+        fn.restype = ctypes.c_double
+        fn.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_float]
+        total = fn(x.size, y.ctypes.data, x.ctypes.data, float(x.max()))
+        return (y * np.float32(1.0 / total)).astype(np.float32)
+
     # --- weights --------------------------------------------------------------------------------------------
     def dequantize_row(self, qtype: T, raw: np.ndarray) -> np.ndarray:
         """One weight row (uint8 bytes) -> float32, via libggml-base's dequantize_row_<type>."""

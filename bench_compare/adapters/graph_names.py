@@ -2,7 +2,7 @@
 
 A dump request lists these so an engine author knows exactly what to write, and the dump reader checks shapes and
 name-map targets against them. The names are those llama.cpp 0.3.36's graph callbacks give (``src/models/llama.cpp``,
-``qwen2.cpp``, ``qwen3.cpp``, ``gemma3.cpp``; the same names our engine taps, ``inference_engine/models/*.py``), in
+``qwen2.cpp``, ``qwen3.cpp``, ``gemma3.cpp``, ``qwen2moe.cpp``...; the same names our engine taps, ``inference_engine/models/*.py``), in
 the order llama.cpp produces them. Internal nodes (``norm-N``, ``kq-N``, cache views) are left out: an engine need not
 reproduce them, and the shared ``norm`` name holds whichever norm ran last.
 
@@ -32,6 +32,15 @@ _LAYER_NAMES: dict[str, tuple[str, ...]] = {
     # fused Q/K/V (``wqkv``, split into views) and gate+up (``ffn_up`` holds both halves)
     "phi3": ("attn_norm", "wqkv", "Kcur", "Vcur", "Qcur", "kqv_out", "ffn_norm", "ffn_up", "ffn_swiglu", "ffn_out",
              "l_out"),
+    # mixtures of experts (build_moe_ffn): router, top-k ids, weights, the chosen experts' rows (T, k, n)
+    "qwen2moe": ("attn_norm", "Qcur", "Kcur", "Vcur", "kqv_out", "ffn_inp", "ffn_norm", "ffn_moe_logits",
+                 "ffn_moe_probs", "ffn_moe_topk", "ffn_moe_weights", "ffn_moe_up", "ffn_moe_gate", "ffn_moe_swiglu",
+                 "ffn_moe_down", "ffn_moe_weighted", "ffn_moe_out", "ffn_up", "ffn_gate", "ffn_swiglu", "ffn_shexp",
+                 "ffn_shexp_gate_inp", "ffn_shexp_gate", "ffn_shexp_out", "ffn_out", "l_out"),
+    "qwen3moe": ("attn_norm", "Qcur_normed", "Kcur_normed", "Qcur", "Kcur", "Vcur", "kqv_out", "ffn_inp",
+                 "ffn_norm", "ffn_moe_logits", "ffn_moe_probs", "ffn_moe_topk", "ffn_moe_weights",
+                 "ffn_moe_weights_sum", "ffn_moe_weights_sum_clamped", "ffn_moe_weights_norm", "ffn_moe_up",
+                 "ffn_moe_gate", "ffn_moe_swiglu", "ffn_moe_down", "ffn_moe_weighted", "ffn_moe_out", "l_out"),
 }
 _ALIASES = {"mistral": "llama"}
 # Before the first layer: the token embedding (this build: ``embd``; older builds ``inp_embd``), Gemma's scaled one.
@@ -51,6 +60,10 @@ class ModelDims:
     head_dim_v: int
     n_ff: int
     n_vocab: int
+    n_expert: int = 0  # mixtures of experts: experts per layer, used per token, expert and shared-expert widths
+    n_expert_used: int = 0
+    n_ff_exp: int = 0
+    n_ff_shexp: int = 0
 
     @classmethod
     def from_gguf(cls, gguf) -> ModelDims:
@@ -61,8 +74,14 @@ class ModelDims:
             raise GGUFParityError(f"{gguf.path}: no tensor-name catalogue for architecture '{gguf.architecture}'; "
                                   f"supported: {', '.join(sorted(_LAYER_NAMES))}")
         hp = HParams.common(gguf)
+        experts = {}
+        if gguf.arch_value("expert_count"):
+            from inference_engine.models.moe import expert_hparams
+
+            experts = expert_hparams(gguf)
+            experts["n_ff_shexp"] = int(gguf.arch_value("expert_shared_feed_forward_length", 0) or hp["n_ff"])
         return cls(arch, hp["n_layer"], hp["n_embd"], hp["n_head"], hp["n_head_kv"], hp["head_dim_k"],
-                   hp["head_dim_v"], hp["n_ff"], hp["n_vocab"])
+                   hp["head_dim_v"], hp["n_ff"], hp["n_vocab"], **experts)
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -82,6 +101,20 @@ def _row_shape(kind: str, d: ModelDims) -> tuple[int, ...]:
         return (d.n_head * d.head_dim_k + d.n_head_kv * (d.head_dim_k + d.head_dim_v),)
     if kind == "ffn_up" and d.architecture == "phi3":  # the fused gate+up
         return (2 * d.n_ff,)
+    if kind in ("ffn_moe_logits", "ffn_moe_probs"):
+        return (d.n_expert,)
+    if kind in ("ffn_moe_topk", "ffn_moe_weights_norm"):
+        return (d.n_expert_used,)
+    if kind == "ffn_moe_weights":
+        return (d.n_expert_used, 1)
+    if kind in ("ffn_moe_weights_sum", "ffn_moe_weights_sum_clamped", "ffn_shexp_gate_inp", "ffn_shexp_gate"):
+        return (1,)
+    if kind in ("ffn_moe_up", "ffn_moe_gate", "ffn_moe_swiglu"):
+        return (d.n_expert_used, d.n_ff_exp)
+    if kind in ("ffn_moe_down", "ffn_moe_weighted"):
+        return (d.n_expert_used, d.n_embd)
+    if kind in ("ffn_up", "ffn_gate", "ffn_swiglu") and d.n_expert:  # an MoE's shared expert
+        return (d.n_ff_shexp,)
     if kind in ("ffn_up", "ffn_gate", "ffn_swiglu", "ffn_geglu"):
         return (d.n_ff,)
     if kind == "result_output":

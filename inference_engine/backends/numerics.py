@@ -272,3 +272,55 @@ def silu_ggml(x: np.ndarray, simd: str | None = None) -> np.ndarray:
     if n_vec < x.shape[-1]:
         out[..., n_vec:] = silu_f32(x[..., n_vec:])
     return out
+
+
+def soft_max_ggml(x: np.ndarray, simd: str | None = None) -> np.ndarray:
+    """Softmax along the last axis as ``ggml_compute_forward_soft_max_f32`` computes it (no mask, scale 1).
+
+    ``ggml_vec_soft_max_f32``: the row max is subtracted in float32; the first ``n - n % width`` values go through
+    ``ggml_v_expf``, each vector's values summed in float32 by the SIMD reduction (halves folded onto each other,
+    then ``(v0 + v2) + (v1 + v3)``; NEON's ``vaddvq_f32`` pairwise) and accumulated in double; the tail takes scalar
+    ``expf``, added in double. Then ``y *= (float)(1.0 / sum)``. A row shorter than one vector (an MoE router over
+    4 experts on AVX2) is all tail.
+    """
+    flavour = simd or ggml_simd()
+    width = SIMD_WIDTH[flavour]
+    x = np.asarray(x, dtype=np.float32)
+    shifted = (x - x.max(axis=-1, keepdims=True)).astype(np.float32)
+    n = x.shape[-1]
+    n_vec = n - n % width
+    y = np.empty_like(shifted)
+    total = np.zeros(x.shape[:-1] + (1,), dtype=np.float64)
+    if n_vec:
+        y[..., :n_vec] = expf_ggml(shifted[..., :n_vec], flavour)
+        vectors = y[..., :n_vec].reshape(*x.shape[:-1], n_vec // width, width)
+        for v in range(vectors.shape[-2]):
+            total[..., 0] += _simd_reduce_add(vectors[..., v, :], flavour).astype(np.float64)
+    with np.errstate(over="ignore"):
+        tail = np.exp(shifted[..., n_vec:].astype(np.float64)).astype(np.float32)  # scalar expf
+    y[..., n_vec:] = tail
+    for i in range(n - n_vec):  # one double add per value, in order
+        total[..., 0] += tail[..., i].astype(np.float64)
+    return (y * (1.0 / total).astype(np.float32)).astype(np.float32)
+
+
+def _simd_reduce_add(v: np.ndarray, flavour: str) -> np.ndarray:
+    """One vector's float32 horizontal sum in the order the flavour's reduction adds (last axis: the lanes)."""
+    v = np.asarray(v, dtype=np.float32)
+    if flavour == "neon":  # vaddvq_f32: (v0 + v1) + (v2 + v3)
+        return ((v[..., 0] + v[..., 1]) + (v[..., 2] + v[..., 3])).astype(np.float32)
+    while v.shape[-1] > 4:  # fold the upper half onto the lower: 512 -> 256 -> 128 bits
+        half = v.shape[-1] // 2
+        v = (v[..., :half] + v[..., half:]).astype(np.float32)
+    return ((v[..., 0] + v[..., 2]) + (v[..., 1] + v[..., 3])).astype(np.float32)
+
+
+def soft_max_f32(x: np.ndarray) -> np.ndarray:
+    """Softmax along the last axis in f32 numerics: the row max subtracted, correctly rounded ``expf``, the sum in
+    double, ``y *= (float)(1.0 / sum)`` (ggml's arithmetic with every exponential by libm's ``expf``)."""
+    x = np.asarray(x, dtype=np.float32)
+    shifted = (x - x.max(axis=-1, keepdims=True)).astype(np.float32)
+    with np.errstate(over="ignore"):
+        e = np.exp(shifted.astype(np.float64)).astype(np.float32)
+    total = e.sum(axis=-1, dtype=np.float64, keepdims=True)
+    return (e * (1.0 / total).astype(np.float32)).astype(np.float32)

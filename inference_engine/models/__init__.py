@@ -23,6 +23,8 @@ ARCHITECTURES: dict[str, str] = {
     "gemma3": "inference_engine.models.gemma3:Gemma3Model",
     "phi3": "inference_engine.models.phi3:Phi3Model",
     "gemma2": "inference_engine.models.gemma2:Gemma2Model",
+    "qwen2moe": "inference_engine.models.qwen2moe:Qwen2MoeModel",
+    "qwen3moe": "inference_engine.models.qwen3moe:Qwen3MoeModel",
 }
 MODELS: Registry[type[Model]] = Registry("architecture", ARCHITECTURES, base=Model, unknown="unsupported",
                                          listing="supported")

@@ -16,7 +16,7 @@ import numpy as np
 
 from inference_engine.backends.base import Array, Backend
 from inference_engine.errors import GGUFParityError
-from inference_engine.gguf_file import GGUFFile
+from inference_engine.gguf_file import GGUFFile, TensorInfo
 from inference_engine.kv_cache import KVCache
 
 # ``x = tap(name, x)``: every named intermediate passes through the tap, and what the tap returns is what flows on.
@@ -112,6 +112,31 @@ class Weights:
 
     def matrix(self, base: str, il: int | None = None) -> Any:
         return self.backend.load_matrix(self.f.tensor(self.name(base, il)))
+
+    def experts(self, base: str, il: int) -> list[Any]:
+        """A stacked expert tensor (GGUF ``ne = [n_in, n_out, n_expert]``, NumPy ``(n_expert, n_out, n_in)``) as one
+        prepared matrix per expert, each loaded from a 2-D view of that expert's rows of the memory map (nothing is
+        copied here; the backend prepares each expert as it prepares any matrix)."""
+        t = self.f.tensor(self.name(base, il))
+        if len(t.shape) != 3:
+            raise GGUFParityError(f"{self.f.path}: tensor '{t.name}' has shape {list(t.shape)}; expert weights "
+                                  f"must be 3-D (n_expert, n_out, n_in)")
+        n_expert, n_out, n_in = t.shape
+        rows = np.asarray(t.raw).reshape(n_expert, n_out, -1)  # a view: (n_expert, n_out, values or bytes per row)
+        return [
+            self.backend.load_matrix(TensorInfo(f"{t.name}[{e}]", t.qtype, (n_out, n_in), t.n_bytes // n_expert,
+                                                rows[e]))
+            for e in range(n_expert)
+        ]
+
+    def row_matrix(self, base: str, il: int) -> Any:
+        """A 1-D weight used as a one-row projection (qwen2moe's ``ffn_gate_inp_shexp``: ``w . x`` per token, a
+        ``ggml_mul_mat`` with a vector), prepared as the matrix ``(1, n)``."""
+        t = self.f.tensor(self.name(base, il))
+        if len(t.shape) != 1:
+            raise GGUFParityError(f"{self.f.path}: tensor '{t.name}' has shape {list(t.shape)}; expected 1-D")
+        row = np.asarray(t.raw).reshape(1, -1)
+        return self.backend.load_matrix(TensorInfo(t.name, t.qtype, (1, t.shape[0]), t.n_bytes, row))
 
     def vector(self, base: str, il: int | None = None, suffix: str = "weight") -> Array:
         return self.backend.load_vector(self.f.tensor(self.name(base, il, suffix)))

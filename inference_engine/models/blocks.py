@@ -12,6 +12,8 @@ small blocks; transformers' "diff against llama"). Each block is the graph of ll
   optional bias, and ``attn_out`` where llama.cpp names it.
 * :class:`FeedForward`: gated feed-forward, ``ffn_up``, ``ffn_gate``, the gated activation (``ffn_swiglu`` /
   ``ffn_geglu``), ``ffn_down`` as ``ffn_out``.
+
+The mixture-of-experts feed-forward (router, top-k experts, shared expert) is :mod:`inference_engine.models.moe`.
 """
 
 from __future__ import annotations
@@ -100,12 +102,15 @@ class FeedForward:
     ffn_down: Any
 
     @classmethod
-    def load(cls, w: Weights, il: int) -> FeedForward:
-        return cls(ffn_gate=w.matrix("ffn_gate", il), ffn_up=w.matrix("ffn_up", il),
-                   ffn_down=w.matrix("ffn_down", il))
+    def load(cls, w: Weights, il: int, suffix: str = "") -> FeedForward:
+        """``suffix``: ``"_shexp"`` loads an MoE's shared expert (``ffn_gate_shexp``...), same block."""
+        return cls(ffn_gate=w.matrix(f"ffn_gate{suffix}", il), ffn_up=w.matrix(f"ffn_up{suffix}", il),
+                   ffn_down=w.matrix(f"ffn_down{suffix}", il))
 
-    def __call__(self, b: Backend, h: Array, il: int, tap: Tap, activation: str = "swiglu") -> Array:
-        """``h (T, n_embd)`` (the normed input) -> ``(T, n_embd)``; ``activation``: ``swiglu`` or ``geglu``."""
+    def __call__(self, b: Backend, h: Array, il: int, tap: Tap, activation: str = "swiglu",
+                 out_name: str = "ffn_out") -> Array:
+        """``h (T, n_embd)`` (the normed input) -> ``(T, n_embd)``; ``activation``: ``swiglu`` or ``geglu``;
+        ``out_name``: what llama.cpp calls the down projection's output (``ffn_shexp`` for a shared expert)."""
         up = b.matmul(self.ffn_up, h)  # (T, n_ff)
         up = tap(f"ffn_up-{il}", up)
         gate = b.matmul(self.ffn_gate, h)  # (T, n_ff)
@@ -113,7 +118,7 @@ class FeedForward:
         h = getattr(b, activation)(gate, up)  # (T, n_ff)
         h = tap(f"ffn_{activation}-{il}", h)
         h = b.matmul(self.ffn_down, h)  # (T, n_embd)
-        return tap(f"ffn_out-{il}", h)
+        return tap(f"{out_name}-{il}", h)
 
 
 @dataclass

@@ -23,7 +23,7 @@ from validation.run import ValidateOptions, open_ours, open_reference, validate
 pytest.importorskip("validation.llamacpp", reason="the llama.cpp reference engine is not importable")
 pytest.importorskip("inference_engine.engine", reason="our engine is not importable")
 
-ARCHS = ("llama", "qwen2", "qwen3", "gemma3", "phi3", "gemma2")
+ARCHS = ("llama", "qwen2", "qwen3", "gemma3", "phi3", "gemma2", "qwen2moe", "qwen3moe")
 # A short prompt (~12-16 tokens): RoPE at positions > 0, both gemma3 window types, fixture runs in about a second.
 PROMPT = "Hello world, the engines agree on 1234 tokens."
 SMOKE_TOKENS = 4

@@ -29,6 +29,13 @@ What the names hold in this build (seen on SmolLM2 and Gemma 3; diff with care):
 * Gemma 3's attention output projection is unnamed (no ``attn_out``); ``attn_post_norm`` follows it.
 * The last layer's ``GET_ROWS`` onto the requested outputs is unnamed; capture asks for every row, so
   ``l_out-<last>`` keeps all ``n_tokens`` rows.
+* Mixture of experts (``build_moe_ffn``): ``ffn_moe_logits`` (router), ``ffn_moe_probs`` (softmax),
+  ``ffn_moe_topk`` (the chosen experts: I32, a view of ``ffn_moe_argsort``; kept, as float32 ids, because which
+  experts a token goes to is what an MoE engine must get right), ``ffn_moe_weights`` ``(T, k, 1)``, optionally
+  ``ffn_moe_weights_sum`` / ``_sum_clamped`` / ``_norm`` (qwen3moe), then per chosen expert ``ffn_moe_gate`` /
+  ``ffn_moe_up`` / ``ffn_moe_swiglu`` / ``ffn_moe_down`` / ``ffn_moe_weighted`` ``(T, k, n)`` and ``ffn_moe_out``.
+  qwen2moe's shared expert reuses the dense names (``ffn_gate``, ``ffn_up``, ``ffn_swiglu``), then ``ffn_shexp``,
+  ``ffn_shexp_gate_inp``, ``ffn_shexp_gate``, ``ffn_shexp_out`` and ``ffn_out``.
 """
 
 from __future__ import annotations
@@ -40,7 +47,13 @@ from dataclasses import dataclass
 import numpy as np
 from llama_cpp import llama_cpp as ll
 
-from validation.ggml_ctypes import drop_leading_ones, read_header, tensor_to_numpy
+from validation.ggml_ctypes import (
+    GGML_TYPE_I32,
+    drop_leading_ones,
+    index_tensor_to_numpy,
+    read_header,
+    tensor_to_numpy,
+)
 
 # "name" or "name-<layer>", as llama_context::graph_get_cb formats them ("%s-%d" for il >= 0, the bare name else).
 GRAPH_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(-[0-9]+)?$")
@@ -49,8 +62,17 @@ GRAPH_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(-[0-9]+)?$")
 GGML_DEFAULT_NAME = re.compile(r"^(node|leaf)_[0-9]+$")
 
 
+# Integer (I32) tensors worth comparing, by kind: the experts an MoE router picks. Other I32 nodes (token ids,
+# positions, output ids, the full argsort) are inputs or scaffolding, not results.
+INDEX_KINDS = ("ffn_moe_topk",)
+
+
 def is_graph_name(name: str) -> bool:
     return bool(GRAPH_NAME.match(name)) and not GGML_DEFAULT_NAME.match(name)
+
+
+def is_index_name(name: str) -> bool:
+    return name.rsplit("-", 1)[0] in INDEX_KINDS
 
 
 @dataclass(frozen=True)
@@ -62,7 +84,7 @@ class GraphNode:
     op: str  # ggml_op_desc: MUL_MAT, RMS_NORM, ROPE, VIEW, ...
     type_name: str  # f32, f16, ...
     shape: tuple[int, ...]  # NumPy convention: reversed(ne), leading size-1 axes dropped
-    kept: bool  # a graph name with a float type: what capture() returns
+    kept: bool  # a graph name with a float type (or an MoE's chosen experts): what capture() returns
 
 
 class GraphRecorder:
@@ -114,11 +136,12 @@ class GraphRecorder:
 
     def _record(self, ptr: int) -> None:
         header = read_header(ptr)
-        kept = header.is_float and is_graph_name(header.name)
+        index = header.type == GGML_TYPE_I32 and is_index_name(header.name)
+        kept = (header.is_float or index) and is_graph_name(header.name)
         self.nodes.append(
             GraphNode(len(self.nodes), header.name, header.op, header.type_name, header.numpy_shape, kept)
         )
         if not kept or (self.wanted is not None and header.name not in self.wanted):
             return
-        array = tensor_to_numpy(ptr, header)
+        array = index_tensor_to_numpy(ptr, header) if index else tensor_to_numpy(ptr, header)
         self.tensors[header.name] = array.reshape(drop_leading_ones(array.shape))

@@ -78,6 +78,22 @@ def compare_logits(ours: np.ndarray, ref: np.ndarray) -> LogitComparison:
     )
 
 
+def routing_flips(ours: dict[str, np.ndarray], ref: dict[str, np.ndarray]) -> list[tuple[int, int, float]]:
+    """Where an MoE router chose other experts than llama.cpp's (``ffn_moe_topk-<il>`` as sets per position):
+    ``(layer, position, llama.cpp's margin)``, the margin being its probability gap between the last chosen expert
+    and the best one left out. A flip at a tiny margin is a near tie that any rounding difference may break; the
+    token's FFN output then jumps (other experts), so its logits differ by more than rounding."""
+    flips = []
+    for name in (n for n in ref if n.startswith("ffn_moe_topk-")):
+        il = int(name.rsplit("-", 1)[1])
+        k = ref[name].shape[-1]
+        probs = np.sort(ref[f"ffn_moe_probs-{il}"], axis=-1)[:, ::-1]
+        margin = probs[:, k - 1] - probs[:, k]
+        differ = (np.sort(ours[name], axis=-1) != np.sort(ref[name], axis=-1)).any(axis=-1)
+        flips += [(il, int(t), float(margin[t])) for t in np.nonzero(differ)[0]]
+    return flips
+
+
 @dataclass
 class GreedyRun:
     tokens: list[int]
@@ -199,7 +215,7 @@ def teacher_forced_ops(engine, ref: dict[str, np.ndarray], ids: list[int]) -> li
         check("matmul", f"Vcur-{il}", v)
         q = b.matmul(a.attn_q, h)
         q = (b.add(q, a.attn_q_bias) if a.attn_q_bias is not None else q).reshape(len(ids), hp.n_head, hp.head_dim_k)
-        if arch in ("qwen3", "gemma3"):
+        if arch in ("qwen3", "gemma3", "qwen3moe"):
             check("matmul+rms_norm", f"Qcur_normed-{il}", b.rms_norm(q, layer.attn.attn_q_norm, hp.rms_eps))
             rope = (
                 model.rope_for_layer(il)
@@ -217,7 +233,7 @@ def teacher_forced_ops(engine, ref: dict[str, np.ndarray], ids: list[int]) -> li
             rope = {
                 "n_dims": hp.n_rot,
                 "freq_base": hp.rope_freq_base,
-                "neox": arch == "qwen2",
+                "neox": arch in ("qwen2", "qwen2moe"),
                 "freq_scale": hp.rope_freq_scale,
             }
             if arch == "llama":
@@ -243,6 +259,9 @@ def teacher_forced_ops(engine, ref: dict[str, np.ndarray], ids: list[int]) -> li
             check("matmul", f"attn_out-{il}", b.matmul(layer.attn.attn_output, ref[f"kqv_out-{il}"]))
         residual = ref[f"sa_out-{il}"] if arch == "gemma3" else ref[f"ffn_inp-{il}"]
         check("rms_norm", f"ffn_norm-{il}", b.rms_norm(residual, layer.ffn_norm, hp.rms_eps))
+        if hasattr(layer, "moe"):
+            _moe_ops(b, layer, il, ref, check)
+            continue
         check("matmul", f"ffn_up-{il}", b.matmul(layer.ffn.ffn_up, ref[f"ffn_norm-{il}"]))
         check("matmul", f"ffn_gate-{il}", b.matmul(layer.ffn.ffn_gate, ref[f"ffn_norm-{il}"]))
         check("glu", f"{glu_name}-{il}", glu(ref[f"ffn_gate-{il}"], ref[f"ffn_up-{il}"]))
@@ -254,6 +273,31 @@ def teacher_forced_ops(engine, ref: dict[str, np.ndarray], ids: list[int]) -> li
     check("rms_norm", "result_norm", b.rms_norm(ref[f"l_out-{hp.n_layer - 1}"], model.output_norm, hp.rms_eps))
     check("matmul", "result_output", b.matmul(model.output, ref["result_norm"]))
     return checks
+
+
+def _moe_ops(b, layer, il, ref, check) -> None:
+    """A mixture-of-experts layer's ops on llama.cpp's inputs: router matmul, softmax, top-k, the chosen experts'
+    products on llama.cpp's own expert choice (``ffn_moe_topk``), SwiGLU, the weighted sum; the shared expert."""
+    from inference_engine.models.moe import _silu, _soft_max, expert_products
+
+    moe, k = layer.moe, layer.moe.n_expert_used
+    x = ref[f"ffn_norm-{il}"]
+    check("matmul", f"ffn_moe_logits-{il}", b.matmul(moe.ffn_gate_inp, x))
+    check("softmax", f"ffn_moe_probs-{il}", _soft_max(b, ref[f"ffn_moe_logits-{il}"]))
+    probs = ref[f"ffn_moe_probs-{il}"]
+    check("topk", f"ffn_moe_topk-{il}", np.argsort(-probs, axis=-1, kind="stable")[:, :k].astype(np.float32))
+    ids = ref[f"ffn_moe_topk-{il}"].astype(np.int64)
+    check("get_rows", f"ffn_moe_weights-{il}", np.take_along_axis(probs, ids, axis=-1)[..., None])
+    check("matmul", f"ffn_moe_up-{il}", expert_products(b, moe.ffn_up_exps, x, ids))
+    check("matmul", f"ffn_moe_gate-{il}", expert_products(b, moe.ffn_gate_exps, x, ids))
+    check("glu", f"ffn_moe_swiglu-{il}", b.swiglu(ref[f"ffn_moe_gate-{il}"], ref[f"ffn_moe_up-{il}"]))
+    check("matmul", f"ffn_moe_down-{il}", expert_products(b, moe.ffn_down_exps, ref[f"ffn_moe_swiglu-{il}"], ids))
+    shexp = getattr(layer, "shexp", None)
+    if shexp is not None:
+        check("matmul", f"ffn_shexp-{il}", b.matmul(shexp.ffn.ffn_down, ref[f"ffn_swiglu-{il}"]))
+        g = ref[f"ffn_shexp_gate_inp-{il}"]
+        check("matmul", f"ffn_shexp_gate_inp-{il}", b.matmul(shexp.ffn_gate_inp_shexp, x))
+        check("sigmoid", f"ffn_shexp_gate-{il}", _silu(b, g) / g)
 
 
 # --- a dequantized copy of a model -------------------------------------------------------------------------------
