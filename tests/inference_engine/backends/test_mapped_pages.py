@@ -7,7 +7,7 @@ import mmap
 import numpy as np
 import pytest
 
-from inference_engine.backends.mapped_pages import PAGE, drop_file_pages
+from inference_engine.backends.mapped_pages import PAGE, copy_out_of_map, drop_file_pages
 
 N_PAGES = 256  # 1 MB of 4 KB pages: large enough to see in RSS, small enough to be quick
 
@@ -53,3 +53,30 @@ def test_ranges_without_a_whole_page_give_back_nothing(mapped):
     _, m = mapped
     assert drop_file_pages(m[10 : 10 + PAGE]) == 0
     assert drop_file_pages(m[:0]) == 0
+
+
+def resident_file_kb() -> int:
+    with open("/proc/self/status") as fh:
+        return next(int(line.split()[1]) for line in fh if line.startswith("RssFile:"))
+
+
+def test_copy_out_of_map_reads_the_file_without_mapping_its_pages(mapped):
+    data, m = mapped
+    view = m[100 : 100 + (N_PAGES - 1) * PAGE].reshape(N_PAGES - 1, PAGE)  # not page-aligned, 2-D
+    resident_kb()  # skips where there is no /proc
+    before = resident_file_kb()
+    copy = copy_out_of_map(view)
+    assert resident_file_kb() - before < N_PAGES * PAGE // 1024 // 4  # the mapped pages stayed out of RSS
+    assert type(copy) is np.ndarray and copy.shape == view.shape and copy.dtype == view.dtype
+    assert not np.shares_memory(copy, m)
+    np.testing.assert_array_equal(copy, data[100 : 100 + (N_PAGES - 1) * PAGE].reshape(copy.shape))
+
+
+def test_copy_out_of_map_of_other_arrays_is_a_plain_copy(mapped):
+    _, m = mapped
+    strided = m[: 4 * PAGE : 2]  # not contiguous: copied through the map
+    np.testing.assert_array_equal(copy_out_of_map(strided), np.array(strided))
+    anonymous = np.arange(1000, dtype=np.float32)
+    copy = copy_out_of_map(anonymous)
+    assert not np.shares_memory(copy, anonymous)
+    np.testing.assert_array_equal(copy, anonymous)
