@@ -96,7 +96,11 @@ class FastGGUFReader(GGUFReader):
         # None: the first structural problem of the tensor table raises; a list: problems are collected there and
         # only the valid tensors are built (``inspect`` shows what it can of a broken file).
         self.problems = problems
+        identity = os.stat(path)  # before mapping: a file replaced in between then reads as changed, never as same
         super().__init__(path, mode)
+        from inference_engine.backends.mapped_pages import remember_file_identity  # here: backends import us
+
+        remember_file_identity(self.data, identity)  # lets the numba backend read weights by name, safely
 
     def _build_tensors(self, start_offs, fields):
         fields = gguf_validate.checked_tensor_fields(self, start_offs, fields, self.problems)

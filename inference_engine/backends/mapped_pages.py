@@ -16,12 +16,15 @@ above where it settled once the pages were dropped.
 from __future__ import annotations
 
 import mmap
+import os
 
 import numpy as np
 
 PAGE = mmap.PAGESIZE
 # Bytes read per call when copying out of the file: few calls, and no large buffer besides the destination.
 READ_CHUNK = 16 << 20
+# The attribute of a numpy.memmap holding its file's identity (remember_file_identity).
+IDENTITY_ATTR = "gguf_parity_file_identity"
 
 
 def _mapping(arr: np.ndarray) -> mmap.mmap | None:
@@ -35,14 +38,26 @@ def _mapping(arr: np.ndarray) -> mmap.mmap | None:
     return None
 
 
-def _file_position(arr: np.ndarray) -> tuple[str, int] | None:
-    """``(file name, byte offset in that file)`` of the first byte of ``arr`` when it views a ``numpy.memmap`` of a
-    file (gguf-py's reader data), else None."""
-    base = arr
-    while base is not None and not (isinstance(base, np.memmap) and getattr(base, "filename", None)):
+def remember_file_identity(mm: np.memmap, st: os.stat_result) -> None:
+    """Record on a ``numpy.memmap`` which file it maps (``st``: ``os.stat`` of the path, taken *before* mapping it),
+    so that :func:`copy_out_of_map` reads by name only while the name still leads to that file."""
+    setattr(mm, IDENTITY_ATTR, _identity(st))
+
+
+def _identity(st: os.stat_result) -> tuple[int, int, int, int]:
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def _file_position(arr: np.ndarray) -> tuple[str, int, tuple | None] | None:
+    """``(file name, byte offset in that file, recorded identity or None)`` of the first byte of ``arr`` when it views
+    a ``numpy.memmap`` of a file (gguf-py's reader data), else None."""
+    base, root = arr, None
+    while base is not None:
+        if isinstance(base, np.memmap) and getattr(base, "filename", None):
+            root = base  # the outermost memmap: the one the reader made (slices inherit filename and offset)
         base = getattr(base, "base", None)
     mm = _mapping(arr)
-    if base is None or mm is None:
+    if root is None or mm is None:
         return None
     try:
         into_map = arr.ctypes.data - np.frombuffer(mm, np.uint8).ctypes.data
@@ -51,8 +66,8 @@ def _file_position(arr: np.ndarray) -> tuple[str, int] | None:
     if not 0 <= into_map <= len(mm) - arr.nbytes:
         return None
     # numpy.memmap maps from the offset rounded down to the allocation granularity (every slice keeps that offset)
-    map_start = int(base.offset) - int(base.offset) % mmap.ALLOCATIONGRANULARITY
-    return str(base.filename), map_start + into_map
+    map_start = int(root.offset) - int(root.offset) % mmap.ALLOCATIONGRANULARITY
+    return str(root.filename), map_start + into_map, getattr(root, IDENTITY_ATTR, None)
 
 
 def copy_out_of_map(arr: np.ndarray) -> np.ndarray:
@@ -60,17 +75,22 @@ def copy_out_of_map(arr: np.ndarray) -> np.ndarray:
 
     When ``arr`` is a contiguous view into a memory-mapped file, its bytes are read from the file into the copy,
     so none of the mapped pages enter this process (the copy is the only resident one); otherwise
-    ``np.array(arr)``. The bytes are the same either way (the file is opened read-only and not changed meanwhile).
+    ``np.array(arr)``. The bytes are the same either way: the file is opened read-only, and where the map recorded
+    its file's identity (:func:`remember_file_identity`, gguf_file's reader does) a file replaced on disk since it
+    was mapped (a re-download) is copied through the map instead.
     """
     where = _file_position(arr) if arr.flags.c_contiguous and arr.nbytes else None
     if where is None:
         return np.array(arr, order="C")
+    name, position, identity = where
     out = np.empty(arr.shape, arr.dtype)
     dest = memoryview(out.reshape(-1).view(np.uint8))
     done = 0
     try:
-        with open(where[0], "rb", buffering=0) as fh:
-            fh.seek(where[1])
+        with open(name, "rb", buffering=0) as fh:
+            if identity is not None and _identity(os.fstat(fh.fileno())) != identity:
+                return np.array(arr, order="C")
+            fh.seek(position)
             while done < len(dest):
                 got = fh.readinto(dest[done : done + READ_CHUNK])
                 if not got:

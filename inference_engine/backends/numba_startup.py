@@ -66,8 +66,12 @@ def defer_blas_probe() -> bool:
     sys.meta_path.insert(0, finder)
     try:
         import numba.np.arraymath as arraymath
-    finally:
+    except Exception:  # noqa: BLE001 - whatever went wrong held back, Numba must still import as it always did
         sys.meta_path.remove(finder)
+        import numba.np.arraymath  # noqa: F401
+
+        return False
+    sys.meta_path.remove(finder)
     if arraymath._HAVE_BLAS is False and callable(getattr(arraymath, "_check_blas", None)):
         arraymath._HAVE_BLAS = DeferredBlasCheck(arraymath._check_blas)
         return True

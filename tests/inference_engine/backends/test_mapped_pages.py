@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import mmap
+import os
 
 import numpy as np
 import pytest
 
-from inference_engine.backends.mapped_pages import PAGE, copy_out_of_map, drop_file_pages
+from inference_engine.backends.mapped_pages import PAGE, copy_out_of_map, drop_file_pages, remember_file_identity
 
 N_PAGES = 256  # 1 MB of 4 KB pages: large enough to see in RSS, small enough to be quick
 
@@ -80,3 +81,16 @@ def test_copy_out_of_map_of_other_arrays_is_a_plain_copy(mapped):
     copy = copy_out_of_map(anonymous)
     assert not np.shares_memory(copy, anonymous)
     np.testing.assert_array_equal(copy, anonymous)
+
+
+def test_copy_out_of_map_of_a_file_replaced_since_it_was_mapped_copies_the_mapped_bytes(tmp_path):
+    data = np.random.default_rng(1).integers(0, 256, 4 * PAGE, dtype=np.uint8)
+    path = tmp_path / "weights.bin"
+    data.tofile(path)
+    identity = os.stat(path)
+    m = np.memmap(path, dtype=np.uint8, mode="r")
+    remember_file_identity(m, identity)
+    np.testing.assert_array_equal(copy_out_of_map(m[PAGE : 3 * PAGE]), data[PAGE : 3 * PAGE])
+    (tmp_path / "new.bin").write_bytes(bytes(reversed(data.tobytes())))
+    (tmp_path / "new.bin").replace(path)  # as a re-download replaces the file; the map still shows the old one
+    np.testing.assert_array_equal(copy_out_of_map(m[PAGE : 3 * PAGE]), data[PAGE : 3 * PAGE])
