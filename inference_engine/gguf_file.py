@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 from gguf import GGMLQuantizationType, GGUFReader, LlamaFileType
-from gguf.gguf_reader import ReaderField
 from gguf.constants import GGUFValueType
+from gguf.gguf_reader import ReaderField
 
 from inference_engine import gguf_validate
 from inference_engine.errors import GGUFParityError
@@ -166,7 +166,7 @@ class StringArrayParts(Sequence):
     uint8 view per string, made when indexed from ``starts`` (the file offset of each string's 8-byte length, plus
     the offset just past the last string)."""
 
-    __slots__ = ("head", "buf", "starts")
+    __slots__ = ("buf", "head", "starts")
 
     def __init__(self, head: list[np.ndarray], buf: np.ndarray, starts: array):
         self.head = head

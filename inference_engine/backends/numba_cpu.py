@@ -32,12 +32,12 @@ from inference_engine.backends import numba_startup
 
 numba_startup.defer_blas_probe()  # before any kernel loads: Numba's registries then skip importing scipy.linalg
 
-from inference_engine.backends import numerics as nx  # noqa: E402
-from inference_engine.backends.numba_kernels import dispatch as kernels  # noqa: E402
-from inference_engine.backends.numba_kernels import ops  # noqa: E402
-from inference_engine.backends.numpy_ref import NumpyBackend  # noqa: E402
-from inference_engine.errors import GGUFParityError  # noqa: E402
-from inference_engine.gguf_file import TensorInfo  # noqa: E402
+from inference_engine.backends import numerics as nx
+from inference_engine.backends.numba_kernels import dispatch as kernels
+from inference_engine.backends.numba_kernels import ops
+from inference_engine.backends.numpy_ref import NumpyBackend
+from inference_engine.errors import GGUFParityError
+from inference_engine.gguf_file import TensorInfo
 
 
 class NumbaBackend(NumpyBackend):

@@ -51,7 +51,6 @@ class _HoldBack(importlib.abc.MetaPathFinder):
         if threading.get_ident() == self.thread and (name == HELD_BACK or name.startswith(HELD_BACK + ".")):
             raise ImportError(f"{name} is held back while Numba's registries load (inference_engine.backends."
                               "numba_startup)")
-        return None
 
 
 def defer_blas_probe() -> bool:
@@ -65,7 +64,7 @@ def defer_blas_probe() -> bool:
     finder = _HoldBack(threading.get_ident())
     sys.meta_path.insert(0, finder)
     try:
-        import numba.np.arraymath as arraymath
+        from numba.np import arraymath
     except Exception:  # noqa: BLE001 - whatever went wrong held back, Numba must still import as it always did
         sys.meta_path.remove(finder)
         import numba.np.arraymath  # noqa: F401
