@@ -357,7 +357,7 @@ def run_compare(cfg: CompareConfig, session: CompareSession, *, clock: Clock | N
     max_ctx = int(gguf.arch_value("context_length", 0) or 0) or 1 << 30
     _check_sizes_fit(cfg, max_ctx)
 
-    ours_spec = cfg.engine_spec()
+    ours_spec = engines.with_llama_bench_kv(cfg.engine_spec())  # the same K/V cache type as llama.cpp's
     ref_spec = engines.parse_engine_spec(REFERENCE_ENGINE)
     session.ours_name = ours_spec.name
     advance = advance or (lambda desc: None)

@@ -24,8 +24,9 @@ whether the device supports the fused op, llama-context.cpp ``auto_fa``). The ch
 n_ubatch, the size llama.cpp computes a prefill in). Like llama-bench it loads with ``use_extra_bufts``
 (``--repack``: quantized weights moved into AMX / repacked buffers) on, except where a probe in a child process shows
 that this crashes (CPUs reporting AMX-INT8 with llama-cpp-python 0.3.36); see :mod:`bench_compare.extra_bufts`.
-Our engine runs with its own defaults (``kv_type="f32"``). Every setting used is returned by
-:func:`engine_settings` and recorded, the extra-buffer verdict and its reason included.
+Our engine runs with its own defaults (``kv_type="f32"``), except that ``compare`` gives it llama-bench's F16 K/V
+cache (:func:`with_llama_bench_kv`) unless ``--engine-opt kv_type=...`` says otherwise. Every setting used is
+returned by :func:`engine_settings` and recorded, the extra-buffer verdict and its reason included.
 """
 
 from __future__ import annotations
@@ -322,6 +323,14 @@ def _ours_settings(target: str, *, numerics: str, n_batch: int, kv_type: str = O
                    **options) -> dict[str, Any]:
     return {"backend": target, "numerics": numerics, "n_ubatch": n_batch, "type_k": kv_type, "type_v": kv_type,
             "flash_attn": False}
+
+
+def with_llama_bench_kv(spec: EngineSpec) -> EngineSpec:
+    """``spec`` with llama-bench's K/V cache type when it is our engine and the user chose none: ``compare`` then
+    runs both engines on the same cache storage (what attention reads and what stays resident: half of F32's)."""
+    if spec.scheme != "ours" or "kv_type" in spec.engine_options():
+        return spec
+    return EngineSpec(spec.scheme, spec.target, spec.options + (("kv_type", LLAMA_BENCH_KV_TYPE),))
 
 
 open_ours.import_modules = _ours_imports  # type: ignore[attr-defined]

@@ -18,6 +18,7 @@ Decoding concatenates each token's piece (llama.cpp's ``llama_token_to_piece``),
 from __future__ import annotations
 
 import codecs
+import io
 import numbers
 import os
 from collections.abc import Iterable
@@ -37,7 +38,9 @@ from inference_engine.tokenizer_vocab import (
     PARSE_SPECIAL_ONLY_ATTRS,
     SUPPORTED_TOKENIZER_MODELS,
     GGUFVocab,
+    LazyTextToId,
     TokenAttr,
+    TokenTexts,
     read_vocab,
     token_piece,
 )
@@ -58,9 +61,9 @@ class GGUFTokenizer:
     """Encode / decode with a GGUF's vocabulary exactly as llama.cpp does."""
 
     def __init__(self, vocab: GGUFVocab, *, merge_pairs: list[tuple[str, str]] | None = None,
-                 spm_proto: bytes | None = None):
-        """``merge_pairs`` / ``spm_proto``: what an earlier build derived from ``vocab`` (the tokenizer cache hands
-        them back); computed when not given."""
+                 spm_proto: bytes | None = None, bpe_files: tuple[Path, Path] | None = None):
+        """``merge_pairs`` / ``bpe_files`` / ``spm_proto``: what an earlier build derived from ``vocab`` (the
+        tokenizer cache hands them back); computed when not given."""
         self.vocab = vocab
         self.model = vocab.model
         self.from_cache = False  # set by from_gguf when the build came from the tokenizer cache
@@ -69,7 +72,7 @@ class GGUFTokenizer:
         if vocab.model == "gpt2":
             family = pre_tokenizer_family(vocab.pre, vocab.path)
             self.pre_tokenizer = family.name
-            self._model: ByteLevelBPE | SentencePieceBPE = ByteLevelBPE(vocab, family, merge_pairs)
+            self._model: ByteLevelBPE | SentencePieceBPE = ByteLevelBPE(vocab, family, merge_pairs, bpe_files)
             default_add_bos = family.add_bos
         else:
             self.pre_tokenizer = "SPM"
@@ -105,36 +108,49 @@ class GGUFTokenizer:
         return tokenizer
 
     def _cache_state(self) -> dict:
+        """What the tokenizer cache stores (:mod:`inference_engine.tokenizer_cache`; bytes entries become files)."""
         v = self.vocab
-        state = {
+        blob, ends = TokenTexts.pack(v.texts)
+        arrays = io.BytesIO()
+        np.savez(arrays, texts=blob, text_ends=ends, attrs=np.asarray(v.attrs, dtype=np.int32),
+                 scores=np.asarray(v.scores, dtype=np.float32))
+        state: dict = {
             "vocab": {
-                "path": v.path, "model": v.model, "pre": v.pre, "texts": v.texts, "attrs": v.attrs,
-                "scores": v.scores.tolist(), "special_ids": v.special_ids, "eog_ids": sorted(v.eog_ids),
-                "add_bos": v.add_bos, "add_eos": v.add_eos, "add_space_prefix": v.add_space_prefix,
+                "path": v.path, "model": v.model, "pre": v.pre, "special_ids": v.special_ids,
+                "eog_ids": sorted(v.eog_ids), "add_bos": v.add_bos, "add_eos": v.add_eos,
+                "add_space_prefix": v.add_space_prefix,
             },
+            "vocab_arrays": arrays.getvalue(),
         }
         if isinstance(self._model, ByteLevelBPE):
-            # flat [left0, right0, left1, ...]: zipped back into pairs at C speed
-            state["merge_pairs"] = [text for pair in self._model.merge_pairs for text in pair]
+            files = self._model.hf_files(v)
+            if files is not None:
+                state["bpe_vocab"], state["bpe_merges"] = files
+            else:  # a merge the merges.txt format cannot hold: flat [left0, right0, left1, ...] in the slot
+                state["merge_pairs"] = [text for pair in self._model.merge_pairs for text in pair]
         else:
             state["spm_proto"] = self._model.proto
         return state
 
     @classmethod
     def _from_cache_state(cls, state: dict) -> GGUFTokenizer:
-        v = state["vocab"]
-        texts = v["texts"]
+        v, files = state["vocab"], state["sidecars"]
+        with np.load(files["vocab_arrays"]) as arrays:
+            texts = TokenTexts(arrays["texts"].tobytes(), arrays["text_ends"])
+            attrs, scores = arrays["attrs"].tolist(), arrays["scores"].astype(np.float32)
         vocab = GGUFVocab(
-            path=v["path"], model=v["model"], pre=v["pre"], texts=texts, attrs=v["attrs"],
-            scores=np.asarray(v["scores"], dtype=np.float32),
-            merges=None,  # not kept: the BPE model is built from merge_pairs, the usable merges in rank order
+            path=v["path"], model=v["model"], pre=v["pre"], texts=texts, attrs=attrs, scores=scores,
+            merges=None,  # not kept: the BPE model is read from its files (or built from merge_pairs)
             special_ids=v["special_ids"], eog_ids=frozenset(v["eog_ids"]), add_bos=v["add_bos"],
-            add_eos=v["add_eos"], add_space_prefix=v["add_space_prefix"],
-            text_to_id=dict(zip(texts, range(len(texts)))),
+            add_eos=v["add_eos"], add_space_prefix=v["add_space_prefix"], text_to_id=LazyTextToId(texts),
         )
         flat = state.get("merge_pairs")
+        bpe_files = (files["bpe_vocab"], files["bpe_merges"]) if "bpe_vocab" in files else None
+        spm_proto = files["spm_proto"].read_bytes() if "spm_proto" in files else None
         tokenizer = cls(vocab, merge_pairs=None if flat is None else list(zip(flat[::2], flat[1::2])),
-                        spm_proto=state.get("spm_proto"))
+                        spm_proto=spm_proto, bpe_files=bpe_files)
+        if isinstance(tokenizer._model, SentencePieceBPE):
+            tokenizer._model.proto = None  # loaded: only a fresh build keeps it, to be stored
         tokenizer.from_cache = True
         return tokenizer
 

@@ -12,7 +12,9 @@ newer than the regex engine's Unicode tables split exactly as in llama.cpp.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 
 from tokenizers import Regex, Tokenizer
 from tokenizers import models as tk_models
@@ -98,16 +100,25 @@ class ByteLevelBPE:
     """Maps one plain-text fragment (special tokens already cut out) to llama.cpp's ids."""
 
     def __init__(self, vocab: GGUFVocab, family: PreTokenizerFamily,
-                 merge_pairs: list[tuple[str, str]] | None = None):
+                 merge_pairs: list[tuple[str, str]] | None = None, files: tuple[Path, Path] | None = None):
+        """``files``: the ``vocab.json`` / ``merges.txt`` pair :meth:`hf_files` wrote for this vocabulary (the
+        tokenizer cache), read by ``tokenizers`` itself; else the model is built from ``merge_pairs`` (default: the
+        vocabulary's usable merges)."""
         self.family = family
-        # (left, right) per usable merge, in rank order: what the BPE model is built from (kept for the cache)
-        self.merge_pairs = usable_merges(vocab) if merge_pairs is None else merge_pairs
-        # Splitting runs on the collapsed text (see tokenizer_unicode), so it is a separate step from the model.
-        self._splitter = tk_pre.Sequence([tk_pre.Split(Regex(rx), behavior="isolated") for rx in family.regexes])
         # A byte-level character missing from the vocabulary stays a symbol in llama.cpp (so it blocks merges across
         # it) and is dropped at the end; an "unknown" stand-in outside the vocabulary does the same here.
         self._oov_id = vocab.n_vocab
-        self._model = Tokenizer(_bpe_model(vocab, family, self._oov_id, self.merge_pairs))
+        if files is not None:
+            self.merge_pairs: list[tuple[str, str]] | None = None  # only in the files
+            model = tk_models.BPE.from_file(str(files[0]), str(files[1]), unk_token=_OOV_TEXT, fuse_unk=False,
+                                            ignore_merges=family.ignore_merges)
+        else:
+            # (left, right) per usable merge, in rank order: what the BPE model is built from (kept for the cache)
+            self.merge_pairs = usable_merges(vocab) if merge_pairs is None else merge_pairs
+            model = _bpe_model(vocab, family, self._oov_id, self.merge_pairs)
+        # Splitting runs on the collapsed text (see tokenizer_unicode), so it is a separate step from the model.
+        self._splitter = tk_pre.Sequence([tk_pre.Split(Regex(rx), behavior="isolated") for rx in family.regexes])
+        self._model = Tokenizer(model)
         self._model.pre_tokenizer = tk_pre.ByteLevel(add_prefix_space=False, use_regex=False)
 
     def words(self, text: str) -> list[str]:
@@ -118,6 +129,22 @@ class ByteLevelBPE:
             pos += len(piece)
         return words
 
+    def hf_files(self, vocab: GGUFVocab) -> tuple[bytes, bytes] | None:
+        """This model as ``tokenizers``' ``vocab.json`` and ``merges.txt`` contents (for the tokenizer cache), or None
+        when a merge cannot be written as a ``merges.txt`` line: each line is split at its one space, and a line
+        starting with ``#version`` is skipped as the header."""
+        if self.merge_pairs is None:
+            return None
+        lines = []
+        for left, right in self.merge_pairs:
+            if any(c in part for part in (left, right) for c in _MERGES_TXT_SEPARATORS) or left.startswith("#version"):
+                return None
+            lines.append(f"{left} {right}")
+        token_ids = dict(vocab.text_to_id)
+        token_ids[_OOV_TEXT] = self._oov_id
+        vocab_json = json.dumps(token_ids, ensure_ascii=False).encode("utf-8")
+        return vocab_json, ("#version: 0.2\n" + "\n".join(lines) + "\n").encode("utf-8")
+
     def encode(self, text: str) -> list[int]:
         words = self.words(text)
         if not words:
@@ -127,6 +154,8 @@ class ByteLevelBPE:
 
 
 _OOV_TEXT = "\x00gguf-parity:oov\x00"
+# Characters a merges.txt part cannot hold (``tokenizers`` splits lines at newlines, and each line at its space).
+_MERGES_TXT_SEPARATORS = (" ", "\n", "\r")
 
 
 def usable_merges(vocab: GGUFVocab) -> list[tuple[str, str]]:

@@ -2,13 +2,17 @@
 
 Building a :class:`~inference_engine.tokenizer.GGUFTokenizer` from a 150k-262k-token GGUF vocabulary takes about a
 second (reading the arrays, llama.cpp's special-token rules, every token's piece, the BPE merge table), against
-llama.cpp's milliseconds. Everything that build derives from the file is stored here once, as JSON (no pickles)
-plus, for SentencePiece vocabularies, the serialized model, and read back on the next start.
+llama.cpp's milliseconds. Everything that build derives from the file is stored here once and read back on the next
+start: a small JSON slot (flags, special ids) with sidecar files, none of them pickles: the token texts, attributes
+and scores as one ``.npz`` (a JSON list of 262,144 strings parsed into 40 MB of Python objects), and the model the
+tokenizer runs, which its library reads itself: the SentencePiece ``ModelProto``, or for BPE the ``vocab.json`` /
+``merges.txt`` pair that ``tokenizers`` loads in Rust (no Python tuple per merge).
 
 One slot per model file (named by a hash of its real path), valid while the file's size and modification time are
 those recorded: a changed or replaced file misses and its slot is rewritten. Small vocabularies are not cached
-(their build costs less than reading a cache file). Slots are written atomically (temporary file, then
-``os.replace``); at most :data:`MAX_SLOTS` are kept, the least recently written go first. The folder is
+(their build costs less than reading a cache file). Every file is written atomically (temporary file, then
+``os.replace``), the sidecars first under fresh names and the slot last, so a slot only ever names complete sidecars;
+at most :data:`MAX_SLOTS` are kept, the least recently written go first. The folder is
 ``<cache>/tokenizers`` next to the named models' ``<cache>/models`` (see
 :mod:`inference_engine.model_cache`); delete it to clear the cache.
 """
@@ -23,10 +27,18 @@ from pathlib import Path
 from typing import Any
 
 # Bump when what is stored, or how a tokenizer is built from it, changes: older slots are then ignored.
-FORMAT = 2
+FORMAT = 3
 # Below this many tokens a build takes a few tens of milliseconds, no more than reading a cache file.
 MIN_VOCAB = 20_000
 MAX_SLOTS = 64
+# State entries kept beside the slot as files (bytes when stored; ``load`` hands back their paths in
+# ``state["sidecars"]``), and the suffix of each file's name.
+SIDECARS: dict[str, str] = {
+    "vocab_arrays": ".vocab.npz",
+    "spm_proto": ".spm.model",
+    "bpe_vocab": ".bpe-vocab",
+    "bpe_merges": ".bpe-merges",
+}
 
 
 def default_dir() -> Path:
@@ -46,33 +58,42 @@ def _slot(identity: dict[str, Any], folder: Path) -> Path:
 
 
 def load(path: str | os.PathLike, folder: Path | None = None) -> dict[str, Any] | None:
-    """The stored state for this file, or None (no slot, another format, or the file changed since)."""
+    """The stored state for this file, or None (no slot, another format, the file changed since, or a sidecar is
+    missing). ``state["sidecars"]`` maps each sidecar's key to its path."""
     try:
         identity = file_identity(path)
         slot = _slot(identity, folder or default_dir())
         state = json.loads(slot.read_bytes())
         if state.get("format") != FORMAT or state.get("identity") != identity:
             return None
-        if state.get("spm_file"):
-            state["spm_proto"] = (slot.parent / state["spm_file"]).read_bytes()
+        files = {key: slot.parent / name for key, name in state.get("sidecars", {}).items()}
+        if any(key not in SIDECARS or not p.is_file() for key, p in files.items()):
+            return None
+        state["sidecars"] = files
         return state
-    except (OSError, ValueError, TypeError, KeyError):
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
         return None
 
 
 def store(path: str | os.PathLike, state: dict[str, Any], folder: Path | None = None) -> Path | None:
-    """Write ``state`` (JSON-able, plus optional ``spm_proto`` bytes) for this file; None if it could not be."""
+    """Write ``state`` for this file: JSON-able entries in the slot, the :data:`SIDECARS` entries (bytes) as files
+    beside it; None if it could not be written."""
     try:
         identity = file_identity(path)
         folder = folder or default_dir()
         folder.mkdir(parents=True, exist_ok=True)
         slot = _slot(identity, folder)
         state = {"format": FORMAT, "identity": identity, **state}
-        proto = state.pop("spm_proto", None)
-        if proto is not None:
-            state["spm_file"] = slot.stem + ".spm.model"
-            write_atomically(folder / state["spm_file"], proto)
+        tag = os.urandom(4).hex()  # fresh names: a reader of the previous slot keeps reading its own sidecars
+        names = {}
+        for key, suffix in SIDECARS.items():
+            data = state.pop(key, None)
+            if data is not None:
+                names[key] = f"{slot.stem}.{tag}{suffix}"
+                write_atomically(folder / names[key], data)
+        state["sidecars"] = names
         write_atomically(slot, json.dumps(state, ensure_ascii=False).encode("utf-8"))
+        _remove_sidecars(slot, keep=set(names.values()))
         prune(folder, MAX_SLOTS)
         return slot
     except OSError:
@@ -98,7 +119,17 @@ def prune(folder: Path, max_slots: int) -> None:
     """Keep the ``max_slots`` most recently written slots (``*.json`` and their sidecars) in ``folder``."""
     slots = sorted(folder.glob("*.json"), key=lambda p: p.stat().st_mtime_ns, reverse=True)
     for old in slots[max_slots:]:
-        for p in (old, old.with_suffix(".spm.model")):
+        _remove_sidecars(old)
+        try:
+            old.unlink()
+        except OSError:
+            pass
+
+
+def _remove_sidecars(slot: Path, keep: frozenset[str] | set[str] = frozenset()) -> None:
+    """Delete the files beside ``slot`` that belong to it (``<stem>.*`` other than the slot), except ``keep``."""
+    for p in slot.parent.glob(f"{slot.stem}.*"):
+        if p != slot and p.name not in keep and not p.name.endswith(".tmp"):
             try:
                 p.unlink()
             except OSError:

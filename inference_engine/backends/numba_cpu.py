@@ -28,6 +28,10 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from inference_engine.backends import numba_startup
+
+numba_startup.defer_blas_probe()  # before any kernel loads: Numba's registries then skip importing scipy.linalg
+
 from inference_engine.backends import numerics as nx
 from inference_engine.backends.numba_kernels import dispatch as kernels
 from inference_engine.backends.numba_kernels import ops

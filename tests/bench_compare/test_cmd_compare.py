@@ -44,6 +44,7 @@ def test_compare_json_and_report(capsys, fake_engines, model, tmp_path):
     s = result["settings"]
     assert (s["n_prompt"], s["n_gen"], s["n_depth"], s["reps"], s["sizes_chosen"]) == (16, 4, 8, 3, "given")
     assert s["engines"]["llamacpp"]["type_k"] == "f16" and s["engines"]["llamacpp"]["flash_attn"] == "auto"
+    assert s["engines"]["ours:numpy"]["type_k"] == s["engines"]["ours:numpy"]["type_v"] == "f16"  # the same cache
     # interleaved: after both warm-ups, ours then llama.cpp, per repetition
     prefills = [name for (name, call, n) in fake_engines.calls if call == "prefill" and n == 16]
     assert prefills == ["ours:numpy", "llamacpp"] * 4

@@ -92,3 +92,13 @@ def test_bench_real_ours_on_tiny_model(tiny_model, capsys):
     rows = [json.loads(line) for line in out.splitlines()]
     assert [(r["n_prompt"], r["n_gen"], r["n_depth"]) for r in rows] == [(16, 0, 4), (0, 4, 4)]
     assert rows[0]["engine"] == "ours:numpy" and rows[0]["type_k"] == "f32"
+
+
+def test_compare_gives_our_engine_llama_benchs_kv_cache_type_unless_the_user_chose_one():
+    from bench_compare.engines import LLAMA_BENCH_KV_TYPE, EngineSpec, with_llama_bench_kv
+
+    ours = with_llama_bench_kv(EngineSpec("ours", "numba"))
+    assert ours.engine_options() == {"kv_type": LLAMA_BENCH_KV_TYPE} and ours.name == "ours:numba"
+    assert with_llama_bench_kv(EngineSpec("ours", "numba", (("kv_type", "f32"),))).engine_options() == {"kv_type": "f32"}
+    plugin = EngineSpec("mypkg.mod:factory", "")
+    assert with_llama_bench_kv(plugin) == plugin  # other engines keep their own defaults

@@ -150,3 +150,24 @@ def test_fast_reader_fields_equal_gguf_py(tiny_model):
     assert [(t.name, int(t.data_offset), t.tensor_type) for t in fast.tensors] == [
         (t.name, int(t.data_offset), t.tensor_type) for t in stock.tensors
     ]
+
+
+def test_string_arrays_are_offsets_read_on_demand(tiny_model):
+    """A vocabulary array keeps one offset per string, not an ndarray object per string; indexing it (also from the
+    end, and by slice) gives the strings gguf-py gives."""
+    from gguf import GGUFReader
+
+    from inference_engine.gguf_file import FastGGUFReader, StringArrayParts
+
+    path = tiny_model("llama", vocab="gpt2")
+    stock, fast = GGUFReader(path), FastGGUFReader(path)
+    for key in ("tokenizer.ggml.tokens", "tokenizer.ggml.merges"):
+        mine, theirs = fast.fields[key], stock.fields[key]
+        assert isinstance(mine.parts, StringArrayParts)
+        texts = [bytes(theirs.parts[i]) for i in theirs.data]
+        assert [bytes(mine.parts[i]) for i in mine.data] == texts
+        assert bytes(mine.parts[-1]) == texts[-1] and len(mine.parts) == mine.data[-1] + 1
+        assert [bytes(p) for p in mine.parts[mine.data[0] : mine.data[0] + 3]] == texts[:3]
+        assert mine.contents(slice(1, 4)) == theirs.contents(slice(1, 4)) and mine.contents(2) == theirs.contents(2)
+        with pytest.raises(IndexError):
+            mine.parts[len(mine.parts)]

@@ -87,3 +87,44 @@ def test_slots_are_bounded(tiny_model, cache, tmp_path, monkeypatch):
         shutil.copy(tiny_model("llama", vocab="spm"), path)
         GGUFTokenizer.from_gguf(path, cache_dir=cache)
     assert len(list(cache.glob("*.json"))) == 2 and len(list(cache.glob("*.spm.model"))) == 2
+
+
+def test_a_cache_hit_holds_packed_texts_and_reads_the_bpe_files(tiny_model, cache):
+    from inference_engine.tokenizer_vocab import LazyTextToId, TokenTexts
+
+    path = tiny_model("llama", vocab="gpt2")
+    built = GGUFTokenizer.from_gguf(path, cache_dir=cache)
+    cached = GGUFTokenizer.from_gguf(path, cache_dir=cache)
+    texts = cached.vocab.texts
+    assert isinstance(texts, TokenTexts) and isinstance(cached.vocab.text_to_id, LazyTextToId)
+    assert cached._model.merge_pairs is None  # the BPE model came from its vocab.json / merges.txt
+    assert list(texts) == list(built.vocab.texts) and texts[-1] == built.vocab.texts[-1]
+    assert texts[2:5] == list(built.vocab.texts[2:5])
+    assert all(cached.token_id(t) == built.token_id(t) for t in built.vocab.texts)
+    assert cached.token_id("\x00 not a token") is None
+    names = {p.name.split(".", 2)[-1] for p in cache.iterdir()}
+    assert names == {"json", "vocab.npz", "bpe-vocab", "bpe-merges"}
+
+
+def test_merges_that_merges_txt_cannot_hold_are_kept_in_the_slot(tiny_model, cache, monkeypatch):
+    from inference_engine import tokenizer_bpe
+
+    monkeypatch.setattr(tokenizer_bpe, "_MERGES_TXT_SEPARATORS", (" ", "\n", "\r", "e"))  # as if "e" split lines
+    path = tiny_model("llama", vocab="gpt2")
+    built = GGUFTokenizer.from_gguf(path, cache_dir=cache)
+    assert not list(cache.glob("*.bpe-merges"))
+    cached = GGUFTokenizer.from_gguf(path, cache_dir=cache)
+    assert cached.from_cache and cached._model.merge_pairs == built._model.merge_pairs
+    same_tokenizer(cached, built)
+
+
+def test_a_rewritten_slot_leaves_no_old_sidecars(tiny_model, cache, tmp_path):
+    path = tmp_path / "model.gguf"
+    shutil.copy(tiny_model("llama", vocab="spm"), path)
+    GGUFTokenizer.from_gguf(path, cache_dir=cache)
+    shutil.copy(tiny_model("llama", vocab="gpt2"), path)
+    st = os.stat(path)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+    GGUFTokenizer.from_gguf(path, cache_dir=cache)
+    assert sorted(p.name.split(".", 2)[-1] for p in cache.iterdir()) == ["bpe-merges", "bpe-vocab", "json",
+                                                                         "vocab.npz"]

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import mmap
+import os
 
 import numpy as np
 import pytest
 
-from inference_engine.backends.mapped_pages import PAGE, drop_file_pages
+from inference_engine.backends.mapped_pages import PAGE, copy_out_of_map, drop_file_pages, remember_file_identity
 
 N_PAGES = 256  # 1 MB of 4 KB pages: large enough to see in RSS, small enough to be quick
 
@@ -53,3 +54,43 @@ def test_ranges_without_a_whole_page_give_back_nothing(mapped):
     _, m = mapped
     assert drop_file_pages(m[10 : 10 + PAGE]) == 0
     assert drop_file_pages(m[:0]) == 0
+
+
+def resident_file_kb() -> int:
+    with open("/proc/self/status") as fh:
+        return next(int(line.split()[1]) for line in fh if line.startswith("RssFile:"))
+
+
+def test_copy_out_of_map_reads_the_file_without_mapping_its_pages(mapped):
+    data, m = mapped
+    view = m[100 : 100 + (N_PAGES - 1) * PAGE].reshape(N_PAGES - 1, PAGE)  # not page-aligned, 2-D
+    resident_kb()  # skips where there is no /proc
+    before = resident_file_kb()
+    copy = copy_out_of_map(view)
+    assert resident_file_kb() - before < N_PAGES * PAGE // 1024 // 4  # the mapped pages stayed out of RSS
+    assert type(copy) is np.ndarray and copy.shape == view.shape and copy.dtype == view.dtype
+    assert not np.shares_memory(copy, m)
+    np.testing.assert_array_equal(copy, data[100 : 100 + (N_PAGES - 1) * PAGE].reshape(copy.shape))
+
+
+def test_copy_out_of_map_of_other_arrays_is_a_plain_copy(mapped):
+    _, m = mapped
+    strided = m[: 4 * PAGE : 2]  # not contiguous: copied through the map
+    np.testing.assert_array_equal(copy_out_of_map(strided), np.array(strided))
+    anonymous = np.arange(1000, dtype=np.float32)
+    copy = copy_out_of_map(anonymous)
+    assert not np.shares_memory(copy, anonymous)
+    np.testing.assert_array_equal(copy, anonymous)
+
+
+def test_copy_out_of_map_of_a_file_replaced_since_it_was_mapped_copies_the_mapped_bytes(tmp_path):
+    data = np.random.default_rng(1).integers(0, 256, 4 * PAGE, dtype=np.uint8)
+    path = tmp_path / "weights.bin"
+    data.tofile(path)
+    identity = os.stat(path)
+    m = np.memmap(path, dtype=np.uint8, mode="r")
+    remember_file_identity(m, identity)
+    np.testing.assert_array_equal(copy_out_of_map(m[PAGE : 3 * PAGE]), data[PAGE : 3 * PAGE])
+    (tmp_path / "new.bin").write_bytes(bytes(reversed(data.tobytes())))
+    (tmp_path / "new.bin").replace(path)  # as a re-download replaces the file; the map still shows the old one
+    np.testing.assert_array_equal(copy_out_of_map(m[PAGE : 3 * PAGE]), data[PAGE : 3 * PAGE])
