@@ -41,7 +41,7 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 
 from inference_engine.backends.mapped_pages import drop_file_pages
-from inference_engine.backends.numba_kernels import activations, floats, gemm, intdot, k_quants, q4, q5, q8_0
+from inference_engine.backends.numba_kernels import activations, floats, gemm, intdot, inttiles, k_quants, q4, q5, q8_0
 from inference_engine.cpu_features import CPUFeatures, cpu_features
 from inference_engine.errors import GGUFParityError
 from inference_engine.registries import NUMERICS, Registry
@@ -75,6 +75,7 @@ class Kernels:
     matvec_int: Callable | None = None
     int_activation: str = ""
     matmul_int: Callable | None = None  # the same for T tokens at once (intdot.matmul_*: (w, yq, yd, ya, out (T, N)))
+    matmul_tiled: Callable | None = None  # the register-tiled T-token kernel (inttiles.tiled_*, same arguments)
 
 
 # tensor type -> its kernels (a type missing here is refused at load time, naming the ones that are present)
@@ -82,19 +83,24 @@ KERNELS: Registry[Kernels] = Registry("tensor type", {
     T.F32: Kernels(floats.matvec_f32, floats.dequant_f32, "f32", 0),
     T.F16: Kernels(floats.matvec_f16, floats.dequant_f16, "f16", 0),
     T.BF16: Kernels(floats.matvec_bf16, floats.dequant_bf16, "bf16", 0),
-    T.Q4_0: Kernels(q4.matvec_q4_0, q4.dequant_q4_0, "q8_0", 32, intdot.matvec_q4_0, "q8_0_sum4", intdot.matmul_q4_0),
-    T.Q4_1: Kernels(q4.matvec_q4_1, q4.dequant_q4_1, "q8_1", 32, intdot.matvec_q4_1, "q8_1", intdot.matmul_q4_1),
-    T.Q5_0: Kernels(q5.matvec_q5_0, q5.dequant_q5_0, "q8_0", 32, intdot.matvec_q5_0, "q8_0_sum4", intdot.matmul_q5_0),
-    T.Q5_1: Kernels(q5.matvec_q5_1, q5.dequant_q5_1, "q8_1", 32, intdot.matvec_q5_1, "q8_1", intdot.matmul_q5_1),
-    T.Q8_0: Kernels(q8_0.matvec_q8_0, q8_0.dequant_q8_0, "q8_0", 0, intdot.matvec_q8_0, "q8_0", intdot.matmul_q8_0),
+    T.Q4_0: Kernels(q4.matvec_q4_0, q4.dequant_q4_0, "q8_0", 32, intdot.matvec_q4_0, "q8_0_sum4", intdot.matmul_q4_0,
+                    inttiles.tiled_q4_0),
+    T.Q4_1: Kernels(q4.matvec_q4_1, q4.dequant_q4_1, "q8_1", 32, intdot.matvec_q4_1, "q8_1", intdot.matmul_q4_1,
+                    inttiles.tiled_q4_1),
+    T.Q5_0: Kernels(q5.matvec_q5_0, q5.dequant_q5_0, "q8_0", 32, intdot.matvec_q5_0, "q8_0_sum4", intdot.matmul_q5_0,
+                    inttiles.tiled_q5_0),
+    T.Q5_1: Kernels(q5.matvec_q5_1, q5.dequant_q5_1, "q8_1", 32, intdot.matvec_q5_1, "q8_1", intdot.matmul_q5_1,
+                    inttiles.tiled_q5_1),
+    T.Q8_0: Kernels(q8_0.matvec_q8_0, q8_0.dequant_q8_0, "q8_0", 0, intdot.matvec_q8_0, "q8_0", intdot.matmul_q8_0,
+                    inttiles.tiled_q8_0),
     T.Q2_K: Kernels(k_quants.matvec_q2_k, k_quants.dequant_q2_k, "q8_K", 16),
     T.Q3_K: Kernels(k_quants.matvec_q3_k, k_quants.dequant_q3_k, "q8_K", 16),
     T.Q4_K: Kernels(k_quants.matvec_q4_k, k_quants.dequant_q4_k, "q8_K", 32,
-                    intdot.matvec_q4_k, "q8_K", intdot.matmul_q4_k),
+                    intdot.matvec_q4_k, "q8_K", intdot.matmul_q4_k, inttiles.tiled_q4_k),
     T.Q5_K: Kernels(k_quants.matvec_q5_k, k_quants.dequant_q5_k, "q8_K", 32,
-                    intdot.matvec_q5_k, "q8_K", intdot.matmul_q5_k),
+                    intdot.matvec_q5_k, "q8_K", intdot.matmul_q5_k, inttiles.tiled_q5_k),
     T.Q6_K: Kernels(k_quants.matvec_q6_k, k_quants.dequant_q6_k, "q8_K", 16,
-                    intdot.matvec_q6_k, "q8_K", intdot.matmul_q6_k),
+                    intdot.matvec_q6_k, "q8_K", intdot.matmul_q6_k, inttiles.tiled_q6_k),
 }, base=Kernels, normalize=lambda qtype: T(int(qtype)), unknown="no numba kernel for", listing="supported", quote=False)
 
 # Byte offset of the block min ``m`` (f16) and block size in bytes, for the ggml correction of Q4_1 / Q5_1.
@@ -120,6 +126,13 @@ INT8_FLAVOURS = ("avx2", "avx512", "neon")
 # 6.85 and T=256 325 vs 155; with AVX-512 code every T=64..256 case was slower than tiles. Without register
 # tiling (weights unpacked once per several tokens) it does not win prefill: off, kept for that measurement.
 INT_PREFILL = False
+# From this many tokens on, types with a register-tiled kernel (:mod:`.inttiles`) use it (prefill and batched
+# decode alike); fewer go through one mat-vec per token. Measured: see the table above.
+TILED_MIN_TOKENS = 4
+# A last tile of 1 or 2 tokens would compute 4 (the tile repeats its last token): those go through the mat-vec,
+# which costs per token about what a tiled token costs (Q4_K) or less than the 2-3 wasted ones (Q6_K); a last
+# tile of 3 wastes one token's work, less than 3 mat-vecs.
+TILE_REMAINDER_BY_MATVEC = (1, 2)
 
 
 def matvec_family(features: CPUFeatures | None = None) -> str:
@@ -192,9 +205,9 @@ def matmul(w: QMatrix, x: np.ndarray, numerics: str = "f32") -> np.ndarray:
     x2 = np.ascontiguousarray(x.reshape(-1, x.shape[-1]) if x.ndim else x.reshape(1, 1))
     if x2.shape[1] != w.n_in:
         raise GGUFParityError(f"matmul with '{w.name}' expects activations (..., {w.n_in}), got shape {x.shape}")
-    int_path = numerics == "ggml" and w.kernels.matvec_int is not None and matvec_family() == "int8"
-    if int_path and (x2.shape[0] <= MATVEC_MAX_TOKENS or INT_PREFILL):
-        y = matmul_by_int_matvec(w, x2)
+    int_kernel = int_kernel_for(w, x2.shape[0]) if numerics == "ggml" and matvec_family() == "int8" else ""
+    if int_kernel:
+        y = matmul_by_int_tiles(w, x2) if int_kernel == "tiled" else matmul_by_int_matvec(w, x2)
         return y[0] if squeeze else y.reshape(*x.shape[:-1], w.n_out)
     xv, xs = activations.prepare(x2, numerics, w.kernels.vec_dot_type, w.kernels.sub)
     if x2.shape[0] <= MATVEC_MAX_TOKENS:
@@ -224,6 +237,35 @@ def matmul_by_int_matvec(w: QMatrix, x: np.ndarray) -> np.ndarray:
             w.kernels.matvec_int(w.rows, yq[t], yd[t], ya[t], y[t])
     else:
         w.kernels.matmul_int(w.rows, yq, yd, ya, y)
+    return y
+
+
+def int_kernel_for(w: QMatrix, n_tokens: int) -> str:
+    """Which integer-dot kernel multiplies ``n_tokens`` tokens with ``w`` (ggml numerics, int8 family): "tiled"
+    (:mod:`.inttiles`), "matvec" (one mat-vec per token, or intdot's untiled mat-mat with ``INT_PREFILL``), or ""
+    (no integer kernel for this type and count: the float paths)."""
+    k = w.kernels
+    if k.matvec_int is None:
+        return ""
+    if k.matmul_tiled is not None and n_tokens >= TILED_MIN_TOKENS:
+        return "tiled"
+    if n_tokens <= MATVEC_MAX_TOKENS or INT_PREFILL:
+        return "matvec"
+    return ""
+
+
+def matmul_by_int_tiles(w: QMatrix, x: np.ndarray) -> np.ndarray:
+    """ggml numerics through the register-tiled integer kernel (2 rows x 4 tokens per tile; the mat-vec's outputs
+    bit for bit)."""
+    k = w.kernels
+    yq, yd, ya = activations.quantize_int(x, k.int_activation)
+    y = np.empty((x.shape[0], w.n_out), np.float32)
+    n_tiled = x.shape[0]
+    if n_tiled % inttiles.TILE_TOKENS in TILE_REMAINDER_BY_MATVEC and n_tiled > inttiles.TILE_TOKENS:
+        n_tiled -= n_tiled % inttiles.TILE_TOKENS
+        for t in range(n_tiled, x.shape[0]):
+            k.matvec_int(w.rows, yq[t], yd[t], ya[t], y[t])
+    k.matmul_tiled(w.rows, yq[:n_tiled], yd[:n_tiled], ya[:n_tiled], y[:n_tiled])
     return y
 
 

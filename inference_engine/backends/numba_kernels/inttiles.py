@@ -39,11 +39,12 @@ from inference_engine.backends.numba_kernels.int8 import (
     ishl,
     isub,
     izero,
+    kmin_sums,
     load32,
     madd16,
     nibbles32,
 )
-from inference_engine.backends.numba_kernels.intdot import QK_K, byte, five_bits, k4_min_products, k4_scales
+from inference_engine.backends.numba_kernels.intdot import QK_K, byte, five_bits, k4_scales
 from inference_engine.backends.numba_kernels.simd import fma32, load_f16
 
 _F32 = np.float32
@@ -213,7 +214,7 @@ def q5_k_quants(row, o, j):
 @njit(inline="always", cache=True)
 def close_q4_k(row, o, ydi, ys, i, t_mlo, t_mhi, sumi, st):
     """pair_q4_k's per-super-block float steps for one output; state (acc, m0, m1, m2, m3)."""
-    s0, s1, s2, s3 = k4_min_products(t_mlo, t_mhi, ys, i)
+    s0, s1, s2, s3 = kmin_sums(ys, 16 * i, t_mlo, t_mhi)
     dmin = -ydi * load_f16(row, o + 2)
     return (fma_int(ydi * load_f16(row, o), sumi, st[0]),
             fma32(dmin, _F32(s0), st[1]), fma32(dmin, _F32(s1), st[2]),
@@ -228,7 +229,7 @@ def final_q4_k(st):
 @njit(inline="always", cache=True)
 def close_q5_k(row, o, ydi, ys, i, t_mlo, t_mhi, sumi, st):
     """pair_q5_k's per-super-block float steps for one output; state (acc, c)."""
-    s0, s1, s2, s3 = k4_min_products(t_mlo, t_mhi, ys, i)
+    s0, s1, s2, s3 = kmin_sums(ys, 16 * i, t_mlo, t_mhi)
     dmin = -ydi * load_f16(row, o + 2)
     return fma_int(ydi * load_f16(row, o), sumi, st[0]), fma32(dmin, _F32((s0 + s2) + (s1 + s3)), st[1])
 
