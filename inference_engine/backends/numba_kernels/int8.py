@@ -424,16 +424,16 @@ def istore(typingctx, arr, index, v):
     return types.void(arr, index, I32x8), codegen
 
 
+
 @intrinsic
 def kmin_sums(typingctx, ys, index, mlo, mhi):
-    """Q4_K / Q5_K's four ``min_2k * bsum32_2k + min_2k+1 * bsum32_2k+1`` (k = 0..3) of one super-block as a tuple
-    of int32, in vector code: the 16 int16 ``bsums`` from element ``index`` of ``ys``, the 8 6-bit mins as the
-    bytes of ``mlo`` (0..3) and ``mhi`` (4..7); bsum32_j = bsums[2j] + bsums[2j+1]. The same integers as
-    :func:`.intdot.k4_min_products` (which does it with scalars)."""
+    """Q4_K / Q5_K's four ``min_2k * bsum32_2k + min_2k+1 * bsum32_2k+1`` (k = 0..3) of one super-block, in lanes
+    0..3 of an I32x8 (lanes 4..7 zero): ggml's ``madd(mins, hadd(bsums))``. The 16 int16 ``bsums`` from element
+    ``index`` of ``ys``, the 8 6-bit mins as the bytes of ``mlo`` (0..3) and ``mhi`` (4..7); bsum32_j = bsums[2j] +
+    bsums[2j+1]. The same integers as :func:`.intdot.k4_min_products` (which does it with scalars)."""
     _check(ys, types.int16, "kmin_sums")
     if not all(isinstance(m, types.Integer) for m in (mlo, mhi)):
         raise TypingError(f"kmin_sums expects two uint32 words of mins, got {mlo}, {mhi}")
-    ret = types.UniTuple(types.int32, 4)
 
     def codegen(context, builder, sig, args):
         v16 = ir.VectorType(_I16, 16)
@@ -450,7 +450,26 @@ def kmin_sums(typingctx, ys, index, mlo, mhi):
         a, c = _even_odd(builder, p, 16)
         a, c = _even_odd(builder, builder.add(a, c), 8)
         quads = builder.add(a, c)
-        return context.make_tuple(builder, sig.return_type,
-                                  [builder.extract_element(quads, ir.Constant(_I32, k)) for k in range(4)])
+        zero = ir.Constant(ir.VectorType(_I32, 4), [0] * 4)
+        return builder.shuffle_vector(quads, zero, _vconst(_VI, range(8)))
 
-    return ret(ys, index, mlo, mhi), codegen
+    return I32x8(ys, index, mlo, mhi), codegen
+
+
+@intrinsic
+def ihsum(typingctx, v):
+    """The int32 sum of the 8 lanes (integer: any order gives the same value)."""
+    if v != I32x8:
+        raise TypingError(f"ihsum expects an I32x8, got {v}")
+
+    def codegen(context, builder, sig, args):
+        x, n = args[0], LANES
+        while n > 1:
+            half = n // 2
+            ity = ir.VectorType(_I32, half)
+            x = builder.add(builder.shuffle_vector(x, x, _vconst(ity, range(half))),
+                            builder.shuffle_vector(x, x, _vconst(ity, range(half, n))))
+            n = half
+        return builder.extract_element(x, ir.Constant(_I32, 0))
+
+    return types.int32(I32x8), codegen

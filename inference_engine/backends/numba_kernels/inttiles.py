@@ -38,6 +38,7 @@ from inference_engine.backends.numba_kernels.int8 import (
     iload,
     ishl,
     isub,
+    ihsum,
     izero,
     kmin_sums,
     load32,
@@ -213,25 +214,49 @@ def q5_k_quants(row, o, j):
 
 @njit(inline="always", cache=True)
 def close_q4_k(row, o, ydi, ys, i, t_mlo, t_mhi, sumi, st):
-    """pair_q4_k's per-super-block float steps for one output; state (acc, m0, m1, m2, m3)."""
-    s0, s1, s2, s3 = kmin_sums(ys, 16 * i, t_mlo, t_mhi)
+    """pair_q4_k's per-super-block float steps for one output; state (acc, macc): ``macc`` holds pair_q4_k's
+    four min accumulators m0..m3 in lanes 0..3 (lanes 4..7 stay +0, so ``fsum(macc)`` is its
+    ``(m0 + m2) + (m1 + m3)``), updated by the same one-rounding ``fma(dmin, s_k, m_k)`` per lane."""
     dmin = -ydi * load_f16(row, o + 2)
-    return (fma_int(ydi * load_f16(row, o), sumi, st[0]),
-            fma32(dmin, _F32(s0), st[1]), fma32(dmin, _F32(s1), st[2]),
-            fma32(dmin, _F32(s2), st[3]), fma32(dmin, _F32(s3), st[4]))
+    return fma_int(ydi * load_f16(row, o), sumi, st[0]), fma_int(dmin, kmin_sums(ys, 16 * i, t_mlo, t_mhi), st[1])
 
 
 @njit(inline="always", cache=True)
 def final_q4_k(st):
-    return fsum(st[0]) + ((st[1] + st[3]) + (st[2] + st[4]))
+    return fsum(st[0]) + fsum(st[1])
 
 
 @njit(inline="always", cache=True)
 def close_q5_k(row, o, ydi, ys, i, t_mlo, t_mhi, sumi, st):
     """pair_q5_k's per-super-block float steps for one output; state (acc, c)."""
-    s0, s1, s2, s3 = kmin_sums(ys, 16 * i, t_mlo, t_mhi)
     dmin = -ydi * load_f16(row, o + 2)
-    return fma_int(ydi * load_f16(row, o), sumi, st[0]), fma32(dmin, _F32((s0 + s2) + (s1 + s3)), st[1])
+    mins = _F32(ihsum(kmin_sums(ys, 16 * i, t_mlo, t_mhi)))
+    return fma_int(ydi * load_f16(row, o), sumi, st[0]), fma32(dmin, mins, st[1])
+
+
+@njit(inline="always", cache=True)
+def row_q4_k(row, o, e, y0, y1, y2, y3, u_lo, u_hi):
+    """One row's integer sums of super-block at ``o`` (activations from element ``e``) with 4 tokens."""
+    i0, i1, i2, i3 = izero(), izero(), izero(), izero()
+    for j in range(4):
+        lo, hi = q4_k_quants(row, o, j)
+        sl, sh = sub_scales(u_lo, u_hi, j)
+        ej = e + 64 * j
+        i0, i1 = iadd(i0, dot_pair(lo, hi, y0, ej, sl, sh)), iadd(i1, dot_pair(lo, hi, y1, ej, sl, sh))
+        i2, i3 = iadd(i2, dot_pair(lo, hi, y2, ej, sl, sh)), iadd(i3, dot_pair(lo, hi, y3, ej, sl, sh))
+    return i0, i1, i2, i3
+
+
+@njit(inline="always", cache=True)
+def row_q5_k(row, o, e, y0, y1, y2, y3, u_lo, u_hi):
+    i0, i1, i2, i3 = izero(), izero(), izero(), izero()
+    for j in range(4):
+        lo, hi = q5_k_quants(row, o, j)
+        sl, sh = sub_scales(u_lo, u_hi, j)
+        ej = e + 64 * j
+        i0, i1 = iadd(i0, dot_pair(lo, hi, y0, ej, sl, sh)), iadd(i1, dot_pair(lo, hi, y1, ej, sl, sh))
+        i2, i3 = iadd(i2, dot_pair(lo, hi, y2, ej, sl, sh)), iadd(i3, dot_pair(lo, hi, y3, ej, sl, sh))
+    return i0, i1, i2, i3
 
 
 @njit(cache=True)  # not inlined: the parfor pass's array analysis rejects its tuple states
@@ -239,28 +264,18 @@ def tile_q4_k(w0, w1, yq, yd, ya, t0, t1, t2, t3):
     y0, y1, y2, y3 = yq[t0], yq[t1], yq[t2], yq[t3]
     d0, d1, d2, d3 = yd[t0], yd[t1], yd[t2], yd[t3]
     s0, s1, s2, s3 = ya[t0], ya[t1], ya[t2], ya[t3]
-    z = (fzero(), _F32(0.0), _F32(0.0), _F32(0.0), _F32(0.0))
+    z = (fzero(), fzero())
     a00, a01, a02, a03, a10, a11, a12, a13 = z, z, z, z, z, z, z, z
     for i in range(d0.shape[0]):
         o = 144 * i
         u00, u01, u02, u03 = k4_scales(w0, o + 4)
-        u10, u11, u12, u13 = k4_scales(w1, o + 4)
-        i00, i01, i02, i03 = izero(), izero(), izero(), izero()
-        i10, i11, i12, i13 = izero(), izero(), izero(), izero()
-        for j in range(4):
-            e = QK_K * i + 64 * j
-            l0, h0 = q4_k_quants(w0, o, j)
-            l1, h1 = q4_k_quants(w1, o, j)
-            sl0, sh0 = sub_scales(u00, u01, j)
-            sl1, sh1 = sub_scales(u10, u11, j)
-            i00, i10 = iadd(i00, dot_pair(l0, h0, y0, e, sl0, sh0)), iadd(i10, dot_pair(l1, h1, y0, e, sl1, sh1))
-            i01, i11 = iadd(i01, dot_pair(l0, h0, y1, e, sl0, sh0)), iadd(i11, dot_pair(l1, h1, y1, e, sl1, sh1))
-            i02, i12 = iadd(i02, dot_pair(l0, h0, y2, e, sl0, sh0)), iadd(i12, dot_pair(l1, h1, y2, e, sl1, sh1))
-            i03, i13 = iadd(i03, dot_pair(l0, h0, y3, e, sl0, sh0)), iadd(i13, dot_pair(l1, h1, y3, e, sl1, sh1))
+        i00, i01, i02, i03 = row_q4_k(w0, o, QK_K * i, y0, y1, y2, y3, u00, u01)
         a00 = close_q4_k(w0, o, d0[i], s0, i, u02, u03, i00, a00)
         a01 = close_q4_k(w0, o, d1[i], s1, i, u02, u03, i01, a01)
         a02 = close_q4_k(w0, o, d2[i], s2, i, u02, u03, i02, a02)
         a03 = close_q4_k(w0, o, d3[i], s3, i, u02, u03, i03, a03)
+        u10, u11, u12, u13 = k4_scales(w1, o + 4)
+        i10, i11, i12, i13 = row_q4_k(w1, o, QK_K * i, y0, y1, y2, y3, u10, u11)
         a10 = close_q4_k(w1, o, d0[i], s0, i, u12, u13, i10, a10)
         a11 = close_q4_k(w1, o, d1[i], s1, i, u12, u13, i11, a11)
         a12 = close_q4_k(w1, o, d2[i], s2, i, u12, u13, i12, a12)
@@ -279,23 +294,13 @@ def tile_q5_k(w0, w1, yq, yd, ya, t0, t1, t2, t3):
     for i in range(d0.shape[0]):
         o = 176 * i
         u00, u01, u02, u03 = k4_scales(w0, o + 4)
-        u10, u11, u12, u13 = k4_scales(w1, o + 4)
-        i00, i01, i02, i03 = izero(), izero(), izero(), izero()
-        i10, i11, i12, i13 = izero(), izero(), izero(), izero()
-        for j in range(4):
-            e = QK_K * i + 64 * j
-            l0, h0 = q5_k_quants(w0, o, j)
-            l1, h1 = q5_k_quants(w1, o, j)
-            sl0, sh0 = sub_scales(u00, u01, j)
-            sl1, sh1 = sub_scales(u10, u11, j)
-            i00, i10 = iadd(i00, dot_pair(l0, h0, y0, e, sl0, sh0)), iadd(i10, dot_pair(l1, h1, y0, e, sl1, sh1))
-            i01, i11 = iadd(i01, dot_pair(l0, h0, y1, e, sl0, sh0)), iadd(i11, dot_pair(l1, h1, y1, e, sl1, sh1))
-            i02, i12 = iadd(i02, dot_pair(l0, h0, y2, e, sl0, sh0)), iadd(i12, dot_pair(l1, h1, y2, e, sl1, sh1))
-            i03, i13 = iadd(i03, dot_pair(l0, h0, y3, e, sl0, sh0)), iadd(i13, dot_pair(l1, h1, y3, e, sl1, sh1))
+        i00, i01, i02, i03 = row_q5_k(w0, o, QK_K * i, y0, y1, y2, y3, u00, u01)
         a00 = close_q5_k(w0, o, d0[i], s0, i, u02, u03, i00, a00)
         a01 = close_q5_k(w0, o, d1[i], s1, i, u02, u03, i01, a01)
         a02 = close_q5_k(w0, o, d2[i], s2, i, u02, u03, i02, a02)
         a03 = close_q5_k(w0, o, d3[i], s3, i, u02, u03, i03, a03)
+        u10, u11, u12, u13 = k4_scales(w1, o + 4)
+        i10, i11, i12, i13 = row_q5_k(w1, o, QK_K * i, y0, y1, y2, y3, u10, u11)
         a10 = close_q5_k(w1, o, d0[i], s0, i, u12, u13, i10, a10)
         a11 = close_q5_k(w1, o, d1[i], s1, i, u12, u13, i11, a11)
         a12 = close_q5_k(w1, o, d2[i], s2, i, u12, u13, i12, a12)
