@@ -349,7 +349,7 @@ def section_int_prefill(args, rng) -> list[dict]:
             xv, xs = activations.prepare(x, "ggml", k.vec_dot_type, k.sub)
             out = np.empty((n_tokens, w.n_out), np.float32)
 
-            def per_token(yq=yq, yd=yd, ya=ya, out=out):
+            def per_token(k=k, w=w, yq=yq, yd=yd, ya=ya, out=out):
                 for t in range(yq.shape[0]):
                     k.matvec_int(w.rows, yq[t], yd[t], ya[t], out[t])
 

@@ -41,7 +41,17 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 
 from inference_engine.backends.mapped_pages import drop_file_pages
-from inference_engine.backends.numba_kernels import activations, floats, gemm, intdot, inttiles, k_quants, q4, q5, q8_0
+from inference_engine.backends.numba_kernels import (
+    activations,
+    floats,
+    gemm,
+    intdot,
+    inttiles,
+    k_quants,
+    q4,
+    q5,
+    q8_0,
+)
 from inference_engine.cpu_features import CPUFeatures, cpu_features
 from inference_engine.errors import GGUFParityError
 from inference_engine.registries import NUMERICS, Registry
