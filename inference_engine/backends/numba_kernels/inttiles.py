@@ -259,29 +259,30 @@ def row_q5_k(row, o, e, y0, y1, y2, y3, u_lo, u_hi):
     return i0, i1, i2, i3
 
 
-@njit(cache=True)  # not inlined: the parfor pass's array analysis rejects its tuple states
-def tile_q4_k(w0, w1, yq, yd, ya, t0, t1, t2, t3):
+@njit(inline="always", cache=True)
+def row_tile_q4_k(w, yq, yd, ya, t0, t1, t2, t3):
+    """One row x 4 tokens, the whole row: a loop of its own per row, so that LLVM keeps one row's unpacked
+    quants, scales and 4 accumulator pairs in registers (two rows interleaved in one loop spilled)."""
     y0, y1, y2, y3 = yq[t0], yq[t1], yq[t2], yq[t3]
     d0, d1, d2, d3 = yd[t0], yd[t1], yd[t2], yd[t3]
     s0, s1, s2, s3 = ya[t0], ya[t1], ya[t2], ya[t3]
-    z = (fzero(), fzero())
-    a00, a01, a02, a03, a10, a11, a12, a13 = z, z, z, z, z, z, z, z
+    a0, a1, a2, a3 = (fzero(), fzero()), (fzero(), fzero()), (fzero(), fzero()), (fzero(), fzero())
     for i in range(d0.shape[0]):
         o = 144 * i
-        u00, u01, u02, u03 = k4_scales(w0, o + 4)
-        i00, i01, i02, i03 = row_q4_k(w0, o, QK_K * i, y0, y1, y2, y3, u00, u01)
-        a00 = close_q4_k(w0, o, d0[i], s0, i, u02, u03, i00, a00)
-        a01 = close_q4_k(w0, o, d1[i], s1, i, u02, u03, i01, a01)
-        a02 = close_q4_k(w0, o, d2[i], s2, i, u02, u03, i02, a02)
-        a03 = close_q4_k(w0, o, d3[i], s3, i, u02, u03, i03, a03)
-        u10, u11, u12, u13 = k4_scales(w1, o + 4)
-        i10, i11, i12, i13 = row_q4_k(w1, o, QK_K * i, y0, y1, y2, y3, u10, u11)
-        a10 = close_q4_k(w1, o, d0[i], s0, i, u12, u13, i10, a10)
-        a11 = close_q4_k(w1, o, d1[i], s1, i, u12, u13, i11, a11)
-        a12 = close_q4_k(w1, o, d2[i], s2, i, u12, u13, i12, a12)
-        a13 = close_q4_k(w1, o, d3[i], s3, i, u12, u13, i13, a13)
-    return (final_q4_k(a00), final_q4_k(a01), final_q4_k(a02), final_q4_k(a03),
-            final_q4_k(a10), final_q4_k(a11), final_q4_k(a12), final_q4_k(a13))
+        u0, u1, u2, u3 = k4_scales(w, o + 4)
+        i0, i1, i2, i3 = row_q4_k(w, o, QK_K * i, y0, y1, y2, y3, u0, u1)
+        a0 = close_q4_k(w, o, d0[i], s0, i, u2, u3, i0, a0)
+        a1 = close_q4_k(w, o, d1[i], s1, i, u2, u3, i1, a1)
+        a2 = close_q4_k(w, o, d2[i], s2, i, u2, u3, i2, a2)
+        a3 = close_q4_k(w, o, d3[i], s3, i, u2, u3, i3, a3)
+    return final_q4_k(a0), final_q4_k(a1), final_q4_k(a2), final_q4_k(a3)
+
+
+@njit(cache=True)  # not inlined: the parfor pass's array analysis rejects its tuple states
+def tile_q4_k(w0, w1, yq, yd, ya, t0, t1, t2, t3):
+    v00, v01, v02, v03 = row_tile_q4_k(w0, yq, yd, ya, t0, t1, t2, t3)
+    v10, v11, v12, v13 = row_tile_q4_k(w1, yq, yd, ya, t0, t1, t2, t3)
+    return v00, v01, v02, v03, v10, v11, v12, v13
 
 
 @njit(cache=True)  # not inlined: the parfor pass's array analysis rejects its tuple states
