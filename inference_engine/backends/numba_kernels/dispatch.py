@@ -8,7 +8,10 @@
   weight bytes, float -> int8: Q4_K 9.3 -> 14.0 and 9.6 -> 17.7, Q6_K 9.2 -> 21.4, Q4_0 6.9 -> 11.1, Q4_1 7.3 ->
   11.6, Q8_0 14.5 -> 24.9, Q5_K 7.0 -> 20.7; the same CPU with its AVX-512 code: Q4_K 10.2 -> 11.2 and 12.9 ->
   18.1, Q6_K 11.1 -> 22.0, Q8_0 21.1 -> 30.1 (medians of 12).
-- **Prefill (more than ``MATVEC_MAX_TOKENS``)**: the weight is dequantized a tile of rows at a time
+- **Several tokens, ggml numerics on the int8 family** (prefill, the server's batched decode): from
+  ``TILED_MIN_TOKENS`` tokens on, the register-tiled integer kernels of :mod:`.inttiles` (2 rows x 4 tokens per
+  tile, the mat-vec's outputs bit for bit) for every type that has one; measured below (``TILED_MIN_TOKENS``).
+- **Prefill (more than ``MATVEC_MAX_TOKENS``), otherwise**: the weight is dequantized a tile of rows at a time
   (``dequant_<type>``, exactly ggml's values) into a reused float32 buffer, and each tile is multiplied with all
   the tokens by BLAS ``sgemm`` on one thread, by the Numba GEMM (:mod:`.gemm`) on more (``TILE_GEMM``). Measured
   here (``kernel_bench --only prefill``, SmolLM2's 1536x576 Q4_1, ms):
@@ -129,18 +132,32 @@ MATVEC_FAMILIES: tuple[str, ...] = ("int8", "float")
 # Arm NEON through widening multiplies (correct; its speed against "float" is not measured yet). Elsewhere
 # (SSE-only x86, other architectures) the float kernels, whose 16-lane float code every LLVM target vectorizes.
 INT8_FLAVOURS = ("avx2", "avx512", "neon")
-# ggml numerics on the int8 family, more than MATVEC_MAX_TOKENS tokens: intdot.matmul_* (a row pair in L1 while
-# the tokens pass by) instead of dequantized tiles times the float GEMM? Measured (Qwen2.5-1.5B shapes, random
-# blocks, 2 threads, a Sapphire Rapids compiled for haswell / for itself, ms): Q4_K 8960x1536 T=8 5.98 vs tiles
-# 6.90, T=256 101.7 vs 152.1; but 1536x8960 T=256 197.2 vs 177.6, Q6_K T=256 177.6 vs 135.4, Q8_0 T=8 9.58 vs
-# 6.85 and T=256 325 vs 155; with AVX-512 code every T=64..256 case was slower than tiles. Without register
-# tiling (weights unpacked once per several tokens) it does not win prefill: off, kept for that measurement.
+# ggml numerics on the int8 family: which integer kernel multiplies T tokens (int_kernel_for). Measured with
+# `python -m bench_compare.kernel_bench --only int_prefill --threads 1 --cpu-time --repeat 7` on an AMD EPYC
+# (AVX2 + FMA + F16C, no AVX-512; Numba code for the host), random blocks, ms of CPU time, best of 7 (the machine
+# was shared with other jobs: CPU time, unlike the wall clock, does not count the time spent descheduled):
+#
+#   type  shape        T   mat-vec per token  untiled int  tiled int  float tiles
+#   Q4_K  1536x1536    2         0.22             0.24        0.30        1.42
+#   Q4_K  1536x1536    4         0.44             0.46        0.30        1.54
+#   Q4_K  1536x1536   16         1.87             1.84        1.20        2.91
+#   Q4_K  1536x1536  512           -             60.1        39.7        79.5
+#   Q4_K  8960x1536   64        45.7             43.7        28.4        63.0
+#   Q4_K  8960x1536  512           -            361.1       256.5       458.8
+#   Q6_K  1536x8960    4         2.72             2.60        1.30        8.70
+#   Q6_K  1536x8960  512           -            349.4       177.6       465.3
+#   Q4_1  1536x1536   64         8.60            10.61        6.24       11.24
+#   Q8_0  1536x1536  256           -             25.7        22.1        39.9
+#
+# The tiled kernel is the fastest path from 4 tokens on for every type and shape measured (all 8 tiled types,
+# Qwen2.5-1.5B's five shapes, T = 4..512); at 2 tokens it computes 4 (the tile repeats its last token) and one
+# mat-vec per token is faster. On 2 threads (wall clock, best of 17 under load) the order is the same, e.g. Q4_K
+# 1536x1536 T=512 untiled 88.0, tiled 71.1, float tiles 126.2 ms; Q6_K 1536x8960 T=512 345.5, 174.3, 482.7.
+# intdot's untiled matmul_* (INT_PREFILL) stays off: it is never faster than the tiled kernel; kept for measuring.
 INT_PREFILL = False
-# From this many tokens on, types with a register-tiled kernel (:mod:`.inttiles`) use it (prefill and batched
-# decode alike); fewer go through one mat-vec per token. Measured: see the table above.
 TILED_MIN_TOKENS = 4
-# A last tile of 1 or 2 tokens would compute 4 (the tile repeats its last token): those go through the mat-vec,
-# which costs per token about what a tiled token costs (Q4_K) or less than the 2-3 wasted ones (Q6_K); a last
+# A last tile of 1 or 2 tokens would compute 4 (the tile repeats its last token): those go through the mat-vec
+# (Q4_K 1536x1536: a tiled token costs 0.075 ms, a mat-vec 0.11; 2 mat-vecs 0.22 < one more tile 0.30); a last
 # tile of 3 wastes one token's work, less than 3 mat-vecs.
 TILE_REMAINDER_BY_MATVEC = (1, 2)
 

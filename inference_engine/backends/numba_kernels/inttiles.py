@@ -3,9 +3,13 @@
 :mod:`.intdot`'s ``matmul_<type>`` keeps a pair of weight rows in L1 while every token passes by, but unpacks each
 weight block again for every token. Here a tile of ``2`` rows x ``TILE_TOKENS = 4`` tokens is computed at once:
 each weight block (nibbles, fifth/sixth bits, scales) is unpacked into int8 vectors ONCE and multiplied with the
-4 tokens' quantized activations; each activation load serves both rows. On AVX2 (16 ymm registers) the hot loop
-holds 8 integer (K-quants) or float (Q4_0 ...) accumulators, the 2 rows' unpacked weights and one activation
-vector; the float state the K-quants touch once per super-block may live in L1.
+4 tokens' quantized activations. For Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 both rows share one loop (each activation
+load serves both; the hot loop holds 8 float accumulators, the 2 rows' quants and one activation vector in the 16
+ymm registers of AVX2). For Q4_K and Q5_K, whose super-blocks carry many more scales, each row of the tile runs a
+loop of its own over 4 tokens (4 integer + 4 float accumulator sets, one row's quants and scales): the two rows
+interleaved in one loop spilled about a third of the loop's instructions to the stack; measured one row per loop
+vs both rows in one (CPU time, 1 thread): Q4_K the same, Q5_K 0-8% faster, Q6_K 5-14% slower (so Q6_K keeps both
+rows in one loop). The min terms of Q4_K / Q5_K are computed in vector code (:func:`.int8.kmin_sums`, ggml's ``madd(mins, hadd(bsums))``).
 
 Every output's arithmetic is :mod:`.intdot`'s ``pair_<type>``: the same integer block dot (integer sums in any
 order are the same integers) and the same float steps in the same order (block scale product, ``fma_int``, the
@@ -13,9 +17,9 @@ constant terms, ``fsum``), so the outputs equal the mat-vec's bit for bit, hence
 (tested). Remainder tokens (``T`` not a multiple of 4) repeat the last token in the tile (its outputs are
 written again with the same value); an odd last row is paired with itself, as in the mat-vec.
 
-Loop order: the rows are split over threads in groups of ``GROUP_ROWS`` (their weights, at most a few tens of KB,
-stay in L2 while all token tiles pass); within a group, for each tile of 4 tokens (its activations in L1), every
-row pair of the group. Each weight byte comes from memory once per call.
+Loop order: the rows are split over threads in groups of ``GROUP_ROWS`` (their weights, up to ~120 KB, stay in L2
+while all token tiles pass); within a group, for each tile of 4 tokens (its activations: 4 x n_in bytes, in L1
+for 1536 inputs), every row pair of the group. Each weight byte comes from memory once per call.
 """
 
 from __future__ import annotations
@@ -261,8 +265,7 @@ def row_q5_k(row, o, e, y0, y1, y2, y3, u_lo, u_hi):
 
 @njit(inline="always", cache=True)
 def row_tile_q4_k(w, yq, yd, ya, t0, t1, t2, t3):
-    """One row x 4 tokens, the whole row: a loop of its own per row, so that LLVM keeps one row's unpacked
-    quants, scales and 4 accumulator pairs in registers (two rows interleaved in one loop spilled)."""
+    """One row x 4 tokens, the whole row, in a loop of its own (see the module's docstring)."""
     y0, y1, y2, y3 = yq[t0], yq[t1], yq[t2], yq[t3]
     d0, d1, d2, d3 = yd[t0], yd[t1], yd[t2], yd[t3]
     s0, s1, s2, s3 = ya[t0], ya[t1], ya[t2], ya[t3]
@@ -285,29 +288,29 @@ def tile_q4_k(w0, w1, yq, yd, ya, t0, t1, t2, t3):
     return v00, v01, v02, v03, v10, v11, v12, v13
 
 
-@njit(cache=True)  # not inlined: the parfor pass's array analysis rejects its tuple states
-def tile_q5_k(w0, w1, yq, yd, ya, t0, t1, t2, t3):
+@njit(inline="always", cache=True)
+def row_tile_q5_k(w, yq, yd, ya, t0, t1, t2, t3):
+    """As row_tile_q4_k."""
     y0, y1, y2, y3 = yq[t0], yq[t1], yq[t2], yq[t3]
     d0, d1, d2, d3 = yd[t0], yd[t1], yd[t2], yd[t3]
     s0, s1, s2, s3 = ya[t0], ya[t1], ya[t2], ya[t3]
-    z = (fzero(), _F32(0.0))
-    a00, a01, a02, a03, a10, a11, a12, a13 = z, z, z, z, z, z, z, z
+    a0, a1, a2, a3 = (fzero(), _F32(0.0)), (fzero(), _F32(0.0)), (fzero(), _F32(0.0)), (fzero(), _F32(0.0))
     for i in range(d0.shape[0]):
         o = 176 * i
-        u00, u01, u02, u03 = k4_scales(w0, o + 4)
-        i00, i01, i02, i03 = row_q5_k(w0, o, QK_K * i, y0, y1, y2, y3, u00, u01)
-        a00 = close_q5_k(w0, o, d0[i], s0, i, u02, u03, i00, a00)
-        a01 = close_q5_k(w0, o, d1[i], s1, i, u02, u03, i01, a01)
-        a02 = close_q5_k(w0, o, d2[i], s2, i, u02, u03, i02, a02)
-        a03 = close_q5_k(w0, o, d3[i], s3, i, u02, u03, i03, a03)
-        u10, u11, u12, u13 = k4_scales(w1, o + 4)
-        i10, i11, i12, i13 = row_q5_k(w1, o, QK_K * i, y0, y1, y2, y3, u10, u11)
-        a10 = close_q5_k(w1, o, d0[i], s0, i, u12, u13, i10, a10)
-        a11 = close_q5_k(w1, o, d1[i], s1, i, u12, u13, i11, a11)
-        a12 = close_q5_k(w1, o, d2[i], s2, i, u12, u13, i12, a12)
-        a13 = close_q5_k(w1, o, d3[i], s3, i, u12, u13, i13, a13)
-    return (close_min(a00), close_min(a01), close_min(a02), close_min(a03),
-            close_min(a10), close_min(a11), close_min(a12), close_min(a13))
+        u0, u1, u2, u3 = k4_scales(w, o + 4)
+        i0, i1, i2, i3 = row_q5_k(w, o, QK_K * i, y0, y1, y2, y3, u0, u1)
+        a0 = close_q5_k(w, o, d0[i], s0, i, u2, u3, i0, a0)
+        a1 = close_q5_k(w, o, d1[i], s1, i, u2, u3, i1, a1)
+        a2 = close_q5_k(w, o, d2[i], s2, i, u2, u3, i2, a2)
+        a3 = close_q5_k(w, o, d3[i], s3, i, u2, u3, i3, a3)
+    return close_min(a0), close_min(a1), close_min(a2), close_min(a3)
+
+
+@njit(cache=True)  # not inlined: the parfor pass's array analysis rejects its tuple states
+def tile_q5_k(w0, w1, yq, yd, ya, t0, t1, t2, t3):
+    v00, v01, v02, v03 = row_tile_q5_k(w0, yq, yd, ya, t0, t1, t2, t3)
+    v10, v11, v12, v13 = row_tile_q5_k(w1, yq, yd, ya, t0, t1, t2, t3)
+    return v00, v01, v02, v03, v10, v11, v12, v13
 
 
 @njit(inline="always", cache=True)
