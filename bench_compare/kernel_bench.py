@@ -24,7 +24,8 @@ and the machine's measured read bandwidth (a NumPy sum over a large array on 1 a
 the ``types`` table gives each kernel's GB/s as a fraction of it (``of_bw``): how close each kernel gets to the
 memory limit that bounds decode.
 
-The machine may be shared: every figure is the best of ``--repeat`` runs.
+The machine may be shared: every figure is the best of ``--repeat`` runs; ``--threads 1 --cpu-time`` times
+``int_prefill`` by the process's CPU time, which does not count the time the process spent descheduled.
 """
 
 from __future__ import annotations
