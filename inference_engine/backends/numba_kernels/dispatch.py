@@ -150,8 +150,9 @@ INT8_FLAVOURS = ("avx2", "avx512", "neon")
 #   Q8_0  1536x1536  256           -             25.7        22.1        39.9
 #
 # The tiled kernel is the fastest path from 4 tokens on for every type and shape measured (all 8 tiled types,
-# Qwen2.5-1.5B's five shapes, T = 4..512); at 2 tokens it computes 4 (the tile repeats its last token) and one
-# mat-vec per token is faster. On 2 threads (wall clock, best of 17 under load) the order is the same, e.g. Q4_K
+# Qwen2.5-1.5B's five shapes, T = 4..512; one noisy exception: the memory-bound 151936x1536 Q6_K at T=4, tiled
+# 84.5 vs untiled 60.1 in one run, 39.8 vs 76.5 in the next); at 2 tokens it computes 4 (the tile repeats its last
+# token) and one mat-vec per token is faster. On 2 threads (wall clock, best of 17 under load) the order is the same, e.g. Q4_K
 # 1536x1536 T=512 untiled 88.0, tiled 71.1, float tiles 126.2 ms; Q6_K 1536x8960 T=512 345.5, 174.3, 482.7.
 # intdot's untiled matmul_* (INT_PREFILL) stays off: it is never faster than the tiled kernel; kept for measuring.
 INT_PREFILL = False
