@@ -9,8 +9,8 @@
   11.6, Q8_0 14.5 -> 24.9, Q5_K 7.0 -> 20.7; the same CPU with its AVX-512 code: Q4_K 10.2 -> 11.2 and 12.9 ->
   18.1, Q6_K 11.1 -> 22.0, Q8_0 21.1 -> 30.1 (medians of 12).
 - **Several tokens, ggml numerics on the int8 family** (prefill, the server's batched decode): from
-  ``TILED_MIN_TOKENS`` tokens on, the register-tiled integer kernels of :mod:`.inttiles` (2 rows x 4 tokens per
-  tile, the mat-vec's outputs bit for bit) for every type that has one; measured below (``TILED_MIN_TOKENS``).
+  ``TILED_MIN_TOKENS[type]`` (2 to 4) tokens on, the register-tiled integer kernels of :mod:`.inttiles` (2 rows
+  x 4 tokens per tile, the mat-vec's outputs bit for bit) for every type that has one; measured below.
 - **Prefill (more than ``MATVEC_MAX_TOKENS``), otherwise**: the weight is dequantized a tile of rows at a time
   (``dequant_<type>``, exactly ggml's values) into a reused float32 buffer, and each tile is multiplied with all
   the tokens by BLAS ``sgemm`` on one thread, by the Numba GEMM (:mod:`.gemm`) on more (``TILE_GEMM``). Measured
@@ -156,11 +156,16 @@ INT8_FLAVOURS = ("avx2", "avx512", "neon")
 # 1536x1536 T=512 untiled 88.0, tiled 71.1, float tiles 126.2 ms; Q6_K 1536x8960 T=512 345.5, 174.3, 482.7.
 # intdot's untiled matmul_* (INT_PREFILL) stays off: it is never faster than the tiled kernel; kept for measuring.
 INT_PREFILL = False
-TILED_MIN_TOKENS = 4
-# A last tile of 1 or 2 tokens would compute 4 (the tile repeats its last token): those go through the mat-vec
-# (Q4_K 1536x1536: a tiled token costs 0.075 ms, a mat-vec 0.11; 2 mat-vecs 0.22 < one more tile 0.30); a last
-# tile of 3 wastes one token's work, less than 3 mat-vecs.
-TILE_REMAINDER_BY_MATVEC = (1, 2)
+# From how many tokens on each type takes the tiled kernel (fewer: one mat-vec per token). A tile of 4 costs the
+# same for 2, 3 or 4 tokens (it repeats the last one), so the question is where that cost drops below T mat-vecs.
+# Measured (CPU time, 1 thread, as above; ms, T mat-vecs / tiled, T = 2 and 3): Q6_K 1536x8960 1.50 / 1.39 and
+# 2.28 / 1.48; Q4_K 1536x1536 0.22 / 0.32 and 0.33 / 0.30, 8960x1536 1.32 / 1.93 and 1.95 / 1.79; Q5_K 0.36 / 0.33,
+# Q5_0 0.46 / 0.38, Q5_1 0.51 / 0.42 at T=3; ties at T=3 for Q4_0 (0.35 / 0.34) and Q4_1 (0.40 / 0.38), which keep
+# the mat-vec there; Q8_0 loses at T=3 (0.28 / 0.34) and wins at 4 (0.36 / 0.34).
+TILED_MIN_TOKENS: dict[T, int] = {T.Q6_K: 2, T.Q4_K: 3, T.Q5_K: 3, T.Q5_0: 3, T.Q5_1: 3, T.Q4_0: 4, T.Q4_1: 4,
+                                  T.Q8_0: 4}
+# The same rule decides the last tile of a longer run: a remainder of fewer than the type's TILED_MIN_TOKENS goes
+# through the mat-vec (matmul_by_int_tiles).
 
 
 def matvec_family(features: CPUFeatures | None = None) -> str:
@@ -275,7 +280,7 @@ def int_kernel_for(w: QMatrix, n_tokens: int) -> str:
     k = w.kernels
     if k.matvec_int is None:
         return ""
-    if k.matmul_tiled is not None and n_tokens >= TILED_MIN_TOKENS:
+    if k.matmul_tiled is not None and n_tokens >= TILED_MIN_TOKENS[w.qtype]:
         return "tiled"
     if n_tokens <= MATVEC_MAX_TOKENS or INT_PREFILL:
         return "matvec"
@@ -288,9 +293,9 @@ def matmul_by_int_tiles(w: QMatrix, x: np.ndarray) -> np.ndarray:
     k = w.kernels
     yq, yd, ya = activations.quantize_int(x, k.int_activation)
     y = np.empty((x.shape[0], w.n_out), np.float32)
-    n_tiled = x.shape[0]
-    if n_tiled % inttiles.TILE_TOKENS in TILE_REMAINDER_BY_MATVEC and n_tiled > inttiles.TILE_TOKENS:
-        n_tiled -= n_tiled % inttiles.TILE_TOKENS
+    n_tiled, rest = x.shape[0], x.shape[0] % inttiles.TILE_TOKENS
+    if n_tiled > inttiles.TILE_TOKENS and rest < TILED_MIN_TOKENS[w.qtype]:
+        n_tiled -= rest
         for t in range(n_tiled, x.shape[0]):
             k.matvec_int(w.rows, yq[t], yd[t], ya[t], y[t])
     k.matmul_tiled(w.rows, yq[:n_tiled], yd[:n_tiled], ya[:n_tiled], y[:n_tiled])

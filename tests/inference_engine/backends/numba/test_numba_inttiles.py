@@ -60,7 +60,7 @@ def test_ggml_matmul_takes_the_tiled_path_and_is_libggml(qtype, rng, oracle, mon
     """From TILED_MIN_TOKENS on, dispatch picks the tiled kernel on an int8 CPU; the result is libggml's."""
     monkeypatch.setattr(dispatch, "cpu_features", lambda: AVX2)
     w, rows = random_weight(qtype, N_OUT, N_IN, rng)
-    n_tokens = max(dispatch.TILED_MIN_TOKENS, 9)
+    n_tokens = 9
     assert dispatch.int_kernel_for(w, n_tokens) == "tiled"
     called = []
     real = dispatch.matmul_by_int_tiles
@@ -80,10 +80,21 @@ def test_types_without_a_tiled_kernel_keep_their_paths(rng):
     assert dispatch.int_kernel_for(q4k, 1) == "matvec"
 
 
+@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K, T.Q8_0], ids=lambda t: t.name)  # thresholds 3, 2, 4
 @pytest.mark.parametrize("n_tokens", [4, 5, 6, 7, 9, 14])
-def test_tiled_dispatch_splits_the_remainder_exactly(n_tokens, rng):
-    """matmul_by_int_tiles sends a last tile of TILE_REMAINDER_BY_MATVEC tokens through the mat-vec: same bits."""
-    w, _ = random_weight(T.Q4_K, N_OUT, N_IN, rng)
+def test_tiled_dispatch_splits_the_remainder_exactly(qtype, n_tokens, rng):
+    """matmul_by_int_tiles sends a last tile of fewer than TILED_MIN_TOKENS tokens through the mat-vec: same bits."""
+    w, _ = random_weight(qtype, N_OUT, N_IN, rng)
     x = random_activation(rng, n_tokens, N_IN)
     yq, yd, ya = activations.quantize_int(x, w.kernels.int_activation)
     np.testing.assert_array_equal(dispatch.matmul_by_int_tiles(w, x), per_token_matvec(w, yq, yd, ya))
+
+
+@pytest.mark.parametrize("qtype", TILED_TYPES, ids=lambda t: t.name)
+def test_each_tiled_type_has_a_measured_threshold(qtype, rng):
+    """int_kernel_for switches from one mat-vec per token to the tile at the type's TILED_MIN_TOKENS."""
+    w, _ = random_weight(qtype, 8, 256, rng)
+    first = dispatch.TILED_MIN_TOKENS[qtype]
+    assert 2 <= first <= inttiles.TILE_TOKENS
+    assert dispatch.int_kernel_for(w, first - 1) == "matvec"
+    assert dispatch.int_kernel_for(w, first) == "tiled"
