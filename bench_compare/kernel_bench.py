@@ -11,6 +11,10 @@ Sections (``--only`` picks some):
   decode (llama-cpp-python, same thread count) for the ratio.
 - ``prefill``: ``T`` tokens through one matrix four ways: one mat-vec per token, dequantized tiles times BLAS,
   the same tiles times the Numba GEMM, and the fused blocked kernel (Q4_1 only).
+- ``int_prefill``: ``T`` tokens through one matrix in ggml numerics, the integer-dot paths against the float
+  tiles: one int mat-vec per token, intdot's untiled mat-mat (a row pair in L1, weights unpacked per token), the
+  register-tiled mat-mat (:mod:`~inference_engine.backends.numba_kernels.inttiles`) and dequantized tiles times the
+  Numba GEMM; Qwen2.5-1.5B's shapes and types on random blocks, plus the other tiled types on 1536x1536.
 - ``compile``: first-call compile time and cached load time of every kernel, in fresh processes with a private
   ``NUMBA_CACHE_DIR``.
 
@@ -20,7 +24,8 @@ and the machine's measured read bandwidth (a NumPy sum over a large array on 1 a
 the ``types`` table gives each kernel's GB/s as a fraction of it (``of_bw``): how close each kernel gets to the
 memory limit that bounds decode.
 
-The machine may be shared: every figure is the best of ``--repeat`` runs.
+The machine may be shared: every figure is the best of ``--repeat`` runs; ``--threads 1 --cpu-time`` times
+``int_prefill`` by the process's CPU time, which does not count the time the process spent descheduled.
 """
 
 from __future__ import annotations
@@ -47,7 +52,7 @@ from inference_engine.cpu_features import cpu_features
 from inference_engine.quants import quant_for
 
 MODELS = ("smollm2-135m", "gemma3-270m")
-SECTIONS = ("types", "decode", "prefill", "compile")
+SECTIONS = ("types", "decode", "prefill", "int_prefill", "compile")
 # Types the two real models do not contain, benchmarked on random blocks: (type, shapes).
 SYNTHETIC = (
     (T.F32, ((576, 576),)),
@@ -66,13 +71,13 @@ PREFILL_TOKENS = (2, 4, 8, 16, 64, 512)
 BLAS_SETTLE_S = 0.3
 
 
-def best_of(fn: Callable[[], object], repeat: int) -> float:
+def best_of(fn: Callable[[], object], repeat: int, clock: Callable[[], float] = time.perf_counter) -> float:
     fn()  # compile / page in
     best = float("inf")
     for _ in range(repeat):
-        t0 = time.perf_counter()
+        t0 = clock()
         fn()
-        best = min(best, time.perf_counter() - t0)
+        best = min(best, clock() - t0)
     return best
 
 
@@ -313,6 +318,72 @@ def section_prefill(args, rng) -> list[dict]:
     return rows
 
 
+# (type, shape, token counts): Qwen2.5-Coder-1.5B Q4_K_M's matmul shapes (bench-compare inspect), then the other
+# types with a tiled kernel. The 151936-row output matrix stops at 64 tokens (seconds per call beyond).
+INT_PREFILL_CASES = (
+    (T.Q4_K, (1536, 1536), (1, 2, 4, 16, 64, 256, 512)),
+    (T.Q4_K, (256, 1536), (1, 2, 4, 16, 64, 256, 512)),
+    (T.Q4_K, (8960, 1536), (1, 2, 4, 16, 64, 256, 512)),
+    (T.Q4_K, (1536, 8960), (1, 2, 4, 16, 64, 256, 512)),
+    (T.Q6_K, (1536, 8960), (1, 2, 4, 16, 64, 256, 512)),
+    (T.Q6_K, (151936, 1536), (1, 4, 16, 64)),
+    (T.Q4_0, (1536, 1536), (1, 2, 4, 16, 64, 256)),
+    (T.Q4_1, (1536, 1536), (1, 2, 4, 16, 64, 256)),
+    (T.Q8_0, (1536, 1536), (1, 2, 4, 16, 64, 256)),
+    (T.Q5_K, (1536, 1536), (1, 2, 4, 16, 64, 256)),
+    (T.Q5_0, (1536, 1536), (1, 2, 4, 16, 64, 256)),
+    (T.Q5_1, (1536, 1536), (1, 2, 4, 16, 64, 256)),
+)
+INT_MATVEC_MAX_TOKENS = 64  # one mat-vec per token is timed up to here (it only grows linearly beyond)
+
+
+def section_int_prefill(args, rng) -> list[dict]:
+    rows = []
+    for qtype, shape, counts in INT_PREFILL_CASES:
+        if args.types and qtype.name not in args.types:
+            continue
+        w = random_matrices(qtype, shape, 1, rng)[0]
+        k = w.kernels
+        for n_tokens in counts:
+            x = rng.standard_normal((n_tokens, w.n_in)).astype(np.float32)
+            yq, yd, ya = activations.quantize_int(x, k.int_activation)
+            xv, xs = activations.prepare(x, "ggml", k.vec_dot_type, k.sub)
+            out = np.empty((n_tokens, w.n_out), np.float32)
+
+            def per_token(k=k, w=w, yq=yq, yd=yd, ya=ya, out=out):
+                for t in range(yq.shape[0]):
+                    k.matvec_int(w.rows, yq[t], yd[t], ya[t], out[t])
+
+            paths = {
+                "matvec": per_token if n_tokens <= INT_MATVEC_MAX_TOKENS else None,
+                "untiled": partial(k.matmul_int, w.rows, yq, yd, ya, out),
+                "tiled": partial(k.matmul_tiled, w.rows, yq, yd, ya, out),
+                "float_tiles": partial(mm.matmul_by_tiles, w, xv, xs, "ggml", tile_gemm="numba") if n_tokens > 1
+                else None,
+            }
+            row = {"type": qtype.name, "shape": f"{shape[0]}x{shape[1]}", "tokens": n_tokens}
+            reps = args.repeat if n_tokens * w.nbytes < (64 << 20) else max(1, min(args.repeat, 3))
+            for label, fn in paths.items():
+                if fn is None:
+                    continue
+                t = best_of(fn, reps, time.process_time if args.cpu_time else time.perf_counter)
+                row[f"{label}_ms"] = t * 1e3
+                row[f"{label}_gbs"] = w.nbytes / t / 1e9
+            best = min((lbl for lbl in paths if paths[lbl]), key=lambda lbl: row[f"{lbl}_ms"])
+            row["fastest"] = best
+            row["dispatch"] = mm.int_kernel_for(w, n_tokens) or "float_tiles"
+            rows.append(row)
+            print(" ".join(f"{v:.2f}" if isinstance(v, float) else str(v) for v in row.values()), flush=True)
+    print_table(
+        "ggml-numerics mat-mat: T tokens through one matrix, integer paths vs float tiles, ms and GB/s of weights",
+        rows,
+        [("type", 5), ("shape", 11), ("tokens", 6), ("matvec_ms", 9), ("untiled_ms", 10), ("tiled_ms", 9),
+         ("float_tiles_ms", 14), ("matvec_gbs", 10), ("untiled_gbs", 11), ("tiled_gbs", 9), ("float_tiles_gbs", 15),
+         ("fastest", 11), ("dispatch", 8)],
+    )
+    return rows
+
+
 WARM_ALL = """
 import time, numpy as np
 t0 = time.perf_counter()
@@ -390,10 +461,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--only", nargs="+", choices=SECTIONS, default=list(SECTIONS), help="sections to run")
     p.add_argument("--models", nargs="+", default=list(MODELS), help="named models whose matrices to use")
     p.add_argument("--llamacpp", action="store_true", help="also time llama.cpp's decode for the ratio")
+    p.add_argument("--types", nargs="+", help="int_prefill: only these tensor types (e.g. Q4_K Q6_K)")
+    p.add_argument("--cpu-time", action="store_true",
+                   help="int_prefill: time by the process's CPU time, not the wall clock (with --threads 1 on a "
+                   "shared machine: time the process spent descheduled does not count)")
     p.add_argument("--json", help="write all rows to this JSON file")
     args = p.parse_args(argv)
     if not 1 <= args.threads <= numba.config.NUMBA_NUM_THREADS:
         p.error(f"--threads must be 1..{numba.config.NUMBA_NUM_THREADS}")
+    if args.cpu_time and args.threads != 1:
+        p.error("--cpu-time needs --threads 1 (the CPU time of several threads adds up; it is not a duration)")
     numba.set_num_threads(args.threads)
     rng = np.random.default_rng(0)
     blas = os.environ.get("OPENBLAS_NUM_THREADS", "default (all cores)")

@@ -422,3 +422,54 @@ def istore(typingctx, arr, index, v):
         return context.get_dummy_value()
 
     return types.void(arr, index, I32x8), codegen
+
+
+
+@intrinsic
+def kmin_sums(typingctx, ys, index, mlo, mhi):
+    """Q4_K / Q5_K's four ``min_2k * bsum32_2k + min_2k+1 * bsum32_2k+1`` (k = 0..3) of one super-block, in lanes
+    0..3 of an I32x8 (lanes 4..7 zero): ggml's ``madd(mins, hadd(bsums))``. The 16 int16 ``bsums`` from element
+    ``index`` of ``ys``, the 8 6-bit mins as the bytes of ``mlo`` (0..3) and ``mhi`` (4..7); bsum32_j = bsums[2j] +
+    bsums[2j+1]. The same integers as :func:`.intdot.k4_min_products` (which does it with scalars)."""
+    _check(ys, types.int16, "kmin_sums")
+    if not all(isinstance(m, types.Integer) for m in (mlo, mhi)):
+        raise TypingError(f"kmin_sums expects two uint32 words of mins, got {mlo}, {mhi}")
+
+    def codegen(context, builder, sig, args):
+        v16 = ir.VectorType(_I16, 16)
+        w16 = ir.VectorType(_I32, 16)
+        b = builder.sext(builder.load(_ptr(context, builder, sig.args[0], args[0], args[1], v16), align=2), w16)
+        words = ir.Constant(ir.VectorType(_I32, 2), ir.Undefined)
+        lo = context.cast(builder, args[2], sig.args[2], types.uint32)
+        hi = context.cast(builder, args[3], sig.args[3], types.uint32)
+        words = builder.insert_element(words, lo, ir.Constant(_I32, 0))
+        words = builder.insert_element(words, hi, ir.Constant(_I32, 1))
+        mins = builder.zext(builder.bitcast(words, ir.VectorType(_I8, 8)), ir.VectorType(_I32, 8))
+        m16 = builder.shuffle_vector(mins, mins, _vconst(w16, [j // 2 for j in range(16)]))
+        p = builder.mul(b, m16)
+        a, c = _even_odd(builder, p, 16)
+        a, c = _even_odd(builder, builder.add(a, c), 8)
+        quads = builder.add(a, c)
+        zero = ir.Constant(ir.VectorType(_I32, 4), [0] * 4)
+        return builder.shuffle_vector(quads, zero, _vconst(_VI, range(8)))
+
+    return I32x8(ys, index, mlo, mhi), codegen
+
+
+@intrinsic
+def ihsum(typingctx, v):
+    """The int32 sum of the 8 lanes (integer: any order gives the same value)."""
+    if v != I32x8:
+        raise TypingError(f"ihsum expects an I32x8, got {v}")
+
+    def codegen(context, builder, sig, args):
+        x, n = args[0], LANES
+        while n > 1:
+            half = n // 2
+            ity = ir.VectorType(_I32, half)
+            x = builder.add(builder.shuffle_vector(x, x, _vconst(ity, range(half))),
+                            builder.shuffle_vector(x, x, _vconst(ity, range(half, n))))
+            n = half
+        return builder.extract_element(x, ir.Constant(_I32, 0))
+
+    return types.int32(I32x8), codegen

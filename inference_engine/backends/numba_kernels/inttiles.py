@@ -1,0 +1,465 @@
+"""Register-tiled integer-dot mat-mat kernels (``ggml`` numerics, prefill and batched decode): ``out (T, N)``.
+
+:mod:`.intdot`'s ``matmul_<type>`` keeps a pair of weight rows in L1 while every token passes by, but unpacks each
+weight block again for every token. Here a tile of ``2`` rows x ``TILE_TOKENS = 4`` tokens is computed at once:
+each weight block (nibbles, fifth/sixth bits, scales) is unpacked into int8 vectors ONCE and multiplied with the
+4 tokens' quantized activations. For Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 both rows share one loop (each activation
+load serves both; the hot loop holds 8 float accumulators, the 2 rows' quants and one activation vector in the 16
+ymm registers of AVX2). For Q4_K and Q5_K, whose super-blocks carry many more scales, each row of the tile runs a
+loop of its own over 4 tokens (4 integer + 4 float accumulator sets, one row's quants and scales): the two rows
+interleaved in one loop spilled about a third of the loop's instructions to the stack; measured one row per loop
+vs both rows in one (CPU time, 1 thread): Q4_K the same, Q5_K 0-8% faster, Q6_K 5-14% slower (so Q6_K keeps both
+rows in one loop). The min terms of Q4_K / Q5_K are computed in vector code (:func:`.int8.kmin_sums`, ggml's ``madd(mins, hadd(bsums))``).
+
+Every output's arithmetic is :mod:`.intdot`'s ``pair_<type>``: the same integer block dot (integer sums in any
+order are the same integers) and the same float steps in the same order (block scale product, ``fma_int``, the
+constant terms, ``fsum``), so the outputs equal the mat-vec's bit for bit, hence libggml's AVX2 ``vec_dot``
+(tested). Remainder tokens (``T`` not a multiple of 4) repeat the last token in the tile (its outputs are
+written again with the same value); an odd last row is paired with itself, as in the mat-vec.
+
+Loop order: the rows are split over threads in groups of ``GROUP_ROWS`` (their weights, up to ~120 KB, stay in L2
+while all token tiles pass); within a group, for each tile of 4 tokens (its activations: 4 x n_in bytes, in L1
+for 1536 inputs), every row pair of the group. Each weight byte comes from memory once per call.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from inference_engine.backends.numba_kernels.int8 import (
+    band8,
+    bor8,
+    bshl8,
+    bshr8,
+    dot4,
+    dot4_scaled,
+    dot4_signed,
+    fma_int,
+    fsum,
+    fzero,
+    iadd,
+    ihsum,
+    iload,
+    ishl,
+    isub,
+    izero,
+    kmin_sums,
+    load32,
+    madd16,
+    nibbles32,
+)
+from inference_engine.backends.numba_kernels.intdot import QK_K, byte, five_bits, k4_scales
+from inference_engine.backends.numba_kernels.simd import fma32, load_f16
+
+_F32 = np.float32
+TILE_TOKENS = 4  # tokens per register tile (the kernels below are written out for 4)
+# Rows per thread task: 16 rows of the 1.5B's widest rows (Q6_K, 8960 inputs) are 118 KB, within L2.
+GROUP_ROWS = 16
+
+
+@njit(inline="always", cache=True)
+def store_tile(out, r0, r1, t0, t1, t2, t3, v):
+    out[t0, r0], out[t1, r0], out[t2, r0], out[t3, r0] = v[0], v[1], v[2], v[3]
+    out[t0, r1], out[t1, r1], out[t2, r1], out[t3, r1] = v[4], v[5], v[6], v[7]
+
+
+# --- Q4_0, Q5_0 (ya: int32 sums of four quants), Q4_1, Q5_1 (ya: float32 block sums s), Q8_0 ----------------------
+@njit(inline="always", cache=True)
+def step_offset(x0, x1, f0, f1, yq, yd, ya, b, shift, a0, a1):
+    """pair_q4_0 / pair_q5_0's block step for one token and both rows: ``(d_w d_y) * (dot4(q, y) - 8|16 sum4)``."""
+    y, yo = load32(yq, 32 * b), ishl(iload(ya, 8 * b), shift)
+    a0 = fma_int(f0 * yd[b], isub(dot4(x0, y), yo), a0)
+    a1 = fma_int(f1 * yd[b], isub(dot4(x1, y), yo), a1)
+    return a0, a1
+
+
+@njit(cache=True)  # not inlined: the parfor pass's array analysis rejects its tuple states
+def tile_q4_0(w0, w1, yq, yd, ya, t0, t1, t2, t3):
+    y0, y1, y2, y3 = yq[t0], yq[t1], yq[t2], yq[t3]
+    d0, d1, d2, d3 = yd[t0], yd[t1], yd[t2], yd[t3]
+    s0, s1, s2, s3 = ya[t0], ya[t1], ya[t2], ya[t3]
+    a00, a01, a02, a03 = fzero(), fzero(), fzero(), fzero()
+    a10, a11, a12, a13 = fzero(), fzero(), fzero(), fzero()
+    for b in range(d0.shape[0]):
+        o = 18 * b
+        x0, x1 = nibbles32(w0, o + 2), nibbles32(w1, o + 2)
+        f0, f1 = load_f16(w0, o), load_f16(w1, o)
+        a00, a10 = step_offset(x0, x1, f0, f1, y0, d0, s0, b, 3, a00, a10)
+        a01, a11 = step_offset(x0, x1, f0, f1, y1, d1, s1, b, 3, a01, a11)
+        a02, a12 = step_offset(x0, x1, f0, f1, y2, d2, s2, b, 3, a02, a12)
+        a03, a13 = step_offset(x0, x1, f0, f1, y3, d3, s3, b, 3, a03, a13)
+    return fsum(a00), fsum(a01), fsum(a02), fsum(a03), fsum(a10), fsum(a11), fsum(a12), fsum(a13)
+
+
+@njit(cache=True)  # not inlined: the parfor pass's array analysis rejects its tuple states
+def tile_q5_0(w0, w1, yq, yd, ya, t0, t1, t2, t3):
+    y0, y1, y2, y3 = yq[t0], yq[t1], yq[t2], yq[t3]
+    d0, d1, d2, d3 = yd[t0], yd[t1], yd[t2], yd[t3]
+    s0, s1, s2, s3 = ya[t0], ya[t1], ya[t2], ya[t3]
+    a00, a01, a02, a03 = fzero(), fzero(), fzero(), fzero()
+    a10, a11, a12, a13 = fzero(), fzero(), fzero(), fzero()
+    for b in range(d0.shape[0]):
+        o = 22 * b
+        x0, x1 = five_bits(w0, o + 2, o + 6), five_bits(w1, o + 2, o + 6)
+        f0, f1 = load_f16(w0, o), load_f16(w1, o)
+        a00, a10 = step_offset(x0, x1, f0, f1, y0, d0, s0, b, 4, a00, a10)
+        a01, a11 = step_offset(x0, x1, f0, f1, y1, d1, s1, b, 4, a01, a11)
+        a02, a12 = step_offset(x0, x1, f0, f1, y2, d2, s2, b, 4, a02, a12)
+        a03, a13 = step_offset(x0, x1, f0, f1, y3, d3, s3, b, 4, a03, a13)
+    return fsum(a00), fsum(a01), fsum(a02), fsum(a03), fsum(a10), fsum(a11), fsum(a12), fsum(a13)
+
+
+@njit(inline="always", cache=True)
+def step_min(x0, x1, f0, f1, m0, m1, yq, yd, ya, b, st0, st1):
+    """pair_q4_1 / pair_q5_1's block step: ``acc += (d_w d_y) * dot4(q, y)``, ``c += m * s`` (state (acc, c))."""
+    y = load32(yq, 32 * b)
+    st0 = (fma_int(f0 * yd[b], dot4(x0, y), st0[0]), fma32(m0, ya[b], st0[1]))
+    st1 = (fma_int(f1 * yd[b], dot4(x1, y), st1[0]), fma32(m1, ya[b], st1[1]))
+    return st0, st1
+
+
+@njit(inline="always", cache=True)
+def close_min(st):
+    return fsum(st[0]) + st[1]
+
+
+@njit(cache=True)  # not inlined: the parfor pass's array analysis rejects its tuple states
+def tile_q4_1(w0, w1, yq, yd, ya, t0, t1, t2, t3):
+    y0, y1, y2, y3 = yq[t0], yq[t1], yq[t2], yq[t3]
+    d0, d1, d2, d3 = yd[t0], yd[t1], yd[t2], yd[t3]
+    s0, s1, s2, s3 = ya[t0], ya[t1], ya[t2], ya[t3]
+    z = (fzero(), _F32(0.0))
+    a00, a01, a02, a03, a10, a11, a12, a13 = z, z, z, z, z, z, z, z
+    for b in range(d0.shape[0]):
+        o = 20 * b
+        x0, x1 = nibbles32(w0, o + 4), nibbles32(w1, o + 4)
+        f0, f1 = load_f16(w0, o), load_f16(w1, o)
+        m0, m1 = load_f16(w0, o + 2), load_f16(w1, o + 2)
+        a00, a10 = step_min(x0, x1, f0, f1, m0, m1, y0, d0, s0, b, a00, a10)
+        a01, a11 = step_min(x0, x1, f0, f1, m0, m1, y1, d1, s1, b, a01, a11)
+        a02, a12 = step_min(x0, x1, f0, f1, m0, m1, y2, d2, s2, b, a02, a12)
+        a03, a13 = step_min(x0, x1, f0, f1, m0, m1, y3, d3, s3, b, a03, a13)
+    return (close_min(a00), close_min(a01), close_min(a02), close_min(a03),
+            close_min(a10), close_min(a11), close_min(a12), close_min(a13))
+
+
+@njit(cache=True)  # not inlined: the parfor pass's array analysis rejects its tuple states
+def tile_q5_1(w0, w1, yq, yd, ya, t0, t1, t2, t3):
+    y0, y1, y2, y3 = yq[t0], yq[t1], yq[t2], yq[t3]
+    d0, d1, d2, d3 = yd[t0], yd[t1], yd[t2], yd[t3]
+    s0, s1, s2, s3 = ya[t0], ya[t1], ya[t2], ya[t3]
+    z = (fzero(), _F32(0.0))
+    a00, a01, a02, a03, a10, a11, a12, a13 = z, z, z, z, z, z, z, z
+    for b in range(d0.shape[0]):
+        o = 24 * b
+        x0, x1 = five_bits(w0, o + 4, o + 8), five_bits(w1, o + 4, o + 8)
+        f0, f1 = load_f16(w0, o), load_f16(w1, o)
+        m0, m1 = load_f16(w0, o + 2), load_f16(w1, o + 2)
+        a00, a10 = step_min(x0, x1, f0, f1, m0, m1, y0, d0, s0, b, a00, a10)
+        a01, a11 = step_min(x0, x1, f0, f1, m0, m1, y1, d1, s1, b, a01, a11)
+        a02, a12 = step_min(x0, x1, f0, f1, m0, m1, y2, d2, s2, b, a02, a12)
+        a03, a13 = step_min(x0, x1, f0, f1, m0, m1, y3, d3, s3, b, a03, a13)
+    return (close_min(a00), close_min(a01), close_min(a02), close_min(a03),
+            close_min(a10), close_min(a11), close_min(a12), close_min(a13))
+
+
+@njit(inline="always", cache=True)
+def step_q8_0(x0, x1, f0, f1, yq, yd, b, a0, a1):
+    y = load32(yq, 32 * b)
+    return fma_int(f0 * yd[b], dot4_signed(x0, y), a0), fma_int(f1 * yd[b], dot4_signed(x1, y), a1)
+
+
+@njit(cache=True)  # not inlined: the parfor pass's array analysis rejects its tuple states
+def tile_q8_0(w0, w1, yq, yd, ya, t0, t1, t2, t3):
+    y0, y1, y2, y3 = yq[t0], yq[t1], yq[t2], yq[t3]
+    d0, d1, d2, d3 = yd[t0], yd[t1], yd[t2], yd[t3]
+    a00, a01, a02, a03 = fzero(), fzero(), fzero(), fzero()
+    a10, a11, a12, a13 = fzero(), fzero(), fzero(), fzero()
+    for b in range(d0.shape[0]):
+        o = 34 * b
+        x0, x1 = load32(w0, o + 2), load32(w1, o + 2)
+        f0, f1 = load_f16(w0, o), load_f16(w1, o)
+        a00, a10 = step_q8_0(x0, x1, f0, f1, y0, d0, b, a00, a10)
+        a01, a11 = step_q8_0(x0, x1, f0, f1, y1, d1, b, a01, a11)
+        a02, a12 = step_q8_0(x0, x1, f0, f1, y2, d2, b, a02, a12)
+        a03, a13 = step_q8_0(x0, x1, f0, f1, y3, d3, b, a03, a13)
+    return fsum(a00), fsum(a01), fsum(a02), fsum(a03), fsum(a10), fsum(a11), fsum(a12), fsum(a13)
+
+
+# --- K-quants ------------------------------------------------------------------------------------------------------
+@njit(inline="always", cache=True)
+def sub_scales(t_lo, t_hi, j):
+    """Scales of sub-blocks 2j, 2j+1 (Q4_K / Q5_K, as q4_k_sumi reads them)."""
+    word = t_lo if j < 2 else t_hi
+    return byte(word, (2 * j) % 4), byte(word, (2 * j + 1) % 4)
+
+
+@njit(inline="always", cache=True)
+def dot_pair(lo, hi, yq, e, sl, sh):
+    return iadd(dot4_scaled(lo, load32(yq, e), sl, sl), dot4_scaled(hi, load32(yq, e + 32), sh, sh))
+
+
+@njit(inline="always", cache=True)
+def q4_k_quants(row, o, j):
+    q = load32(row, o + 16 + 32 * j)
+    return band8(q, 15), band8(bshr8(q, 4), 15)
+
+
+@njit(inline="always", cache=True)
+def q5_k_quants(row, o, j):
+    hbits = load32(row, o + 16)
+    q = load32(row, o + 48 + 32 * j)
+    h = bshr8(hbits, 2 * j)
+    q0 = bor8(band8(q, 15), bshl8(band8(h, 1), 4))
+    q1 = bor8(band8(bshr8(q, 4), 15), bshl8(band8(bshr8(h, 1), 1), 4))
+    return q0, q1
+
+
+@njit(inline="always", cache=True)
+def close_q4_k(row, o, ydi, ys, i, t_mlo, t_mhi, sumi, st):
+    """pair_q4_k's per-super-block float steps for one output; state (acc, macc): ``macc`` holds pair_q4_k's
+    four min accumulators m0..m3 in lanes 0..3 (lanes 4..7 stay +0, so ``fsum(macc)`` is its
+    ``(m0 + m2) + (m1 + m3)``), updated by the same one-rounding ``fma(dmin, s_k, m_k)`` per lane."""
+    dmin = -ydi * load_f16(row, o + 2)
+    return fma_int(ydi * load_f16(row, o), sumi, st[0]), fma_int(dmin, kmin_sums(ys, 16 * i, t_mlo, t_mhi), st[1])
+
+
+@njit(inline="always", cache=True)
+def final_q4_k(st):
+    return fsum(st[0]) + fsum(st[1])
+
+
+@njit(inline="always", cache=True)
+def close_q5_k(row, o, ydi, ys, i, t_mlo, t_mhi, sumi, st):
+    """pair_q5_k's per-super-block float steps for one output; state (acc, c)."""
+    dmin = -ydi * load_f16(row, o + 2)
+    mins = _F32(ihsum(kmin_sums(ys, 16 * i, t_mlo, t_mhi)))
+    return fma_int(ydi * load_f16(row, o), sumi, st[0]), fma32(dmin, mins, st[1])
+
+
+@njit(inline="always", cache=True)
+def row_q4_k(row, o, e, y0, y1, y2, y3, u_lo, u_hi):
+    """One row's integer sums of super-block at ``o`` (activations from element ``e``) with 4 tokens."""
+    i0, i1, i2, i3 = izero(), izero(), izero(), izero()
+    for j in range(4):
+        lo, hi = q4_k_quants(row, o, j)
+        sl, sh = sub_scales(u_lo, u_hi, j)
+        ej = e + 64 * j
+        i0, i1 = iadd(i0, dot_pair(lo, hi, y0, ej, sl, sh)), iadd(i1, dot_pair(lo, hi, y1, ej, sl, sh))
+        i2, i3 = iadd(i2, dot_pair(lo, hi, y2, ej, sl, sh)), iadd(i3, dot_pair(lo, hi, y3, ej, sl, sh))
+    return i0, i1, i2, i3
+
+
+@njit(inline="always", cache=True)
+def row_q5_k(row, o, e, y0, y1, y2, y3, u_lo, u_hi):
+    i0, i1, i2, i3 = izero(), izero(), izero(), izero()
+    for j in range(4):
+        lo, hi = q5_k_quants(row, o, j)
+        sl, sh = sub_scales(u_lo, u_hi, j)
+        ej = e + 64 * j
+        i0, i1 = iadd(i0, dot_pair(lo, hi, y0, ej, sl, sh)), iadd(i1, dot_pair(lo, hi, y1, ej, sl, sh))
+        i2, i3 = iadd(i2, dot_pair(lo, hi, y2, ej, sl, sh)), iadd(i3, dot_pair(lo, hi, y3, ej, sl, sh))
+    return i0, i1, i2, i3
+
+
+@njit(inline="always", cache=True)
+def row_tile_q4_k(w, yq, yd, ya, t0, t1, t2, t3):
+    """One row x 4 tokens, the whole row, in a loop of its own (see the module's docstring)."""
+    y0, y1, y2, y3 = yq[t0], yq[t1], yq[t2], yq[t3]
+    d0, d1, d2, d3 = yd[t0], yd[t1], yd[t2], yd[t3]
+    s0, s1, s2, s3 = ya[t0], ya[t1], ya[t2], ya[t3]
+    a0, a1, a2, a3 = (fzero(), fzero()), (fzero(), fzero()), (fzero(), fzero()), (fzero(), fzero())
+    for i in range(d0.shape[0]):
+        o = 144 * i
+        u0, u1, u2, u3 = k4_scales(w, o + 4)
+        i0, i1, i2, i3 = row_q4_k(w, o, QK_K * i, y0, y1, y2, y3, u0, u1)
+        a0 = close_q4_k(w, o, d0[i], s0, i, u2, u3, i0, a0)
+        a1 = close_q4_k(w, o, d1[i], s1, i, u2, u3, i1, a1)
+        a2 = close_q4_k(w, o, d2[i], s2, i, u2, u3, i2, a2)
+        a3 = close_q4_k(w, o, d3[i], s3, i, u2, u3, i3, a3)
+    return final_q4_k(a0), final_q4_k(a1), final_q4_k(a2), final_q4_k(a3)
+
+
+@njit(cache=True)  # not inlined: the parfor pass's array analysis rejects its tuple states
+def tile_q4_k(w0, w1, yq, yd, ya, t0, t1, t2, t3):
+    v00, v01, v02, v03 = row_tile_q4_k(w0, yq, yd, ya, t0, t1, t2, t3)
+    v10, v11, v12, v13 = row_tile_q4_k(w1, yq, yd, ya, t0, t1, t2, t3)
+    return v00, v01, v02, v03, v10, v11, v12, v13
+
+
+@njit(inline="always", cache=True)
+def row_tile_q5_k(w, yq, yd, ya, t0, t1, t2, t3):
+    """As row_tile_q4_k."""
+    y0, y1, y2, y3 = yq[t0], yq[t1], yq[t2], yq[t3]
+    d0, d1, d2, d3 = yd[t0], yd[t1], yd[t2], yd[t3]
+    s0, s1, s2, s3 = ya[t0], ya[t1], ya[t2], ya[t3]
+    a0, a1, a2, a3 = (fzero(), _F32(0.0)), (fzero(), _F32(0.0)), (fzero(), _F32(0.0)), (fzero(), _F32(0.0))
+    for i in range(d0.shape[0]):
+        o = 176 * i
+        u0, u1, u2, u3 = k4_scales(w, o + 4)
+        i0, i1, i2, i3 = row_q5_k(w, o, QK_K * i, y0, y1, y2, y3, u0, u1)
+        a0 = close_q5_k(w, o, d0[i], s0, i, u2, u3, i0, a0)
+        a1 = close_q5_k(w, o, d1[i], s1, i, u2, u3, i1, a1)
+        a2 = close_q5_k(w, o, d2[i], s2, i, u2, u3, i2, a2)
+        a3 = close_q5_k(w, o, d3[i], s3, i, u2, u3, i3, a3)
+    return close_min(a0), close_min(a1), close_min(a2), close_min(a3)
+
+
+@njit(cache=True)  # not inlined: the parfor pass's array analysis rejects its tuple states
+def tile_q5_k(w0, w1, yq, yd, ya, t0, t1, t2, t3):
+    v00, v01, v02, v03 = row_tile_q5_k(w0, yq, yd, ya, t0, t1, t2, t3)
+    v10, v11, v12, v13 = row_tile_q5_k(w1, yq, yd, ya, t0, t1, t2, t3)
+    return v00, v01, v02, v03, v10, v11, v12, v13
+
+
+@njit(inline="always", cache=True)
+def q6_k_quants(row, o, j):
+    """The four 32-quant vectors of half ``j`` of a Q6_K super-block (as q6_k_sumi unpacks them)."""
+    ql0, ql1 = load32(row, o + 64 * j), load32(row, o + 64 * j + 32)
+    qh = load32(row, o + 128 + 32 * j)
+    q0 = bor8(band8(ql0, 15), bshl8(band8(qh, 3), 4))
+    q1 = bor8(band8(ql1, 15), bshl8(band8(bshr8(qh, 2), 3), 4))
+    q2 = bor8(bshr8(ql0, 4), bshl8(band8(bshr8(qh, 4), 3), 4))
+    q3 = bor8(bshr8(ql1, 4), bshl8(bshr8(qh, 6), 4))
+    return q0, q1, q2, q3
+
+
+@njit(inline="always", cache=True)
+def dot_q6_k(q0, q1, q2, q3, row, sc, yq, y):
+    p0 = dot4_scaled(q0, load32(yq, y), np.int8(row[sc]), np.int8(row[sc + 1]))
+    p1 = dot4_scaled(q1, load32(yq, y + 32), np.int8(row[sc + 2]), np.int8(row[sc + 3]))
+    p2 = dot4_scaled(q2, load32(yq, y + 64), np.int8(row[sc + 4]), np.int8(row[sc + 5]))
+    p3 = dot4_scaled(q3, load32(yq, y + 96), np.int8(row[sc + 6]), np.int8(row[sc + 7]))
+    return iadd(iadd(p0, p1), iadd(p2, p3))
+
+
+@njit(inline="always", cache=True)
+def close_q6_k(row, o, ydi, ys, i, sumi, acc):
+    return fma_int(ydi * load_f16(row, o + 208), isub(sumi, ishl(madd16(ys, 16 * i, row, o + 192), 5)), acc)
+
+
+@njit(cache=True)  # not inlined: the parfor pass's array analysis rejects its tuple states
+def tile_q6_k(w0, w1, yq, yd, ya, t0, t1, t2, t3):
+    y0, y1, y2, y3 = yq[t0], yq[t1], yq[t2], yq[t3]
+    d0, d1, d2, d3 = yd[t0], yd[t1], yd[t2], yd[t3]
+    s0, s1, s2, s3 = ya[t0], ya[t1], ya[t2], ya[t3]
+    a00, a01, a02, a03 = fzero(), fzero(), fzero(), fzero()
+    a10, a11, a12, a13 = fzero(), fzero(), fzero(), fzero()
+    for i in range(d0.shape[0]):
+        o = 210 * i
+        i00, i01, i02, i03 = izero(), izero(), izero(), izero()
+        i10, i11, i12, i13 = izero(), izero(), izero(), izero()
+        for j in range(2):
+            e, sc = QK_K * i + 128 * j, o + 192 + 8 * j
+            q00, q01, q02, q03 = q6_k_quants(w0, o, j)
+            q10, q11, q12, q13 = q6_k_quants(w1, o, j)
+            i00 = iadd(i00, dot_q6_k(q00, q01, q02, q03, w0, sc, y0, e))
+            i01 = iadd(i01, dot_q6_k(q00, q01, q02, q03, w0, sc, y1, e))
+            i02 = iadd(i02, dot_q6_k(q00, q01, q02, q03, w0, sc, y2, e))
+            i03 = iadd(i03, dot_q6_k(q00, q01, q02, q03, w0, sc, y3, e))
+            i10 = iadd(i10, dot_q6_k(q10, q11, q12, q13, w1, sc, y0, e))
+            i11 = iadd(i11, dot_q6_k(q10, q11, q12, q13, w1, sc, y1, e))
+            i12 = iadd(i12, dot_q6_k(q10, q11, q12, q13, w1, sc, y2, e))
+            i13 = iadd(i13, dot_q6_k(q10, q11, q12, q13, w1, sc, y3, e))
+        a00 = close_q6_k(w0, o, d0[i], s0, i, i00, a00)
+        a01 = close_q6_k(w0, o, d1[i], s1, i, i01, a01)
+        a02 = close_q6_k(w0, o, d2[i], s2, i, i02, a02)
+        a03 = close_q6_k(w0, o, d3[i], s3, i, i03, a03)
+        a10 = close_q6_k(w1, o, d0[i], s0, i, i10, a10)
+        a11 = close_q6_k(w1, o, d1[i], s1, i, i11, a11)
+        a12 = close_q6_k(w1, o, d2[i], s2, i, i12, a12)
+        a13 = close_q6_k(w1, o, d3[i], s3, i, i13, a13)
+    return fsum(a00), fsum(a01), fsum(a02), fsum(a03), fsum(a10), fsum(a11), fsum(a12), fsum(a13)
+
+
+# --- the kernels ---------------------------------------------------------------------------------------------------
+# Written out per type (not made by a factory), for the reason given in intdot.py (Numba's cache and closures).
+
+
+@njit(parallel=True, cache=True)
+def tiled_q4_0(w, yq, yd, ya, out):
+    n_tok, n = out.shape
+    for g in prange((n + GROUP_ROWS - 1) // GROUP_ROWS):
+        for t in range(0, n_tok, TILE_TOKENS):
+            t1, t2, t3 = min(t + 1, n_tok - 1), min(t + 2, n_tok - 1), min(t + 3, n_tok - 1)
+            for r0 in range(g * GROUP_ROWS, min(g * GROUP_ROWS + GROUP_ROWS, n), 2):
+                r1 = min(r0 + 1, n - 1)
+                store_tile(out, r0, r1, t, t1, t2, t3, tile_q4_0(w[r0], w[r1], yq, yd, ya, t, t1, t2, t3))
+
+
+@njit(parallel=True, cache=True)
+def tiled_q4_1(w, yq, yd, ya, out):
+    n_tok, n = out.shape
+    for g in prange((n + GROUP_ROWS - 1) // GROUP_ROWS):
+        for t in range(0, n_tok, TILE_TOKENS):
+            t1, t2, t3 = min(t + 1, n_tok - 1), min(t + 2, n_tok - 1), min(t + 3, n_tok - 1)
+            for r0 in range(g * GROUP_ROWS, min(g * GROUP_ROWS + GROUP_ROWS, n), 2):
+                r1 = min(r0 + 1, n - 1)
+                store_tile(out, r0, r1, t, t1, t2, t3, tile_q4_1(w[r0], w[r1], yq, yd, ya, t, t1, t2, t3))
+
+
+@njit(parallel=True, cache=True)
+def tiled_q5_0(w, yq, yd, ya, out):
+    n_tok, n = out.shape
+    for g in prange((n + GROUP_ROWS - 1) // GROUP_ROWS):
+        for t in range(0, n_tok, TILE_TOKENS):
+            t1, t2, t3 = min(t + 1, n_tok - 1), min(t + 2, n_tok - 1), min(t + 3, n_tok - 1)
+            for r0 in range(g * GROUP_ROWS, min(g * GROUP_ROWS + GROUP_ROWS, n), 2):
+                r1 = min(r0 + 1, n - 1)
+                store_tile(out, r0, r1, t, t1, t2, t3, tile_q5_0(w[r0], w[r1], yq, yd, ya, t, t1, t2, t3))
+
+
+@njit(parallel=True, cache=True)
+def tiled_q5_1(w, yq, yd, ya, out):
+    n_tok, n = out.shape
+    for g in prange((n + GROUP_ROWS - 1) // GROUP_ROWS):
+        for t in range(0, n_tok, TILE_TOKENS):
+            t1, t2, t3 = min(t + 1, n_tok - 1), min(t + 2, n_tok - 1), min(t + 3, n_tok - 1)
+            for r0 in range(g * GROUP_ROWS, min(g * GROUP_ROWS + GROUP_ROWS, n), 2):
+                r1 = min(r0 + 1, n - 1)
+                store_tile(out, r0, r1, t, t1, t2, t3, tile_q5_1(w[r0], w[r1], yq, yd, ya, t, t1, t2, t3))
+
+
+@njit(parallel=True, cache=True)
+def tiled_q8_0(w, yq, yd, ya, out):
+    n_tok, n = out.shape
+    for g in prange((n + GROUP_ROWS - 1) // GROUP_ROWS):
+        for t in range(0, n_tok, TILE_TOKENS):
+            t1, t2, t3 = min(t + 1, n_tok - 1), min(t + 2, n_tok - 1), min(t + 3, n_tok - 1)
+            for r0 in range(g * GROUP_ROWS, min(g * GROUP_ROWS + GROUP_ROWS, n), 2):
+                r1 = min(r0 + 1, n - 1)
+                store_tile(out, r0, r1, t, t1, t2, t3, tile_q8_0(w[r0], w[r1], yq, yd, ya, t, t1, t2, t3))
+
+
+@njit(parallel=True, cache=True)
+def tiled_q4_k(w, yq, yd, ya, out):
+    n_tok, n = out.shape
+    for g in prange((n + GROUP_ROWS - 1) // GROUP_ROWS):
+        for t in range(0, n_tok, TILE_TOKENS):
+            t1, t2, t3 = min(t + 1, n_tok - 1), min(t + 2, n_tok - 1), min(t + 3, n_tok - 1)
+            for r0 in range(g * GROUP_ROWS, min(g * GROUP_ROWS + GROUP_ROWS, n), 2):
+                r1 = min(r0 + 1, n - 1)
+                store_tile(out, r0, r1, t, t1, t2, t3, tile_q4_k(w[r0], w[r1], yq, yd, ya, t, t1, t2, t3))
+
+
+@njit(parallel=True, cache=True)
+def tiled_q5_k(w, yq, yd, ya, out):
+    n_tok, n = out.shape
+    for g in prange((n + GROUP_ROWS - 1) // GROUP_ROWS):
+        for t in range(0, n_tok, TILE_TOKENS):
+            t1, t2, t3 = min(t + 1, n_tok - 1), min(t + 2, n_tok - 1), min(t + 3, n_tok - 1)
+            for r0 in range(g * GROUP_ROWS, min(g * GROUP_ROWS + GROUP_ROWS, n), 2):
+                r1 = min(r0 + 1, n - 1)
+                store_tile(out, r0, r1, t, t1, t2, t3, tile_q5_k(w[r0], w[r1], yq, yd, ya, t, t1, t2, t3))
+
+
+@njit(parallel=True, cache=True)
+def tiled_q6_k(w, yq, yd, ya, out):
+    n_tok, n = out.shape
+    for g in prange((n + GROUP_ROWS - 1) // GROUP_ROWS):
+        for t in range(0, n_tok, TILE_TOKENS):
+            t1, t2, t3 = min(t + 1, n_tok - 1), min(t + 2, n_tok - 1), min(t + 3, n_tok - 1)
+            for r0 in range(g * GROUP_ROWS, min(g * GROUP_ROWS + GROUP_ROWS, n), 2):
+                r1 = min(r0 + 1, n - 1)
+                store_tile(out, r0, r1, t, t1, t2, t3, tile_q6_k(w[r0], w[r1], yq, yd, ya, t, t1, t2, t3))

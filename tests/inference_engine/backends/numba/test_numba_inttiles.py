@@ -1,0 +1,100 @@
+"""The register-tiled integer mat-mat kernels (inttiles): the mat-vec's outputs bit for bit, hence libggml's.
+
+Each tile is 2 rows x 4 tokens and the rows are grouped ``GROUP_ROWS`` per thread task, so the shapes here cover a
+token count below, at and past the tile (1..9, and 13: not a multiple of 4), an odd last row and a last row group
+shorter than the others (37 rows = 16 + 16 + 5).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as T
+from test_numba_intdot import AVX2, assert_matches_libggml
+from test_numba_kernels import dequantized, random_activation, random_weight
+
+from inference_engine.backends.numba_kernels import activations, dispatch, inttiles
+
+TILED_TYPES = [t for t, k in dispatch.KERNELS.items() if k.matmul_tiled is not None]
+N_OUT, N_IN = 2 * inttiles.GROUP_ROWS + 5, 512  # two full row groups and a short one ending in a lone row
+TOKEN_COUNTS = [*range(1, 10), 13]  # through the kernel itself: every remainder inside the tile
+
+
+def per_token_matvec(w, yq, yd, ya):
+    out = np.full((yq.shape[0], w.n_out), np.nan, np.float32)
+    for t in range(yq.shape[0]):
+        w.kernels.matvec_int(w.rows, yq[t], yd[t], ya[t], out[t])
+    return out
+
+
+def test_the_quantized_types_of_the_real_models_have_tiled_kernels():
+    """Qwen2.5-1.5B (Q4_K, Q6_K), SmolLM2 (Q4_1), Gemma 3 (Q4_K, Q6_K...), and Q4_0 / Q8_0 / Q5_*."""
+    assert {T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K} <= set(TILED_TYPES)
+
+
+@pytest.mark.parametrize("qtype", TILED_TYPES, ids=lambda t: t.name)
+def test_tiled_equals_the_matvec_bit_for_bit(qtype, rng):
+    w, _ = random_weight(qtype, N_OUT, N_IN, rng)
+    for n_tokens in TOKEN_COUNTS:
+        for scale in (1e-3, 50.0):
+            x = random_activation(rng, n_tokens, N_IN, scale)
+            yq, yd, ya = activations.quantize_int(x, w.kernels.int_activation)
+            tiled = np.full((n_tokens, N_OUT), np.nan, np.float32)  # an output left unwritten stays NaN
+            w.kernels.matmul_tiled(w.rows, yq, yd, ya, tiled)
+            np.testing.assert_array_equal(tiled, per_token_matvec(w, yq, yd, ya), err_msg=f"T={n_tokens}")
+
+
+@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K, T.Q4_1], ids=lambda t: t.name)
+def test_tiled_results_do_not_depend_on_threads(qtype, rng, threads):
+    w, _ = random_weight(qtype, N_OUT, N_IN, rng)
+    x = random_activation(rng, 13, N_IN)
+    with threads(1):
+        one = dispatch.matmul_by_int_tiles(w, x)
+    with threads(2):
+        two = dispatch.matmul_by_int_tiles(w, x)
+    np.testing.assert_array_equal(one, two)
+
+
+@pytest.mark.parametrize("qtype", TILED_TYPES, ids=lambda t: t.name)
+def test_ggml_matmul_takes_the_tiled_path_and_is_libggml(qtype, rng, oracle, monkeypatch):
+    """From TILED_MIN_TOKENS on, dispatch picks the tiled kernel on an int8 CPU; the result is libggml's."""
+    monkeypatch.setattr(dispatch, "cpu_features", lambda: AVX2)
+    w, rows = random_weight(qtype, N_OUT, N_IN, rng)
+    n_tokens = 9
+    assert dispatch.int_kernel_for(w, n_tokens) == "tiled"
+    called = []
+    real = dispatch.matmul_by_int_tiles
+    monkeypatch.setattr(dispatch, "matmul_by_int_tiles", lambda *a: called.append(1) or real(*a))
+    x = random_activation(rng, n_tokens, N_IN)
+    y = dispatch.matmul(w, x, "ggml")
+    assert called
+    xv, _ = activations.prepare(x, "ggml", w.kernels.vec_dot_type, w.kernels.sub)
+    assert_matches_libggml(y, oracle.matmul(qtype, rows, x), dequantized(qtype, rows), xv)
+
+
+def test_types_without_a_tiled_kernel_keep_their_paths(rng):
+    w, _ = random_weight(T.Q3_K, 8, 256, rng)
+    assert w.kernels.matmul_tiled is None
+    assert dispatch.int_kernel_for(w, 64) == ""
+    q4k, _ = random_weight(T.Q4_K, 8, 256, rng)
+    assert dispatch.int_kernel_for(q4k, 1) == "matvec"
+
+
+@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K, T.Q8_0], ids=lambda t: t.name)  # thresholds 3, 2, 4
+@pytest.mark.parametrize("n_tokens", [4, 5, 6, 7, 9, 14])
+def test_tiled_dispatch_splits_the_remainder_exactly(qtype, n_tokens, rng):
+    """matmul_by_int_tiles sends a last tile of fewer than TILED_MIN_TOKENS tokens through the mat-vec: same bits."""
+    w, _ = random_weight(qtype, N_OUT, N_IN, rng)
+    x = random_activation(rng, n_tokens, N_IN)
+    yq, yd, ya = activations.quantize_int(x, w.kernels.int_activation)
+    np.testing.assert_array_equal(dispatch.matmul_by_int_tiles(w, x), per_token_matvec(w, yq, yd, ya))
+
+
+@pytest.mark.parametrize("qtype", TILED_TYPES, ids=lambda t: t.name)
+def test_each_tiled_type_has_a_measured_threshold(qtype, rng):
+    """int_kernel_for switches from one mat-vec per token to the tile at the type's TILED_MIN_TOKENS."""
+    w, _ = random_weight(qtype, 8, 256, rng)
+    first = dispatch.TILED_MIN_TOKENS[qtype]
+    assert 2 <= first <= inttiles.TILE_TOKENS
+    assert dispatch.int_kernel_for(w, first - 1) == "matvec"
+    assert dispatch.int_kernel_for(w, first) == "tiled"
