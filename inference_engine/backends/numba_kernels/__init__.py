@@ -21,9 +21,13 @@ Modules:
 
 Every kernel is ``@njit(cache=True)``: a second process loads the machine code from Numba's cache instead of
 compiling (``python -m bench_compare.kernel_bench --only compile`` measures both). Numba's cache tracks the
-modification time of the file defining each kernel only, so after editing :mod:`.simd` or :mod:`.int8` delete the
-``__pycache__/*.nbi`` / ``*.nbc`` files of this package.
+modification time of the file defining each kernel only, while kernels inline helpers from :mod:`.simd` and
+:mod:`.int8`: :mod:`.cache_stamp` drops the package's cached code whenever any of its sources changed.
 """
+
+from inference_engine.backends.numba_kernels.cache_stamp import drop_stale_cache
+
+drop_stale_cache()  # before any kernel is loaded from the cache (kernels load on their first call)
 
 from inference_engine.backends import numba_interrupts
 from inference_engine.backends.numba_kernels.dispatch import (

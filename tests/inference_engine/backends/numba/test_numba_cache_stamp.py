@@ -1,0 +1,33 @@
+"""Numba's cached kernels are dropped when any source of the kernel package changes (Numba itself checks only the
+file that defines a kernel, not the helpers it inlines)."""
+
+from __future__ import annotations
+
+from inference_engine.backends.numba_kernels import cache_stamp
+
+
+def _package(tmp_path):
+    (tmp_path / "kernel.py").write_text("def k(): return helper()\n")
+    (tmp_path / "helper.py").write_text("def helper(): return 1\n")
+    cache = tmp_path / "__pycache__"
+    cache.mkdir()
+    for name in ("kernel.k-1.py311.nbi", "kernel.k-1.py311.1.nbc", "kernel.cpython-311.pyc"):
+        (cache / name).write_bytes(b"x")
+    return cache
+
+
+def test_an_edited_helper_drops_the_cached_kernels_once(tmp_path):
+    cache = _package(tmp_path)
+    assert cache_stamp.drop_stale_cache(tmp_path) is True  # no stamp yet: the cache's origin is unknown
+    assert sorted(p.name for p in cache.iterdir()) == ["kernel-sources.sha256", "kernel.cpython-311.pyc"]
+    (cache / "kernel.k-1.py311.nbi").write_bytes(b"x")  # Numba caches the kernel again
+    assert cache_stamp.drop_stale_cache(tmp_path) is False  # same sources: the cache is kept
+    assert (cache / "kernel.k-1.py311.nbi").exists()
+    (tmp_path / "helper.py").write_text("def helper(): return 2\n")  # only the inlined helper changes
+    assert cache_stamp.drop_stale_cache(tmp_path) is True
+    assert not (cache / "kernel.k-1.py311.nbi").exists()
+
+
+def test_the_real_package_is_stamped_with_its_sources():
+    stamp = cache_stamp.PACKAGE_DIR / "__pycache__" / cache_stamp.STAMP_NAME
+    assert stamp.read_text().strip() == cache_stamp.sources_digest()
