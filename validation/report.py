@@ -18,6 +18,7 @@ from typing import Any
 
 from validation.atomic import atomic_write_json, atomic_write_text
 from validation.provenance import cpu_isa_label
+from validation.smoke import gap_shift_factor
 
 WORST_TENSORS_SHOWN = 15  # rows of the "worst tensors" table; the JSON and Markdown per-layer table hold the rest
 JSON_NAME = "validate.json"
@@ -310,10 +311,13 @@ def _divergence_verdict(div: dict) -> str:
     agreeing = div.get("reference_variants_agreeing")
     if agreeing:
         return f"not a near tie, but llama.cpp with {', '.join(agreeing)} also picks ours"
+    if div.get("within_reference_gap_shift"):
+        return ("not a near tie, but llama.cpp's own variants move this gap by "
+                f"{fmt(div.get('reference_self_gap_shift'))} (within {fmt(gap_shift_factor())}x)")
     if div.get("within_reference_drift"):
         return ("not a near tie, but within llama.cpp's own flips "
                 f"(margin <= {fmt(div.get('reference_drift_margin'))})")
-    return "not a near tie, and no llama.cpp rounding variant picks ours"
+    return "not a near tie, no llama.cpp rounding variant picks ours or moves this gap as far"
 
 
 MODE_TITLES = {"teacher_forced": "teacher-forced", "free_running": "free-running"}

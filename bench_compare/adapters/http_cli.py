@@ -113,6 +113,17 @@ def _with_settings(side, engine):
     return side
 
 
+def _validation_reference(model: str, threads: int | None):
+    """llama.cpp as ``validate`` holds every engine up to (F32 K/V, flash attention off; its variant, flash attention
+    on, is the noise floor), not the benchmark's llama-bench settings: the verdict over HTTP then means what the
+    in-process verdict means."""
+    from inference_engine.model_cache import resolve_model
+    from validation.run import ValidateOptions, open_llamacpp_reference
+
+    options = ValidateOptions(model=model, threads=threads)
+    return open_llamacpp_reference(options, resolve_model(model, progress=False))
+
+
 def run_validate(*, spec: engines.EngineSpec, model: str, prompt: str | None, threads: int | None, n_tokens: int,
                  top_k: int, json_path: str | None, report_dir: str | None) -> dict:
     """``validate --engine openai:URL``: top-k logprob fidelity against llama.cpp in-process (``http_fidelity``)."""
@@ -125,7 +136,7 @@ def run_validate(*, spec: engines.EngineSpec, model: str, prompt: str | None, th
     with ExitStack() as stack:
         engine = _close_later(stack, engines.make_engine(spec, model, n_threads=threads, **options))
         engine.model_name  # noqa: B018 - fail fast on an unreachable URL
-        reference = _close_later(stack, engines.make_engine("llamacpp", model, n_threads=threads))
+        reference = _close_later(stack, _validation_reference(model, threads))
         result = http_fidelity.run_http_fidelity(engine, reference, text, n_tokens=n_tokens, top_k=top_k)
     md = http_fidelity.markdown(result)
     click.echo(md)

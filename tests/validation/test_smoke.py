@@ -100,3 +100,22 @@ def test_divergence_within_the_references_own_flips_passes():
     r = greedy_smoke(ScriptedEngine([_logits(8)]), ScriptedEngine(ref_logits), [0], 2, drift_margin=0.35)
     assert r.passed and r.first_divergence["within_reference_drift"] is True
     assert r.first_divergence["reference_drift_margin"] == pytest.approx(0.35)
+
+
+def test_divergence_excused_when_the_references_own_variant_moves_that_gap_as_far():
+    """The free-running rule (validation.free_running.GAP_SHIFT_FACTOR): a gap of 0.3 that llama.cpp's own variant
+    shrinks to 0.12 without flipping (a shift of 0.18; 0.3 <= sqrt(3) x 0.18) is drift; shrunk only to 0.15, not."""
+    from validation.free_running import GAP_SHIFT_FACTOR
+
+    def run(variant_gap):
+        ref = ScriptedEngine([_logits(3), _logits(5, second=7, gap=0.3)])
+        ours = ScriptedEngine([_logits(3), _logits(7)])
+        variant = ScriptedEngine([_logits(5, second=7, gap=variant_gap)])
+        return greedy_smoke(ours, ref, [0, 1], 4, {"flash attention on": variant})
+
+    r = run(0.12)
+    d = r.first_divergence
+    assert d["reference_variants_agreeing"] == [] and d["reference_self_gap_shift"] == pytest.approx(0.18, abs=1e-6)
+    assert 0.3 <= GAP_SHIFT_FACTOR * 0.18 and d["within_reference_gap_shift"] and r.passed
+    r = run(0.15)
+    assert 0.3 > GAP_SHIFT_FACTOR * 0.15 and not r.first_divergence["within_reference_gap_shift"] and not r.passed

@@ -155,6 +155,21 @@ def test_top1_disagreement_is_a_near_tie_only_below_the_margin():
     assert http_fidelity.compare_position({"b": -0.6, "a": -0.8, "c": -3.0}, wide, 3)["near_tie"] is False
 
 
+def test_a_disagreement_is_drift_when_llamacpps_variant_moves_that_gap_as_far():
+    """The free-running rule over top-k log-probabilities: llama.cpp's gap of 0.3 between its top-1 and the server's,
+    which its flash-attention variant shrinks to 0.12 (shift 0.18, 0.3 <= sqrt(3) x 0.18), excuses the flip; a
+    variant that moves it only to 0.15 does not."""
+    ref = {"a": -0.5, "b": -0.8, "c": -3.0}
+    row = http_fidelity.compare_position({"b": -0.6, "a": -0.8, "c": -3.0}, ref, 3)
+    row["reference_topk"] = ref
+    http_fidelity._variant_row(row, {"a": -0.6, "b": -0.72, "c": -3.0}, 3, "flash attention on", [])
+    assert row["reference_self_gap_shift"] == pytest.approx(0.18) and row["within_reference_gap_shift"]
+    row = http_fidelity.compare_position({"b": -0.6, "a": -0.8, "c": -3.0}, ref, 3)
+    row["reference_topk"] = ref
+    http_fidelity._variant_row(row, {"a": -0.6, "b": -0.75, "c": -3.0}, 3, "flash attention on", [])
+    assert row["reference_self_gap_shift"] == pytest.approx(0.15) and not row["within_reference_gap_shift"]
+
+
 def test_same_model_passes_and_another_model_fails_end_to_end():
     same = Engine(echo_answer(IDS, 4, "shifted"), generation_answer(IDS, 6, model=0))
     result = http_fidelity.run_http_fidelity(same, Reference(), "prompt", n_tokens=6, top_k=TOP_K)

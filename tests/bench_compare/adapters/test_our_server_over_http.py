@@ -40,9 +40,20 @@ def test_validate_our_server_over_http_gives_the_in_process_verdict(tmp_path, ca
     assert in_process == 0
     assert over_http == in_process, printed.err + printed.out
     result = json.loads(out.read_text())
-    assert result["passed"] and result["greedy"]["equal"]
+    assert result["passed"]
     assert result["prompt_sent_as"] == "token ids"  # our server takes the harness's ids as they are
-    assert result["metrics"]["top1_agreement"] == 1.0
+    # The server's greedy text is our engine's own, token for token; against llama.cpp it may part only as the
+    # in-process smoke rule allows (here: step 5, ' Spain' for ' the', margin 0.145, a gap llama.cpp's own flash
+    # attention variant moves by 0.087: within GAP_SHIFT_FACTOR x that).
+    from bench_compare.adapters.http_cli import DEFAULT_PROMPT
+    from inference_engine.engine import OurEngine
+    from inference_engine.generate import generate
+
+    ours = OurEngine(smollm2, backend="numba", numerics="ggml", n_ctx=256)
+    own = generate(ours, ours.tokenize(DEFAULT_PROMPT), max_tokens=result["n_tokens"])
+    assert result["greedy"]["server_text"] == ours.detokenize(own.token_ids)
+    d = result["greedy"]["first_divergence"]
+    assert d is None or d["near_tie"] or d["reference_variants_agreeing"] or d["within_reference_gap_shift"]
 
 
 @pytest.mark.slow
