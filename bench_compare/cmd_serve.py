@@ -17,7 +17,8 @@ from inference_engine.errors import GGUFParityError
 @click.command("serve")
 @click.option("--model", "-m", default="smollm2-135m", show_default=True, help="Named model or path to a .gguf.")
 @click.option("--backend", default="numpy", show_default=True, help="numpy or numba.")
-@click.option("--numerics", default="f32", show_default=True, help="f32 (dequantized) or ggml (llama.cpp's).")
+@click.option("--numerics", default="ggml", show_default=True,
+              help="ggml (llama.cpp's arithmetic, integer-dot kernels: as compare measures) or f32 (dequantized).")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", default=8080, show_default=True, type=int, help="Port to listen on (0: any free one).")
 @click.option("--threads", "-t", default=None, type=int, help="Threads (backend default when omitted).")
@@ -25,7 +26,7 @@ from inference_engine.errors import GGUFParityError
 @click.option("--max-batch", default=16, show_default=True, type=int, help="Requests generating at once.")
 @click.option("--kv-blocks", default=None, type=int, help="KV blocks in the pool [default: 4 contexts' worth].")
 @click.option("--block-size", default=16, show_default=True, type=int, help="Tokens per KV block.")
-@click.option("--kv-type", default="f32", show_default=True, help="KV cache storage: f32 or f16.")
+@click.option("--kv-type", default="f16", show_default=True, help="KV cache storage: f16 (llama.cpp's default) or f32.")
 @click.option("--max-queue", default=64, show_default=True, type=int, help="Requests waiting at most (then 429).")
 @click.option("--queue-timeout", default=60.0, show_default=True, type=float,
               help="Seconds a request may wait for room (then 503).")
