@@ -25,8 +25,10 @@ MAX_TOKENS = 32
 CTX = 512
 
 
-def expected_texts(model: str, backend: str, chat: bool) -> tuple[list[str], str | None]:
-    engine = load_engine(model, backend=backend, n_ctx=CTX, n_threads=2, progress=False)
+def expected_texts(model: str, backend: str, chat: bool, numerics: str = "f32", kv_type: str = "f32"
+                   ) -> tuple[list[str], str | None]:
+    engine = load_engine(model, backend=backend, numerics=numerics, n_ctx=CTX, n_threads=2, kv_type=kv_type,
+                         progress=False)
     tok = engine.tokenizer
 
     def run(text: str) -> str:
@@ -48,11 +50,15 @@ async def _all_at_once(url: str, bodies: list[tuple[str, dict]]) -> list[dict]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model,backend,chat", [("smollm2-135m", "numpy", True), ("smollm2-135m", "numba", True),
-                                                ("gemma3-270m", "numpy", False)])  # gemma3-270m: no chat template
-def test_server_greedy_equals_generate(model, backend, chat):
-    expected, expected_chat = expected_texts(model, backend, chat)
-    with start_server(model, backend=backend, ctx=CTX, threads=2, max_batch=8) as server:
+@pytest.mark.parametrize("model,backend,chat,numerics,kv_type", [
+    ("smollm2-135m", "numpy", True, "f32", "f32"), ("smollm2-135m", "numba", True, "f32", "f32"),
+    ("gemma3-270m", "numpy", False, "f32", "f32"),  # gemma3-270m: no chat template
+    ("smollm2-135m", "numba", True, "ggml", "f16"),  # bench-compare serve's defaults (llama.cpp's server's)
+])
+def test_server_greedy_equals_generate(model, backend, chat, numerics, kv_type):
+    expected, expected_chat = expected_texts(model, backend, chat, numerics, kv_type)
+    with start_server(model, backend=backend, numerics=numerics, kv_type=kv_type, ctx=CTX, threads=2,
+                      max_batch=8) as server:
         bodies = [("/v1/completions", {"model": model, "prompt": p, "max_tokens": MAX_TOKENS, "temperature": 0})
                   for p in PROMPTS]
         if chat:
