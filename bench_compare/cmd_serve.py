@@ -16,7 +16,7 @@ from inference_engine.errors import GGUFParityError
 
 @click.command("serve")
 @click.option("--model", "-m", default="smollm2-135m", show_default=True, help="Named model or path to a .gguf.")
-@click.option("--backend", default="numpy", show_default=True, help="numpy or numba.")
+@click.option("--backend", default=None, help="numba or numpy (default: numba if installed, else numpy).")
 @click.option("--numerics", default="ggml", show_default=True,
               help="ggml (llama.cpp's arithmetic, integer-dot kernels: as compare measures) or f32 (dequantized).")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
@@ -45,6 +45,9 @@ def serve(model, backend, numerics, host, port, threads, ctx, max_batch, kv_bloc
     from inference_engine.server.serve import ServerConfig
     from inference_engine.server.serve import serve as run_server
 
+    from bench_compare.engines import default_backend
+
+    backend = backend or default_backend()
     if backend not in BACKENDS or backend == "mlx":
         raise GGUFParityError(f"unknown or unsupported backend '{backend}' for serving; supported: numpy, numba")
     check_numerics(numerics)

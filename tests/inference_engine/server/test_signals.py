@@ -105,3 +105,16 @@ def test_a_port_in_use_is_a_one_line_error(tiny_model, capsys):
         assert main(["serve", "-m", str(tiny_model("llama")), "--port", str(port), "--log-level", "critical"]) == 2
     err = capsys.readouterr().err
     assert f"could not listen on 127.0.0.1:{port}" in err
+
+
+def test_serve_defaults_are_llamacpp_servers_numerics_on_the_fast_backend(tiny_model, monkeypatch):
+    """No flags: numba where installed (as compare), ggml numerics and an F16 K/V cache (llama.cpp's server's)."""
+    from bench_compare.cli import main
+    from bench_compare.engines import default_backend
+    from inference_engine.server import serve as serve_module
+
+    seen = {}
+    monkeypatch.setattr(serve_module, "serve", lambda config, **kw: seen.setdefault("config", config) and 0)
+    assert main(["serve", "-m", str(tiny_model("llama"))]) == 0
+    config = seen["config"]
+    assert (config.backend, config.numerics, config.kv_type) == (default_backend(), "ggml", "f16")
