@@ -39,13 +39,12 @@ from inference_engine.errors import GGUFParityError
 def serve(model, backend, numerics, host, port, threads, ctx, max_batch, kv_blocks, block_size, kv_type, max_queue,
           queue_timeout, prefill_chunk, no_prefix_cache, model_id, drain, log_level) -> int:
     """Serve MODEL with an OpenAI-compatible API (/v1/completions, /v1/chat/completions, /metrics)."""
+    from bench_compare.engines import default_backend
     from inference_engine.backends import BACKENDS
     from inference_engine.backends.base import check_kv_type
     from inference_engine.registries import check_numerics
     from inference_engine.server.serve import ServerConfig
     from inference_engine.server.serve import serve as run_server
-
-    from bench_compare.engines import default_backend
 
     backend = backend or default_backend()
     if backend not in BACKENDS or backend == "mlx":
