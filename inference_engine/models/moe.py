@@ -36,7 +36,7 @@ from inference_engine.backends import numerics as nx
 from inference_engine.backends.base import Array, Backend
 from inference_engine.errors import GGUFParityError
 from inference_engine.gguf_file import GGUFFile
-from inference_engine.models.base import Tap, Weights, _int
+from inference_engine.models.base import HParams, Tap, Weights, _int
 from inference_engine.models.blocks import FeedForward
 
 # build_moe_ffn: "Avoid division by zero, clamp to smallest number representable by F16" (2**-14).
@@ -53,6 +53,19 @@ def expert_hparams(f: GGUFFile) -> dict[str, int]:
                               f"{f.raw_architecture}.expert_count ({n_expert})")
     n_ff_exp = _int(f, "expert_feed_forward_length", 0) or _int(f, "feed_forward_length") // n_expert_used
     return {"n_expert": n_expert, "n_expert_used": n_expert_used, "n_ff_exp": n_ff_exp}
+
+
+@dataclass(frozen=True)
+class MoEHParams(HParams):
+    """The common hyperparameters plus the experts' (qwen2moe and qwen3moe read the same keys)."""
+
+    n_expert: int = 0  # expert_count
+    n_expert_used: int = 0  # expert_used_count: experts per token
+    n_ff_exp: int = 0  # each expert's FFN width
+
+    @classmethod
+    def from_gguf(cls, f: GGUFFile) -> MoEHParams:
+        return cls(**HParams.common(f), **expert_hparams(f))
 
 
 def _silu(b: Backend, x: np.ndarray) -> np.ndarray:

@@ -14,22 +14,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from inference_engine.gguf_file import GGUFFile
 from inference_engine.kv_cache import KVCache
-from inference_engine.models.base import HParams, Model, Tap, Weights, default_attention_scale, no_tap
+from inference_engine.models.base import Model, Tap, Weights, default_attention_scale, no_tap
 from inference_engine.models.blocks import Attention
-from inference_engine.models.moe import MoEFeedForward, SharedExpert, expert_hparams
-
-
-@dataclass(frozen=True)
-class Qwen2MoeHParams(HParams):
-    n_expert: int = 0  # expert_count
-    n_expert_used: int = 0  # expert_used_count: experts per token
-    n_ff_exp: int = 0  # each expert's FFN width
-
-    @classmethod
-    def from_gguf(cls, f: GGUFFile) -> Qwen2MoeHParams:
-        return cls(**HParams.common(f), **expert_hparams(f))
+from inference_engine.models.moe import MoEFeedForward, MoEHParams, SharedExpert
 
 
 @dataclass
@@ -42,7 +30,7 @@ class Qwen2MoeLayer:
 
 
 class Qwen2MoeModel(Model):
-    hparams_class = Qwen2MoeHParams
+    hparams_class = MoEHParams
 
     def load(self, w: Weights) -> None:
         self.token_embd = w.embedding()
