@@ -210,6 +210,14 @@ def free_running_logits(ours: np.ndarray, reference: np.ndarray, noise: SelfNois
     return summary
 
 
+def reference_gap_shift(gap: float, variant_gaps: list[float]) -> tuple[float, bool]:
+    """The largest change the reference's variants make to its ``gap`` between two tokens (each variant's own gap
+    between the same two tokens, ``variant_gaps``), and whether ``gap`` is within GAP_SHIFT_FACTOR times that: the
+    one rule by which a flip is drift here, in the greedy smoke and over HTTP."""
+    shift = max((abs(v - gap) for v in variant_gaps), default=0.0)
+    return shift, gap <= GAP_SHIFT_FACTOR * shift
+
+
 def top1_disagreements(ours: np.ndarray, reference: np.ndarray, variants: Mapping[str, np.ndarray],
                        floor_margin: float = 0.0) -> list[dict[str, Any]]:
     """Every position whose argmax differs, with what (if anything) excuses it (see the module doc).
@@ -224,14 +232,14 @@ def top1_disagreements(ours: np.ndarray, reference: np.ndarray, variants: Mappin
         rt, ot = int(top_ref[pos]), int(top_ours[pos])
         gap = float(reference[pos, rt]) - float(reference[pos, ot])
         picks = [label for label, v in variants.items() if int(np.argmax(v[pos])) == ot]
-        shifts = [abs((float(v[pos, rt]) - float(v[pos, ot])) - gap) for v in variants.values()]
-        self_shift = max(shifts) if shifts else 0.0
+        variant_gaps = [float(v[pos, rt]) - float(v[pos, ot]) for v in variants.values()]
+        self_shift, within = reference_gap_shift(gap, variant_gaps)
         excused = []
         if gap < NEAR_TIE_MARGIN:
             excused.append("near tie")
         if picks:
             excused.append(f"the reference picks it too ({', '.join(picks)})")
-        if gap <= GAP_SHIFT_FACTOR * self_shift:
+        if within:
             excused.append(f"within {GAP_SHIFT_FACTOR:.3g}x the reference's own change to this gap")
         if not excused and gap <= GAP_SHIFT_FACTOR * floor_margin:
             excused.append(LIKE_FLOOR)

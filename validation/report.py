@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from validation.atomic import atomic_write_json, atomic_write_text
+from validation.free_running import GAP_SHIFT_FACTOR
 from validation.provenance import cpu_isa_label
-from validation.smoke import gap_shift_factor
 
 WORST_TENSORS_SHOWN = 15  # rows of the "worst tensors" table; the JSON and Markdown per-layer table hold the rest
 JSON_NAME = "validate.json"
@@ -313,7 +313,7 @@ def _divergence_verdict(div: dict) -> str:
         return f"not a near tie, but llama.cpp with {', '.join(agreeing)} also picks ours"
     if div.get("within_reference_gap_shift"):
         return ("not a near tie, but llama.cpp's own variants move this gap by "
-                f"{fmt(div.get('reference_self_gap_shift'))} (within {fmt(gap_shift_factor())}x)")
+                f"{fmt(div.get('reference_self_gap_shift'))} (within {fmt(GAP_SHIFT_FACTOR)}x)")
     if div.get("within_reference_drift"):
         return ("not a near tie, but within llama.cpp's own flips "
                 f"(margin <= {fmt(div.get('reference_drift_margin'))})")

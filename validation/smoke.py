@@ -99,10 +99,11 @@ def greedy_smoke(ours: Engine, reference: Engine, prompt_ids: list[int], n_token
             divergence = _divergence(step, tok_ours, tok_ref, logits_ref, reference)
             if not divergence["near_tie"]:
                 prefix = list(prompt_ids) + generated
-                picks, shift = _variants_on(variants or {}, prefix, tok_ref, tok_ours, divergence["margin"])
+                picks, gaps = _variants_on(variants or {}, prefix, tok_ref, tok_ours)
+                shift, within = reference_gap_shift(divergence["margin"], gaps)
                 divergence["reference_variants_agreeing"] = picks
                 divergence["reference_self_gap_shift"] = shift
-                divergence["within_reference_gap_shift"] = bool(divergence["margin"] <= gap_shift_factor() * shift)
+                divergence["within_reference_gap_shift"] = bool(within)
                 divergence["reference_drift_margin"] = drift_margin
                 divergence["within_reference_drift"] = bool(drift_margin and divergence["margin"] <= drift_margin)
             return SmokeResult(n_tokens, step, generated + [tok_ref], generated + [tok_ours], divergence)
@@ -126,24 +127,24 @@ def _divergence(step: int, tok_ours: int, tok_ref: int, logits_ref: np.ndarray, 
     }
 
 
-def gap_shift_factor() -> float:
-    from validation.free_running import GAP_SHIFT_FACTOR  # that module imports this one
+def reference_gap_shift(gap: float, variant_gaps: list[float]) -> tuple[float, bool]:
+    from validation.free_running import reference_gap_shift as rule  # that module imports this one
 
-    return GAP_SHIFT_FACTOR
+    return rule(gap, variant_gaps)
 
 
-def _variants_on(variants: Mapping[str, Engine], prefix: list[int], tok_ref: int, tok_ours: int, gap: float
-                 ) -> tuple[list[str], float]:
-    """After ``prefix``: the labels of the reference variants whose greedy pick is ``tok_ours``, and the largest
-    change any variant makes to the reference's ``gap = logit[tok_ref] - logit[tok_ours]`` (0.0 without variants)."""
-    agreeing, shifts = [], []
+def _variants_on(variants: Mapping[str, Engine], prefix: list[int], tok_ref: int, tok_ours: int
+                 ) -> tuple[list[str], list[float]]:
+    """After ``prefix``: the labels of the reference variants whose greedy pick is ``tok_ours``, and each variant's
+    gap ``logit[tok_ref] - logit[tok_ours]``."""
+    agreeing, gaps = [], []
     for label, engine in variants.items():
         engine.reset()
         logits = np.asarray(engine.prefill(prefix), dtype=np.float64)
         if int(np.argmax(logits)) == tok_ours:
             agreeing.append(label)
-        shifts.append(abs(float(logits[tok_ref] - logits[tok_ours]) - gap))
-    return agreeing, max(shifts, default=0.0)
+        gaps.append(float(logits[tok_ref] - logits[tok_ours]))
+    return agreeing, gaps
 
 
 def _text(engine: Engine, token: int) -> str | None:

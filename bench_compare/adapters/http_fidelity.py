@@ -44,7 +44,7 @@ import numpy as np
 
 from bench_compare.adapters.openai_http import NOT_OVER_HTTP, check_text_round_trip
 from inference_engine.errors import GGUFParityError
-from validation.free_running import GAP_SHIFT_FACTOR, NOISE_FACTOR
+from validation.free_running import GAP_SHIFT_FACTOR, NOISE_FACTOR, reference_gap_shift
 from validation.provenance import provenance
 from validation.results import HttpValidateResult
 from validation.smoke import NEAR_TIE_MARGIN
@@ -238,10 +238,10 @@ def _variant_row(row: dict, variant_top: dict[str, float], top_k: int, label: st
         row.setdefault("variants_agreeing", []).append(label)
     r_top, s_top, margin = row["reference_top1"], row["server_top1"], row.get("margin")
     if not row["top1_agree"] and margin is not None and r_top in variant_top and s_top in variant_top:
-        # how far this variant moves llama.cpp's gap between its token and the server's (the free-running rule)
-        shift = abs((variant_top[r_top] - variant_top[s_top]) - margin)
-        row["reference_self_gap_shift"] = max(shift, row.get("reference_self_gap_shift", 0.0))
-        row["within_reference_gap_shift"] = margin <= GAP_SHIFT_FACTOR * row["reference_self_gap_shift"]
+        # how far the variants move llama.cpp's gap between its token and the server's (the free-running rule)
+        row.setdefault("reference_variant_gaps", []).append(variant_top[r_top] - variant_top[s_top])
+        shift, within = reference_gap_shift(margin, row["reference_variant_gaps"])
+        row["reference_self_gap_shift"], row["within_reference_gap_shift"] = shift, within
 
 
 def _echo_positions(engine, reference, ids, add_bos, top_k, state, positions) -> dict[str, Any]:
@@ -373,7 +373,8 @@ def markdown(result: dict[str, Any]) -> str:
              f"{fmt(result['noise_floor']['floor'])}: {', '.join(result['noise_floor']['variants']) or 'none'}) | "
              f"{c['shared_kld']} |",
              f"| max abs logprob diff (shared) | {fmt(m['max_abs_logprob_diff'])} | reported | |",
-             f"| greedy text equal | {result['greedy']['equal']} | equal, or diverging as the top-1 rule allows | {c['greedy_text']} |", "",
+             f"| greedy text equal | {result['greedy']['equal']} | equal, or diverging as the top-1 rule allows | "
+             f"{c['greedy_text']} |", "",
              f"{result['kld_note']}.", "", "## Not checkable over HTTP", ""]
     lines += [f"- {what}" for what in result["not_checkable_over_http"]]
     d = result["greedy"]["first_divergence"]
