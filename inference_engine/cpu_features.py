@@ -11,7 +11,7 @@ from __future__ import annotations
 import platform
 import subprocess
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from pathlib import Path
 
 # Flag names as Linux spells them (x86 ``flags``, Arm ``Features``) -> the names people use for them, in the order a
@@ -54,7 +54,7 @@ class CPUFeatures:
         """The SIMD extensions present, by their usual names (``["AVX", "AVX2", "FMA", "F16C"]``)."""
         return [label for flag, label in _ISA_NAMES if flag in self.flags]
 
-    @property
+    @cached_property  # asked on every decode matmul (dispatch.matvec_family): computed once per instance
     def simd_flavour(self) -> str:
         """The widest SIMD flavour ggml's CPU kernels would be compiled for here: ``avx512`` / ``avx2`` / ``neon``.
 

@@ -229,6 +229,9 @@ def pack_matrix(name: str, qtype, raw: np.ndarray, shape: tuple[int, int], copy:
 
 def matmul(w: QMatrix, x: np.ndarray, numerics: str = "f32") -> np.ndarray:
     """``x (T, n_in) @ W.T -> (T, n_out)`` float32 (a 1-D ``x`` gives a 1-D result)."""
+    if numerics == "ggml" and _one_token_int8(w, x):
+        y = matvec_int_one_token(w, x)
+        return y if x.ndim == 1 else y.reshape(*x.shape[:-1], w.n_out)
     if numerics not in NUMERICS:
         raise NUMERICS.error(numerics)
     x = np.asarray(x, dtype=np.float32)
@@ -248,6 +251,22 @@ def matmul(w: QMatrix, x: np.ndarray, numerics: str = "f32") -> np.ndarray:
     if squeeze:
         return y[0]
     return y.reshape(*x.shape[:-1], w.n_out)
+
+
+def _one_token_int8(w: QMatrix, x) -> bool:
+    """A decode step's matmul: one contiguous float32 token, an integer kernel for the type, an int8 CPU."""
+    return (isinstance(x, np.ndarray) and x.dtype == np.float32 and x.size == w.n_in and x.flags.c_contiguous
+            and w.kernels.matvec_int is not None and matvec_family() == "int8")
+
+
+def matvec_int_one_token(w: QMatrix, x: np.ndarray) -> np.ndarray:
+    """The decode fast path of :func:`matmul` (ggml numerics, one token): what :func:`matmul_by_int_matvec` does
+    for ``T = 1`` (the same kernels, so the same bits), without the shape handling around it. A small model's
+    decode step makes ~200 of these calls, so the Python work per call is a measurable share of its time."""
+    yq, yd, ya = activations.quantize_int_row(x.reshape(-1), w.kernels.int_activation)
+    y = np.empty(w.n_out, np.float32)
+    w.kernels.matvec_int(w.rows, yq, yd, ya, y)
+    return y
 
 
 def matmul_by_matvec(w: QMatrix, xv: np.ndarray, xs: np.ndarray) -> np.ndarray:

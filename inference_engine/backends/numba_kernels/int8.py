@@ -426,34 +426,37 @@ def istore(typingctx, arr, index, v):
 
 
 @intrinsic
-def kmin_sums(typingctx, ys, index, mlo, mhi):
+def kmin_pairs(typingctx, pairs, index, mlo, mhi):
     """Q4_K / Q5_K's four ``min_2k * bsum32_2k + min_2k+1 * bsum32_2k+1`` (k = 0..3) of one super-block, in lanes
-    0..3 of an I32x8 (lanes 4..7 zero): ggml's ``madd(mins, hadd(bsums))``. The 16 int16 ``bsums`` from element
-    ``index`` of ``ys``, the 8 6-bit mins as the bytes of ``mlo`` (0..3) and ``mhi`` (4..7); bsum32_j = bsums[2j] +
-    bsums[2j+1]. The same integers as :func:`.intdot.k4_min_products` (which does it with scalars)."""
-    _check(ys, types.int16, "kmin_sums")
+    0..3 of an I32x8 (lanes 4..7 zero): ggml's ``madd(mins, hadd(bsums))``, where ``pairs`` already holds the
+    ``hadd``: the 8 int16 ``bsum32_j = bsums[2j] + bsums[2j+1]`` of the super-block from element ``index`` (made
+    once per token by :func:`.inttiles.bsum_pairs`, not once per weight row); the 8 6-bit mins are the bytes of
+    ``mlo`` (0..3) and ``mhi`` (4..7). AVX2: one ``vpmaddwd`` as ggml; elsewhere generic IR. The same integers as
+    :func:`.intdot.k4_min_products` (which does it with scalars)."""
+    _check(pairs, types.int16, "kmin_pairs")
     if not all(isinstance(m, types.Integer) for m in (mlo, mhi)):
-        raise TypingError(f"kmin_sums expects two uint32 words of mins, got {mlo}, {mhi}")
+        raise TypingError(f"kmin_pairs expects two uint32 words of mins, got {mlo}, {mhi}")
 
     def codegen(context, builder, sig, args):
-        v16 = ir.VectorType(_I16, 16)
-        w16 = ir.VectorType(_I32, 16)
-        b = builder.sext(builder.load(_ptr(context, builder, sig.args[0], args[0], args[1], v16), align=2), w16)
+        v8 = ir.VectorType(_I16, 8)
+        quad = ir.VectorType(_I32, 4)
+        b = builder.load(_ptr(context, builder, sig.args[0], args[0], args[1], v8), align=2)
         words = ir.Constant(ir.VectorType(_I32, 2), ir.Undefined)
         lo = context.cast(builder, args[2], sig.args[2], types.uint32)
         hi = context.cast(builder, args[3], sig.args[3], types.uint32)
         words = builder.insert_element(words, lo, ir.Constant(_I32, 0))
         words = builder.insert_element(words, hi, ir.Constant(_I32, 1))
-        mins = builder.zext(builder.bitcast(words, ir.VectorType(_I8, 8)), ir.VectorType(_I32, 8))
-        m16 = builder.shuffle_vector(mins, mins, _vconst(w16, [j // 2 for j in range(16)]))
-        p = builder.mul(b, m16)
-        a, c = _even_odd(builder, p, 16)
-        a, c = _even_odd(builder, builder.add(a, c), 8)
-        quads = builder.add(a, c)
-        zero = ir.Constant(ir.VectorType(_I32, 4), [0] * 4)
+        mins = builder.zext(builder.bitcast(words, ir.VectorType(_I8, 8)), v8)
+        if "+avx2" in target_features(context):
+            quads = _call(builder, "llvm.x86.sse2.pmadd.wd", quad, [mins, b])
+        else:
+            wide = ir.VectorType(_I32, 8)
+            a, c = _even_odd(builder, builder.mul(builder.zext(mins, wide), builder.sext(b, wide)), 8)
+            quads = builder.add(a, c)
+        zero = ir.Constant(quad, [0] * 4)
         return builder.shuffle_vector(quads, zero, _vconst(_VI, range(8)))
 
-    return I32x8(ys, index, mlo, mhi), codegen
+    return I32x8(pairs, index, mlo, mhi), codegen
 
 
 @intrinsic

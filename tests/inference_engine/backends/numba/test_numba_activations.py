@@ -107,3 +107,19 @@ def test_f32_numerics_leaves_the_activation_alone(rng):
     blocks = x.reshape(x.shape[0], -1, 32).astype(np.float64)
     magnitude = np.abs(blocks).sum(axis=2)
     assert np.all(np.abs(xs - blocks.sum(axis=2)) <= BLOCK_SUM_TOL * magnitude)
+
+
+@pytest.mark.parametrize("kind", act.INT_ACTIVATIONS)
+def test_one_token_quantizer_is_the_first_row_of_quantize_int(kind, rng):
+    """The decode fast path's one-call quantizer gives quantize_int's arrays, bit for bit, 1-D."""
+    x = (rng.standard_normal((1, 512)) * 3).astype(np.float32)
+    whole = act.quantize_int(x, kind)
+    row = act.quantize_int_row(x[0], kind)
+    for a, b in zip(row, whole):
+        assert a.ndim == 1 and a.dtype == b.dtype
+        np.testing.assert_array_equal(a, b[0])
+
+
+def test_one_token_quantizer_names_the_known_kinds():
+    with pytest.raises(ValueError, match="q8_K"):
+        act.quantize_int_row(np.zeros(256, np.float32), "q9_9")

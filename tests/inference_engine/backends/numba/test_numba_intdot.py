@@ -157,3 +157,20 @@ def test_int_matmul_equals_the_matvec_per_token(qtype, rng, oracle):
     np.testing.assert_array_equal(dispatch.matmul_by_int_matvec(w, x), together)
     xv, _ = activations.prepare(x, "ggml", w.kernels.vec_dot_type, w.kernels.sub)
     assert_matches_libggml(together, oracle.matmul(qtype, rows, x), dequantized(qtype, rows), xv)
+
+
+@pytest.mark.parametrize("qtype", [T.Q4_1, T.Q4_K, T.Q6_K], ids=lambda t: t.name)
+def test_one_token_fast_path_is_the_general_int_path(qtype, rng, monkeypatch):
+    """A decode step's matmul (one contiguous token, 1-D or (1, K)) takes matvec_int_one_token, and gives what
+    matmul_by_int_matvec gives for the same token, bit for bit, in the caller's shape."""
+    monkeypatch.setattr(dispatch, "cpu_features", lambda: AVX2)
+    w, _ = random_weight(qtype, N_OUT, N_IN, rng)
+    x = random_activation(rng, 1, N_IN)
+    taken = []
+    real = dispatch.matvec_int_one_token
+    monkeypatch.setattr(dispatch, "matvec_int_one_token", lambda *a: taken.append(1) or real(*a))
+    general = dispatch.matmul_by_int_matvec(w, x)
+    two_d, one_d = dispatch.matmul(w, x, "ggml"), dispatch.matmul(w, x[0], "ggml")
+    assert len(taken) == 2 and two_d.shape == (1, N_OUT) and one_d.shape == (N_OUT,)
+    np.testing.assert_array_equal(two_d, general)
+    np.testing.assert_array_equal(one_d, general[0])

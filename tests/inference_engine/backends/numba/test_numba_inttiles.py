@@ -13,7 +13,9 @@ from gguf import GGMLQuantizationType as T
 from test_numba_intdot import AVX2, assert_matches_libggml
 from test_numba_kernels import dequantized, random_activation, random_weight
 
-from inference_engine.backends.numba_kernels import activations, dispatch, inttiles
+from numba import njit
+
+from inference_engine.backends.numba_kernels import activations, dispatch, int8, intdot, inttiles
 
 TILED_TYPES = [t for t, k in dispatch.KERNELS.items() if k.matmul_tiled is not None]
 N_OUT, N_IN = 2 * inttiles.GROUP_ROWS + 5, 512  # two full row groups and a short one ending in a lone row
@@ -98,3 +100,27 @@ def test_each_tiled_type_has_a_measured_threshold(qtype, rng):
     assert 2 <= first <= inttiles.TILE_TOKENS
     assert dispatch.int_kernel_for(w, first - 1) == "matvec"
     assert dispatch.int_kernel_for(w, first) == "tiled"
+
+
+@njit(cache=False)
+def _vector_and_scalar_min_terms(bsums, words):
+    pairs = inttiles.bsum_pairs(bsums)
+    vec = np.zeros((bsums.shape[0], 8), np.int32)
+    ref = np.zeros((bsums.shape[0], 4), np.int32)
+    for t in range(bsums.shape[0]):
+        int8.istore(vec[t], 0, int8.kmin_pairs(pairs[t], 0, words[t, 0], words[t, 1]))
+        ref[t, 0], ref[t, 1], ref[t, 2], ref[t, 3] = intdot.k4_min_products(words[t, 0], words[t, 1], bsums[t], 0)
+    return vec, ref
+
+
+def test_kmin_pairs_are_the_scalar_min_products_at_the_extremes(rng):
+    """The per-token pair sums + ``kmin_pairs`` (one ``vpmaddwd``) give intdot's scalar integers, lanes 4..7 zero,
+    with Q8_K's block sums at their bounds (+-16 x 127) and 6-bit mins at 63."""
+    n = 64
+    bsums = rng.integers(-16 * 127, 16 * 127 + 1, (n, 16)).astype(np.int16)
+    bsums[0], bsums[1] = 16 * 127, -16 * 127
+    words = rng.integers(0, 1 << 32, (n, 2), dtype=np.uint64).astype(np.uint32) & np.uint32(0x3F3F3F3F)
+    words[:2] = 0x3F3F3F3F
+    vec, ref = _vector_and_scalar_min_terms(bsums, words)
+    np.testing.assert_array_equal(vec[:, :4], ref)
+    assert not vec[:, 4:].any()
