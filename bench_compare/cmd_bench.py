@@ -199,8 +199,8 @@ def bench(model, n_prompt, n_gen, pg, n_depth, reps, threads, n_batch, fmt, engi
 
     if fmt not in OUTPUT_FORMATS:
         raise GGUFParityError(f"unknown output format '{fmt}'; choose one of: {', '.join(OUTPUT_FORMATS)}")
-    spec = engines.parse_engine_spec(engine or f"ours:{engines.default_backend()}",
-                                     engines.parse_engine_opts(engine_opts))
+    spec = engines.with_llama_bench_kv(engines.parse_engine_spec(engine or f"ours:{engines.default_backend()}",
+                                                                 engines.parse_engine_opts(engine_opts)))
     if spec.over_http:
         raise GGUFParityError(f"bench drives an engine's prefill/decode in this process; '{spec.name}' is reached "
                               "over HTTP: use bench-compare compare --engine SPEC --against none (pp/tg over HTTP)")

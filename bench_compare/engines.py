@@ -24,8 +24,8 @@ whether the device supports the fused op, llama-context.cpp ``auto_fa``). The ch
 n_ubatch, the size llama.cpp computes a prefill in). Like llama-bench it loads with ``use_extra_bufts``
 (``--repack``: quantized weights moved into AMX / repacked buffers) on, except where a probe in a child process shows
 that this crashes (CPUs reporting AMX-INT8 with llama-cpp-python 0.3.36); see :mod:`bench_compare.extra_bufts`.
-Our engine runs with its own defaults (``kv_type="f32"``), except that ``compare`` gives it llama-bench's F16 K/V
-cache (:func:`with_llama_bench_kv`) unless ``--engine-opt kv_type=...`` says otherwise. Every setting used is
+Our engine runs with its own defaults (``kv_type="f32"``), except that ``bench`` and ``compare`` give it
+llama-bench's F16 K/V cache (:func:`with_llama_bench_kv`) unless ``--engine-opt kv_type=...`` says otherwise. Every setting used is
 returned by :func:`engine_settings` and recorded, the extra-buffer verdict and its reason included.
 """
 

@@ -39,6 +39,7 @@ def test_json_output_exact_numbers(capsys, fake_engines, model):
     assert pp["avg_ts"] == pytest.approx(1e9 * 16 / pp_ns, rel=1e-12) and pp["stddev_ts"] == 0
     assert tg["samples_ts"] == [pytest.approx(1e9 * 4 / tg_ns, rel=1e-12)] * 3
     assert pp["engine"] == "ours:numpy" and pp["backends"] == "numpy" and pp["numerics"] == "ggml"
+    assert pp["type_k"] == pp["type_v"] == "f16"  # llama-bench's K/V cache, as compare gives ours
     assert pp["model_type"] == "llama 1M F32" and pp["model_n_params"] > 0
     assert fake_engines.engines["ours:numpy"].closed
 
