@@ -9,9 +9,10 @@ ymm registers of AVX2). For Q4_K and Q5_K, whose super-blocks carry many more sc
 loop of its own over 4 tokens (4 integer + 4 float accumulator sets, one row's quants and scales): the two rows
 interleaved in one loop spilled about a third of the loop's instructions to the stack; measured one row per loop
 vs both rows in one (CPU time, 1 thread): Q4_K the same, Q5_K 0-8% faster, Q6_K 5-14% slower (so Q6_K keeps both
-rows in one loop). The min terms of Q4_K / Q5_K are computed in vector code (:func:`.int8.kmin_pairs`, ggml's ``madd(mins, hadd(bsums))``), with the
-``hadd`` of the activation's block sums done once per token (:func:`bsum_pairs`) instead of once per row and token:
-10-15% off the Q4_K tile's CPU time here.
+rows in one loop). The min terms of Q4_K / Q5_K are computed in vector code (:func:`.int8.kmin_pairs`, ggml's
+``madd(mins, hadd(bsums))``), with the ``hadd`` of the activation's block sums done once per token
+(:func:`bsum_pairs`) instead of once per row and token: 10-15% off the Q4_K tile's CPU time here. The K-quants then
+take blocks of 8 tokens per row (:func:`row8_q4_k`...) before the 4-token tiles: see the section below.
 
 Every output's arithmetic is :mod:`.intdot`'s ``pair_<type>``: the same integer block dot (integer sums in any
 order are the same integers) and the same float steps in the same order (block scale product, ``fma_int``, the
@@ -386,6 +387,108 @@ def bsum_pairs(bsums):
     return out
 
 
+# --- K-quants, 1 row x 8 tokens ---------------------------------------------------------------------------------
+# The K-quants' per-row work (scales, mins, unpacking 4 / 5 / 6-bit quants) is a large share of a super-block's
+# instructions; 8 tokens per unpacked row halve it per token against the 4-token tiles above. The integer sums of
+# the 8 tokens stay in registers; the float states (touched once per super-block) may live on the stack. Measured
+# (CPU time, 1 thread, 128 tokens, Qwen2.5-1.5B shapes, best of 15): Q4_K 8960x1536 50 -> 44 ms, Q6_K 1536x8960
+# 45 -> 39 ms. Full blocks of 8 tokens go through these; the rest of T through the 4-token tiles (the same outputs).
+TILE8_TOKENS = 8
+
+
+@njit(inline="always", cache=True)
+def store4(out, r, t, v0, v1, v2, v3):
+    out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = v0, v1, v2, v3
+
+
+@njit(cache=True)
+def row8_q4_k(w, yq, yd, ya, t, out, r):
+    """Row ``r`` (``w``) x tokens ``t .. t+7``; ``ya``: the tokens' block-sum pairs (:func:`bsum_pairs`)."""
+    y0, y1, y2, y3 = yq[t], yq[t + 1], yq[t + 2], yq[t + 3]
+    y4, y5, y6, y7 = yq[t + 4], yq[t + 5], yq[t + 6], yq[t + 7]
+    s0, s1, s2, s3 = ya[t], ya[t + 1], ya[t + 2], ya[t + 3]
+    s4, s5, s6, s7 = ya[t + 4], ya[t + 5], ya[t + 6], ya[t + 7]
+    z = (fzero(), fzero())
+    a0, a1, a2, a3, a4, a5, a6, a7 = z, z, z, z, z, z, z, z
+    for i in range(yd.shape[1]):
+        o = 144 * i
+        u0, u1, u2, u3 = k4_scales(w, o + 4)
+        i0, i1, i2, i3 = row_q4_k(w, o, QK_K * i, y0, y1, y2, y3, u0, u1)
+        i4, i5, i6, i7 = row_q4_k(w, o, QK_K * i, y4, y5, y6, y7, u0, u1)
+        a0 = close_q4_k(w, o, yd[t, i], s0, i, u2, u3, i0, a0)
+        a1 = close_q4_k(w, o, yd[t + 1, i], s1, i, u2, u3, i1, a1)
+        a2 = close_q4_k(w, o, yd[t + 2, i], s2, i, u2, u3, i2, a2)
+        a3 = close_q4_k(w, o, yd[t + 3, i], s3, i, u2, u3, i3, a3)
+        a4 = close_q4_k(w, o, yd[t + 4, i], s4, i, u2, u3, i4, a4)
+        a5 = close_q4_k(w, o, yd[t + 5, i], s5, i, u2, u3, i5, a5)
+        a6 = close_q4_k(w, o, yd[t + 6, i], s6, i, u2, u3, i6, a6)
+        a7 = close_q4_k(w, o, yd[t + 7, i], s7, i, u2, u3, i7, a7)
+    store4(out, r, t, final_q4_k(a0), final_q4_k(a1), final_q4_k(a2), final_q4_k(a3))
+    store4(out, r, t + 4, final_q4_k(a4), final_q4_k(a5), final_q4_k(a6), final_q4_k(a7))
+
+
+@njit(cache=True)
+def row8_q5_k(w, yq, yd, ya, t, out, r):
+    """As row8_q4_k."""
+    y0, y1, y2, y3 = yq[t], yq[t + 1], yq[t + 2], yq[t + 3]
+    y4, y5, y6, y7 = yq[t + 4], yq[t + 5], yq[t + 6], yq[t + 7]
+    s0, s1, s2, s3 = ya[t], ya[t + 1], ya[t + 2], ya[t + 3]
+    s4, s5, s6, s7 = ya[t + 4], ya[t + 5], ya[t + 6], ya[t + 7]
+    z = (fzero(), _F32(0.0))
+    a0, a1, a2, a3, a4, a5, a6, a7 = z, z, z, z, z, z, z, z
+    for i in range(yd.shape[1]):
+        o = 176 * i
+        u0, u1, u2, u3 = k4_scales(w, o + 4)
+        i0, i1, i2, i3 = row_q5_k(w, o, QK_K * i, y0, y1, y2, y3, u0, u1)
+        i4, i5, i6, i7 = row_q5_k(w, o, QK_K * i, y4, y5, y6, y7, u0, u1)
+        a0 = close_q5_k(w, o, yd[t, i], s0, i, u2, u3, i0, a0)
+        a1 = close_q5_k(w, o, yd[t + 1, i], s1, i, u2, u3, i1, a1)
+        a2 = close_q5_k(w, o, yd[t + 2, i], s2, i, u2, u3, i2, a2)
+        a3 = close_q5_k(w, o, yd[t + 3, i], s3, i, u2, u3, i3, a3)
+        a4 = close_q5_k(w, o, yd[t + 4, i], s4, i, u2, u3, i4, a4)
+        a5 = close_q5_k(w, o, yd[t + 5, i], s5, i, u2, u3, i5, a5)
+        a6 = close_q5_k(w, o, yd[t + 6, i], s6, i, u2, u3, i6, a6)
+        a7 = close_q5_k(w, o, yd[t + 7, i], s7, i, u2, u3, i7, a7)
+    store4(out, r, t, close_min(a0), close_min(a1), close_min(a2), close_min(a3))
+    store4(out, r, t + 4, close_min(a4), close_min(a5), close_min(a6), close_min(a7))
+
+
+@njit(inline="always", cache=True)
+def sumi_q6_k(q0, q1, q2, q3, w, sc, yq, e, acc):
+    return iadd(acc, dot_q6_k(q0, q1, q2, q3, w, sc, yq, e))
+
+
+@njit(cache=True)
+def row8_q6_k(w, yq, yd, ya, t, out, r):
+    """As row8_q4_k (``ya``: the tokens' block sums)."""
+    y0, y1, y2, y3 = yq[t], yq[t + 1], yq[t + 2], yq[t + 3]
+    y4, y5, y6, y7 = yq[t + 4], yq[t + 5], yq[t + 6], yq[t + 7]
+    s0, s1, s2, s3 = ya[t], ya[t + 1], ya[t + 2], ya[t + 3]
+    s4, s5, s6, s7 = ya[t + 4], ya[t + 5], ya[t + 6], ya[t + 7]
+    z = fzero()
+    a0, a1, a2, a3, a4, a5, a6, a7 = z, z, z, z, z, z, z, z
+    for i in range(yd.shape[1]):
+        o = 210 * i
+        i0, i1, i2, i3, i4, i5, i6, i7 = izero(), izero(), izero(), izero(), izero(), izero(), izero(), izero()
+        for j in range(2):
+            e, sc = QK_K * i + 128 * j, o + 192 + 8 * j
+            q0, q1, q2, q3 = q6_k_quants(w, o, j)
+            i0, i1 = sumi_q6_k(q0, q1, q2, q3, w, sc, y0, e, i0), sumi_q6_k(q0, q1, q2, q3, w, sc, y1, e, i1)
+            i2, i3 = sumi_q6_k(q0, q1, q2, q3, w, sc, y2, e, i2), sumi_q6_k(q0, q1, q2, q3, w, sc, y3, e, i3)
+            i4, i5 = sumi_q6_k(q0, q1, q2, q3, w, sc, y4, e, i4), sumi_q6_k(q0, q1, q2, q3, w, sc, y5, e, i5)
+            i6, i7 = sumi_q6_k(q0, q1, q2, q3, w, sc, y6, e, i6), sumi_q6_k(q0, q1, q2, q3, w, sc, y7, e, i7)
+        a0 = close_q6_k(w, o, yd[t, i], s0, i, i0, a0)
+        a1 = close_q6_k(w, o, yd[t + 1, i], s1, i, i1, a1)
+        a2 = close_q6_k(w, o, yd[t + 2, i], s2, i, i2, a2)
+        a3 = close_q6_k(w, o, yd[t + 3, i], s3, i, i3, a3)
+        a4 = close_q6_k(w, o, yd[t + 4, i], s4, i, i4, a4)
+        a5 = close_q6_k(w, o, yd[t + 5, i], s5, i, i5, a5)
+        a6 = close_q6_k(w, o, yd[t + 6, i], s6, i, i6, a6)
+        a7 = close_q6_k(w, o, yd[t + 7, i], s7, i, i7, a7)
+    store4(out, r, t, fsum(a0), fsum(a1), fsum(a2), fsum(a3))
+    store4(out, r, t + 4, fsum(a4), fsum(a5), fsum(a6), fsum(a7))
+
+
 # --- the kernels ---------------------------------------------------------------------------------------------------
 # Written out per type (not made by a factory), for the reason given in intdot.py (Numba's cache and closures).
 
@@ -445,36 +548,69 @@ def tiled_q8_0(w, yq, yd, ya, out):
                 store_tile(out, r0, r1, t, t1, t2, t3, tile_q8_0(w[r0], w[r1], yq, yd, ya, t, t1, t2, t3))
 
 
+@njit(cache=True)
+def group_q4_k(w, yq, yd, ya, out, lo, hi):
+    """Rows ``lo .. hi`` x every token: blocks of 8 tokens by :func:`row8_q4_k`, the rest by 4-token tiles."""
+    n_tok, n = out.shape
+    full = n_tok - n_tok % TILE8_TOKENS
+    for t in range(0, full, TILE8_TOKENS):
+        for r in range(lo, hi):
+            row8_q4_k(w[r], yq, yd, ya, t, out, r)
+    for t in range(full, n_tok, TILE_TOKENS):
+        t1, t2, t3 = min(t + 1, n_tok - 1), min(t + 2, n_tok - 1), min(t + 3, n_tok - 1)
+        for r0 in range(lo, hi, 2):
+            r1 = min(r0 + 1, n - 1)
+            store_tile(out, r0, r1, t, t1, t2, t3, tile_q4_k(w[r0], w[r1], yq, yd, ya, t, t1, t2, t3))
+
+
 @njit(parallel=True, cache=True)
 def tiled_q4_k(w, yq, yd, ya, out):
-    n_tok, n = out.shape
+    n = out.shape[1]
     ya = bsum_pairs(ya)
     for g in prange((n + GROUP_ROWS - 1) // GROUP_ROWS):
-        for t in range(0, n_tok, TILE_TOKENS):
-            t1, t2, t3 = min(t + 1, n_tok - 1), min(t + 2, n_tok - 1), min(t + 3, n_tok - 1)
-            for r0 in range(g * GROUP_ROWS, min(g * GROUP_ROWS + GROUP_ROWS, n), 2):
-                r1 = min(r0 + 1, n - 1)
-                store_tile(out, r0, r1, t, t1, t2, t3, tile_q4_k(w[r0], w[r1], yq, yd, ya, t, t1, t2, t3))
+        group_q4_k(w, yq, yd, ya, out, g * GROUP_ROWS, min(g * GROUP_ROWS + GROUP_ROWS, n))
+
+
+@njit(cache=True)
+def group_q5_k(w, yq, yd, ya, out, lo, hi):
+    """Rows ``lo .. hi`` x every token: blocks of 8 tokens by :func:`row8_q5_k`, the rest by 4-token tiles."""
+    n_tok, n = out.shape
+    full = n_tok - n_tok % TILE8_TOKENS
+    for t in range(0, full, TILE8_TOKENS):
+        for r in range(lo, hi):
+            row8_q5_k(w[r], yq, yd, ya, t, out, r)
+    for t in range(full, n_tok, TILE_TOKENS):
+        t1, t2, t3 = min(t + 1, n_tok - 1), min(t + 2, n_tok - 1), min(t + 3, n_tok - 1)
+        for r0 in range(lo, hi, 2):
+            r1 = min(r0 + 1, n - 1)
+            store_tile(out, r0, r1, t, t1, t2, t3, tile_q5_k(w[r0], w[r1], yq, yd, ya, t, t1, t2, t3))
 
 
 @njit(parallel=True, cache=True)
 def tiled_q5_k(w, yq, yd, ya, out):
-    n_tok, n = out.shape
+    n = out.shape[1]
     ya = bsum_pairs(ya)
     for g in prange((n + GROUP_ROWS - 1) // GROUP_ROWS):
-        for t in range(0, n_tok, TILE_TOKENS):
-            t1, t2, t3 = min(t + 1, n_tok - 1), min(t + 2, n_tok - 1), min(t + 3, n_tok - 1)
-            for r0 in range(g * GROUP_ROWS, min(g * GROUP_ROWS + GROUP_ROWS, n), 2):
-                r1 = min(r0 + 1, n - 1)
-                store_tile(out, r0, r1, t, t1, t2, t3, tile_q5_k(w[r0], w[r1], yq, yd, ya, t, t1, t2, t3))
+        group_q5_k(w, yq, yd, ya, out, g * GROUP_ROWS, min(g * GROUP_ROWS + GROUP_ROWS, n))
+
+
+@njit(cache=True)
+def group_q6_k(w, yq, yd, ya, out, lo, hi):
+    """Rows ``lo .. hi`` x every token: blocks of 8 tokens by :func:`row8_q6_k`, the rest by 4-token tiles."""
+    n_tok, n = out.shape
+    full = n_tok - n_tok % TILE8_TOKENS
+    for t in range(0, full, TILE8_TOKENS):
+        for r in range(lo, hi):
+            row8_q6_k(w[r], yq, yd, ya, t, out, r)
+    for t in range(full, n_tok, TILE_TOKENS):
+        t1, t2, t3 = min(t + 1, n_tok - 1), min(t + 2, n_tok - 1), min(t + 3, n_tok - 1)
+        for r0 in range(lo, hi, 2):
+            r1 = min(r0 + 1, n - 1)
+            store_tile(out, r0, r1, t, t1, t2, t3, tile_q6_k(w[r0], w[r1], yq, yd, ya, t, t1, t2, t3))
 
 
 @njit(parallel=True, cache=True)
 def tiled_q6_k(w, yq, yd, ya, out):
-    n_tok, n = out.shape
+    n = out.shape[1]
     for g in prange((n + GROUP_ROWS - 1) // GROUP_ROWS):
-        for t in range(0, n_tok, TILE_TOKENS):
-            t1, t2, t3 = min(t + 1, n_tok - 1), min(t + 2, n_tok - 1), min(t + 3, n_tok - 1)
-            for r0 in range(g * GROUP_ROWS, min(g * GROUP_ROWS + GROUP_ROWS, n), 2):
-                r1 = min(r0 + 1, n - 1)
-                store_tile(out, r0, r1, t, t1, t2, t3, tile_q6_k(w[r0], w[r1], yq, yd, ya, t, t1, t2, t3))
+        group_q6_k(w, yq, yd, ya, out, g * GROUP_ROWS, min(g * GROUP_ROWS + GROUP_ROWS, n))

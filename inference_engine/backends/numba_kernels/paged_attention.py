@@ -10,7 +10,6 @@ and the one-sequence engine agree bit for bit on attention.
 
 from __future__ import annotations
 
-
 import numpy as np
 from numba import njit, prange
 

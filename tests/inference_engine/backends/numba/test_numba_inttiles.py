@@ -1,6 +1,6 @@
 """The register-tiled integer mat-mat kernels (inttiles): the mat-vec's outputs bit for bit, hence libggml's.
 
-Each tile is 2 rows x 4 tokens and the rows are grouped ``GROUP_ROWS`` per thread task, so the shapes here cover a
+Each tile is 2 rows x 4 tokens (K-quants: blocks of 1 row x 8 tokens first) and the rows are grouped ``GROUP_ROWS`` per thread task, so the shapes here cover a
 token count below, at and past the tile (1..9, and 13: not a multiple of 4), an odd last row and a last row group
 shorter than the others (37 rows = 16 + 16 + 5).
 """
@@ -10,16 +10,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
+from numba import njit
 from test_numba_intdot import AVX2, assert_matches_libggml
 from test_numba_kernels import dequantized, random_activation, random_weight
-
-from numba import njit
 
 from inference_engine.backends.numba_kernels import activations, dispatch, int8, intdot, inttiles
 
 TILED_TYPES = [t for t, k in dispatch.KERNELS.items() if k.matmul_tiled is not None]
 N_OUT, N_IN = 2 * inttiles.GROUP_ROWS + 5, 512  # two full row groups and a short one ending in a lone row
-TOKEN_COUNTS = [*range(1, 10), 13]  # through the kernel itself: every remainder inside the tile
+# through the kernel itself: every remainder inside the 4-token tile, and the K-quants' 8-token blocks: one (8),
+# one plus a 4-token tile and a remainder (13), two plus a remainder (19)
+TOKEN_COUNTS = [*range(1, 10), 13, 19]
 
 
 def per_token_matvec(w, yq, yd, ya):
