@@ -15,7 +15,7 @@ read the memory-mapped GGUF blocks where they are, without repacking.
 Vocabulary (all usable only inside ``@njit`` code):
 
 - ``F32x16``: ``vzero()``, ``vsplat(f)``, ``vload(f32_array, index)``, ``vload_f16(u8, off)``,
-  ``vload_bf16(u8, off)``, ``vload_f32(u8, off)``, ``vadd``, ``vsub``, ``vmul``, ``vfma(a, b, c) = a*b + c``,
+  ``vload_bf16(u8, off)``, ``vload_f32(u8, off)``, ``vadd``, ``vsub``, ``vmul``, ``vdiv``, ``vfma(a, b, c) = a*b + c``,
   ``vsum(v)`` (horizontal sum to a float32), ``vstore(f32_array, index, v)``, ``vlane(v, i)`` (lane i
   broadcast), ``vload_high8(f32_array, index)`` (8 floats into lanes 8..15, zeros below), ``vhalves(a, b)``
   (scalar ``a`` in lanes 0..7, ``b`` in 8..15).
@@ -209,6 +209,7 @@ def _binary(op_name):
 vadd = intrinsic(_binary("fadd"))
 vsub = intrinsic(_binary("fsub"))
 vmul = intrinsic(_binary("fmul"))
+vdiv = intrinsic(_binary("fdiv"))
 
 
 @intrinsic
