@@ -506,9 +506,9 @@ def _normalize_row(scores, start, m, total, to_f16):
         p = vmul(vload(scores, start + i), vinv)
         vstore(scores, start + i, vround_f16(p) if to_f16 else p)
         i += 16
-    for i in range(i, m):
-        pj = scores[start + i] * inv
-        scores[start + i] = round_f16(pj) if to_f16 else pj
+    for e in range(i, m):
+        pj = scores[start + e] * inv
+        scores[start + e] = round_f16(pj) if to_f16 else pj
     zeros = 0
     for i in range(m):
         zeros += scores[start + i] == _F32(0.0)
@@ -553,8 +553,8 @@ def attention_blocked(q, k, v, positions, kv_len, scale, window, ggml, scalef, f
                 x = vload(qflat, src + i)
                 vstore(qbuf, r * dk + i, vround_f16(x) if (ggml and f16) else x)
                 i += 16
-            for i in range(i, dk):
-                qbuf[r * dk + i] = round_f16(qflat[src + i]) if (ggml and f16) else qflat[src + i]
+            for e in range(i, dk):
+                qbuf[r * dk + e] = round_f16(qflat[src + e]) if (ggml and f16) else qflat[src + e]
             lo[r], hi[r] = _visible_range(positions[t], kv_len, window)
             if lo[r] <= hi[r]:
                 j_min, j_max = min(j_min, lo[r]), max(j_max, hi[r])
@@ -627,7 +627,9 @@ def attention_blocked(q, k, v, positions, kv_len, scale, window, ggml, scalef, f
                         a0, a1, a2, a3 = _pv_4rows_nonzero(
                             scores, s0, span, vflat, vb, ji, jx + 1, off, f16, a0, a1, a2, a3
                         )
-                        a0, a1, a2, a3 = _pv_4rows(scores, s0, span, vflat, vb, jx + 1, jh + 1, off, f16, a0, a1, a2, a3)
+                        a0, a1, a2, a3 = _pv_4rows(
+                            scores, s0, span, vflat, vb, jx + 1, jh + 1, off, f16, a0, a1, a2, a3
+                        )
                     else:
                         a0, a1, a2, a3 = _pv_4rows(scores, s0, span, vflat, vb, jl, jh + 1, off, f16, a0, a1, a2, a3)
                 for i in range(n_quad):
@@ -646,6 +648,10 @@ def attention_blocked(q, k, v, positions, kv_len, scale, window, ggml, scalef, f
                     total32 = _F32(0.0)
                     for j in range(kv_len):
                         pj = scores[rr * span + j - j_min] if j_min <= j <= j_max else _F32(0.0)
-                        total32 += pj * (load_f16(vflat, j * vb + v_off + 2 * e) if f16 else load_f32(vflat, j * vb + v_off + 4 * e))
+                        total32 += pj * (
+                            load_f16(vflat, j * vb + v_off + 2 * e)
+                            if f16
+                            else load_f32(vflat, j * vb + v_off + 4 * e)
+                        )
                     out[t, h * dv + e] = total32
             r += n_quad

@@ -105,7 +105,7 @@ def _exp_scalef(builder, x):
     ni = builder.fptosi(builder.select(in_range, n, _f(0.0)), _VI)
     n1 = builder.ashr(ni, _i(1))
     n2 = builder.sub(ni, n1)
-    pow2 = lambda m: builder.bitcast(builder.shl(builder.add(m, _i(127)), _i(23)), _VF)  # noqa: E731
+    pow2 = lambda m: builder.bitcast(builder.shl(builder.add(m, _i(127)), _i(23)), _VF)
     res = builder.fmul(builder.fmul(j, pow2(n1)), pow2(n2))
     beyond = builder.select(builder.fcmp_ordered("<=", n, _f(0.0)), _f(0.0), _f(float("inf")))
     return builder.select(builder.fcmp_ordered(">", abs_n, _f(192.0)), beyond, res)
