@@ -348,8 +348,9 @@ def attention(q, k, v, positions, kv_len, scale, window, ggml, scalef, f16, out)
 
 # --- attention for many query tokens (prefill), blocked: the same numbers as :func:`attention` -------------------
 # Query tokens per work item of :func:`attention_blocked`; an item is these tokens times the query heads of one KV
-# head, so each key / value row loaded serves ``ATTENTION_BLOCK_TOKENS * group`` query rows. 8 measured as fast as
-# 16 and 32 (Qwen2.5 1.5B shapes, 512 tokens) and keeps the scores of an item (rows x keys) in L2.
+# head, so each key / value row loaded serves ``ATTENTION_BLOCK_TOKENS * group`` query rows. 8 keeps an item's
+# scores (rows x keys: 48 x 512 floats for Qwen2.5 1.5B at 512 tokens) in L2 and gives two threads 128 items there;
+# other sizes were not measured.
 ATTENTION_BLOCK_TOKENS = 8
 
 
