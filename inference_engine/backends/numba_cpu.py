@@ -96,7 +96,8 @@ class NumbaBackend(NumpyBackend):
         k_rows = np.ascontiguousarray(k[:kv_len]).view(np.uint8).reshape(kv_len, -1)
         v_rows = np.ascontiguousarray(v[:kv_len]).view(np.uint8).reshape(kv_len, -1)
         out = np.empty((q.shape[0], q.shape[1] * v.shape[2]), np.float32)
-        ops.attention(
+        kernel = ops.attention_blocked if q.shape[0] >= BLOCKED_ATTENTION_TOKENS else ops.attention
+        kernel(
             q,
             k_rows,
             v_rows,
@@ -137,6 +138,9 @@ _F32 = np.float32
 # From this many rows (tokens) on, the element-wise ops split rows over threads; below, a thread launch costs
 # more than it saves (a decoded token is one row).
 PARALLEL_ROWS = 8
+# From this many query tokens on (prefill), attention runs ops.attention_blocked (the same numbers, arranged for the
+# cache); below (a decoded token), ops.attention spreads the query heads over threads, which suits one token.
+BLOCKED_ATTENTION_TOKENS = 8
 # f32-numerics GEGLU needs a float64 tanh per value: NumPy's vectorized tanh beats the Numba loop on big arrays
 # (prefill, 512 x 2048: 11.5 ms against 23 ms) while the Numba call wins on a decoded token's few thousand values.
 GEGLU_NUMPY_ABOVE = 1 << 16

@@ -17,7 +17,8 @@ Modules:
   embedding look-ups.
 - :mod:`.gemm` (a Numba float32 GEMM for the tiles) and :mod:`.blocked` (a fused blocked Q4_1 prefill kernel):
   the measured alternatives for prefill.
-- :mod:`.ops`: RMSNorm, RoPE, attention, SwiGLU, GEGLU with the NumPy reference's numerics.
+- :mod:`.ops`: RMSNorm, RoPE, attention (per row for decode, blocked for prefill), SwiGLU, GEGLU with the NumPy
+  reference's numerics; :mod:`.vexp`: ggml's vector ``expf`` on 16 lanes for SwiGLU and softmax.
 
 Every kernel is ``@njit(cache=True)``: a second process loads the machine code from Numba's cache instead of
 compiling (``python -m bench_compare.kernel_bench --only compile`` measures both). Numba's cache tracks the

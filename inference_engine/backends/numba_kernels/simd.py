@@ -14,8 +14,9 @@ read the memory-mapped GGUF blocks where they are, without repacking.
 
 Vocabulary (all usable only inside ``@njit`` code):
 
-- ``F32x16``: ``vzero()``, ``vsplat(f)``, ``vload(f32_array, index)``, ``vload_f16(u8, off)``,
-  ``vload_bf16(u8, off)``, ``vload_f32(u8, off)``, ``vadd``, ``vsub``, ``vmul``, ``vfma(a, b, c) = a*b + c``,
+- ``F32x16``: ``vzero()``, ``vsplat(f)``, ``vload(f32_array, index)``, ``vsplat_at(f32_array, index)``, ``vload_f16(u8, off)``,
+  ``vload_bf16(u8, off)``, ``vload_f32(u8, off)``, ``vadd``, ``vsub``, ``vmul``, ``vdiv``, ``vfma(a, b, c) = a*b + c``,
+  ``vfma_nonzero(s, b, c)`` (``vfma(vsplat(s), b, c)`` where the float32 ``s`` is not 0, else ``c``),
   ``vsum(v)`` (horizontal sum to a float32), ``vstore(f32_array, index, v)``, ``vlane(v, i)`` (lane i
   broadcast), ``vload_high8(f32_array, index)`` (8 floats into lanes 8..15, zeros below), ``vhalves(a, b)``
   (scalar ``a`` in lanes 0..7, ``b`` in 8..15).
@@ -26,7 +27,7 @@ Vocabulary (all usable only inside ``@njit`` code):
   (patterns as string literals of 16 hex digits, one per lane).
 - ``prefetch(u8, off)``: a cache hint for the weight stream.
 - scalars: ``load_f16(u8, off)`` (an f16 at a byte offset, as float32), ``load_bf16(u8, off)``,
-  ``load_f32(u8, off)``, ``round_f16(f)`` (float32 -> nearest half -> float32), ``f16_bits(f)`` (its bit pattern),
+  ``load_f32(u8, off)``, ``round_f16(f)`` (float32 -> nearest half -> float32; ``vround_f16(v)`` on 16 lanes), ``f16_bits(f)`` (its bit pattern),
   ``fma32(a, b, c)`` (one-rounding float32 multiply-add).
 
 Shift and mask amounts are best given as integer literals (vector constants); loop counters work too.
@@ -145,6 +146,17 @@ def vload(typingctx, arr, index):
 
 
 @intrinsic
+def vsplat_at(typingctx, arr, index):
+    """``arr[index]`` of a float32 array in all 16 lanes (one broadcast load; no bounds or negative-index check)."""
+    _check_array(arr, types.float32, "vsplat_at")
+
+    def codegen(context, builder, sig, args):
+        return _splat(builder, builder.load(_element_ptr(context, builder, sig.args[0], args[0], args[1])), _VF)
+
+    return F32x16(arr, index), codegen
+
+
+@intrinsic
 def vstore(typingctx, arr, index, v):
     _check_array(arr, types.float32, "vstore")
 
@@ -209,6 +221,7 @@ def _binary(op_name):
 vadd = intrinsic(_binary("fadd"))
 vsub = intrinsic(_binary("fsub"))
 vmul = intrinsic(_binary("fmul"))
+vdiv = intrinsic(_binary("fdiv"))
 
 
 @intrinsic
@@ -221,6 +234,25 @@ def vfma(typingctx, a, b, c):
         return _call_intrinsic(builder, "llvm.fma.v16f32", _VF, list(args))
 
     return F32x16(F32x16, F32x16, F32x16), codegen
+
+
+@intrinsic
+def vfma_nonzero(typingctx, s, b, c):
+    """``s * b + c`` in one rounding where the scalar ``s`` is not zero, else ``c`` unchanged (no branch: a select).
+
+    A sum that skips zero weights (attention's ``p . v``): the same result as an ``if s != 0`` around a
+    :func:`vfma`, without a branch per term.
+    """
+    if s != types.float32 or (b, c) != (F32x16, F32x16):
+        raise TypingError(f"vfma_nonzero expects a float32 and two F32x16, got {s}, {b}, {c}")
+
+    def codegen(context, builder, sig, args):
+        s = _splat(builder, args[0], _VF)
+        fused = _call_intrinsic(builder, "llvm.fma.v16f32", _VF, [s, args[1], args[2]])
+        nonzero = builder.fcmp_unordered("!=", s, ir.Constant(_VF, [0.0] * LANES))  # a lane mask: vblendvps
+        return builder.select(nonzero, fused, args[2])
+
+    return F32x16(types.float32, F32x16, F32x16), codegen
 
 
 @intrinsic
@@ -409,6 +441,18 @@ def round_f16(typingctx, value):
         return builder.fpext(builder.fptrunc(args[0], ir.HalfType()), _F32)
 
     return types.float32(types.float32), codegen
+
+
+@intrinsic
+def vround_f16(typingctx, v):
+    """Each lane rounded to the nearest IEEE half (ties to even, vcvtps2ph), back as float32: :func:`round_f16`."""
+    if v != F32x16:
+        raise TypingError(f"vround_f16 expects an F32x16, got {v}")
+
+    def codegen(context, builder, sig, args):
+        return builder.fpext(builder.fptrunc(args[0], ir.VectorType(ir.HalfType(), LANES)), _VF)
+
+    return F32x16(F32x16), codegen
 
 
 @intrinsic
