@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 # Bump when what is stored, or how a tokenizer is built from it, changes: older slots are then ignored.
-FORMAT = 3
+FORMAT = 4
 # Below this many tokens a build takes a few tens of milliseconds, no more than reading a cache file.
 MIN_VOCAB = 20_000
 MAX_SLOTS = 64
