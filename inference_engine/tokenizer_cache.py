@@ -8,7 +8,7 @@ and scores as one ``.npz`` (a JSON list of 262,144 strings parsed into 40 MB of 
 tokenizer runs, which its library reads itself: the SentencePiece ``ModelProto``, or for BPE the ``vocab.json`` /
 ``merges.txt`` pair that ``tokenizers`` loads in Rust (no Python tuple per merge).
 
-One slot per model file (named by a hash of its real path), valid while the file's size and modification time are
+One slot per model file and format (named by a hash of both), valid while the file's size and modification time are
 those recorded: a changed or replaced file misses and its slot is rewritten. Small vocabularies are not cached
 (their build costs less than reading a cache file). Every file is written atomically (temporary file, then
 ``os.replace``), the sidecars first under fresh names and the slot last, so a slot only ever names complete sidecars;
@@ -54,7 +54,9 @@ def file_identity(path: str | os.PathLike) -> dict[str, Any]:
 
 
 def _slot(identity: dict[str, Any], folder: Path) -> Path:
-    return folder / (hashlib.sha256(identity["path"].encode()).hexdigest()[:24] + ".json")
+    # the format in the name: two versions of this code (two checkouts, an upgrade) keep a slot each, not one that
+    # each rewrites in turn
+    return folder / (hashlib.sha256(f"{FORMAT}:{identity['path']}".encode()).hexdigest()[:24] + ".json")
 
 
 def load(path: str | os.PathLike, folder: Path | None = None) -> dict[str, Any] | None:

@@ -162,3 +162,15 @@ def test_a_text_too_long_for_a_per_text_model_builds_the_whole_model_once(tiny_m
     kept = cached._model._model if vocab == "gpt2" else cached._model._processor
     assert cached.encode("hello world") == built.encode("hello world")
     assert (cached._model._model if vocab == "gpt2" else cached._model._processor) is kept  # built once, kept
+
+
+def test_two_cache_formats_keep_a_slot_each(tiny_model, cache, monkeypatch):
+    """Two versions of the code (two checkouts, before and after an upgrade) do not rewrite each other's slot."""
+    path = tiny_model("llama", vocab="spm")
+    GGUFTokenizer.from_gguf(path, cache_dir=cache)
+    with monkeypatch.context() as m:
+        m.setattr(tokenizer_cache, "FORMAT", tokenizer_cache.FORMAT + 1)
+        assert not GGUFTokenizer.from_gguf(path, cache_dir=cache).from_cache
+        assert GGUFTokenizer.from_gguf(path, cache_dir=cache).from_cache
+    assert GGUFTokenizer.from_gguf(path, cache_dir=cache).from_cache  # the first format's slot is still there
+    assert len(list(cache.glob("*.json"))) == 2
