@@ -7,13 +7,10 @@ cache, shared and reclaimable, not in our RSS). It is safe on a file mapping: a 
 norm vector sharing an edge page, a second backend) faults them back in from the file, unchanged. It is only ever
 applied to ``numpy.memmap`` views (never to anonymous memory, where MADV_DONTNEED would zero the data).
 
-:func:`copy_out_of_map` makes such a copy without holding the file's pages and the copy together: it copies the
-tensor through the map in :data:`COPY_CHUNK` pieces and drops each piece's pages right after, so at most one piece
-of mapped pages is resident beside the copy (copying the 178 MB Gemma 3 embedding through the map in one go took the
-peak RSS 170 MB above where it settled once the pages were dropped). That is twice as fast as reading the bytes from
-the file (``readinto``, in :data:`READ_CHUNK` pieces; measured on the 1.1 GB Qwen2.5 1.5B here: 0.55-0.9 s against
-1.2-1.8 s of CPU time, the kernel's per-4 KB-page read path being the cost), which remains the way where the platform
-cannot drop mapped pages (no ``madvise``).
+:func:`copy_out_of_map` makes such a copy without mapping the file's pages in at all: it reads the tensor's bytes
+from the file (``readinto``, in :data:`READ_CHUNK` pieces) straight into the new array. Copying through the map
+instead would hold the mapped pages and the copy together: the 178 MB Gemma 3 embedding took the peak RSS 170 MB
+above where it settled once the pages were dropped.
 """
 
 from __future__ import annotations
@@ -26,8 +23,6 @@ import numpy as np
 PAGE = mmap.PAGESIZE
 # Bytes read per call when copying out of the file: few calls, and no large buffer besides the destination.
 READ_CHUNK = 16 << 20
-# Bytes copied through the map before their pages are dropped: the most mapped pages resident beside the copy.
-COPY_CHUNK = 8 << 20
 # The attribute of a numpy.memmap holding its file's identity (remember_file_identity).
 IDENTITY_ATTR = "gguf_parity_file_identity"
 
@@ -78,16 +73,12 @@ def _file_position(arr: np.ndarray) -> tuple[str, int, tuple | None] | None:
 def copy_out_of_map(arr: np.ndarray) -> np.ndarray:
     """A C-contiguous copy of ``arr`` in ordinary process memory, with the same dtype and shape.
 
-    When ``arr`` is a contiguous view into a memory-mapped file, it is copied through the map one
-    :data:`COPY_CHUNK` at a time, each chunk's whole pages dropped (:func:`drop_file_pages`) once copied, so the
-    mapped pages never pile up beside the copy; where pages cannot be dropped, its bytes are read from the file into
-    the copy instead (none of the mapped pages enter this process). Otherwise ``np.array(arr)``. The bytes are the
-    same every way: the file is opened read-only, and where the map recorded its file's identity
-    (:func:`remember_file_identity`, gguf_file's reader does) a file replaced on disk since it was mapped (a
-    re-download) is copied through the map.
+    When ``arr`` is a contiguous view into a memory-mapped file, its bytes are read from the file into the copy,
+    so none of the mapped pages enter this process (the copy is the only resident one); otherwise
+    ``np.array(arr)``. The bytes are the same either way: the file is opened read-only, and where the map recorded
+    its file's identity (:func:`remember_file_identity`, gguf_file's reader does) a file replaced on disk since it
+    was mapped (a re-download) is copied through the map instead.
     """
-    if arr.flags.c_contiguous and arr.nbytes and _can_drop(arr):
-        return _copy_dropping_pages(arr)
     where = _file_position(arr) if arr.flags.c_contiguous and arr.nbytes else None
     if where is None:
         return np.array(arr, order="C")
@@ -109,27 +100,6 @@ def copy_out_of_map(arr: np.ndarray) -> np.ndarray:
         done = -1
     if done != len(dest):  # the file went away or shrank: copy through the map instead
         return np.array(arr, order="C")
-    return out
-
-
-def _can_drop(arr: np.ndarray) -> bool:
-    mm = _mapping(arr)
-    return mm is not None and hasattr(mm, "madvise") and hasattr(mmap, "MADV_DONTNEED")
-
-
-def _copy_dropping_pages(arr: np.ndarray) -> np.ndarray:
-    """Copy a contiguous view of a file mapping chunk by chunk, dropping each chunk's mapped pages after it."""
-    out = np.empty(arr.shape, arr.dtype)
-    src = arr.reshape(-1).view(np.uint8)
-    dest = out.reshape(-1).view(np.uint8)
-    start = 0
-    # chunk ends on page boundaries of the map, so that every whole page of the view is dropped by some chunk
-    end = COPY_CHUNK - src.ctypes.data % PAGE
-    while start < len(src):
-        piece = src[start:end]
-        dest[start:end] = piece
-        drop_file_pages(piece)
-        start, end = end, end + COPY_CHUNK
     return out
 
 

@@ -8,7 +8,6 @@ import os
 import numpy as np
 import pytest
 
-from inference_engine.backends import mapped_pages
 from inference_engine.backends.mapped_pages import PAGE, copy_out_of_map, drop_file_pages, remember_file_identity
 
 N_PAGES = 256  # 1 MB of 4 KB pages: large enough to see in RSS, small enough to be quick
@@ -62,18 +61,7 @@ def resident_file_kb() -> int:
         return next(int(line.split()[1]) for line in fh if line.startswith("RssFile:"))
 
 
-@pytest.fixture(params=["through the map", "read from the file"])
-def copy_path(request, monkeypatch):
-    """Both ways copy_out_of_map copies: through the map in chunks (made small here, so that a 1 MB view takes
-    several, not page-aligned), dropping pages as it goes; or, where pages cannot be dropped, read from the file."""
-    if request.param == "through the map":
-        monkeypatch.setattr(mapped_pages, "COPY_CHUNK", 7 * PAGE)
-    else:
-        monkeypatch.setattr(mapped_pages, "_can_drop", lambda arr: False)
-    return request.param
-
-
-def test_copy_out_of_map_leaves_no_mapped_pages_resident(mapped, copy_path):
+def test_copy_out_of_map_reads_the_file_without_mapping_its_pages(mapped):
     data, m = mapped
     view = m[100 : 100 + (N_PAGES - 1) * PAGE].reshape(N_PAGES - 1, PAGE)  # not page-aligned, 2-D
     resident_kb()  # skips where there is no /proc
@@ -83,19 +71,6 @@ def test_copy_out_of_map_leaves_no_mapped_pages_resident(mapped, copy_path):
     assert type(copy) is np.ndarray and copy.shape == view.shape and copy.dtype == view.dtype
     assert not np.shares_memory(copy, m)
     np.testing.assert_array_equal(copy, data[100 : 100 + (N_PAGES - 1) * PAGE].reshape(copy.shape))
-
-
-def test_copy_out_of_map_through_the_map_drops_every_whole_page_it_copied(mapped, monkeypatch):
-    _, m = mapped
-    monkeypatch.setattr(mapped_pages, "COPY_CHUNK", 5 * PAGE)
-    dropped = []
-    monkeypatch.setattr(mapped_pages, "drop_file_pages", lambda a: dropped.append(a) or 0)
-    view = m[100 : 100 + (N_PAGES - 1) * PAGE]
-    copy_out_of_map(view)
-    offsets = [(a.ctypes.data - m.ctypes.data, a.nbytes) for a in dropped]
-    covered = {p for start, size in offsets for p in range(-(-start // PAGE), (start + size) // PAGE)}
-    assert covered == set(range(1, N_PAGES - 1))  # all whole pages of the view, edges excepted
-    assert all(a.nbytes <= 5 * PAGE for a in dropped)  # at most one chunk's pages resident beside the copy
 
 
 def test_copy_out_of_map_of_other_arrays_is_a_plain_copy(mapped):
@@ -108,7 +83,7 @@ def test_copy_out_of_map_of_other_arrays_is_a_plain_copy(mapped):
     np.testing.assert_array_equal(copy, anonymous)
 
 
-def test_copy_out_of_map_of_a_file_replaced_since_it_was_mapped_copies_the_mapped_bytes(tmp_path, copy_path):
+def test_copy_out_of_map_of_a_file_replaced_since_it_was_mapped_copies_the_mapped_bytes(tmp_path):
     data = np.random.default_rng(1).integers(0, 256, 4 * PAGE, dtype=np.uint8)
     path = tmp_path / "weights.bin"
     data.tofile(path)
