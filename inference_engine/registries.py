@@ -23,7 +23,6 @@ table (``backends/numba_kernels/dispatch.py``), CLI commands (``bench_compare/cl
 from __future__ import annotations
 
 import importlib
-import importlib.metadata
 from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from typing import Any, Generic, TypeVar
 
@@ -99,6 +98,8 @@ class Registry(Generic[T]):
         """``{name: "module:object"}`` from installed packages' entry points (empty without a group)."""
         if not self.group:
             return {}
+        import importlib.metadata  # here: 20 ms of imports that a lookup of a registered name never needs
+
         try:
             found = importlib.metadata.entry_points(group=self.group)
         except Exception:  # noqa: BLE001 - a broken installed distribution must not break the CLI

@@ -31,9 +31,8 @@ import numpy as np
 from inference_engine import tokenizer_cache
 from inference_engine.errors import GGUFParityError
 from inference_engine.gguf_file import open_gguf
-from inference_engine.tokenizer_bpe import ByteLevelBPE, pre_tokenizer_family
 from inference_engine.tokenizer_corpus import load_builtin_corpus
-from inference_engine.tokenizer_spm import SentencePieceBPE
+from inference_engine.tokenizer_subvocab import SubVocab, VocabIndex
 from inference_engine.tokenizer_vocab import (
     PARSE_SPECIAL_ONLY_ATTRS,
     SUPPORTED_TOKENIZER_MODELS,
@@ -47,6 +46,8 @@ from inference_engine.tokenizer_vocab import (
 
 if TYPE_CHECKING:
     from inference_engine.gguf_file import GGUFFile
+    from inference_engine.tokenizer_bpe import ByteLevelBPE
+    from inference_engine.tokenizer_spm import SentencePieceBPE
 
 __all__ = ["SUPPORTED_TOKENIZER_MODELS", "GGUFTokenizer", "StreamDecoder", "load_builtin_corpus"]
 
@@ -61,22 +62,32 @@ class GGUFTokenizer:
     """Encode / decode with a GGUF's vocabulary exactly as llama.cpp does."""
 
     def __init__(self, vocab: GGUFVocab, *, merge_pairs: list[tuple[str, str]] | None = None,
-                 spm_proto: bytes | None = None, bpe_files: tuple[Path, Path] | None = None):
-        """``merge_pairs`` / ``bpe_files`` / ``spm_proto``: what an earlier build derived from ``vocab`` (the
-        tokenizer cache hands them back); computed when not given."""
+                 spm_proto: bytes | None = None, bpe_files: tuple[Path, Path] | None = None,
+                 spm_file: Path | None = None, sub: SubVocab | None = None,
+                 special: list[tuple[int, str]] | None = None):
+        """``merge_pairs`` / ``bpe_files`` / ``spm_proto`` / ``spm_file`` / ``sub`` / ``special``: what an earlier
+        build derived from ``vocab`` (the tokenizer cache hands them back); computed when not given."""
         self.vocab = vocab
         self.model = vocab.model
         self.from_cache = False  # set by from_gguf when the build came from the tokenizer cache
         self._pieces: dict[int, bytes] = {}  # each token's piece, rendered on first use (decoding needs a few)
-        self._special = vocab.special_tokens_longest_first()
+        if special is None:
+            special = [(tid, vocab.texts[tid]) for tid in vocab.special_tokens_longest_first()]
+        # (id, text, attribute bits) of the tokens cut out of the text whole, longest first
+        self._special = [(tid, text, int(vocab.attrs[tid])) for tid, text in special]
+        # each model's library is imported only for its kind of vocabulary (``tokenizers`` or ``sentencepiece``)
         if vocab.model == "gpt2":
+            from inference_engine.tokenizer_bpe import ByteLevelBPE, pre_tokenizer_family
+
             family = pre_tokenizer_family(vocab.pre, vocab.path)
             self.pre_tokenizer = family.name
-            self._model: ByteLevelBPE | SentencePieceBPE = ByteLevelBPE(vocab, family, merge_pairs, bpe_files)
+            self._model: ByteLevelBPE | SentencePieceBPE = ByteLevelBPE(vocab, family, merge_pairs, bpe_files, sub)
             default_add_bos = family.add_bos
         else:
+            from inference_engine.tokenizer_spm import SentencePieceBPE
+
             self.pre_tokenizer = "SPM"
-            self._model = SentencePieceBPE(vocab, spm_proto)
+            self._model = SentencePieceBPE(vocab, spm_proto, sub, spm_file)
             default_add_bos = True
         # The GGUF's flags, else llama.cpp's defaults. Only llama.cpp's SPM path ever prefixes a space.
         self.add_bos: bool = default_add_bos if vocab.add_bos is None else vocab.add_bos
@@ -111,25 +122,34 @@ class GGUFTokenizer:
         """What the tokenizer cache stores (:mod:`inference_engine.tokenizer_cache`; bytes entries become files)."""
         v = self.vocab
         blob, ends = TokenTexts.pack(v.texts)
-        arrays = io.BytesIO()
-        np.savez(arrays, texts=blob, text_ends=ends, attrs=np.asarray(v.attrs, dtype=np.int32),
-                 scores=np.asarray(v.scores, dtype=np.float32))
+        hashes, hash_ids = VocabIndex.arrays(v.texts)
+        extra = {}
         state: dict = {
             "vocab": {
                 "path": v.path, "model": v.model, "pre": v.pre, "special_ids": v.special_ids,
                 "eog_ids": sorted(v.eog_ids), "add_bos": v.add_bos, "add_eos": v.add_eos,
                 "add_space_prefix": v.add_space_prefix,
             },
-            "vocab_arrays": arrays.getvalue(),
+            "special": [[tid, text] for tid, text, _ in self._special],
+            "max_len": max(map(len, v.texts)),
         }
-        if isinstance(self._model, ByteLevelBPE):
+        if self.model == "gpt2":
+            from inference_engine.tokenizer_bpe import merge_id_triples
+
             files = self._model.hf_files(v)
             if files is not None:
                 state["bpe_vocab"], state["bpe_merges"] = files
             else:  # a merge the merges.txt format cannot hold: flat [left0, right0, left1, ...] in the slot
                 state["merge_pairs"] = [text for pair in self._model.merge_pairs for text in pair]
+            extra["merge_ids"] = merge_id_triples(v, self._model.merge_pairs)
         else:
             state["spm_proto"] = self._model.proto
+            byte_attr = int(TokenAttr.BYTE)
+            state["always_ids"] = sorted({v.special_ids["unk"], *(i for i, a in enumerate(v.attrs) if a & byte_attr)})
+        arrays = io.BytesIO()
+        np.savez(arrays, texts=blob, text_ends=ends, attrs=np.asarray(v.attrs, dtype=np.int32),
+                 scores=np.asarray(v.scores, dtype=np.float32), hashes=hashes, hash_ids=hash_ids, **extra)
+        state["vocab_arrays"] = arrays.getvalue()
         return state
 
     @classmethod
@@ -137,7 +157,10 @@ class GGUFTokenizer:
         v, files = state["vocab"], state["sidecars"]
         with np.load(files["vocab_arrays"]) as arrays:
             texts = TokenTexts(arrays["texts"].tobytes(), arrays["text_ends"])
-            attrs, scores = arrays["attrs"].tolist(), arrays["scores"].astype(np.float32)
+            attrs, scores = arrays["attrs"], arrays["scores"].astype(np.float32)
+            index = VocabIndex(arrays["hashes"], arrays["hash_ids"], texts)
+            merge_ids = arrays.get("merge_ids")
+        sub = SubVocab(index, int(state["max_len"]), merge_ids, tuple(state.get("always_ids", ())))
         vocab = GGUFVocab(
             path=v["path"], model=v["model"], pre=v["pre"], texts=texts, attrs=attrs, scores=scores,
             merges=None,  # not kept: the BPE model is read from its files (or built from merge_pairs)
@@ -146,11 +169,9 @@ class GGUFTokenizer:
         )
         flat = state.get("merge_pairs")
         bpe_files = (files["bpe_vocab"], files["bpe_merges"]) if "bpe_vocab" in files else None
-        spm_proto = files["spm_proto"].read_bytes() if "spm_proto" in files else None
         tokenizer = cls(vocab, merge_pairs=None if flat is None else list(zip(flat[::2], flat[1::2])),
-                        spm_proto=spm_proto, bpe_files=bpe_files)
-        if isinstance(tokenizer._model, SentencePieceBPE):
-            tokenizer._model.proto = None  # loaded: only a fresh build keeps it, to be stored
+                        bpe_files=bpe_files, spm_file=files.get("spm_proto"), sub=sub,
+                        special=[(int(tid), text) for tid, text in state["special"]])
         tokenizer.from_cache = True
         return tokenizer
 
@@ -231,10 +252,8 @@ class GGUFTokenizer:
         occur somewhere in ``text`` can split a fragment (fragments are substrings), so the others are skipped.
         """
         fragments: list[Fragment] = [text] if text else []
-        texts, attrs = self.vocab.texts, self.vocab.attrs
-        for tid in self._special:
-            token = texts[tid]
-            if (not parse_special and attrs[tid] & PARSE_SPECIAL_ONLY_ATTRS) or token not in text:
+        for tid, token, attr in self._special:
+            if (not parse_special and attr & PARSE_SPECIAL_ONLY_ATTRS) or token not in text:
                 continue
             split: list[Fragment] = []
             for frag in fragments:
@@ -243,9 +262,9 @@ class GGUFTokenizer:
                     continue
                 parts = frag.split(token)
                 for k, part in enumerate(parts):
-                    if k and attrs[tid] & _RSTRIP:
+                    if k and attr & _RSTRIP:
                         part = part.lstrip(_C_SPACE)
-                    if k < len(parts) - 1 and attrs[tid] & _LSTRIP:
+                    if k < len(parts) - 1 and attr & _LSTRIP:
                         part = part.rstrip(_C_SPACE)
                     if k:
                         split.append(tid)

@@ -16,11 +16,13 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 from tokenizers import Regex, Tokenizer
 from tokenizers import models as tk_models
 from tokenizers import pre_tokenizers as tk_pre
 
 from inference_engine.errors import GGUFParityError
+from inference_engine.tokenizer_subvocab import SubVocab, substrings, used_merges
 from inference_engine.tokenizer_unicode import collapse
 from inference_engine.tokenizer_vocab import GGUFVocab
 
@@ -100,26 +102,60 @@ class ByteLevelBPE:
     """Maps one plain-text fragment (special tokens already cut out) to llama.cpp's ids."""
 
     def __init__(self, vocab: GGUFVocab, family: PreTokenizerFamily,
-                 merge_pairs: list[tuple[str, str]] | None = None, files: tuple[Path, Path] | None = None):
+                 merge_pairs: list[tuple[str, str]] | None = None, files: tuple[Path, Path] | None = None,
+                 sub: SubVocab | None = None):
         """``files``: the ``vocab.json`` / ``merges.txt`` pair :meth:`hf_files` wrote for this vocabulary (the
         tokenizer cache), read by ``tokenizers`` itself; else the model is built from ``merge_pairs`` (default: the
-        vocabulary's usable merges)."""
+        vocabulary's usable merges). ``sub`` (from the tokenizer cache, with ``merge_ids``): encode each text with a
+        model of only the tokens and merges it can use (:mod:`inference_engine.tokenizer_subvocab`); the whole model
+        is then built only when a text is too long for that, and kept."""
         self.family = family
         # A byte-level character missing from the vocabulary stays a symbol in llama.cpp (so it blocks merges across
         # it) and is dropped at the end; an "unknown" stand-in outside the vocabulary does the same here.
         self._oov_id = vocab.n_vocab
-        if files is not None:
-            self.merge_pairs: list[tuple[str, str]] | None = None  # only in the files
-            model = tk_models.BPE.from_file(str(files[0]), str(files[1]), unk_token=_OOV_TEXT, fuse_unk=False,
-                                            ignore_merges=family.ignore_merges)
-        else:
-            # (left, right) per usable merge, in rank order: what the BPE model is built from (kept for the cache)
-            self.merge_pairs = usable_merges(vocab) if merge_pairs is None else merge_pairs
-            model = _bpe_model(vocab, family, self._oov_id, self.merge_pairs)
+        self._vocab = vocab
+        self._files = files
+        self._sub = sub if sub is not None and sub.merge_ids is not None else None
+        # (left, right) per usable merge, in rank order: what the whole model is built from (kept for the cache);
+        # None when the model is read from ``files`` or built per text
+        self.merge_pairs: list[tuple[str, str]] | None = merge_pairs
+        if files is None and merge_pairs is None and self._sub is None:
+            self.merge_pairs = usable_merges(vocab)
         # Splitting runs on the collapsed text (see tokenizer_unicode), so it is a separate step from the model.
         self._splitter = tk_pre.Sequence([tk_pre.Split(Regex(rx), behavior="isolated") for rx in family.regexes])
-        self._model = Tokenizer(model)
-        self._model.pre_tokenizer = tk_pre.ByteLevel(add_prefix_space=False, use_regex=False)
+        self._byte_level = tk_pre.ByteLevel(add_prefix_space=False, use_regex=False)
+        self._model: Tokenizer | None = None if self._sub is not None else self._whole_model()
+
+    def _whole_model(self) -> Tokenizer:
+        if self._files is not None:
+            model = tk_models.BPE.from_file(str(self._files[0]), str(self._files[1]), unk_token=_OOV_TEXT,
+                                            fuse_unk=False, ignore_merges=self.family.ignore_merges)
+        else:
+            pairs = self.merge_pairs if self.merge_pairs is not None else usable_merges(self._vocab)
+            model = _bpe_model(self._vocab, self.family, self._oov_id, pairs)
+        return self._tokenizer(model)
+
+    def _tokenizer(self, model: tk_models.BPE) -> Tokenizer:
+        tokenizer = Tokenizer(model)
+        tokenizer.pre_tokenizer = tk_pre.ByteLevel(add_prefix_space=False, use_regex=False)
+        return tokenizer
+
+    def _model_for(self, words: list[str]) -> Tokenizer:
+        """The model of the tokens that are substrings of ``words`` (byte-level encoded) and the merges among them;
+        the whole model (built once, then kept) when the words are too long to list their substrings."""
+        sub = self._sub
+        byte_words = [piece for w in words for piece, _ in self._byte_level.pre_tokenize_str(w)]
+        candidates = substrings(byte_words, sub.max_len)
+        if candidates is None:
+            self._model = self._whole_model()
+            return self._model
+        found = sub.index.ids_of(candidates)
+        text_of = {tid: text for text, tid in found.items()}
+        pairs = [(text_of[left], text_of[right]) for left, right, _ in
+                 used_merges(sub.merge_ids, found.values(), self._oov_id).tolist()]
+        found[_OOV_TEXT] = self._oov_id
+        return self._tokenizer(tk_models.BPE(found, pairs, unk_token=_OOV_TEXT, fuse_unk=False,
+                                             ignore_merges=self.family.ignore_merges))
 
     def words(self, text: str) -> list[str]:
         """The pre-tokenizer's words: the regexes split the collapsed text, the cuts apply to ``text``."""
@@ -149,13 +185,21 @@ class ByteLevelBPE:
         words = self.words(text)
         if not words:
             return []
-        ids = self._model.encode(words, is_pretokenized=True, add_special_tokens=False).ids
+        model = self._model or self._model_for(words)
+        ids = model.encode(words, is_pretokenized=True, add_special_tokens=False).ids
         return [i for i in ids if i != self._oov_id]
 
 
 _OOV_TEXT = "\x00gguf-parity:oov\x00"
 # Characters a merges.txt part cannot hold (``tokenizers`` splits lines at newlines, and each line at its space).
 _MERGES_TXT_SEPARATORS = (" ", "\n", "\r")
+
+
+def merge_id_triples(vocab: GGUFVocab, pairs: list[tuple[str, str]]) -> np.ndarray:
+    """``(n, 3)`` int32 (left, right, result) ids of ``pairs`` (usable merges), for :class:`SubVocab`."""
+    ids = vocab.text_to_id
+    out = np.array([(ids[a], ids[b], ids[a + b]) for a, b in pairs], dtype=np.int32)
+    return out.reshape(-1, 3)
 
 
 def usable_merges(vocab: GGUFVocab) -> list[tuple[str, str]]:

@@ -3,12 +3,14 @@
 Building a :class:`~inference_engine.tokenizer.GGUFTokenizer` from a 150k-262k-token GGUF vocabulary takes about a
 second (reading the arrays, llama.cpp's special-token rules, every token's piece, the BPE merge table), against
 llama.cpp's milliseconds. Everything that build derives from the file is stored here once and read back on the next
-start: a small JSON slot (flags, special ids) with sidecar files, none of them pickles: the token texts, attributes
-and scores as one ``.npz`` (a JSON list of 262,144 strings parsed into 40 MB of Python objects), and the model the
+start: a small JSON slot (flags, special ids, the special tokens' texts) with sidecar files, none of them pickles:
+the token texts, attributes and scores, a hash index of the texts and (BPE) the merges as id triples, as one ``.npz``
+(not a JSON list: 262,144 strings parsed into 40 MB of Python objects; :mod:`inference_engine.tokenizer_subvocab`
+builds each text's small model from these arrays), and the model the
 tokenizer runs, which its library reads itself: the SentencePiece ``ModelProto``, or for BPE the ``vocab.json`` /
 ``merges.txt`` pair that ``tokenizers`` loads in Rust (no Python tuple per merge).
 
-One slot per model file (named by a hash of its real path), valid while the file's size and modification time are
+One slot per model file and format (named by a hash of both), valid while the file's size and modification time are
 those recorded: a changed or replaced file misses and its slot is rewritten. Small vocabularies are not cached
 (their build costs less than reading a cache file). Every file is written atomically (temporary file, then
 ``os.replace``), the sidecars first under fresh names and the slot last, so a slot only ever names complete sidecars;
@@ -27,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 # Bump when what is stored, or how a tokenizer is built from it, changes: older slots are then ignored.
-FORMAT = 3
+FORMAT = 4
 # Below this many tokens a build takes a few tens of milliseconds, no more than reading a cache file.
 MIN_VOCAB = 20_000
 MAX_SLOTS = 64
@@ -54,7 +56,9 @@ def file_identity(path: str | os.PathLike) -> dict[str, Any]:
 
 
 def _slot(identity: dict[str, Any], folder: Path) -> Path:
-    return folder / (hashlib.sha256(identity["path"].encode()).hexdigest()[:24] + ".json")
+    # the format in the name: two versions of this code (two checkouts, an upgrade) keep a slot each, not one that
+    # each rewrites in turn
+    return folder / (hashlib.sha256(f"{FORMAT}:{identity['path']}".encode()).hexdigest()[:24] + ".json")
 
 
 def load(path: str | os.PathLike, folder: Path | None = None) -> dict[str, Any] | None:

@@ -142,3 +142,22 @@ def test_numba_cache_stats_count_hits_and_misses():
     finally:
         del sys.modules[module.__name__]
     assert stats["compiled_uncached"] >= 2
+
+
+def test_children_find_our_packages_compiled_where_python_would_not_write_bytecode(tmp_path):
+    import subprocess
+    import sys
+
+    from bench_compare.cold_runner import bytecode_env
+
+    package = tmp_path / "src" / "pkg_cold"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("VALUE = 42\n")
+    assert bytecode_env({"PATH": "x"}, (package,)) == {"PATH": "x"}  # Python writes its own
+    assert not list(package.rglob("*.pyc"))
+    env = {"PYTHONDONTWRITEBYTECODE": "1", "PYTHONPATH": str(package.parent)}
+    assert bytecode_env(env, (package,)) == env
+    [pyc] = package.rglob("__init__*.pyc")
+    code = "import sys, pkg_cold; print(pkg_cold.__cached__, pkg_cold.VALUE, sys.flags.dont_write_bytecode)"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    assert out.split() == [str(pyc), "42", "1"]

@@ -515,3 +515,27 @@ def test_real_model_round_trip_where_llama_cpp_round_trips(real, name):
 def test_gemma_tokenizer_builds_quickly(real):
     _, _, cpu_seconds = real("gemma3-270m")
     assert cpu_seconds < GEMMA_BUILD_CPU_SECONDS_LIMIT
+
+
+# A cached tokenizer of the 1.5B (151,936 tokens) is ready and has encoded a short prompt within this much CPU time;
+# the whole BPE model alone took 0.5 s to load into ``tokenizers`` here, the per-text models about 20 ms. Generous:
+# shared CI machines are slower and noisier than the one measured.
+CACHED_READY_CPU_SECONDS_LIMIT = 0.25
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", REAL_NAMES)
+def test_real_model_cached_tokenizer_equals_llama_cpp_on_corpus(real, name, tmp_path):
+    """A tokenizer cache hit encodes with per-text models (tokenizer_subvocab): the same ids as llama.cpp."""
+    from inference_engine.model_cache import fetch
+
+    _, llm, _ = real(name)
+    path = fetch(name, progress=False)
+    GGUFTokenizer.from_gguf(path, cache_dir=tmp_path)  # the build writes the cache
+    start = time.process_time()
+    cached = GGUFTokenizer.from_gguf(path, cache_dir=tmp_path)
+    cached.encode("Hello, world! Tell me a story about a fox.")
+    ready_s = time.process_time() - start
+    assert cached.from_cache
+    assert encode_mismatches(cached, llm, CORPUS) == []
+    assert ready_s < CACHED_READY_CPU_SECONDS_LIMIT

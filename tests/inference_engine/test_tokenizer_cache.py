@@ -28,7 +28,7 @@ def same_tokenizer(a: GGUFTokenizer, b: GGUFTokenizer) -> None:
     assert [a.token_bytes(i, special=True) for i in ids] == [b.token_bytes(i, special=True) for i in ids]
     assert (a.vocab.special_ids, a.eog_ids, a.add_bos, a.add_eos, a.pre_tokenizer) == (
         b.vocab.special_ids, b.eog_ids, b.add_bos, b.add_eos, b.pre_tokenizer)
-    assert a.vocab.attrs == b.vocab.attrs and (a.vocab.scores == b.vocab.scores).all()
+    assert list(a.vocab.attrs) == list(b.vocab.attrs) and (a.vocab.scores == b.vocab.scores).all()
 
 
 @pytest.mark.parametrize("vocab", ["gpt2", "spm"])  # BPE with merges; SentencePiece
@@ -128,3 +128,49 @@ def test_a_rewritten_slot_leaves_no_old_sidecars(tiny_model, cache, tmp_path):
     GGUFTokenizer.from_gguf(path, cache_dir=cache)
     assert sorted(p.name.split(".", 2)[-1] for p in cache.iterdir()) == ["bpe-merges", "bpe-vocab", "json",
                                                                          "vocab.npz"]
+
+
+def whole_model_built(tokenizer: GGUFTokenizer) -> bool:
+    model = tokenizer._model
+    return (model._model if tokenizer.model == "gpt2" else model._processor) is not None
+
+
+@pytest.mark.parametrize("vocab", ["gpt2", "spm"])
+def test_a_cache_hit_encodes_short_texts_with_per_text_models(tiny_model, cache, vocab):
+    path = tiny_model("llama", vocab=vocab)
+    built = GGUFTokenizer.from_gguf(path, cache_dir=cache)
+    assert whole_model_built(built)  # a fresh build has the whole model (and stores what per-text models need)
+    cached = GGUFTokenizer.from_gguf(path, cache_dir=cache)
+    assert not whole_model_built(cached)
+    for text in TEXTS:
+        assert cached.encode(text) == built.encode(text), text
+    assert not whole_model_built(cached)  # the corpus' texts are all short enough
+
+
+@pytest.mark.parametrize("vocab", ["gpt2", "spm"])
+def test_a_text_too_long_for_a_per_text_model_builds_the_whole_model_once(tiny_model, cache, monkeypatch, vocab):
+    from inference_engine import tokenizer_subvocab
+
+    path = tiny_model("llama", vocab=vocab)
+    built = GGUFTokenizer.from_gguf(path, cache_dir=cache)
+    cached = GGUFTokenizer.from_gguf(path, cache_dir=cache)
+    long_text = " ".join(TEXTS)
+    assert cached.encode("hello") == built.encode("hello") and not whole_model_built(cached)
+    monkeypatch.setattr(tokenizer_subvocab, "MAX_SUBSTRINGS", 50)  # every longer text: the whole model
+    assert cached.encode(long_text) == built.encode(long_text)
+    assert whole_model_built(cached)
+    kept = cached._model._model if vocab == "gpt2" else cached._model._processor
+    assert cached.encode("hello world") == built.encode("hello world")
+    assert (cached._model._model if vocab == "gpt2" else cached._model._processor) is kept  # built once, kept
+
+
+def test_two_cache_formats_keep_a_slot_each(tiny_model, cache, monkeypatch):
+    """Two versions of the code (two checkouts, before and after an upgrade) do not rewrite each other's slot."""
+    path = tiny_model("llama", vocab="spm")
+    GGUFTokenizer.from_gguf(path, cache_dir=cache)
+    with monkeypatch.context() as m:
+        m.setattr(tokenizer_cache, "FORMAT", tokenizer_cache.FORMAT + 1)
+        assert not GGUFTokenizer.from_gguf(path, cache_dir=cache).from_cache
+        assert GGUFTokenizer.from_gguf(path, cache_dir=cache).from_cache
+    assert GGUFTokenizer.from_gguf(path, cache_dir=cache).from_cache  # the first format's slot is still there
+    assert len(list(cache.glob("*.json"))) == 2
