@@ -91,7 +91,7 @@ def test_bench_real_ours_on_tiny_model(tiny_model, capsys):
     assert code == 0, err
     rows = [json.loads(line) for line in out.splitlines()]
     assert [(r["n_prompt"], r["n_gen"], r["n_depth"]) for r in rows] == [(16, 0, 4), (0, 4, 4)]
-    assert rows[0]["engine"] == "ours:numpy" and rows[0]["type_k"] == "f32"
+    assert rows[0]["engine"] == "ours:numpy" and rows[0]["type_k"] == "f16"  # llama-bench's K/V cache, as compare
 
 
 def test_compare_gives_our_engine_llama_benchs_kv_cache_type_unless_the_user_chose_one():
