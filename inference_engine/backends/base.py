@@ -70,6 +70,12 @@ class Backend(ABC):
     def load_matrix(self, t: TensorInfo) -> Any:
         """A weight matrix ``(n_out, n_in)`` prepared for :meth:`matmul` under this backend's numerics."""
 
+    def load_matrices(self, tensors: Sequence[TensorInfo]) -> list[Any]:
+        """Weights that always multiply the same input (a layer's Q/K/V, its FFN gate and up), prepared together, in
+        order: a backend may lay them out as one matrix so that :meth:`matmul_many` makes one pass over them.
+        Default: each prepared alone."""
+        return [self.load_matrix(t) for t in tensors]
+
     @abstractmethod
     def load_vector(self, t: TensorInfo) -> Array:
         """A 1-D float32 tensor (norm weights, biases)."""
@@ -86,6 +92,11 @@ class Backend(ABC):
     @abstractmethod
     def matmul(self, w: Any, x: Array) -> Array:
         """``x @ W.T``: ``x (T, n_in)`` -> ``(T, n_out)``, with this backend's numerics."""
+
+    def matmul_many(self, ws: Sequence[Any], x: Array) -> list[Array]:
+        """``[matmul(w, x) for w in ws]`` for weights loaded together by :meth:`load_matrices`: the same values,
+        possibly in one pass (the default makes one per weight)."""
+        return [self.matmul(w, x) for w in ws]
 
     @abstractmethod
     def rms_norm(self, x: Array, weight: Array | None, eps: float) -> Array:

@@ -70,8 +70,9 @@ def _file_position(arr: np.ndarray) -> tuple[str, int, tuple | None] | None:
     return str(root.filename), map_start + into_map, getattr(root, IDENTITY_ATTR, None)
 
 
-def copy_out_of_map(arr: np.ndarray) -> np.ndarray:
-    """A C-contiguous copy of ``arr`` in ordinary process memory, with the same dtype and shape.
+def copy_out_of_map(arr: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """A C-contiguous copy of ``arr`` in ordinary process memory, with the same dtype and shape (written into
+    ``out`` when given: a C-contiguous array of that dtype and shape, e.g. a slice of a bigger buffer).
 
     When ``arr`` is a contiguous view into a memory-mapped file, its bytes are read from the file into the copy,
     so none of the mapped pages enter this process (the copy is the only resident one); otherwise
@@ -79,17 +80,20 @@ def copy_out_of_map(arr: np.ndarray) -> np.ndarray:
     its file's identity (:func:`remember_file_identity`, gguf_file's reader does) a file replaced on disk since it
     was mapped (a re-download) is copied through the map instead.
     """
+    if out is not None and (out.shape != arr.shape or out.dtype != arr.dtype or not out.flags.c_contiguous):
+        raise ValueError(f"copy_out_of_map: out {out.dtype}{out.shape} cannot hold {arr.dtype}{arr.shape}")
     where = _file_position(arr) if arr.flags.c_contiguous and arr.nbytes else None
     if where is None:
-        return np.array(arr, order="C")
+        return _through_map(arr, out)
     name, position, identity = where
-    out = np.empty(arr.shape, arr.dtype)
+    if out is None:
+        out = np.empty(arr.shape, arr.dtype)
     dest = memoryview(out.reshape(-1).view(np.uint8))
     done = 0
     try:
         with open(name, "rb", buffering=0) as fh:
             if identity is not None and _identity(os.fstat(fh.fileno())) != identity:
-                return np.array(arr, order="C")
+                return _through_map(arr, out)
             fh.seek(position)
             while done < len(dest):
                 got = fh.readinto(dest[done : done + READ_CHUNK])
@@ -99,7 +103,14 @@ def copy_out_of_map(arr: np.ndarray) -> np.ndarray:
     except OSError:
         done = -1
     if done != len(dest):  # the file went away or shrank: copy through the map instead
+        return _through_map(arr, out)
+    return out
+
+
+def _through_map(arr: np.ndarray, out: np.ndarray | None) -> np.ndarray:
+    if out is None:
         return np.array(arr, order="C")
+    np.copyto(out, arr)
     return out
 
 

@@ -43,11 +43,13 @@ from inference_engine.gguf_file import TensorInfo
 class NumbaBackend(NumpyBackend):
     name = "numba"
     copy_weights = True  # False: compute on the memory-mapped file (no extra memory, slower streaming)
+    fuse_matrices = True  # False: every weight its own buffer and its own matmul (load_matrices)
 
     def __init__(self, numerics: str = "f32", n_threads: int | None = None):
         super().__init__(numerics, n_threads)
         self.n_threads = set_threads(n_threads)
         self._matrices: dict[str, kernels.QMatrix] = {}
+        self._fused: dict[int, kernels.FusedMatrices] = {}  # id of a fused run's first part -> the run
         self.description = (
             f"Numba {numba.__version__} fused quantized kernels on {self.n_threads} threads, "
             f"NumPy {np.__version__} elsewhere, {numerics} numerics"
@@ -63,6 +65,24 @@ class NumbaBackend(NumpyBackend):
             w = self._matrices[t.name] = kernels.pack_matrix(t.name, t.qtype, t.raw, t.shape, self.copy_weights)
         return w
 
+    def load_matrices(self, tensors) -> list[kernels.QMatrix]:
+        """Runs of the same type and width (Q and K, gate and up; V too where it shares their type) are copied into
+        one buffer (:func:`~.numba_kernels.dispatch.pack_matrices`), so :meth:`matmul_many` quantizes the input once
+        and makes one kernel call for the run: a small model's decode step makes ~200 matmul calls, and each costs
+        microseconds of its own besides its weight bytes."""
+        if not self.fuse_matrices or any(t.name in self._matrices for t in tensors):
+            return [self.load_matrix(t) for t in tensors]
+        parts = []
+        for packed in kernels.pack_matrices([(t.name, t.qtype, t.raw, t.shape) for t in tensors], self.copy_weights):
+            if isinstance(packed, kernels.FusedMatrices):
+                self._fused[id(packed.parts[0])] = packed
+                parts.extend(packed.parts)
+            else:
+                parts.append(packed)
+        for t, w in zip(tensors, parts):
+            self._matrices[t.name] = w
+        return parts
+
     def load_embedding(self, t: TensorInfo) -> kernels.QMatrix:
         return self.load_matrix(t)
 
@@ -72,6 +92,23 @@ class NumbaBackend(NumpyBackend):
 
     def matmul(self, w: kernels.QMatrix, x: np.ndarray) -> np.ndarray:
         return kernels.matmul(w, x, self.numerics)
+
+    def matmul_many(self, ws, x: np.ndarray) -> list[np.ndarray]:
+        """Each run of ``ws`` that :meth:`load_matrices` fused goes through one matmul over the fused rows where
+        that gives every part's values bit for bit (:func:`~.numba_kernels.dispatch.fused_is_exact`)."""
+        out: list[np.ndarray] = []
+        i = 0
+        while i < len(ws):
+            fused = self._fused.get(id(ws[i]))
+            n = len(fused.parts) if fused is not None else 1
+            if (fused is not None and len(ws) - i >= n and all(a is b for a, b in zip(ws[i : i + n], fused.parts))
+                    and kernels.fused_is_exact(fused.matrix, self.numerics)):
+                out.extend(fused.split(kernels.matmul(fused.matrix, x, self.numerics)))
+            else:
+                n = 1
+                out.append(kernels.matmul(ws[i], x, self.numerics))
+            i += n
+        return out
 
     def rms_norm(self, x: np.ndarray, weight: np.ndarray | None, eps: float) -> np.ndarray:
         x = _f32(x)

@@ -113,6 +113,11 @@ class Weights:
     def matrix(self, base: str, il: int | None = None) -> Any:
         return self.backend.load_matrix(self.f.tensor(self.name(base, il)))
 
+    def matrices(self, bases: tuple[str, ...], il: int) -> list[Any]:
+        """Layer ``il``'s weights that multiply the same input (``("attn_q", "attn_k", "attn_v")``), loaded together
+        (:meth:`~inference_engine.backends.base.Backend.load_matrices`), in the order given."""
+        return self.backend.load_matrices([self.f.tensor(self.name(base, il)) for base in bases])
+
     def experts(self, base: str, il: int) -> list[Any]:
         """A stacked expert tensor (GGUF ``ne = [n_in, n_out, n_expert]``, NumPy ``(n_expert, n_out, n_in)``) as one
         prepared matrix per expert, each loaded from a 2-D view of that expert's rows of the memory map (nothing is
@@ -219,10 +224,11 @@ class QKVWeights:
     def load(cls, w: Weights, il: int) -> QKVWeights:
         if w.has("attn_qkv", il):
             raise GGUFParityError(f"{w.f.path}: fused attn_qkv weights are not supported; supported: attn_q/k/v")
+        attn_q, attn_k, attn_v = w.matrices(("attn_q", "attn_k", "attn_v"), il)
         return cls(
-            attn_q=w.matrix("attn_q", il),
-            attn_k=w.matrix("attn_k", il),
-            attn_v=w.matrix("attn_v", il),
+            attn_q=attn_q,
+            attn_k=attn_k,
+            attn_v=attn_v,
             attn_q_bias=w.optional_vector("attn_q", il, "bias"),
             attn_k_bias=w.optional_vector("attn_k", il, "bias"),
             attn_v_bias=w.optional_vector("attn_v", il, "bias"),
@@ -233,7 +239,7 @@ def project_qkv(b: Backend, a: QKVWeights, h: Array, hp: HParams) -> tuple[Array
     """``h (T, n_embd)`` -> ``q (T, n_head, d_k)``, ``k (T, n_head_kv, d_k)``, ``v (T, n_head_kv, d_v)``:
     matmul, then the bias when the file has one, then the per-head reshape (llama.cpp ``build_qkv``)."""
     T = h.shape[0]
-    q, k, v = b.matmul(a.attn_q, h), b.matmul(a.attn_k, h), b.matmul(a.attn_v, h)
+    q, k, v = b.matmul_many((a.attn_q, a.attn_k, a.attn_v), h)
     if a.attn_q_bias is not None:
         q = b.add(q, a.attn_q_bias)
     if a.attn_k_bias is not None:

@@ -104,16 +104,15 @@ class FeedForward:
     @classmethod
     def load(cls, w: Weights, il: int, suffix: str = "") -> FeedForward:
         """``suffix``: ``"_shexp"`` loads an MoE's shared expert (``ffn_gate_shexp``...), same block."""
-        return cls(ffn_gate=w.matrix(f"ffn_gate{suffix}", il), ffn_up=w.matrix(f"ffn_up{suffix}", il),
-                   ffn_down=w.matrix(f"ffn_down{suffix}", il))
+        ffn_gate, ffn_up = w.matrices((f"ffn_gate{suffix}", f"ffn_up{suffix}"), il)
+        return cls(ffn_gate=ffn_gate, ffn_up=ffn_up, ffn_down=w.matrix(f"ffn_down{suffix}", il))
 
     def __call__(self, b: Backend, h: Array, il: int, tap: Tap, activation: str = "swiglu",
                  out_name: str = "ffn_out") -> Array:
         """``h (T, n_embd)`` (the normed input) -> ``(T, n_embd)``; ``activation``: ``swiglu`` or ``geglu``;
         ``out_name``: what llama.cpp calls the down projection's output (``ffn_shexp`` for a shared expert)."""
-        up = b.matmul(self.ffn_up, h)  # (T, n_ff)
+        gate, up = b.matmul_many((self.ffn_gate, self.ffn_up), h)  # (T, n_ff) each
         up = tap(f"ffn_up-{il}", up)
-        gate = b.matmul(self.ffn_gate, h)  # (T, n_ff)
         gate = tap(f"ffn_gate-{il}", gate)
         h = getattr(b, activation)(gate, up)  # (T, n_ff)
         h = tap(f"ffn_{activation}-{il}", h)

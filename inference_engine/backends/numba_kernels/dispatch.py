@@ -227,6 +227,69 @@ def pack_matrix(name: str, qtype, raw: np.ndarray, shape: tuple[int, int], copy:
     return QMatrix(name, qtype, rows, n_out, n_in, kernels)
 
 
+@dataclass(frozen=True)
+class FusedMatrices:
+    """Weights that multiply the same input (a layer's Q and K, its FFN gate and up), of one tensor type and width,
+    whose rows lie one after another in one buffer: ``matrix`` is all of them as one matrix, ``parts`` each of them
+    (views into the same rows, usable alone), so one pass over ``matrix`` gives every part's output."""
+
+    matrix: QMatrix
+    parts: tuple[QMatrix, ...]
+
+    def split(self, y: np.ndarray) -> list[np.ndarray]:
+        """``y (..., matrix.n_out)`` -> each part's columns ``(..., part.n_out)`` (views)."""
+        out, start = [], 0
+        for part in self.parts:
+            out.append(y[..., start : start + part.n_out])
+            start += part.n_out
+        return out
+
+
+def pack_matrices(tensors, copy: bool = True) -> list[QMatrix | FusedMatrices]:
+    """Pack ``tensors`` (each ``(name, qtype, raw, shape)``) in order, fusing each run of consecutive tensors of the
+    same type and width into one :class:`FusedMatrices` (copied out of the map into one buffer: each byte is still
+    resident once). With ``copy=False`` (compute on the map) nothing is fused: the rows would have to be copied."""
+    packed: list[QMatrix | FusedMatrices] = []
+    run: list = []
+
+    def flush() -> None:
+        if len(run) == 1 or (run and not copy):
+            packed.extend(pack_matrix(*t, copy=copy) for t in run)
+        elif run:
+            packed.append(_fuse(run))
+        run.clear()
+
+    for t in tensors:
+        name, qtype, raw, shape = t
+        if run and (T(int(qtype)) != T(int(run[0][1])) or tuple(shape[1:]) != tuple(run[0][3][1:])):
+            flush()
+        run.append((name, qtype, raw, tuple(int(n) for n in shape)))
+    flush()
+    return packed
+
+
+def _fuse(run: list) -> FusedMatrices:
+    first = [pack_matrix(name, qtype, raw, shape, copy=False) for name, qtype, raw, shape in run]  # views, checked
+    rows = np.empty((sum(w.n_out for w in first), first[0].rows.shape[1]), np.uint8)
+    parts, start = [], 0
+    for w, (_, _, raw, _) in zip(first, run):
+        part_rows = rows[start : start + w.n_out]
+        copy_out_of_map(w.rows, out=part_rows)
+        drop_file_pages(raw)
+        parts.append(QMatrix(w.name, w.qtype, part_rows, w.n_out, w.n_in, w.kernels))
+        start += w.n_out
+    name = "+".join(w.name for w in parts)
+    return FusedMatrices(QMatrix(name, parts[0].qtype, rows, rows.shape[0], parts[0].n_in, parts[0].kernels),
+                         tuple(parts))
+
+
+def fused_is_exact(w: QMatrix, numerics: str) -> bool:
+    """Whether one pass over a fused matrix gives each part's output bit for bit as the part alone would: true where
+    the integer-dot kernels run (every output row is its own dot product, whatever rows surround it); the float
+    paths (BLAS tiles) may block rows differently, so there the parts are multiplied one by one."""
+    return numerics == "ggml" and w.kernels.matvec_int is not None and matvec_family() == "int8"
+
+
 def matmul(w: QMatrix, x: np.ndarray, numerics: str = "f32") -> np.ndarray:
     """``x (T, n_in) @ W.T -> (T, n_out)`` float32 (a 1-D ``x`` gives a 1-D result)."""
     if numerics == "ggml" and _one_token_int8(w, x):

@@ -94,3 +94,16 @@ def test_copy_out_of_map_of_a_file_replaced_since_it_was_mapped_copies_the_mappe
     (tmp_path / "new.bin").write_bytes(bytes(reversed(data.tobytes())))
     (tmp_path / "new.bin").replace(path)  # as a re-download replaces the file; the map still shows the old one
     np.testing.assert_array_equal(copy_out_of_map(m[PAGE : 3 * PAGE]), data[PAGE : 3 * PAGE])
+
+
+def test_copy_out_of_map_into_a_slice_of_a_bigger_buffer(mapped):
+    data, m = mapped
+    buffer = np.zeros((3, PAGE), np.uint8)
+    got = copy_out_of_map(m[PAGE : 2 * PAGE + 7][:PAGE].reshape(1, PAGE), out=buffer[1:2])
+    assert np.shares_memory(got, buffer)
+    np.testing.assert_array_equal(buffer[1], data[PAGE : 2 * PAGE])
+    assert not buffer[0].any() and not buffer[2].any()
+    copy_out_of_map(np.arange(PAGE, dtype=np.uint8).reshape(1, PAGE), out=buffer[2:])  # not mapped: copied
+    np.testing.assert_array_equal(buffer[2], np.arange(PAGE, dtype=np.uint8))
+    with pytest.raises(ValueError, match="cannot hold"):
+        copy_out_of_map(m[:PAGE], out=buffer[0:2])
