@@ -476,3 +476,154 @@ def ihsum(typingctx, v):
         return builder.extract_element(x, ir.Constant(_I32, 0))
 
     return types.int32(I32x8), codegen
+
+
+# --- F32x8 / I32x8 with one lane per token (the K-quants' 8-token blocks, :mod:`.inttiles`) -----------------------
+@intrinsic
+def fload8(typingctx, arr, index):
+    """8 float32 from element ``index`` of a float32 array."""
+    _check(arr, types.float32, "fload8")
+
+    def codegen(context, builder, sig, args):
+        return builder.load(_ptr(context, builder, sig.args[0], args[0], args[1], _VF), align=4)
+
+    return F32x8(arr, index), codegen
+
+
+@intrinsic
+def fscale(typingctx, v, s):
+    """``v * s`` lane by lane (``s`` a float32)."""
+    if v != F32x8 or s != types.float32:
+        raise TypingError(f"fscale expects an F32x8 and a float32, got {v}, {s}")
+
+    def codegen(context, builder, sig, args):
+        return builder.fmul(args[0], _splat(builder, args[1], _VF))
+
+    return F32x8(F32x8, types.float32), codegen
+
+
+@intrinsic
+def fadd8(typingctx, a, b):
+    if a != F32x8 or b != F32x8:
+        raise TypingError(f"fadd8 expects two F32x8, got {a}, {b}")
+
+    def codegen(context, builder, sig, args):
+        return builder.fadd(args[0], args[1])
+
+    return F32x8(F32x8, F32x8), codegen
+
+
+@intrinsic
+def flane(typingctx, v, k):
+    """Lane ``k`` of an F32x8 as a float32."""
+    if v != F32x8 or not isinstance(k, types.Integer):
+        raise TypingError(f"flane expects an F32x8 and an int, got {v}, {k}")
+
+    def codegen(context, builder, sig, args):
+        return builder.extract_element(args[0], context.cast(builder, args[1], sig.args[1], types.int32))
+
+    return types.float32(F32x8, k), codegen
+
+
+@intrinsic
+def fma_intv(typingctx, d, v, acc):
+    """``acc + d * float(v)`` lane by lane, one rounding (:func:`fma_int` with a vector ``d``)."""
+    if d != F32x8 or v != I32x8 or acc != F32x8:
+        raise TypingError(f"fma_intv expects F32x8, I32x8, F32x8, got {d}, {v}, {acc}")
+
+    def codegen(context, builder, sig, args):
+        return _call(builder, "llvm.fma.v8f32", _VF, [args[0], builder.sitofp(args[1], _VF), args[2]])
+
+    return F32x8(F32x8, I32x8, F32x8), codegen
+
+
+@intrinsic
+def kmin_tokens(typingctx, pairs, index, mlo, mhi, k):
+    """Q4_K / Q5_K's min products of pair ``k`` (0..3) of one super-block for 8 tokens, one token per lane:
+    lane ``t`` = ``min_2k * pairs[index + 2t] + min_2k+1 * pairs[index + 2t + 1]`` with the 16 int16 from
+    ``index`` holding each token's ``bsum32_2k, bsum32_2k+1`` (:func:`.inttiles.bsum_pairs8`) and the 8 6-bit mins
+    the bytes of ``mlo`` (0..3) and ``mhi`` (4..7). Lane ``t`` is the integer that lane ``k`` of
+    :func:`kmin_pairs` gives for token ``t`` (AVX2: one ``vpmaddwd``; elsewhere generic IR)."""
+    _check(pairs, types.int16, "kmin_tokens")
+    if not all(isinstance(m, types.Integer) for m in (mlo, mhi, k)):
+        raise TypingError(f"kmin_tokens expects two uint32 words of mins and an int, got {mlo}, {mhi}, {k}")
+
+    def codegen(context, builder, sig, args):
+        v16 = ir.VectorType(_I16, 16)
+        b = builder.load(_ptr(context, builder, sig.args[0], args[0], args[1], v16), align=2)
+        words = ir.Constant(ir.VectorType(_I32, 2), ir.Undefined)
+        lo = context.cast(builder, args[2], sig.args[2], types.uint32)
+        hi = context.cast(builder, args[3], sig.args[3], types.uint32)
+        words = builder.insert_element(words, lo, ir.Constant(_I32, 0))
+        words = builder.insert_element(words, hi, ir.Constant(_I32, 1))
+        # the 8 mins as int16, seen as 4 int32 words (min_2k | min_2k+1 << 16); word k in every lane
+        pair_words = builder.bitcast(builder.zext(builder.bitcast(words, ir.VectorType(_I8, 8)),
+                                                  ir.VectorType(_I16, 8)), ir.VectorType(_I32, 4))
+        kk = context.cast(builder, args[4], sig.args[4], types.int32)
+        mk = builder.bitcast(_splat(builder, builder.extract_element(pair_words, kk), _VI), v16)
+        if "+avx2" in target_features(context):
+            return _madd(builder, b, mk)
+        wide = ir.VectorType(_I32, 16)
+        e, o = _even_odd(builder, builder.mul(builder.sext(b, wide), builder.sext(mk, wide)), 16)
+        return builder.add(e, o)
+
+    return I32x8(pairs, index, mlo, mhi, k), codegen
+
+
+# --- two sub-blocks per vpmaddwd (the K-quants' 8-token blocks) ------------------------------------------------
+# ``dot4_scaled`` spends one ``vpmaddwd`` per 32 quants to apply the sub-block scale. With the quants of two
+# sub-blocks ``a``, ``b`` (and the activations alike, :func:`.inttiles.pair_interleave`) laid out as
+#   P1: dword i = a[4i], a[4i+1], b[4i], b[4i+1]      P2: dword i = a[4i+2], a[4i+3], b[4i+2], b[4i+3]
+# ``vpmaddubsw(P1) + vpmaddubsw(P2)`` (int16) holds ``a . y_a`` over quants 4i..4i+3 in word 2i and the same for
+# ``b`` in word 2i+1, so one ``vpmaddwd`` with the scales (sa, sb) alternating gives lane i = ``sa * sum_a + sb *
+# sum_b``: the same integer, in the same lane, as ``dot4_scaled(a, ya, sa) + dot4_scaled(b, yb, sb)``; 3
+# multiplies per 64 quants instead of 4. The int16 sums stay exact while 4 x max|q| x 127 < 2**15 (q < 64).
+def _pairs_codegen(first):
+    def typer(typingctx, a, b):
+        if a != I8x32 or b != I8x32:
+            raise TypingError(f"pair quants expect two I8x32, got {a}, {b}")
+
+        def codegen(context, builder, sig, args):
+            ai, bi = builder.bitcast(args[0], _VI), builder.bitcast(args[1], _VI)
+            low, high = ir.Constant(_VI, [0xFFFF] * LANES), ir.Constant(_VI, [0xFFFF0000] * LANES)
+            s16 = ir.Constant(_VI, [16] * LANES)
+            if first:  # words 2i of a and b
+                v = builder.or_(builder.and_(ai, low), builder.shl(bi, s16))
+            else:  # words 2i+1
+                v = builder.or_(builder.lshr(ai, s16), builder.and_(bi, high))
+            return builder.bitcast(v, _VB)
+
+        return I8x32(I8x32, I8x32), codegen
+
+    return typer
+
+
+pairs_first = intrinsic(_pairs_codegen(True))
+pairs_second = intrinsic(_pairs_codegen(False))
+
+
+@intrinsic
+def dot_pairs(typingctx, p1, y1, p2, y2, s_a, s_b):
+    """``sa * (a . y_a) + sb * (b . y_b)`` per lane from the pair layout above (``p1``/``p2``: the quants,
+    ``y1``/``y2``: the activations in the same layout; ``s_a``, ``s_b``: the two scales, |s| < 2**15)."""
+    if any(v != I8x32 for v in (p1, y1, p2, y2)) or not all(isinstance(s, types.Integer) for s in (s_a, s_b)):
+        raise TypingError(f"dot_pairs expects four I8x32 and two ints, got {p1}, {y1}, {p2}, {y2}, {s_a}, {s_b}")
+
+    def codegen(context, builder, sig, args):
+        sa = context.cast(builder, args[4], sig.args[4], types.uint32)
+        sb = context.cast(builder, args[5], sig.args[5], types.uint32)
+        word = builder.or_(builder.and_(sa, ir.Constant(_I32, 0xFFFF)), builder.shl(sb, ir.Constant(_I32, 16)))
+        v16 = ir.VectorType(_I16, 16)
+        k = builder.bitcast(_splat(builder, word, _VI), v16)
+        if "+avx2" in target_features(context):
+            s = builder.add(_maddubs(builder, args[0], args[1]), _maddubs(builder, args[2], args[3]))
+            return _madd(builder, s, k)
+        wide = ir.VectorType(_I32, BYTES)
+        p = builder.add(builder.mul(builder.zext(args[0], wide), builder.sext(args[1], wide)),
+                        builder.mul(builder.zext(args[2], wide), builder.sext(args[3], wide)))
+        e, o = _even_odd(builder, p, BYTES)
+        pairs = builder.mul(builder.add(e, o), builder.sext(k, ir.VectorType(_I32, 16)))
+        e, o = _even_odd(builder, pairs, 16)
+        return builder.add(e, o)
+
+    return I32x8(p1, y1, p2, y2, s_a, s_b), codegen
