@@ -54,9 +54,6 @@ from inference_engine.backends.numba_kernels.int8 import (
     izero,
     kmin_pairs,
     kmin_tokens,
-    dot_pairs,
-    pairs_first,
-    pairs_second,
     load32,
     madd16,
     nibbles32,
@@ -625,7 +622,14 @@ def tiled_q6_k(w, yq, yd, ya, out):
         group_q6_k(w, yq, yd, ya, out, g * GROUP_ROWS, min(g * GROUP_ROWS + GROUP_ROWS, n))
 
 
-# --- EXPERIMENT -----------------------------------------------------------------------------------------------
+# --- Q4_K, 8 tokens at a time, the sub-block loop kept (dispatched for Q4_K: dispatch.KERNELS) ----------------
+# row8x_q4_k keeps the 4 sub-block pairs as a loop (a count LLVM cannot see), so the 8 tokens' integer sums stay in
+# registers instead of being spilled, and makes the min terms and d_w * d_y for the 8 tokens at once from the
+# activation's scales and block-sum pairs laid out per 8-token block (scales8, bsum_pairs8). Measured (CPU time,
+# 1 thread, 128 tokens, 2-core AMD EPYC, AVX2, best of 9): Q4_K 8960x1536 41.1 -> 33.8 ms, 1536x8960 47.4 -> 34.9,
+# 1536x1536 7.5 -> 6.1 against tiled_q4_k (kept above for kernel_bench A/B). A further variant, two sub-blocks per
+# vpmaddwd (git history: "EXPERIMENTAL Q4_K 8-token kernels"), measured 0.84x of this one in a single noisy run;
+# it is not here until it is measured again and tested.
 @njit(cache=True)
 def bsum_pairs8(bsums):
     """(T, 16 nb) -> (T // 8, nb, 64): [g, i, 16 k + 2 t + h] = bsum32_{2k+h} of token 8 g + t in super-block i."""
@@ -716,86 +720,3 @@ def tiledx_q4_k(w, yq, yd, ya, out):
     ya = bsum_pairs(ya)
     for g in prange((n + GROUP_ROWS - 1) // GROUP_ROWS):
         groupx_q4_k(w, yq, yd, ya, yd8, ya8, out, g * GROUP_ROWS, min(g * GROUP_ROWS + GROUP_ROWS, n))
-
-
-def pair_interleave(yq):
-    """The activation quants in the pair layout of :func:`.int8.dot_pairs`, per 64 (sub-blocks a, b of 32):
-    ``(T, K) -> (T, K)``, 32 bytes P1 (dword i = a[4i], a[4i+1], b[4i], b[4i+1]) then 32 bytes P2 (a[4i+2],
-    a[4i+3], b[4i+2], b[4i+3])."""
-    n_tok, k = yq.shape
-    v = yq.reshape(n_tok, k // 64, 2, 8, 2, 2)  # (t, pair, a|b, i, P1|P2, byte)
-    return np.ascontiguousarray(v.transpose(0, 1, 4, 3, 2, 5)).reshape(n_tok, k)
-
-
-@njit(cache=True)
-def row8y_q4_k(w, yq, yd8, ya8, t, out, r):
-    y0, y1, y2, y3 = yq[t], yq[t + 1], yq[t + 2], yq[t + 3]
-    y4, y5, y6, y7 = yq[t + 4], yq[t + 5], yq[t + 6], yq[t + 7]
-    g = t // 8
-    yd, ys = yd8[g], ya8[g]
-    pairs = yq.shape[1] // yd.shape[0] // 64  # 4 sub-block pairs per super-block, a count LLVM does not see
-    a0, a1, a2, a3, a4, a5, a6, a7 = fzero(), fzero(), fzero(), fzero(), fzero(), fzero(), fzero(), fzero()
-    m0, m1, m2, m3 = fzero(), fzero(), fzero(), fzero()
-    for i in range(yd.shape[0]):
-        o = 144 * i
-        u0, u1, u2, u3 = k4_scales(w, o + 4)
-        sc = np.uint64(u0) | (np.uint64(u1) << np.uint64(32))
-        i0, i1, i2, i3, i4, i5, i6, i7 = izero(), izero(), izero(), izero(), izero(), izero(), izero(), izero()
-        for j in range(pairs):
-            lo, hi = q4_k_quants(w, o, j)
-            p1, p2 = pairs_first(lo, hi), pairs_second(lo, hi)
-            sl = np.int32((sc >> np.uint64(16 * j)) & np.uint64(0xFF))
-            sh = np.int32((sc >> np.uint64(16 * j + 8)) & np.uint64(0xFF))
-            e = QK_K * i + 64 * j
-            i0 = iadd(i0, dot_pairs(p1, load32(y0, e), p2, load32(y0, e + 32), sl, sh))
-            i1 = iadd(i1, dot_pairs(p1, load32(y1, e), p2, load32(y1, e + 32), sl, sh))
-            i2 = iadd(i2, dot_pairs(p1, load32(y2, e), p2, load32(y2, e + 32), sl, sh))
-            i3 = iadd(i3, dot_pairs(p1, load32(y3, e), p2, load32(y3, e + 32), sl, sh))
-            i4 = iadd(i4, dot_pairs(p1, load32(y4, e), p2, load32(y4, e + 32), sl, sh))
-            i5 = iadd(i5, dot_pairs(p1, load32(y5, e), p2, load32(y5, e + 32), sl, sh))
-            i6 = iadd(i6, dot_pairs(p1, load32(y6, e), p2, load32(y6, e + 32), sl, sh))
-            i7 = iadd(i7, dot_pairs(p1, load32(y7, e), p2, load32(y7, e + 32), sl, sh))
-        ydi = fload8(yd[i], 0)
-        dv = fscale(ydi, load_f16(w, o))
-        a0, a1 = fma_int(flane(dv, 0), i0, a0), fma_int(flane(dv, 1), i1, a1)
-        a2, a3 = fma_int(flane(dv, 2), i2, a2), fma_int(flane(dv, 3), i3, a3)
-        a4, a5 = fma_int(flane(dv, 4), i4, a4), fma_int(flane(dv, 5), i5, a5)
-        a6, a7 = fma_int(flane(dv, 6), i6, a6), fma_int(flane(dv, 7), i7, a7)
-        dmin = fscale(ydi, -load_f16(w, o + 2))
-        ysi = ys[i]
-        m0 = fma_intv(dmin, kmin_tokens(ysi, 0, u2, u3, 0), m0)
-        m1 = fma_intv(dmin, kmin_tokens(ysi, 16, u2, u3, 1), m1)
-        m2 = fma_intv(dmin, kmin_tokens(ysi, 32, u2, u3, 2), m2)
-        m3 = fma_intv(dmin, kmin_tokens(ysi, 48, u2, u3, 3), m3)
-    mins = fadd8(fadd8(m0, m2), fadd8(m1, m3))
-    store4(out, r, t, fsum(a0) + flane(mins, 0), fsum(a1) + flane(mins, 1), fsum(a2) + flane(mins, 2),
-           fsum(a3) + flane(mins, 3))
-    store4(out, r, t + 4, fsum(a4) + flane(mins, 4), fsum(a5) + flane(mins, 5), fsum(a6) + flane(mins, 6),
-           fsum(a7) + flane(mins, 7))
-
-
-@njit(cache=True)
-def groupy_q4_k(w, yq, yp, yd, ya, yd8, ya8, out, lo, hi):
-    n_tok, n = out.shape
-    full = n_tok - n_tok % TILE8_TOKENS
-    for t in range(0, full, TILE8_TOKENS):
-        for r in range(lo, hi):
-            row8y_q4_k(w[r], yp, yd8, ya8, t, out, r)
-    for t in range(full, n_tok, TILE_TOKENS):
-        t1, t2, t3 = min(t + 1, n_tok - 1), min(t + 2, n_tok - 1), min(t + 3, n_tok - 1)
-        for r0 in range(lo, hi, 2):
-            r1 = min(r0 + 1, n - 1)
-            store_tile(out, r0, r1, t, t1, t2, t3, tile_q4_k(w[r0], w[r1], yq, yd, ya, t, t1, t2, t3))
-
-
-@njit(parallel=True, cache=True)
-def tiledy_q4_k_(w, yq, yp, yd, ya, out):
-    n = out.shape[1]
-    yd8, ya8 = scales8(yd), bsum_pairs8(ya)
-    ya = bsum_pairs(ya)
-    for g in prange((n + GROUP_ROWS - 1) // GROUP_ROWS):
-        groupy_q4_k(w, yq, yp, yd, ya, yd8, ya8, out, g * GROUP_ROWS, min(g * GROUP_ROWS + GROUP_ROWS, n))
-
-
-def tiledy_q4_k(w, yq, yd, ya, out):
-    tiledy_q4_k_(w, yq, pair_interleave(yq), yd, ya, out)
