@@ -102,7 +102,7 @@ class NumbaBackend(NumpyBackend):
             fused = self._fused.get(id(ws[i]))
             n = len(fused.parts) if fused is not None else 1
             if (fused is not None and len(ws) - i >= n and all(a is b for a, b in zip(ws[i : i + n], fused.parts))
-                    and kernels.fused_is_exact(fused.matrix, self.numerics)):
+                    and _n_rows(x) <= FUSED_MAX_TOKENS and kernels.fused_is_exact(fused.matrix, self.numerics)):
                 out.extend(fused.split(kernels.matmul(fused.matrix, x, self.numerics)))
             else:
                 n = 1
@@ -182,6 +182,15 @@ BLOCKED_ATTENTION_TOKENS = 8
 # (prefill, 512 x 2048: 11.5 ms against 23 ms) while the Numba call wins on a decoded token's few thousand values.
 GEGLU_NUMPY_ABOVE = 1 << 16
 _NO_WEIGHT = np.zeros(0, np.float32)
+# Up to this many tokens (a decode step, the server's batched decode) matmul_many multiplies a fused run in one call:
+# there the calls' own cost is what fusing saves (SmolLM2 decode, 1 thread, CPU time: 16.4 -> 15.0 ms per token).
+# A prefill's calls are few and long; an A/B on Gemma 3's 512-token prefill (2 threads, best of 4, noisy) gave 353
+# t/s separate and 273 fused, so prefill keeps one call per weight until that is measured on a quiet machine.
+FUSED_MAX_TOKENS = 16
+
+
+def _n_rows(x: np.ndarray) -> int:
+    return 1 if x.ndim < 2 else int(np.prod(x.shape[:-1]))
 
 
 def _f32(a) -> np.ndarray:
