@@ -109,7 +109,7 @@ KERNELS: Registry[Kernels] = Registry("tensor type", {
     T.Q2_K: Kernels(k_quants.matvec_q2_k, k_quants.dequant_q2_k, "q8_K", 16),
     T.Q3_K: Kernels(k_quants.matvec_q3_k, k_quants.dequant_q3_k, "q8_K", 16),
     T.Q4_K: Kernels(k_quants.matvec_q4_k, k_quants.dequant_q4_k, "q8_K", 32,
-                    intdot.matvec_q4_k, "q8_K", intdot.matmul_q4_k, inttiles.tiledx_q4_k),
+                    intdot.matvec_q4_k, "q8_K", intdot.matmul_q4_k, inttiles.tiled_q4_k),
     T.Q5_K: Kernels(k_quants.matvec_q5_k, k_quants.dequant_q5_k, "q8_K", 32,
                     intdot.matvec_q5_k, "q8_K", intdot.matmul_q5_k, inttiles.tiled_q5_k),
     T.Q6_K: Kernels(k_quants.matvec_q6_k, k_quants.dequant_q6_k, "q8_K", 16,

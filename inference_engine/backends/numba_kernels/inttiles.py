@@ -408,32 +408,6 @@ def store4(out, r, t, v0, v1, v2, v3):
 
 
 @njit(cache=True)
-def row8_q4_k(w, yq, yd, ya, t, out, r):
-    """Row ``r`` (``w``) x tokens ``t .. t+7``; ``ya``: the tokens' block-sum pairs (:func:`bsum_pairs`)."""
-    y0, y1, y2, y3 = yq[t], yq[t + 1], yq[t + 2], yq[t + 3]
-    y4, y5, y6, y7 = yq[t + 4], yq[t + 5], yq[t + 6], yq[t + 7]
-    s0, s1, s2, s3 = ya[t], ya[t + 1], ya[t + 2], ya[t + 3]
-    s4, s5, s6, s7 = ya[t + 4], ya[t + 5], ya[t + 6], ya[t + 7]
-    z = (fzero(), fzero())
-    a0, a1, a2, a3, a4, a5, a6, a7 = z, z, z, z, z, z, z, z
-    for i in range(yd.shape[1]):
-        o = 144 * i
-        u0, u1, u2, u3 = k4_scales(w, o + 4)
-        i0, i1, i2, i3 = row_q4_k(w, o, QK_K * i, y0, y1, y2, y3, u0, u1)
-        i4, i5, i6, i7 = row_q4_k(w, o, QK_K * i, y4, y5, y6, y7, u0, u1)
-        a0 = close_q4_k(w, o, yd[t, i], s0, i, u2, u3, i0, a0)
-        a1 = close_q4_k(w, o, yd[t + 1, i], s1, i, u2, u3, i1, a1)
-        a2 = close_q4_k(w, o, yd[t + 2, i], s2, i, u2, u3, i2, a2)
-        a3 = close_q4_k(w, o, yd[t + 3, i], s3, i, u2, u3, i3, a3)
-        a4 = close_q4_k(w, o, yd[t + 4, i], s4, i, u2, u3, i4, a4)
-        a5 = close_q4_k(w, o, yd[t + 5, i], s5, i, u2, u3, i5, a5)
-        a6 = close_q4_k(w, o, yd[t + 6, i], s6, i, u2, u3, i6, a6)
-        a7 = close_q4_k(w, o, yd[t + 7, i], s7, i, u2, u3, i7, a7)
-    store4(out, r, t, final_q4_k(a0), final_q4_k(a1), final_q4_k(a2), final_q4_k(a3))
-    store4(out, r, t + 4, final_q4_k(a4), final_q4_k(a5), final_q4_k(a6), final_q4_k(a7))
-
-
-@njit(cache=True)
 def row8_q5_k(w, yq, yd, ya, t, out, r):
     """As row8_q4_k."""
     y0, y1, y2, y3 = yq[t], yq[t + 1], yq[t + 2], yq[t + 3]
@@ -555,29 +529,6 @@ def tiled_q8_0(w, yq, yd, ya, out):
 
 
 @njit(cache=True)
-def group_q4_k(w, yq, yd, ya, out, lo, hi):
-    """Rows ``lo .. hi`` x every token: blocks of 8 tokens by :func:`row8_q4_k`, the rest by 4-token tiles."""
-    n_tok, n = out.shape
-    full = n_tok - n_tok % TILE8_TOKENS
-    for t in range(0, full, TILE8_TOKENS):
-        for r in range(lo, hi):
-            row8_q4_k(w[r], yq, yd, ya, t, out, r)
-    for t in range(full, n_tok, TILE_TOKENS):
-        t1, t2, t3 = min(t + 1, n_tok - 1), min(t + 2, n_tok - 1), min(t + 3, n_tok - 1)
-        for r0 in range(lo, hi, 2):
-            r1 = min(r0 + 1, n - 1)
-            store_tile(out, r0, r1, t, t1, t2, t3, tile_q4_k(w[r0], w[r1], yq, yd, ya, t, t1, t2, t3))
-
-
-@njit(parallel=True, cache=True)
-def tiled_q4_k(w, yq, yd, ya, out):
-    n = out.shape[1]
-    ya = bsum_pairs(ya)
-    for g in prange((n + GROUP_ROWS - 1) // GROUP_ROWS):
-        group_q4_k(w, yq, yd, ya, out, g * GROUP_ROWS, min(g * GROUP_ROWS + GROUP_ROWS, n))
-
-
-@njit(cache=True)
 def group_q5_k(w, yq, yd, ya, out, lo, hi):
     """Rows ``lo .. hi`` x every token: blocks of 8 tokens by :func:`row8_q5_k`, the rest by 4-token tiles."""
     n_tok, n = out.shape
@@ -622,14 +573,15 @@ def tiled_q6_k(w, yq, yd, ya, out):
         group_q6_k(w, yq, yd, ya, out, g * GROUP_ROWS, min(g * GROUP_ROWS + GROUP_ROWS, n))
 
 
-# --- Q4_K, 8 tokens at a time, the sub-block loop kept (dispatched for Q4_K: dispatch.KERNELS) ----------------
-# row8x_q4_k keeps the 4 sub-block pairs as a loop (a count LLVM cannot see), so the 8 tokens' integer sums stay in
+# --- Q4_K, 8 tokens at a time, the sub-block loop kept -----------------------------------------------------------
+# row8_q4_k keeps the 4 sub-block pairs as a loop (a count LLVM cannot see), so the 8 tokens' integer sums stay in
 # registers instead of being spilled, and makes the min terms and d_w * d_y for the 8 tokens at once from the
 # activation's scales and block-sum pairs laid out per 8-token block (scales8, bsum_pairs8). Measured (CPU time,
 # 1 thread, 128 tokens, 2-core AMD EPYC, AVX2, best of 9): Q4_K 8960x1536 41.1 -> 33.8 ms, 1536x8960 47.4 -> 34.9,
-# 1536x1536 7.5 -> 6.1 against tiled_q4_k (kept above for kernel_bench A/B). A further variant, two sub-blocks per
-# vpmaddwd (git history: "EXPERIMENTAL Q4_K 8-token kernels"), measured 0.84x of this one in a single noisy run;
-# it is not here until it is measured again and tested.
+# 1536x1536 7.5 -> 6.1 against the previous kernel (its sub-block loop unrolled, the sums spilled by LLVM; in git
+# history before "Q4_K prefill: dispatch the helper's tiledx_q4_k"). A further variant, two sub-blocks per vpmaddwd
+# (git history: "EXPERIMENTAL Q4_K 8-token kernels"), measured 0.84x of this one in a single noisy run; it is not
+# here until it is measured again and tested.
 @njit(cache=True)
 def bsum_pairs8(bsums):
     """(T, 16 nb) -> (T // 8, nb, 64): [g, i, 16 k + 2 t + h] = bsum32_{2k+h} of token 8 g + t in super-block i."""
@@ -658,7 +610,7 @@ def scales8(yd):
 
 
 @njit(cache=True)
-def row8x_q4_k(w, yq, yd8, ya8, t, out, r):
+def row8_q4_k(w, yq, yd8, ya8, t, out, r):
     y0, y1, y2, y3 = yq[t], yq[t + 1], yq[t + 2], yq[t + 3]
     y4, y5, y6, y7 = yq[t + 4], yq[t + 5], yq[t + 6], yq[t + 7]
     g = t // 8
@@ -700,12 +652,12 @@ def row8x_q4_k(w, yq, yd8, ya8, t, out, r):
 
 
 @njit(cache=True)
-def groupx_q4_k(w, yq, yd, ya, yd8, ya8, out, lo, hi):
+def group_q4_k(w, yq, yd, ya, yd8, ya8, out, lo, hi):
     n_tok, n = out.shape
     full = n_tok - n_tok % TILE8_TOKENS
     for t in range(0, full, TILE8_TOKENS):
         for r in range(lo, hi):
-            row8x_q4_k(w[r], yq, yd8, ya8, t, out, r)
+            row8_q4_k(w[r], yq, yd8, ya8, t, out, r)
     for t in range(full, n_tok, TILE_TOKENS):
         t1, t2, t3 = min(t + 1, n_tok - 1), min(t + 2, n_tok - 1), min(t + 3, n_tok - 1)
         for r0 in range(lo, hi, 2):
@@ -714,9 +666,9 @@ def groupx_q4_k(w, yq, yd, ya, yd8, ya8, out, lo, hi):
 
 
 @njit(parallel=True, cache=True)
-def tiledx_q4_k(w, yq, yd, ya, out):
+def tiled_q4_k(w, yq, yd, ya, out):
     n = out.shape[1]
     yd8, ya8 = scales8(yd), bsum_pairs8(ya)
     ya = bsum_pairs(ya)
     for g in prange((n + GROUP_ROWS - 1) // GROUP_ROWS):
-        groupx_q4_k(w, yq, yd, ya, yd8, ya8, out, g * GROUP_ROWS, min(g * GROUP_ROWS + GROUP_ROWS, n))
+        group_q4_k(w, yq, yd, ya, yd8, ya8, out, g * GROUP_ROWS, min(g * GROUP_ROWS + GROUP_ROWS, n))
