@@ -28,9 +28,10 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from inference_engine.backends import numba_startup
+from inference_engine.backends import malloc_threshold, numba_startup
 
 numba_startup.defer_blas_probe()  # before any kernel loads: Numba's registries then skip importing scipy.linalg
+malloc_threshold.pin_mmap_threshold()  # LLVM's freed multi-MiB blocks go back to the OS, not stay in the heap
 
 from inference_engine.backends import numerics as nx
 from inference_engine.backends.numba_kernels import dispatch as kernels

@@ -261,44 +261,10 @@ def geglu_parallel(gate, up, ggml, table, out):
 
 
 # --- attention ---------------------------------------------------------------------------------------------------
-@njit(inline="always", cache=True)
-def _dot_head(qv, kv, j_off, d, f16):
-    """``q . k_j`` for one head: q float32 ``(d,)``, the key row at byte ``j_off`` of ``kv`` (f32 or f16 bytes)."""
-    acc = vzero()
-    e = 0
-    while e + 16 <= d:
-        k = vload_f16(kv, j_off + 2 * e) if f16 else vload_f32(kv, j_off + 4 * e)
-        acc = vfma(vload(qv, e), k, acc)
-        e += 16
-    total = vsum(acc)
-    for i in range(e, d):
-        kf = load_f16(kv, j_off + 2 * i) if f16 else load_f32(kv, j_off + 4 * i)
-        total += qv[i] * kf
-    return total
-
-
-@njit(inline="always", cache=True)
-def softmax_visible(scores, visible, top, ggml, scalef, f16):
-    """In place: ``scores`` -> probabilities over the ``visible`` keys (0 elsewhere); exponentials summed in double,
-    ggml's vector exp in ggml numerics, rounded to F16 with an F16 cache (ggml's F16 mul_mat converts them)."""
-    total = 0.0  # double
-    for j in range(scores.shape[0]):
-        if visible[j]:
-            shifted = scores[j] - _F32(top)
-            e = expf_ggml(shifted, scalef) if ggml else _F32(math.exp(np.float64(shifted)))
-            scores[j] = e
-            total += np.float64(e)
-        else:
-            scores[j] = _F32(0.0)
-    inv = _F32(1.0 / total)
-    for j in range(scores.shape[0]):
-        pj = scores[j] * inv
-        scores[j] = round_f16(pj) if (ggml and f16) else pj
-
-
 @njit(parallel=True, cache=True)
 def attention(q, k, v, positions, kv_len, scale, window, ggml, scalef, f16, out):
-    """Causal (sliding-window) grouped-query attention, as NumpyBackend.attention.
+    """Causal (sliding-window) grouped-query attention, as NumpyBackend.attention: one work item per query row and
+    head (:func:`attend_row`), which suits a decoded token (prefill takes :func:`attention_blocked`).
 
     ``q (T, H, dk)`` float32; ``k (S, Hkv * dk * esize)``, ``v (S, Hkv * dv * esize)`` the cache rows as bytes
     (``f16``: F16 storage, else F32); ``out (T, H * dv)``. ggml numerics with an F16 cache round q and the
@@ -307,43 +273,94 @@ def attention(q, k, v, positions, kv_len, scale, window, ggml, scalef, f16, out)
     n_tokens, n_head, dk = q.shape
     dv = out.shape[1] // n_head
     esize = 2 if f16 else 4
-    n_head_kv = k.shape[1] // (dk * esize)
-    group = n_head // n_head_kv
+    group = n_head // (k.shape[1] // (dk * esize))
+    rows = np.zeros(0, np.int64)  # not paged: key j is cache row j
+    kflat, vflat, qflat = k.reshape(k.size), v.reshape(v.size), q.reshape(q.size)
     for th in prange(n_tokens * n_head):
         t, h = th // n_head, th % n_head
-        g = h // group
-        p = positions[t]
-        qv = np.empty(dk, np.float32)
-        for i in range(dk):
-            qv[i] = round_f16(q[t, h, i]) if (ggml and f16) else q[t, h, i]
-        scores = np.empty(kv_len, np.float32)
-        visible = np.zeros(kv_len, np.bool_)
-        top = -np.inf
-        for j in range(kv_len):
-            if j <= p and (window <= 0 or p - j < window):
-                visible[j] = True
-                s = _dot_head(qv, k[j], g * dk * esize, dk, f16) * scale
-                scores[j] = s
-                top = max(top, s)
-        softmax_visible(scores, visible, top, ggml, scalef, f16)
-        dst = out[t]
-        base = h * dv
-        e0 = 0
-        while e0 + 16 <= dv:
-            acc = vzero()
-            for j in range(kv_len):
-                if scores[j] != _F32(0.0):
-                    off = (g * dv + e0) * esize
-                    vj = vload_f16(v[j], off) if f16 else vload_f32(v[j], off)
-                    acc = vfma(vsplat(scores[j]), vj, acc)
-            vstore(dst, base + e0, acc)
-            e0 += 16
-        for i in range(e0, dv):
-            total32 = _F32(0.0)
-            for j in range(kv_len):
-                off = (g * dv + i) * esize
-                total32 += scores[j] * (load_f16(v[j], off) if f16 else load_f32(v[j], off))
-            dst[base + i] = total32
+        lo, hi = _visible_range(positions[t], kv_len, window)
+        kb, vb = k.shape[1], v.shape[1]
+        # literal storage types: each gets its own loops, without a branch per load
+        if f16:
+            attend_row(qflat, th * dk, dk, dv, h // group, kflat, kb, vflat, vb, rows, 0, False, lo, hi, kv_len,
+                       scale, ggml, scalef, True, out[t], h * dv)
+        else:
+            attend_row(qflat, th * dk, dk, dv, h // group, kflat, kb, vflat, vb, rows, 0, False, lo, hi, kv_len,
+                       scale, ggml, scalef, False, out[t], h * dv)
+
+
+@njit(inline="always", cache=True)
+def _row(rows, base, paged, j):
+    return rows[base + j] if paged else j
+
+
+@njit(inline="always", cache=True)
+def attend_row(qflat, q_off, dk, dv, g, kflat, kb, vflat, vb, rows, base, paged, lo, hi, n_keys, scale, ggml, scalef,
+               f16, dst, d_off):
+    """One query row of one head against keys ``lo..hi`` (``0 <= lo <= hi < n_keys``) of KV head ``g``, into
+    ``dst[d_off : d_off + dv]``. Key ``j``'s K and V are row ``rows[base + j]`` (``paged``) or row ``j`` of the flat
+    byte arrays ``kflat`` (``kb`` bytes a row) and ``vflat`` (``vb``), so a contiguous cache and the server's paged
+    pool share the code. Callers pass ``paged`` and ``f16`` as literals, which gives each case its own loops.
+
+    The arithmetic is :func:`attention_blocked`'s for one row, bit for bit: ``q . k`` as 16-lane FMAs then the
+    horizontal sum (:func:`_dot_row`), the exponentials 16 at a time (:func:`_exp_row`), their double sum in key
+    order, ``p = e * (1 / sum)`` (rounded to F16 with an F16 cache in ggml numerics), then ``p . v`` per 16
+    outputs as FMAs in key order skipping zero ``p`` (four output vectors per pass over the keys), and a
+    ``dv % 16`` tail as scalar sums over all ``n_keys`` keys, invisible ones adding exact zeros.
+    """
+    esize = 2 if f16 else 4
+    to_f16 = ggml and f16
+    qv = np.empty(dk, np.float32)
+    i = 0
+    while i + 16 <= dk:
+        x = vload(qflat, q_off + i)
+        vstore(qv, i, vround_f16(x) if to_f16 else x)
+        i += 16
+    for e in range(i, dk):
+        qv[e] = round_f16(qflat[q_off + e]) if to_f16 else qflat[q_off + e]
+    m = hi - lo + 1
+    scores = np.empty(max(m, 0), np.float32)  # key lo + i at scores[i]
+    top = -np.inf
+    k_off = g * dk * esize
+    for i in range(m):
+        s = _dot_row(qv, 0, kflat, _row(rows, base, paged, lo + i) * kb + k_off, dk, f16) * scale
+        scores[i] = s
+        top = max(top, s)
+    if m > 0:
+        _exp_row(scores, 0, m, top, ggml, scalef, np.empty(16, np.float32))
+        _normalize_row(scores, 0, m, _sum_row(scores, 0, m), to_f16)
+    v_off = g * dv * esize
+    e0 = 0
+    while e0 + 64 <= dv:
+        a0, a1, a2, a3 = vzero(), vzero(), vzero(), vzero()
+        for i in range(m):
+            pj = scores[i]
+            if pj != _F32(0.0):
+                o = _row(rows, base, paged, lo + i) * vb + v_off + e0 * esize
+                p = vsplat(pj)
+                a0 = vfma(p, vload_f16(vflat, o) if f16 else vload_f32(vflat, o), a0)
+                a1 = vfma(p, vload_f16(vflat, o + 16 * esize) if f16 else vload_f32(vflat, o + 64), a1)
+                a2 = vfma(p, vload_f16(vflat, o + 32 * esize) if f16 else vload_f32(vflat, o + 128), a2)
+                a3 = vfma(p, vload_f16(vflat, o + 48 * esize) if f16 else vload_f32(vflat, o + 192), a3)
+        vstore(dst, d_off + e0, a0)
+        vstore(dst, d_off + e0 + 16, a1)
+        vstore(dst, d_off + e0 + 32, a2)
+        vstore(dst, d_off + e0 + 48, a3)
+        e0 += 64
+    while e0 + 16 <= dv:
+        acc = vzero()
+        for i in range(m):
+            o = _row(rows, base, paged, lo + i) * vb + v_off + e0 * esize
+            acc = vfma_nonzero(scores[i], vload_f16(vflat, o) if f16 else vload_f32(vflat, o), acc)
+        vstore(dst, d_off + e0, acc)
+        e0 += 16
+    for e in range(e0, dv):
+        total32 = _F32(0.0)
+        for j in range(n_keys):
+            pj = scores[j - lo] if lo <= j <= hi else _F32(0.0)
+            o = _row(rows, base, paged, j) * vb + v_off + e * esize
+            total32 += pj * (load_f16(vflat, o) if f16 else load_f32(vflat, o))
+        dst[d_off + e] = total32
 
 
 # --- attention for many query tokens (prefill), blocked: the same numbers as :func:`attention` -------------------
@@ -363,7 +380,8 @@ def _visible_range(p, kv_len, window):
 
 @njit(inline="always", cache=True)
 def _dot_row(qbuf, q_off, kv, j_off, d, f16):
-    """:func:`_dot_head` with the query at ``qbuf[q_off:]``: the same operations in the same order."""
+    """``q . k_j`` for one head: the query float32 at ``qbuf[q_off : q_off + d]``, the key at byte ``j_off`` of
+    ``kv`` (f32 or f16 bytes); 16-lane FMAs, then the horizontal sum, then a scalar tail."""
     acc = vzero()
     e = 0
     while e + 16 <= d:
@@ -450,8 +468,8 @@ def _keep_score(scores, top, lo, hi, span, j_min, r, j, s):
 
 @njit(inline="always", cache=True)
 def _exp_row(scores, start, m, top, ggml, scalef, pad):
-    """The exponentials of :func:`softmax_visible` in place on the ``m`` visible scores at ``scores[start:]``: in
-    ggml numerics 16 lanes at a time (:mod:`.vexp`, the same bits), the last ``m % 16`` through ``pad``."""
+    """The softmax's exponentials ``exp(s - top)`` in place on the ``m`` visible scores at ``scores[start:]``: in
+    ggml numerics 16 lanes at a time (:mod:`.vexp`, ggml_v_expf's bits), the last ``m % 16`` through ``pad``."""
     top32 = _F32(top)
     if not ggml:
         for i in range(m):
@@ -499,7 +517,8 @@ def _sum_4rows(scores, start, span, m):
 
 @njit(inline="always", cache=True)
 def _normalize_row(scores, start, m, total, to_f16):
-    """``p = e * (float)(1 / total)`` [rounded to F16] as :func:`softmax_visible`; returns how many p are 0."""
+    """``p = e * (float)(1 / total)`` [rounded to F16: ggml's F16 mul_mat converts its F32 operand]; returns how
+    many p are 0."""
     inv = _F32(1.0 / total)
     vinv = vsplat(inv)
     i = 0
@@ -524,7 +543,7 @@ def attention_blocked(q, k, v, positions, kv_len, scale, window, ggml, scalef, f
     them from both ends of the causal triangle, so that each gets as many keys); in an item every key and value
     row is loaded once per four query rows, which keeps four FMA chains in flight. Each output is the sum
     :func:`attention` computes, over the same terms in the same order: the same ``q . k`` (16-lane FMAs then the
-    horizontal sum), the same softmax (:func:`softmax_visible`'s exponentials and double sum in key order), the
+    horizontal sum), the same softmax (:func:`_exp_row`'s exponentials and their double sum in key order), the
     same ``p . v`` per 16 outputs (FMAs in key order, zero probabilities skipped; a tail of ``dv % 16`` outputs as
     scalar sums over every key).
     """

@@ -23,6 +23,7 @@ SHAPES = [
     (24, 9, 3, 128, 128, 40, 0),  # SmolLM2's head shape after a cached prefix
     (10, 2, 2, 16, 33, 3, 4),  # group 1: rows of one head; dv tail
     (9, 3, 3, 48, 48, 0, 0),  # odd rows per item
+    (6, 4, 2, 80, 80, 30, 0),  # a decode-shaped item's four-vector pass over the values, then one more vector
 ]
 # (numerics is ggml, exp flavour is AVX-512's scalef)
 NUMERICS = [(False, False), (True, False), (True, True)]
