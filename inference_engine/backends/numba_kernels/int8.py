@@ -430,9 +430,9 @@ def kmin_pairs(typingctx, pairs, index, mlo, mhi):
     """Q4_K / Q5_K's four ``min_2k * bsum32_2k + min_2k+1 * bsum32_2k+1`` (k = 0..3) of one super-block, in lanes
     0..3 of an I32x8 (lanes 4..7 zero): ggml's ``madd(mins, hadd(bsums))``, where ``pairs`` already holds the
     ``hadd``: the 8 int16 ``bsum32_j = bsums[2j] + bsums[2j+1]`` of the super-block from element ``index`` (made
-    once per token by :func:`.inttiles.bsum_pairs`, not once per weight row); the 8 6-bit mins are the bytes of
-    ``mlo`` (0..3) and ``mhi`` (4..7). AVX2: one ``vpmaddwd`` as ggml; elsewhere generic IR. The same integers as
-    :func:`.intdot.k4_min_products` (which does it with scalars)."""
+    once per token by :func:`.intdot.bsum_pairs`, not once per weight row); the 8 6-bit mins are the bytes of
+    ``mlo`` (0..3) and ``mhi`` (4..7). AVX2: one ``vpmaddwd`` as ggml; elsewhere generic IR (the test checks
+    both against scalar integer arithmetic)."""
     _check(pairs, types.int16, "kmin_pairs")
     if not all(isinstance(m, types.Integer) for m in (mlo, mhi)):
         raise TypingError(f"kmin_pairs expects two uint32 words of mins, got {mlo}, {mhi}")

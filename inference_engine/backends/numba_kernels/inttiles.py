@@ -11,8 +11,8 @@ interleaved in one loop spilled about a third of the loop's instructions to the 
 vs both rows in one (CPU time, 1 thread): Q4_K the same, Q5_K 0-8% faster, Q6_K 5-14% slower (so Q6_K keeps both
 rows in one loop). The min terms of Q4_K / Q5_K are computed in vector code (:func:`.int8.kmin_pairs`, ggml's
 ``madd(mins, hadd(bsums))``), with the ``hadd`` of the activation's block sums done once per token
-(:func:`bsum_pairs`) instead of once per row and token: 10-15% off the Q4_K tile's CPU time here. The K-quants then
-take blocks of 8 tokens per row (:func:`row8_q4_k`...) before the 4-token tiles: see the section below.
+(:func:`.intdot.bsum_pairs`) instead of once per row and token: 10-15% off the Q4_K tile's CPU time here. The
+K-quants then take blocks of 8 tokens per row (:func:`row8_q4_k`...) before the 4-token tiles: see the section below.
 
 Every output's arithmetic is :mod:`.intdot`'s ``pair_<type>``: the same integer block dot (integer sums in any
 order are the same integers) and the same float steps in the same order (block scale product, ``fma_int``, the
@@ -58,7 +58,7 @@ from inference_engine.backends.numba_kernels.int8 import (
     madd16,
     nibbles32,
 )
-from inference_engine.backends.numba_kernels.intdot import QK_K, byte, five_bits, k4_scales
+from inference_engine.backends.numba_kernels.intdot import QK_K, bsum_pairs, byte, five_bits, k4_scales
 from inference_engine.backends.numba_kernels.simd import fma32, load_f16
 
 _F32 = np.float32
@@ -380,17 +380,6 @@ def tile_q6_k(w0, w1, yq, yd, ya, t0, t1, t2, t3):
         a12 = close_q6_k(w1, o, d2[i], s2, i, i12, a12)
         a13 = close_q6_k(w1, o, d3[i], s3, i, i13, a13)
     return fsum(a00), fsum(a01), fsum(a02), fsum(a03), fsum(a10), fsum(a11), fsum(a12), fsum(a13)
-
-
-@njit(cache=True)
-def bsum_pairs(bsums):
-    """Q8_K's 16 int16 block sums per super-block -> the 8 sums of adjacent pairs (ggml's ``hadd_epi16``, for
-    :func:`.int8.kmin_pairs`): ``(T, 16 nb) -> (T, 8 nb)``. |pair| <= 2 x 16 x 127, so int16 holds it exactly."""
-    out = np.empty((bsums.shape[0], bsums.shape[1] // 2), np.int16)
-    for t in range(bsums.shape[0]):
-        for k in range(out.shape[1]):
-            out[t, k] = bsums[t, 2 * k] + bsums[t, 2 * k + 1]
-    return out
 
 
 # --- K-quants, 1 row x 8 tokens ---------------------------------------------------------------------------------

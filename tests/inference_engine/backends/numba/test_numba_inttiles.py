@@ -104,24 +104,30 @@ def test_each_tiled_type_has_a_measured_threshold(qtype, rng):
 
 
 @njit(cache=False)
-def _vector_and_scalar_min_terms(bsums, words):
-    pairs = inttiles.bsum_pairs(bsums)
+def _vector_min_terms(bsums, words):
+    pairs = intdot.bsum_pairs(bsums)
     vec = np.zeros((bsums.shape[0], 8), np.int32)
-    ref = np.zeros((bsums.shape[0], 4), np.int32)
     for t in range(bsums.shape[0]):
         int8.istore(vec[t], 0, int8.kmin_pairs(pairs[t], 0, words[t, 0], words[t, 1]))
-        ref[t, 0], ref[t, 1], ref[t, 2], ref[t, 3] = intdot.k4_min_products(words[t, 0], words[t, 1], bsums[t], 0)
-    return vec, ref
+    return vec
+
+
+def _scalar_min_terms(bsums, words):
+    """ggml's four ``min_j * bsum32_j + min_j+1 * bsum32_j+1`` in plain integers: mins are the bytes of the words."""
+    mins = words.astype("<u4").view(np.uint8).reshape(-1, 8).astype(np.int64)  # mins 0..7 per token
+    bsum32 = bsums.astype(np.int64).reshape(-1, 8, 2).sum(axis=2)  # (n, 8)
+    prod = mins * bsum32
+    return prod[:, 0::2] + prod[:, 1::2]
 
 
 def test_kmin_pairs_are_the_scalar_min_products_at_the_extremes(rng):
-    """The per-token pair sums + ``kmin_pairs`` (one ``vpmaddwd``) give intdot's scalar integers, lanes 4..7 zero,
+    """The per-token pair sums + ``kmin_pairs`` (one ``vpmaddwd``) give the scalar integers, lanes 4..7 zero,
     with Q8_K's block sums at their bounds (+-16 x 127) and 6-bit mins at 63."""
     n = 64
     bsums = rng.integers(-16 * 127, 16 * 127 + 1, (n, 16)).astype(np.int16)
     bsums[0], bsums[1] = 16 * 127, -16 * 127
     words = rng.integers(0, 1 << 32, (n, 2), dtype=np.uint64).astype(np.uint32) & np.uint32(0x3F3F3F3F)
     words[:2] = 0x3F3F3F3F
-    vec, ref = _vector_and_scalar_min_terms(bsums, words)
-    np.testing.assert_array_equal(vec[:, :4], ref)
+    vec = _vector_min_terms(bsums, words)
+    np.testing.assert_array_equal(vec[:, :4], _scalar_min_terms(bsums, words))
     assert not vec[:, 4:].any()
