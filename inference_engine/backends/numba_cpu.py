@@ -25,6 +25,8 @@ Numba started with (``NUMBA_NUM_THREADS``, by default the number of cores).
 
 from __future__ import annotations
 
+import math
+
 import numba
 import numpy as np
 
@@ -191,7 +193,7 @@ FUSED_MAX_TOKENS = 16
 
 
 def _n_rows(x: np.ndarray) -> int:
-    return 1 if x.ndim < 2 else int(np.prod(x.shape[:-1]))
+    return 1 if x.ndim < 2 else math.prod(x.shape[:-1])  # not np.prod: ~5 us a call, on every fused matmul
 
 
 def _f32(a) -> np.ndarray:
