@@ -11,7 +11,6 @@ on attention.
 
 from __future__ import annotations
 
-import numpy as np
 from numba import njit, prange
 
 from inference_engine.backends.numba_kernels.ops import attend_row

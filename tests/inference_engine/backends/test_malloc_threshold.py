@@ -9,17 +9,17 @@ import pytest
 
 # Each child allocates, touches and frees a block of BLOCK_MIB MiB three times, then reports its resident set.
 BLOCK_MIB = 8
-_CHILD = """
+_CHILD = f"""
 import sys
 import numpy as np
 from inference_engine.backends.malloc_threshold import pin_mmap_threshold
 pinned = pin_mmap_threshold() if sys.argv[1] == "pin" else False
 for _ in range(3):
-    block = np.ones({mib} << 17)  # float64: {mib} MiB, every page touched
+    block = np.ones({BLOCK_MIB} << 17)  # float64: {BLOCK_MIB} MiB, every page touched
     del block
 rss = [int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmRSS:")][0]
 print(int(pinned), rss)
-""".format(mib=BLOCK_MIB)
+"""
 
 
 def _child(mode: str) -> tuple[bool, int]:
