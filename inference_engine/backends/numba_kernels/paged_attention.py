@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from numba import njit, prange
 
-from inference_engine.backends.numba_kernels.ops import attend_row
+from inference_engine.backends.numba_kernels.ops import _visible_range, attend_row
 
 
 @njit(parallel=True, cache=True)
@@ -30,11 +30,11 @@ def paged_attention(q, k_pool, v_pool, slots, slot_start, row_seq, positions, sc
     for th in prange(n_tokens * n_head):
         t, h = th // n_head, th % n_head
         p = positions[t]
-        lo = max(0, p - window + 1) if window > 0 else 0
+        lo, hi = _visible_range(p, p + 1, window)  # the sequence's keys 0..p
         base = slot_start[row_seq[t]]
         if f16:  # literal storage types, as in ops.attention
-            attend_row(qflat, th * dk, dk, dv, h // group, kflat, kb, vflat, vb, slots, base, True, lo, p, p + 1,
+            attend_row(qflat, th * dk, dk, dv, h // group, kflat, kb, vflat, vb, slots, base, True, lo, hi, p + 1,
                        scale, ggml, scalef, True, out[t], h * dv)
         else:
-            attend_row(qflat, th * dk, dk, dv, h // group, kflat, kb, vflat, vb, slots, base, True, lo, p, p + 1,
+            attend_row(qflat, th * dk, dk, dv, h // group, kflat, kb, vflat, vb, slots, base, True, lo, hi, p + 1,
                        scale, ggml, scalef, False, out[t], h * dv)
