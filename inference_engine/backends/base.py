@@ -150,6 +150,27 @@ class Backend(ABC):
         mask and softmax, as llama.cpp's ``build_attn_mha`` (scale, tanh, scale).
         """
 
+    def decode_attention(
+        self,
+        cache: Any,
+        il: int,
+        q: Array,
+        k: Array,
+        v: Array,
+        positions: np.ndarray,
+        rope: dict,
+        scale: float,
+        q_scale: float | None = None,
+        sliding_window: int = 0,
+    ) -> Array | None:
+        """A decoded token's attention as one op, where the backend has one: :meth:`rope` on ``q`` and ``k`` (``rope``:
+        its keyword arguments), ``q`` times ``q_scale`` (:meth:`scale`), ``k, v`` written into layer ``il`` of
+        ``cache`` at ``positions[0]`` and :meth:`attention` over the cache: ``(1, n_head * d_v)``, the same values as
+        those ops one by one. The model's attention block asks this for a single token that nothing taps; ``None``
+        (the default, and whenever a backend cannot fuse these inputs) makes it run the ops one by one. For a small
+        model's decode step the per-call costs of those five ops are a measurable part of the token."""
+        return None
+
     @abstractmethod
     def swiglu(self, gate: Array, up: Array) -> Array:
         """``silu(gate) * up`` (llama.cpp ``ggml_swiglu_split``)."""

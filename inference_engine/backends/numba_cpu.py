@@ -17,6 +17,8 @@ n_threads)`` imports this module and instantiates :class:`NumbaBackend`).
   float summation order inside attention and RMSNorm's double sum, see that module), at a few microseconds a call
   instead of tens: for a decoded token of a small model those per-call costs, not arithmetic, dominate. From
   ``PARALLEL_ROWS`` tokens on (prefill) the element-wise ops split rows over threads.
+- ``decode_attention`` (one untapped token): RoPE on q and k, the query scale, the cache write and attention in one
+  compiled call (``ops.rope_attention``), the same bits as those ops one by one.
 - ``add``, ``scale``, the RoPE angle cache and the KV cache are inherited from the NumPy reference.
 
 ``n_threads`` sets Numba's thread count (``numba.set_num_threads``) for every kernel; it cannot exceed the number
@@ -41,6 +43,7 @@ from inference_engine.backends.numba_kernels import ops
 from inference_engine.backends.numpy_ref import NumpyBackend
 from inference_engine.errors import GGUFParityError
 from inference_engine.gguf_file import TensorInfo
+from inference_engine.kv_cache import KVCache
 
 
 class NumbaBackend(NumpyBackend):
@@ -53,6 +56,7 @@ class NumbaBackend(NumpyBackend):
         self.n_threads = set_threads(n_threads)
         self._matrices: dict[str, kernels.QMatrix] = {}
         self._fused: dict[int, kernels.FusedMatrices] = {}  # id of a fused run's first part -> the run
+        self._runs: dict[tuple[int, ...], tuple] = {}  # ids of matmul_many's weights -> its runs (_fused_runs)
         self.description = (
             f"Numba {numba.__version__} fused quantized kernels on {self.n_threads} threads, "
             f"NumPy {np.__version__} elsewhere, {numerics} numerics"
@@ -99,19 +103,37 @@ class NumbaBackend(NumpyBackend):
     def matmul_many(self, ws, x: np.ndarray) -> list[np.ndarray]:
         """Each run of ``ws`` that :meth:`load_matrices` fused goes through one matmul over the fused rows where
         that gives every part's values bit for bit (:func:`~.numba_kernels.dispatch.fused_is_exact`)."""
+        key = tuple(map(id, ws))
+        runs = self._runs.get(key)
+        if runs is None:
+            runs = self._runs[key] = self._fused_runs(ws)
+        if _n_rows(x) > FUSED_MAX_TOKENS:
+            return [kernels.matmul(w, x, self.numerics) for w in ws]
         out: list[np.ndarray] = []
+        for run in runs:
+            if isinstance(run, kernels.FusedMatrices):
+                out.extend(run.split(kernels.matmul(run.matrix, x, self.numerics)))
+            else:
+                out.append(kernels.matmul(run, x, self.numerics))
+        return out
+
+    def _fused_runs(self, ws) -> tuple:
+        """``ws`` as the runs :meth:`matmul_many` multiplies: each a fused run of consecutive parts (where that is
+        exact) or one weight. Worked out once per tuple of weights (the plan holds them, so their ids stay theirs):
+        a decode step asks for the same few tuples ~60 times."""
+        runs: list = []
         i = 0
         while i < len(ws):
             fused = self._fused.get(id(ws[i]))
             n = len(fused.parts) if fused is not None else 1
             if (fused is not None and len(ws) - i >= n and all(a is b for a, b in zip(ws[i : i + n], fused.parts))
-                    and _n_rows(x) <= FUSED_MAX_TOKENS and kernels.fused_is_exact(fused.matrix, self.numerics)):
-                out.extend(fused.split(kernels.matmul(fused.matrix, x, self.numerics)))
+                    and kernels.fused_is_exact(fused.matrix, self.numerics)):
+                runs.append(fused)
             else:
                 n = 1
-                out.append(kernels.matmul(ws[i], x, self.numerics))
+                runs.append(ws[i])
             i += n
-        return out
+        return tuple(runs)
 
     def rms_norm(self, x: np.ndarray, weight: np.ndarray | None, eps: float) -> np.ndarray:
         x = _f32(x)
@@ -148,6 +170,39 @@ class NumbaBackend(NumpyBackend):
             self.numerics == "ggml",
             nx.ggml_simd() == "avx512",
             k.dtype == np.float16,
+            out,
+        )
+        return out
+
+    def decode_attention(self, cache, il, q, k, v, positions, rope, scale, q_scale=None, sliding_window=0):
+        """:func:`~.numba_kernels.ops.rope_attention`: RoPE, the query scale, the cache write and attention in one
+        compiled call, for a :class:`~inference_engine.kv_cache.KVCache` of this backend's arrays."""
+        if type(cache) is not KVCache or q.shape[0] != 1:
+            return None
+        k_buf, v_buf = cache.k[il], cache.v[il]
+        if (k_buf.dtype != v_buf.dtype or k_buf.dtype not in (np.float32, np.float16)
+                or not 0 <= int(positions[0]) < k_buf.shape[0]):
+            return None  # the ops one by one (and their errors)
+        cos, sin = self._rope_angles(positions, rope["n_dims"], rope["freq_base"], rope.get("freq_scale", 1.0),
+                                     rope.get("freq_factors"))
+        out = np.empty((1, q.shape[1] * v_buf.shape[2]), np.float32)
+        ops.rope_attention(
+            _f32(q),
+            _f32(k),
+            _f32(v),
+            cos,
+            sin,
+            int(rope["n_dims"]),
+            bool(rope["neox"]),
+            _F32(1.0 if q_scale is None else q_scale),
+            k_buf.view(np.uint8).reshape(k_buf.shape[0], -1),
+            v_buf.view(np.uint8).reshape(v_buf.shape[0], -1),
+            int(positions[0]),
+            _F32(scale),
+            int(sliding_window),
+            self.numerics == "ggml",
+            nx.ggml_simd() == "avx512",
+            k_buf.dtype == np.float16,
             out,
         )
         return out

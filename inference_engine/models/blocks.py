@@ -9,7 +9,9 @@ small blocks; transformers' "diff against llama"). Each block is the graph of ll
   gemma3: tapped ``Qcur_normed`` / ``Kcur_normed``), RoPE, ``Qcur``/``Kcur``/``Vcur`` taps, an optional scale of Q
   (gemma3's ``f_attention_scale``), attention over the KV cache through :func:`~inference_engine.models.base.
   self_attention` (the cache seam: its signature and meaning stay put), ``kqv_out``, the output projection with its
-  optional bias, and ``attn_out`` where llama.cpp names it.
+  optional bias, and ``attn_out`` where llama.cpp names it. A single token that nothing taps (a decode step) first
+  asks the backend's :meth:`~inference_engine.backends.base.Backend.decode_attention` to do RoPE through attention
+  as one op (the same values); a backend without it runs the ops one by one.
 * :class:`FeedForward`: gated feed-forward, ``ffn_up``, ``ffn_gate``, the gated activation (``ffn_swiglu`` /
   ``ffn_geglu``), ``ffn_down`` as ``ffn_out``.
 
@@ -25,7 +27,7 @@ import numpy as np
 
 from inference_engine.backends.base import Array, Backend
 from inference_engine.kv_cache import KVCache
-from inference_engine.models.base import HParams, QKVWeights, Tap, Weights, project_qkv, self_attention
+from inference_engine.models.base import HParams, QKVWeights, Tap, Weights, no_tap, project_qkv, self_attention
 
 
 @dataclass
@@ -69,21 +71,15 @@ class Attention:
         if self.attn_q_norm is not None:
             q = b.rms_norm(q, self.attn_q_norm, hp.rms_eps)  # (T, n_head, d): per head
             q = tap(f"Qcur_normed-{il}", q)
-        q = b.rope(q, positions, **rope)  # (T, n_head, d)
         if self.attn_k_norm is not None:
             k = b.rms_norm(k, self.attn_k_norm, hp.rms_eps)  # (T, n_head_kv, d): per head
             k = tap(f"Kcur_normed-{il}", k)
-        k = b.rope(k, positions, **rope)  # (T, n_head_kv, d)
-        q = tap(f"Qcur-{il}", q)
-        k = tap(f"Kcur-{il}", k)
-        v = tap(f"Vcur-{il}", v)
-
-        if q_scale is not None:
-            q = b.scale(q, q_scale)  # (T, n_head, d)
-        if softcap:  # Gemma 2's attention-score soft-capping
-            attn = self_attention(b, cache, il, q, k, v, positions, kq_scale, sliding_window, softcap)
-        else:
-            attn = self_attention(b, cache, il, q, k, v, positions, kq_scale, sliding_window)  # (T, n_head * d_v)
+        attn = None
+        if tap is no_tap and q.shape[0] == 1 and not softcap:  # a decode step nobody taps: one op where fused
+            attn = b.decode_attention(cache, il, q, k, v, positions, rope, kq_scale, q_scale, sliding_window)
+        if attn is None:
+            attn = self._attend(b, il, q, k, v, positions, cache, tap, rope, kq_scale, q_scale, sliding_window,
+                                softcap)  # (T, n_head * d_v)
         attn = tap(f"kqv_out-{il}", attn)
         attn = b.matmul(self.attn_output, attn)  # (T, n_embd)
         if self.attn_output_bias is not None:
@@ -91,6 +87,21 @@ class Attention:
         if tap_attn_out:
             attn = tap(f"attn_out-{il}", attn)
         return attn
+
+    @staticmethod
+    def _attend(b: Backend, il: int, q: Array, k: Array, v: Array, positions: np.ndarray, cache: KVCache, tap: Tap,
+                rope: dict, kq_scale: float, q_scale: float | None, sliding_window: int, softcap: float) -> Array:
+        """RoPE, the ``Qcur``/``Kcur``/``Vcur`` taps, the query scale, then attention over the cache."""
+        q = b.rope(q, positions, **rope)  # (T, n_head, d)
+        k = b.rope(k, positions, **rope)  # (T, n_head_kv, d)
+        q = tap(f"Qcur-{il}", q)
+        k = tap(f"Kcur-{il}", k)
+        v = tap(f"Vcur-{il}", v)
+        if q_scale is not None:
+            q = b.scale(q, q_scale)  # (T, n_head, d)
+        if softcap:  # Gemma 2's attention-score soft-capping
+            return self_attention(b, cache, il, q, k, v, positions, kq_scale, sliding_window, softcap)
+        return self_attention(b, cache, il, q, k, v, positions, kq_scale, sliding_window)  # (T, n_head * d_v)
 
 
 @dataclass

@@ -233,7 +233,8 @@ def _sum4(qs, out):
 
 def quantize_int_row(x: np.ndarray, kind: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """:func:`quantize_int` of one contiguous float32 token ``x (K,)``: its row of each array, 1-D, allocated and
-    filled in one compiled call (the decode fast path: ~1 us here against ~3 us through :func:`quantize_int`)."""
+    filled in one compiled call (``row_<kind>``, which the one-token kernels ``intdot.token_<type>`` call from
+    compiled code; this is their Python entry)."""
     row = _ROW_QUANTIZERS.get(kind)
     if row is None:
         raise ValueError(f"unknown integer activation {kind!r}; known: {', '.join(INT_ACTIVATIONS)}")
@@ -241,14 +242,14 @@ def quantize_int_row(x: np.ndarray, kind: str) -> tuple[np.ndarray, np.ndarray, 
 
 
 @njit(cache=True)
-def _row_q8_0(x):
+def row_q8_0(x):
     qs, d = np.empty((1, x.shape[0]), np.int8), np.empty((1, x.shape[0] // QK8), np.float32)
     quantize_q8_0(x.reshape(1, -1), qs, d)
     return qs[0].view(np.uint8), d[0], np.zeros(0, np.int32)
 
 
 @njit(cache=True)
-def _row_q8_0_sum4(x):
+def row_q8_0_sum4(x):
     qs, d = np.empty((1, x.shape[0]), np.int8), np.empty((1, x.shape[0] // QK8), np.float32)
     sums = np.empty((1, x.shape[0] // 4), np.int32)
     quantize_q8_0(x.reshape(1, -1), qs, d)
@@ -257,7 +258,7 @@ def _row_q8_0_sum4(x):
 
 
 @njit(cache=True)
-def _row_q8_1(x):
+def row_q8_1(x):
     qs, d, s = np.empty((1, x.shape[0]), np.int8), np.empty((1, x.shape[0] // QK8), np.float32), \
         np.empty((1, x.shape[0] // QK8), np.float32)
     quantize_q8_1(x.reshape(1, -1), qs, d, s)
@@ -265,14 +266,14 @@ def _row_q8_1(x):
 
 
 @njit(cache=True)
-def _row_q8_K(x):
+def row_q8_K(x):
     qs, d = np.empty((1, x.shape[0]), np.int8), np.empty((1, x.shape[0] // QK_K), np.float32)
     bsums = np.empty((1, x.shape[0] // 16), np.int16)
     quantize_q8_K(x.reshape(1, -1), qs, d, bsums)
     return qs[0].view(np.uint8), d[0], bsums[0]
 
 
-_ROW_QUANTIZERS = {"q8_0": _row_q8_0, "q8_0_sum4": _row_q8_0_sum4, "q8_1": _row_q8_1, "q8_K": _row_q8_K}
+_ROW_QUANTIZERS = {"q8_0": row_q8_0, "q8_0_sum4": row_q8_0_sum4, "q8_1": row_q8_1, "q8_K": row_q8_K}
 
 
 def quantize_int(x: np.ndarray, kind: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -89,6 +89,7 @@ class Kernels:
     int_activation: str = ""
     matmul_int: Callable | None = None  # the same for T tokens at once (intdot.matmul_*: (w, yq, yd, ya, out (T, N)))
     matmul_tiled: Callable | None = None  # the register-tiled T-token kernel (inttiles.tiled_*, same arguments)
+    matvec_token: Callable | None = None  # one float32 token: quantize + matvec_int in one call ((w, x, out))
 
 
 # tensor type -> its kernels (a type missing here is refused at load time, naming the ones that are present)
@@ -97,23 +98,26 @@ KERNELS: Registry[Kernels] = Registry("tensor type", {
     T.F16: Kernels(floats.matvec_f16, floats.dequant_f16, "f16", 0),
     T.BF16: Kernels(floats.matvec_bf16, floats.dequant_bf16, "bf16", 0),
     T.Q4_0: Kernels(q4.matvec_q4_0, q4.dequant_q4_0, "q8_0", 32, intdot.matvec_q4_0, "q8_0_sum4", intdot.matmul_q4_0,
-                    inttiles.tiled_q4_0),
+                    inttiles.tiled_q4_0, intdot.token_q4_0),
     T.Q4_1: Kernels(q4.matvec_q4_1, q4.dequant_q4_1, "q8_1", 32, intdot.matvec_q4_1, "q8_1", intdot.matmul_q4_1,
-                    inttiles.tiled_q4_1),
+                    inttiles.tiled_q4_1, intdot.token_q4_1),
     T.Q5_0: Kernels(q5.matvec_q5_0, q5.dequant_q5_0, "q8_0", 32, intdot.matvec_q5_0, "q8_0_sum4", intdot.matmul_q5_0,
-                    inttiles.tiled_q5_0),
+                    inttiles.tiled_q5_0, intdot.token_q5_0),
     T.Q5_1: Kernels(q5.matvec_q5_1, q5.dequant_q5_1, "q8_1", 32, intdot.matvec_q5_1, "q8_1", intdot.matmul_q5_1,
-                    inttiles.tiled_q5_1),
+                    inttiles.tiled_q5_1, intdot.token_q5_1),
     T.Q8_0: Kernels(q8_0.matvec_q8_0, q8_0.dequant_q8_0, "q8_0", 0, intdot.matvec_q8_0, "q8_0", intdot.matmul_q8_0,
-                    inttiles.tiled_q8_0),
+                    inttiles.tiled_q8_0, intdot.token_q8_0),
     T.Q2_K: Kernels(k_quants.matvec_q2_k, k_quants.dequant_q2_k, "q8_K", 16),
     T.Q3_K: Kernels(k_quants.matvec_q3_k, k_quants.dequant_q3_k, "q8_K", 16),
     T.Q4_K: Kernels(k_quants.matvec_q4_k, k_quants.dequant_q4_k, "q8_K", 32,
-                    intdot.matvec_q4_k, "q8_K", intdot.matmul_q4_k, inttiles.tiled_q4_k),
+                    intdot.matvec_q4_k, "q8_K", intdot.matmul_q4_k, inttiles.tiled_q4_k,
+                    intdot.token_q4_k),
     T.Q5_K: Kernels(k_quants.matvec_q5_k, k_quants.dequant_q5_k, "q8_K", 32,
-                    intdot.matvec_q5_k, "q8_K", intdot.matmul_q5_k, inttiles.tiled_q5_k),
+                    intdot.matvec_q5_k, "q8_K", intdot.matmul_q5_k, inttiles.tiled_q5_k,
+                    intdot.token_q5_k),
     T.Q6_K: Kernels(k_quants.matvec_q6_k, k_quants.dequant_q6_k, "q8_K", 16,
-                    intdot.matvec_q6_k, "q8_K", intdot.matmul_q6_k, inttiles.tiled_q6_k),
+                    intdot.matvec_q6_k, "q8_K", intdot.matmul_q6_k, inttiles.tiled_q6_k,
+                    intdot.token_q6_k),
 }, base=Kernels, normalize=lambda qtype: T(int(qtype)), unknown="no numba kernel for", listing="supported", quote=False)
 
 # Byte offset of the block min ``m`` (f16) and block size in bytes, for the ggml correction of Q4_1 / Q5_1.
@@ -319,16 +323,15 @@ def matmul(w: QMatrix, x: np.ndarray, numerics: str = "f32") -> np.ndarray:
 def _one_token_int8(w: QMatrix, x) -> bool:
     """A decode step's matmul: one contiguous float32 token, an integer kernel for the type, an int8 CPU."""
     return (isinstance(x, np.ndarray) and x.dtype == np.float32 and x.size == w.n_in and x.flags.c_contiguous
-            and w.kernels.matvec_int is not None and matvec_family() == "int8")
+            and w.kernels.matvec_token is not None and matvec_family() == "int8")
 
 
 def matvec_int_one_token(w: QMatrix, x: np.ndarray) -> np.ndarray:
     """The decode fast path of :func:`matmul` (ggml numerics, one token): what :func:`matmul_by_int_matvec` does
     for ``T = 1`` (the same kernels, so the same bits), without the shape handling around it. A small model's
     decode step makes ~200 of these calls, so the Python work per call is a measurable share of its time."""
-    yq, yd, ya = activations.quantize_int_row(x.reshape(-1), w.kernels.int_activation)
     y = np.empty(w.n_out, np.float32)
-    w.kernels.matvec_int(w.rows, yq, yd, ya, y)
+    w.kernels.matvec_token(w.rows, x.reshape(-1), y)  # activations.quantize_int_row + matvec_int, one call
     return y
 
 

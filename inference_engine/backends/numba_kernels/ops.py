@@ -289,6 +289,39 @@ def attention(q, k, v, positions, kv_len, scale, window, ggml, scalef, f16, out)
                        scale, ggml, scalef, False, out[t], h * dv)
 
 
+@njit(cache=True)
+def rope_attention(q, k, v, cos, sin, n_dims, neox, q_scale, k_rows, v_rows, position, scale, window, ggml, scalef,
+                   f16, out):
+    """A decoded token's attention in one call, the same operations as the ops one by one: :func:`rope` on ``q`` and
+    ``k``, ``q`` times ``q_scale`` in float32 (Gemma's query scale; 1 leaves it as it is), ``k`` and ``v`` written into
+    cache row ``position`` (F16 rounded to nearest even as ggml's ``cpy``, or F32), then :func:`attention` over the
+    rows up to ``position``. ``q (1, H, dk)``, ``k (1, Hkv, dk)``, ``v (1, Hkv, dv)`` float32; ``k_rows`` /
+    ``v_rows`` the whole cache as bytes ``(n_ctx, Hkv * d * esize)``; ``out (1, H * dv)``."""
+    qr, kr = np.empty_like(q), np.empty_like(k)
+    rope(q, cos, sin, n_dims, neox, qr)
+    rope(k, cos, sin, n_dims, neox, kr)
+    if q_scale != _F32(1.0):
+        qflat = qr.reshape(qr.size)
+        for i in range(qflat.shape[0]):
+            qflat[i] = qflat[i] * q_scale
+    _store_row(kr.reshape(kr.size), k_rows[position], f16)
+    _store_row(v.reshape(v.size), v_rows[position], f16)
+    attention(qr, k_rows, v_rows, np.full(1, position, np.int64), position + 1, scale, window, ggml, scalef, f16, out)
+
+
+@njit(inline="always", cache=True)
+def _store_row(x, row, f16):
+    """Float32 values ``x`` into one cache row of bytes, as F16 (nearest even) or F32."""
+    if f16:
+        bits = row.view(np.uint16)
+        for i in range(x.shape[0]):
+            bits[i] = f16_bits(x[i])
+    else:
+        values = row.view(np.float32)
+        for i in range(x.shape[0]):
+            values[i] = x[i]
+
+
 @njit(inline="always", cache=True)
 def _row(rows, base, paged, j):
     return rows[base + j] if paged else j

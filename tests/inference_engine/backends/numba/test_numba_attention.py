@@ -105,3 +105,63 @@ def test_the_backend_takes_the_blocked_kernel_for_prefill(rng, threads, numerics
     finally:
         nx.set_ggml_simd(None)
     _assert_same_bits(reference, got)
+
+
+# --- a decoded token's attention in one call (NumbaBackend.decode_attention -> ops.rope_attention) ----------------
+# (query heads, KV heads, head dim, RoPE: n_dims, neox, with Llama 3 frequency factors; query scale, window, position)
+DECODE_CASES = [
+    (9, 3, 64, 64, False, False, None, 0, 11),  # SmolLM2's head layout: NORM RoPE, no query scale
+    (4, 1, 32, 24, False, True, None, 0, 0),  # a first position; partial rotation; rope_freqs
+    (8, 2, 48, 48, True, False, 0.0625, 5, 17),  # Gemma 3's local layer: NEOX, query scale, sliding window
+    (6, 6, 40, 40, True, False, 0.125, 0, 30),  # group 1
+]
+
+
+@pytest.mark.parametrize("case", DECODE_CASES)
+@pytest.mark.parametrize("kv_type", ["f16", "f32"])
+@pytest.mark.parametrize("numerics", ["ggml", "f32"])
+def test_decode_attention_is_the_ops_one_by_one(rng, case, kv_type, numerics):
+    """RoPE, the query scale, the cache write and attention in one compiled call give the output and the cache rows
+    of the backend's ops one by one (rope, scale, KVCache.update, attention), bit for bit; rows past the token's
+    stay untouched."""
+    from inference_engine.kv_cache import KVCache
+
+    n_head, n_head_kv, d, n_dims, neox, factors, q_scale, window, position = case
+    rope = {"n_dims": n_dims, "freq_base": 10000.0, "neox": neox, "freq_scale": 0.5 if factors else 1.0,
+            "freq_factors": rng.uniform(1.0, 8.0, n_dims // 2).astype(np.float32) if factors else None}
+    backend = NumbaBackend(numerics)
+    caches = [KVCache(backend, [(n_head_kv, d, d)], 64, kv_type) for _ in range(2)]
+    history = rng.standard_normal((position, n_head_kv, d)).astype(np.float32)
+    for cache in caches:  # the same earlier positions in both
+        cache.update(0, 0, history, -history)
+    q = rng.standard_normal((1, n_head, d)).astype(np.float32)
+    k, v = rng.standard_normal((2, 1, n_head_kv, d)).astype(np.float32)
+    positions = np.array([position])
+    fused = backend.decode_attention(caches[0], 0, q, k, v, positions, rope, 0.09, q_scale, window)
+    qr, kr = backend.rope(q, positions, **rope), backend.rope(k, positions, **rope)
+    if q_scale is not None:
+        qr = backend.scale(qr, q_scale)
+    k_all, v_all = caches[1].update(0, position, kr, v)
+    one_by_one = backend.attention(qr, k_all, v_all, positions, position + 1, 0.09, window)
+    _assert_same_bits(fused, one_by_one)
+    for a, b in ((caches[0].k[0], caches[1].k[0]), (caches[0].v[0], caches[1].v[0])):
+        np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))
+
+
+def test_decode_attention_declines_what_it_does_not_fuse(rng):
+    """More than one token, a position past the cache or a cache that is not a plain KVCache: None (the caller runs
+    the ops, and their errors)."""
+    from inference_engine.kv_cache import KVCache
+
+    backend = NumbaBackend("ggml")
+    cache = KVCache(backend, [(2, 16, 16)], 8, "f16")
+    rope = {"n_dims": 16, "freq_base": 10000.0, "neox": False}
+    q, k = rng.standard_normal((2, 2, 4, 16)).astype(np.float32), rng.standard_normal((2, 2, 2, 16)).astype(np.float32)
+    assert backend.decode_attention(cache, 0, q, k, k, np.arange(2), rope, 0.1) is None
+    assert backend.decode_attention(cache, 0, q[:1], k[:1], k[:1], np.array([8]), rope, 0.1) is None
+
+    class OtherCache(KVCache):
+        pass
+
+    other = OtherCache(backend, [(2, 16, 16)], 8, "f16")
+    assert backend.decode_attention(other, 0, q[:1], k[:1], k[:1], np.array([0]), rope, 0.1) is None

@@ -159,10 +159,12 @@ def test_int_matmul_equals_the_matvec_per_token(qtype, rng, oracle):
     assert_matches_libggml(together, oracle.matmul(qtype, rows, x), dequantized(qtype, rows), xv)
 
 
-@pytest.mark.parametrize("qtype", [T.Q4_1, T.Q4_K, T.Q6_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", [t for t in dispatch.KERNELS.names() if dispatch.KERNELS.get(t).matvec_token],
+                         ids=lambda t: t.name)
 def test_one_token_fast_path_is_the_general_int_path(qtype, rng, monkeypatch):
-    """A decode step's matmul (one contiguous token, 1-D or (1, K)) takes matvec_int_one_token, and gives what
-    matmul_by_int_matvec gives for the same token, bit for bit, in the caller's shape."""
+    """A decode step's matmul (one contiguous token, 1-D or (1, K)) takes matvec_int_one_token (the type's
+    ``token_<type>``: quantizer and mat-vec in one call), and gives what matmul_by_int_matvec gives for the same
+    token, bit for bit, in the caller's shape."""
     monkeypatch.setattr(dispatch, "cpu_features", lambda: AVX2)
     w, _ = random_weight(qtype, N_OUT, N_IN, rng)
     x = random_activation(rng, 1, N_IN)
@@ -174,3 +176,9 @@ def test_one_token_fast_path_is_the_general_int_path(qtype, rng, monkeypatch):
     assert len(taken) == 2 and two_d.shape == (1, N_OUT) and one_d.shape == (N_OUT,)
     np.testing.assert_array_equal(two_d, general)
     np.testing.assert_array_equal(one_d, general[0])
+
+
+def test_every_integer_type_has_its_one_token_kernel():
+    """A type with an integer mat-vec but no ``token_<type>`` would leave the decode fast path silently."""
+    types = dispatch.KERNELS.names()
+    assert [t for t in types if dispatch.KERNELS.get(t).matvec_int and not dispatch.KERNELS.get(t).matvec_token] == []
