@@ -15,9 +15,11 @@ import time
 from inference_engine.backends.base import Backend
 from inference_engine.engine import load_engine
 
-# every op the forward pass calls per token: the abstract ones plus matmul_many (a fused run's one call)
+# every op the forward pass calls per token: the abstract ones plus matmul_many (a fused run's one call) and
+# decode_attention (a token's RoPE through attention in one call, where the backend fuses them)
 PROFILED_OPS = sorted(
-    (Backend.__abstractmethods__ | {"matmul_many"}) - {"load_matrix", "load_vector", "load_embedding", "kv_alloc"}
+    (Backend.__abstractmethods__ | {"matmul_many", "decode_attention"})
+    - {"load_matrix", "load_vector", "load_embedding", "kv_alloc"}
 )
 
 
