@@ -13,12 +13,13 @@ import pytest
 from inference_engine.backends import numba_cpu
 from inference_engine.engine import OurEngine
 
-DENSE_ARCHS = ("llama", "qwen2", "qwen3", "gemma3")  # gemma3: query scale, sliding-window layers, NEOX RoPE
+# gemma3: query scale, sliding-window layers, NEOX RoPE; the MoE files use the same attention block
+ARCHS = ("llama", "qwen2", "qwen3", "gemma3", "qwen2moe", "qwen3moe")
 STEPS = 6
 
 
 @pytest.mark.parametrize("kv_type", ["f16", "f32"])
-@pytest.mark.parametrize("arch", DENSE_ARCHS)
+@pytest.mark.parametrize("arch", ARCHS)
 def test_fused_decode_attention_gives_the_ops_logits(tiny_model, monkeypatch, arch, kv_type):
     engine = OurEngine(tiny_model(arch, "Q4_K"), backend="numba", numerics="ggml", n_ctx=64, kv_type=kv_type)
     fused = numba_cpu.NumbaBackend.decode_attention
