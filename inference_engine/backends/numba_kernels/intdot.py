@@ -4,10 +4,11 @@ The activation arrives quantized once per token (:func:`.activations.quantize_in
 block scales ``yd`` and one auxiliary array ``ya`` per type (below). Each weight block is multiplied in integers
 (:mod:`.int8`: 32 quants per ``vpmaddubsw`` on AVX2) and scaled once per block in float32 with the same
 operations, lanes and order as ggml's AVX2 code (ggml-cpu/arch/x86/quants.c), so the result is libggml's value bit
-for bit where libggml runs that code (tested against it). Two rows per iteration share the activation loads; the
-rows are split over threads; the weight stream is prefetched a few KB ahead. ``matvec_<type>`` takes one token;
-``matmul_<type>`` takes ``T`` (prefill): a pair of rows stays in L1 while every token passes by, so each weight
-byte comes from memory once per call, and each output is computed by the same ``pair_<type>`` as in the mat-vec.
+for bit where libggml runs that code (tested against it). Two rows per iteration share the activation loads (Q8_0's
+mat-vec: one row, so its bytes stream in order, see ``matvec_q8_0``); the rows are split over threads; the weight
+stream is prefetched a few KB ahead. ``matvec_<type>`` takes one token; ``matmul_<type>`` takes ``T`` (prefill): a
+pair of rows stays in L1 while every token passes by, so each weight byte comes from memory once per call, and each
+output is computed by the same arithmetic (``pair_<type>``; ``row_dot_q8_0`` is ``pair_q8_0`` for one row).
 
 ==========  ==========================  =====================================================================
 weight      ``ya``                      per block (32 quants) / super-block (256), then ``out = fsum(acc) + c``
