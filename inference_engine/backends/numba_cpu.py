@@ -151,7 +151,8 @@ class NumbaBackend(NumpyBackend):
         return out
 
     def attention(self, q, k, v, q_positions, kv_len, scale, sliding_window=0, softcap=0.0) -> np.ndarray:
-        if softcap or k.dtype != v.dtype or k.dtype not in (np.float32, np.float16):
+        flags = self._attention_flags(k.dtype, v.dtype)
+        if softcap or flags is None:
             # soft-capped scores (Gemma 2) have no kernel here yet: the NumPy reference computes them
             return super().attention(q, k, v, q_positions, kv_len, scale, sliding_window, softcap)
         q = _f32(q)
@@ -167,12 +168,17 @@ class NumbaBackend(NumpyBackend):
             int(kv_len),
             _F32(scale),
             int(sliding_window),
-            self.numerics == "ggml",
-            nx.ggml_simd() == "avx512",
-            k.dtype == np.float16,
+            *flags,
             out,
         )
         return out
+
+    def _attention_flags(self, k_dtype, v_dtype) -> tuple[bool, bool, bool] | None:
+        """The attention kernels' numerics arguments for K / V stored as these types: ggml numerics, AVX-512's
+        exponential (the flavour llama.cpp runs), F16 storage; None where no kernel reads that storage."""
+        if k_dtype != v_dtype or k_dtype not in (np.float32, np.float16):
+            return None
+        return self.numerics == "ggml", nx.ggml_simd() == "avx512", k_dtype == np.float16
 
     def decode_attention(self, cache, il, q, k, v, positions, rope, scale, q_scale=None, sliding_window=0):
         """:func:`~.numba_kernels.ops.rope_attention`: RoPE, the query scale, the cache write and attention in one
@@ -180,8 +186,8 @@ class NumbaBackend(NumpyBackend):
         if type(cache) is not KVCache or q.shape[0] != 1:
             return None
         k_buf, v_buf = cache.k[il], cache.v[il]
-        if (k_buf.dtype != v_buf.dtype or k_buf.dtype not in (np.float32, np.float16)
-                or not 0 <= int(positions[0]) < k_buf.shape[0]):
+        flags = self._attention_flags(k_buf.dtype, v_buf.dtype)
+        if flags is None or not 0 <= int(positions[0]) < k_buf.shape[0]:
             return None  # the ops one by one (and their errors)
         cos, sin = self._rope_angles(positions, rope["n_dims"], rope["freq_base"], rope.get("freq_scale", 1.0),
                                      rope.get("freq_factors"))
@@ -200,9 +206,7 @@ class NumbaBackend(NumpyBackend):
             int(positions[0]),
             _F32(scale),
             int(sliding_window),
-            self.numerics == "ggml",
-            nx.ggml_simd() == "avx512",
-            k_buf.dtype == np.float16,
+            *flags,
             out,
         )
         return out
