@@ -4,11 +4,12 @@ The activation arrives quantized once per token (:func:`.activations.quantize_in
 block scales ``yd`` and one auxiliary array ``ya`` per type (below). Each weight block is multiplied in integers
 (:mod:`.int8`: 32 quants per ``vpmaddubsw`` on AVX2) and scaled once per block in float32 with the same
 operations, lanes and order as ggml's AVX2 code (ggml-cpu/arch/x86/quants.c), so the result is libggml's value bit
-for bit where libggml runs that code (tested against it). Two rows per iteration share the activation loads (Q8_0's
-mat-vec: one row, so its bytes stream in order, see ``matvec_q8_0``); the rows are split over threads; the weight
-stream is prefetched a few KB ahead. ``matvec_<type>`` takes one token; ``matmul_<type>`` takes ``T`` (prefill): a
-pair of rows stays in L1 while every token passes by, so each weight byte comes from memory once per call, and each
-output is computed by the same arithmetic (``pair_<type>``; ``row_dot_q8_0`` is ``pair_q8_0`` for one row).
+for bit where libggml runs that code (tested against it). Two rows per iteration share the activation loads (the
+mat-vecs of Q8_0 and the K-quants: one row, so their bytes stream in order, see ``matvec_q8_0``); the rows are split
+over threads; the weight stream is prefetched a few KB ahead. ``matvec_<type>`` takes one token; ``matmul_<type>``
+takes ``T`` (prefill): a pair of rows stays in L1 while every token passes by, so each weight byte comes from memory
+once per call, and each output is computed by the same arithmetic (``pair_<type>``; ``row_dot_<type>`` is
+``pair_<type>`` for one row).
 
 ==========  ==========================  =====================================================================
 weight      ``ya``                      per block (32 quants) / super-block (256), then ``out = fsum(acc) + c``
@@ -63,6 +64,13 @@ def prefetch_lines(p0, p1, off, size):
     for line in range(0, size, 64):
         prefetch(p0, off + line)
         prefetch(p1, off + line)
+
+
+@njit(inline="always", cache=True)
+def prefetch_span(p0, off, size):
+    """:func:`prefetch_lines` for one row."""
+    for line in range(0, size, 64):
+        prefetch(p0, off + line)
 
 
 # --- Q4_0, Q4_1, Q8_0 ----------------------------------------------------------------------------------------------
@@ -252,6 +260,19 @@ def pair_q4_k(w0, w1, p0, p1, yq, yd, ys):
 
 
 @njit(inline="always", cache=True)
+def row_dot_q4_k(w0, p0, yq, yd, ys):
+    """One Q4_K row: :func:`pair_q4_k`'s arithmetic for a single row (the same bits)."""
+    a0, m0 = fzero(), fzero()
+    for i in range(yd.shape[0]):
+        o = 144 * i
+        prefetch_span(p0, o, 144)
+        t00, t01, t02, t03 = k4_scales(w0, o + 4)
+        m0 = fma_int(-yd[i] * load_f16(w0, o + 2), kmin_pairs(ys, 8 * i, t02, t03), m0)
+        a0 = fma_int(yd[i] * load_f16(w0, o), q4_k_sumi(w0, o, yq, QK_K * i, t00, t01), a0)
+    return fsum(a0) + fsum(m0)
+
+
+@njit(inline="always", cache=True)
 def pair_q5_k(w0, w1, p0, p1, yq, yd, ys):
     """``ys``: the activation's bsum pairs; the min terms as in :func:`pair_q4_k`, summed in integers (ggml's
     Q5_K adds them before the one float multiply-add)."""
@@ -269,6 +290,19 @@ def pair_q5_k(w0, w1, p0, p1, yq, yd, ys):
         a0 = fma_int(yd[i] * load_f16(w0, o), q5_k_sumi(w0, o, yq, QK_K * i, t00, t01), a0)
         a1 = fma_int(yd[i] * load_f16(w1, o), q5_k_sumi(w1, o, yq, QK_K * i, t10, t11), a1)
     return fsum(a0) + c0, fsum(a1) + c1
+
+
+@njit(inline="always", cache=True)
+def row_dot_q5_k(w0, p0, yq, yd, ys):
+    """One Q5_K row: :func:`pair_q5_k`'s arithmetic for a single row (the same bits)."""
+    a0, c0 = fzero(), _F32(0.0)
+    for i in range(yd.shape[0]):
+        o = 176 * i
+        prefetch_span(p0, o, 176)
+        t00, t01, t02, t03 = k4_scales(w0, o + 4)
+        c0 = fma32(-yd[i] * load_f16(w0, o + 2), _F32(ihsum(kmin_pairs(ys, 8 * i, t02, t03))), c0)
+        a0 = fma_int(yd[i] * load_f16(w0, o), q5_k_sumi(w0, o, yq, QK_K * i, t00, t01), a0)
+    return fsum(a0) + c0
 
 
 @njit(inline="always", cache=True)
@@ -301,13 +335,21 @@ def pair_q6_k(w0, w1, p0, p1, yq, yd, ya):
         prefetch_lines(p0, p1, o, 210)
         a0 = fma_int(yd[i] * load_f16(w0, o + 208), q6_k_sumi(w0, o, yq, QK_K * i, ya, i), a0)
         a1 = fma_int(yd[i] * load_f16(w1, o + 208), q6_k_sumi(w1, o, yq, QK_K * i, ya, i), a1)
-    out0 = fsum(a0)
-    out1 = fsum(a1)
-
-    return out0, out1
+    return fsum(a0), fsum(a1)
 
 
-# --- the kernels: one token (decode) and several (prefill), each output computed by the same pair_<type> -----------
+@njit(inline="always", cache=True)
+def row_dot_q6_k(w0, p0, yq, yd, ya):
+    """One Q6_K row: :func:`pair_q6_k`'s arithmetic for a single row (the same bits)."""
+    a0 = fzero()
+    for i in range(yd.shape[0]):
+        o = 210 * i
+        prefetch_span(p0, o, 210)
+        a0 = fma_int(yd[i] * load_f16(w0, o + 208), q6_k_sumi(w0, o, yq, QK_K * i, ya, i), a0)
+    return fsum(a0)
+
+
+# --- the kernels: one token (decode) and several (prefill), each output computed by the same arithmetic ------------
 # Written out per type (not made by a factory): Numba's cache keys a closure by its pickled cell contents, which
 # differ between processes for a captured dispatcher, so factory-made kernels were compiled again in every process.
 
@@ -362,10 +404,12 @@ def matmul_q4_1(w, yq, yd, ya, out):
 
 @njit(parallel=True, cache=True)
 def matvec_q8_0(w, yq, yd, ya, out):
-    # One row at a time, not a pair: each thread then reads its rows' bytes in strictly ascending order, which the
-    # hardware prefetchers follow better than two interleaved rows. Q8_0's arithmetic is light enough that the
-    # weight stream decides its speed: Gemma 3's 178 MB output matrix, 2 threads, 8 alternating runs (AVX2 EPYC):
-    # pairs 14.2 GB/s median, one row 18.0-18.5, a loop that only reads the bytes 17.3.
+    # One row at a time, not a pair (here and in the K-quants' mat-vecs): each thread then reads its rows' bytes in
+    # strictly ascending order, which the hardware prefetchers follow better than two interleaved rows. Measured on
+    # matrices larger than the L3, 2 threads, 8 alternating runs (AVX2 EPYC), median GB/s of weight bytes, pairs ->
+    # one row (a loop that only reads the bytes): Q8_0 178 MB (Gemma 3's output) 14.2 -> 18.0-18.5 (17.3); Q4_K
+    # 35 MB 14.8 -> 17.3 (17.1); Q6_K 52 MB 14.4 -> 20.7 (18.4); Q5_K 8960x1536 x 10 matrices 15.1 -> 17.7. Q4_0, Q4_1
+    # and Q5_0 gained nothing (Q4_1 53 MB 10.5 vs 10.7: their arithmetic limits them), so they keep their pairs.
     n = out.shape[0]
     ahead = rows_ahead(w)
     for r in prange(n):
@@ -392,10 +436,8 @@ def matvec_q4_k(w, yq, yd, ya, out):
     ahead = rows_ahead(w)
     ys = np.empty(ya.shape[0] // 2, np.int16)
     bsum_pairs_into(ya, ys)
-    for g in prange((n + 1) // 2):
-        r0 = 2 * g
-        r1 = min(r0 + 1, n - 1)
-        out[r0], out[r1] = pair_q4_k(w[r0], w[r1], w[min(r0 + ahead, n - 1)], w[min(r1 + ahead, n - 1)], yq, yd, ys)
+    for r in prange(n):  # one row at a time, as matvec_q8_0
+        out[r] = row_dot_q4_k(w[r], w[min(r + ahead, n - 1)], yq, yd, ys)
 
 
 @njit(parallel=True, cache=True)
@@ -419,10 +461,8 @@ def matvec_q5_k(w, yq, yd, ya, out):
     ahead = rows_ahead(w)
     ys = np.empty(ya.shape[0] // 2, np.int16)
     bsum_pairs_into(ya, ys)
-    for g in prange((n + 1) // 2):
-        r0 = 2 * g
-        r1 = min(r0 + 1, n - 1)
-        out[r0], out[r1] = pair_q5_k(w[r0], w[r1], w[min(r0 + ahead, n - 1)], w[min(r1 + ahead, n - 1)], yq, yd, ys)
+    for r in prange(n):  # one row at a time, as matvec_q8_0
+        out[r] = row_dot_q5_k(w[r], w[min(r + ahead, n - 1)], yq, yd, ys)
 
 
 @njit(parallel=True, cache=True)
@@ -444,10 +484,8 @@ def matmul_q5_k(w, yq, yd, ya, out):
 def matvec_q6_k(w, yq, yd, ya, out):
     n = out.shape[0]
     ahead = rows_ahead(w)
-    for g in prange((n + 1) // 2):
-        r0 = 2 * g
-        r1 = min(r0 + 1, n - 1)
-        out[r0], out[r1] = pair_q6_k(w[r0], w[r1], w[min(r0 + ahead, n - 1)], w[min(r1 + ahead, n - 1)], yq, yd, ya)
+    for r in prange(n):  # one row at a time, as matvec_q8_0
+        out[r] = row_dot_q6_k(w[r], w[min(r + ahead, n - 1)], yq, yd, ya)
 
 
 @njit(parallel=True, cache=True)
