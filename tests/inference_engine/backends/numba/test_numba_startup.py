@@ -1,4 +1,5 @@
-"""Numba's start-up without SciPy's linear algebra: the BLAS probe runs on first use, with Numba's own answer."""
+"""Numba's start-up without SciPy's linear algebra (the BLAS probe runs on first use, with Numba's own answer) and
+without a full context refresh to load a cached kernel."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from inference_engine.backends.numba_startup import DeferredBlasCheck
 
@@ -33,7 +36,9 @@ import inference_engine.backends.numba_cpu  # defers the probe
 from inference_engine.backends.numba_kernels import ops
 x = np.ones((1, 8), np.float32)
 out = np.empty_like(x)
-ops.rms_norm(x, np.zeros(0, np.float32), np.float32(1e-6), out)  # loads Numba's registries, as a cold start does
+ops.rms_norm(x, np.zeros(0, np.float32), np.float32(1e-6), out)
+from numba.core.registry import cpu_target
+cpu_target.target_context.refresh()  # Numba's registries, all of them, as a compilation loads them
 import numba.np.arraymath as am
 before = "scipy.linalg" in sys.modules
 answer = bool(am._HAVE_BLAS)
@@ -55,3 +60,72 @@ def test_a_kernel_runs_without_importing_scipy_linalg_and_the_probe_answers_late
     assert got["ok"] and got["kind"] == "DeferredBlasCheck"
     assert not got["scipy_linalg_before"]  # 330 ms and 17 MB a cold start no longer pays
     assert got["answer"] == got["importable"]  # Numba's own verdict, taken on first use
+
+
+LIGHT_LOAD = """
+import json, sys
+import numpy as np
+import numba.core.base
+refreshes = []
+_refresh = numba.core.base.BaseContext.refresh
+def counted(self):
+    refreshes.append(1)
+    return _refresh(self)
+numba.core.base.BaseContext.refresh = counted
+import inference_engine.backends.numba_cpu  # installs the light loader
+import numba.core.caching
+from inference_engine.backends.numba_kernels import ops
+x = np.arange(1, 9, dtype=np.float32).reshape(1, 8)
+out = np.empty_like(x)
+ops.rms_norm(x, np.zeros(0, np.float32), np.float32(1e-6), out)
+after_kernel = len(refreshes)
+arraymath_after_kernel = "numba.np.arraymath" in sys.modules
+expected = x / np.sqrt(np.mean(x.astype(np.float64) ** 2) + 1e-6)
+
+@numba.njit
+def not_cached(a):  # a compilation in the same process: Numba's compiler refreshes the contexts itself
+    return a.sum() * 2.0
+
+print(json.dumps({"light": bool(getattr(numba.core.caching.Cache.load_overload, "lightly", False)),
+                  "arraymath_after_kernel": arraymath_after_kernel,
+                  "hits": sum(ops.rms_norm.stats.cache_hits.values()), "refreshes_after_kernel": after_kernel,
+                  "close": bool(np.allclose(out, expected, rtol=1e-6)), "compiled": float(not_cached(x)),
+                  "refreshes_after_compile": len(refreshes), "again": bool(np.array_equal(
+                      out, (ops.rms_norm(x, np.zeros(0, np.float32), np.float32(1e-6), out), out)[1]))}))
+"""
+
+
+def _run_light_load() -> dict:
+    proc = subprocess.run([sys.executable, "-c", LIGHT_LOAD], check=False, capture_output=True, text=True, cwd=REPO,
+                          timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_a_cached_kernel_loads_without_a_context_refresh_and_compiling_still_works():
+    _run_light_load()  # the first run may have compiled the kernel (and written the cache): the second loads it
+    got = _run_light_load()
+    if not got["light"]:
+        pytest.skip("this Numba's Cache.load_overload differs from the one the light loader replaces")
+    assert got["hits"] >= 1 and got["refreshes_after_kernel"] == 0  # loaded from the cache, no refresh
+    assert not got["arraymath_after_kernel"]  # nor Numba's implementation modules
+    assert got["close"] and got["again"]
+    assert got["compiled"] == 72.0 and got["refreshes_after_compile"] >= 1  # a compilation refreshes, as before
+
+
+def test_the_light_loader_is_installed_once_and_only_over_the_expected_source(monkeypatch):
+    import numba.core.caching as caching
+
+    from inference_engine.backends import numba_startup
+
+    def other(self, sig, target_context):  # a Numba whose method reads differently
+        return None
+
+    monkeypatch.setattr(caching.Cache, "load_overload", other)
+    assert numba_startup.load_cached_kernels_lightly() is False
+    assert caching.Cache.load_overload is other
+    monkeypatch.setattr(numba_startup, "LOAD_OVERLOAD_SOURCE", numba_startup.textwrap.dedent(
+        numba_startup.inspect.getsource(other)))
+    assert numba_startup.load_cached_kernels_lightly() is True
+    assert caching.Cache.load_overload is numba_startup._load_overload_lightly
+    assert numba_startup.load_cached_kernels_lightly() is False  # already installed
