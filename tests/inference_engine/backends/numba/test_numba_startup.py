@@ -53,8 +53,8 @@ print(json.dumps({"scipy_linalg_before": before, "answer": answer, "importable":
 
 
 def test_a_kernel_runs_without_importing_scipy_linalg_and_the_probe_answers_later():
-    proc = subprocess.run([sys.executable, "-c", PROBE], check=False, capture_output=True, text=True, cwd=REPO, timeout=300,
-                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    proc = subprocess.run([sys.executable, "-c", PROBE], check=False, capture_output=True, text=True, cwd=REPO,
+                          timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)})
     assert proc.returncode == 0, proc.stderr[-2000:]
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     assert got["ok"] and got["kind"] == "DeferredBlasCheck"
