@@ -31,7 +31,6 @@ The machine may be shared: every figure is the best of ``--repeat`` runs; ``--th
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -49,7 +48,10 @@ from gguf import GGMLQuantizationType as T
 from inference_engine.backends.numba_kernels import activations, blocked
 from inference_engine.backends.numba_kernels import dispatch as mm
 from inference_engine.cpu_features import cpu_features
+from inference_engine.errors import GGUFParityError
+from inference_engine.model_cache import get_named_model
 from inference_engine.quants import quant_for
+from validation.atomic import atomic_write_json
 
 MODELS = ("smollm2-135m", "gemma3-270m")
 SECTIONS = ("types", "decode", "prefill", "int_prefill", "compile")
@@ -471,6 +473,13 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--threads must be 1..{numba.config.NUMBA_NUM_THREADS}")
     if args.cpu_time and args.threads != 1:
         p.error("--cpu-time needs --threads 1 (the CPU time of several threads adds up; it is not a duration)")
+    if args.repeat < 1:
+        p.error("--repeat must be at least 1")
+    for name in args.models:
+        try:
+            get_named_model(name)
+        except GGUFParityError as exc:
+            p.error(f"--models: {exc}")
     numba.set_num_threads(args.threads)
     rng = np.random.default_rng(0)
     blas = os.environ.get("OPENBLAS_NUM_THREADS", "default (all cores)")
@@ -492,9 +501,9 @@ def main(argv: list[str] | None = None) -> int:
         if section in args.only:
             results[section] = globals()[f"section_{section}"](args, rng)
     if args.json:
-        with open(args.json, "w") as fh:
-            json.dump({"threads": args.threads, "repeat": args.repeat, "cpu": cpu.as_dict(),
-                       "read_gb_per_s": {"1": bw1, str(args.threads): args.bandwidth}, **results}, fh, indent=1)
+        atomic_write_json(args.json, {"threads": args.threads, "repeat": args.repeat, "cpu": cpu.as_dict(),
+                                      "read_gb_per_s": {"1": bw1, str(args.threads): args.bandwidth}, **results},
+                          indent=1)
     return 0
 
 
