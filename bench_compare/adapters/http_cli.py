@@ -13,8 +13,9 @@ from pathlib import Path
 import click
 
 from bench_compare import engines
-from validation.atomic import atomic_write_json, atomic_write_text
+from bench_compare.interrupts import remember_interrupts
 from inference_engine.errors import GGUFParityError
+from validation.atomic import atomic_write_json, atomic_write_text
 
 AGAINST_CHOICES = ("llamacpp-server", "llamacpp", "none")
 
@@ -77,12 +78,16 @@ def run_compare(*, spec: engines.EngineSpec, against: str, model: str, threads: 
         measured = http_bench.Measurements()
         n_runs = (cfg.warmup * len(sides) + len(http_bench._tests(cfg)) * cfg.reps * len(sides)
                   + len(cfg.concurrency) * len(sides))
-        from tqdm import tqdm
         import sys
+
+        from tqdm import tqdm
 
         bar = tqdm(total=n_runs, file=sys.stderr, disable=not progress, desc="http compare", leave=False)
 
+        interrupts = stack.enter_context(remember_interrupts())
+
         def advance(desc: str) -> None:
+            interrupts.check()  # a Ctrl-C that an HTTP stream's finalizer swallowed stops the run here
             bar.set_description(desc)
             bar.update(1)
 

@@ -8,12 +8,16 @@ small wrapper script written here (no hook in the product code).
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 import pytest
+
+from bench_compare.interrupts import remember_interrupts
 
 REPO = Path(__file__).resolve().parents[2]
 # A child that loads a tiny model and is interrupted early finishes in seconds; a minute means it hung.
@@ -130,3 +134,57 @@ def test_interrupt_during_a_generation_stream(tiny_model, tmp_path):
     done = run_child(tmp_path, setup, "generate", "Hello", "--model", tiny_model("llama"), "-n", 50)
     assert_interrupted(done)
     assert done.stdout != ""  # what was generated before Ctrl-C is kept
+
+
+# --- bench_compare.interrupts: a Ctrl-C swallowed by a finalizer still stops the run at the next check ---------
+class SignalsInItsFinalizer:
+    def __del__(self):
+        os.kill(os.getpid(), signal.SIGINT)
+        for _ in range(10_000):  # the handler runs here, inside the finalizer, and Python drops its exception
+            pass
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # the swallowing is the point
+def test_an_interrupt_a_finalizer_swallowed_is_raised_at_the_next_check():
+    with remember_interrupts() as memory:
+        memory.check()  # nothing yet
+        SignalsInItsFinalizer()  # finalized at once: "Exception ignored in ... __del__"
+        assert memory.received
+        with pytest.raises(KeyboardInterrupt):
+            memory.check()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # Python's own handler is back
+
+
+def test_an_interrupt_raises_at_once_as_pythons_own_handler_does():
+    with remember_interrupts() as memory, pytest.raises(KeyboardInterrupt):
+        os.kill(os.getpid(), signal.SIGINT)
+        for _ in range(10_000_000):
+            pass
+    assert memory.received
+
+
+def test_another_handler_is_left_alone():
+    def theirs(signum, frame):
+        pass
+
+    previous = signal.signal(signal.SIGINT, theirs)
+    try:
+        with remember_interrupts() as memory:
+            assert signal.getsignal(signal.SIGINT) is theirs
+            memory.check()  # a no-op: nothing is recorded without our handler
+        assert signal.getsignal(signal.SIGINT) is theirs
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def test_off_the_main_thread_nothing_is_installed():
+    seen = []
+
+    def worker():
+        with remember_interrupts() as memory:
+            seen.append((signal.getsignal(signal.SIGINT), memory.received))
+
+    t = threading.Thread(target=worker)
+    t.start()
+    t.join()
+    assert seen == [(signal.default_int_handler, False)]
