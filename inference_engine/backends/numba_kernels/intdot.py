@@ -4,12 +4,12 @@ The activation arrives quantized once per token (:func:`.activations.quantize_in
 block scales ``yd`` and one auxiliary array ``ya`` per type (below). Each weight block is multiplied in integers
 (:mod:`.int8`: 32 quants per ``vpmaddubsw`` on AVX2) and scaled once per block in float32 with the same
 operations, lanes and order as ggml's AVX2 code (ggml-cpu/arch/x86/quants.c), so the result is libggml's value bit
-for bit where libggml runs that code (tested against it). Two rows per iteration share the activation loads (the
-mat-vecs of Q8_0 and the K-quants: one row, so their bytes stream in order, see ``matvec_q8_0``); the rows are split
-over threads; the weight stream is prefetched a few KB ahead. ``matvec_<type>`` takes one token; ``matmul_<type>``
-takes ``T`` (prefill): a pair of rows stays in L1 while every token passes by, so each weight byte comes from memory
-once per call, and each output is computed by the same arithmetic (``pair_<type>``; ``row_dot_<type>`` is
-``pair_<type>`` for one row).
+for bit where libggml runs that code (tested against it). Q4_0, Q4_1, Q5_0 and Q5_1 take two rows per iteration,
+which share the activation loads (``pair_<type>``); Q8_0 and the K-quants one row (``row_dot_<type>``), so each
+thread's bytes stream in order (see ``matvec_q8_0``). The rows are split over threads; the weight stream is
+prefetched a few KB ahead. ``matvec_<type>`` takes one token; ``matmul_<type>`` takes ``T`` (prefill, with
+``dispatch.INT_PREFILL``): the row or pair stays in L1 while every token passes by, so each weight byte comes from
+memory once per call, and each output is computed by the same function as in the mat-vec.
 
 ==========  ==========================  =====================================================================
 weight      ``ya``                      per block (32 quants) / super-block (256), then ``out = fsum(acc) + c``
@@ -60,15 +60,8 @@ _KMASK1, _KMASK2, _KMASK3 = np.uint32(0x3F3F3F3F), np.uint32(0x0F0F0F0F), np.uin
 
 
 @njit(inline="always", cache=True)
-def prefetch_lines(p0, p1, off, size):
-    for line in range(0, size, 64):
-        prefetch(p0, off + line)
-        prefetch(p1, off + line)
-
-
-@njit(inline="always", cache=True)
 def prefetch_span(p0, off, size):
-    """:func:`prefetch_lines` for one row."""
+    """The cache lines of ``size`` bytes at ``off`` of a row ahead."""
     for line in range(0, size, 64):
         prefetch(p0, off + line)
 
@@ -147,22 +140,8 @@ def pair_q4_1(w0, w1, p0, p1, yq, yd, ya):
 
 
 @njit(inline="always", cache=True)
-def pair_q8_0(w0, w1, p0, p1, yq, yd, ya):
-    nb = yd.shape[0]
-    a0, a1 = fzero(), fzero()
-    for b in range(nb):
-        o = 34 * b
-        prefetch(p0, o)
-        prefetch(p1, o)
-        y = load32(yq, 32 * b)
-        a0 = fma_int(load_f16(w0, o) * yd[b], dot4_signed(load32(w0, o + 2), y), a0)
-        a1 = fma_int(load_f16(w1, o) * yd[b], dot4_signed(load32(w1, o + 2), y), a1)
-    return fsum(a0), fsum(a1)
-
-
-@njit(inline="always", cache=True)
 def row_dot_q8_0(w0, p0, yq, yd):
-    """One Q8_0 row: :func:`pair_q8_0`'s arithmetic for a single row (the same bits)."""
+    """One Q8_0 row."""
     a0 = fzero()
     for b in range(yd.shape[0]):
         o = 34 * b
@@ -238,30 +217,11 @@ def q5_k_sumi(row, o, yq, e, t0, t1):
 
 
 @njit(inline="always", cache=True)
-def pair_q4_k(w0, w1, p0, p1, yq, yd, ys):
-    """``ys``: the activation's bsum pairs (:func:`bsum_pairs`). The four min terms of a super-block come from one
-    ``vpmaddwd`` (:func:`.int8.kmin_pairs`, ggml's ``madd(mins, hadd(bsums))``) and accumulate per lane in
-    ``m0`` / ``m1`` (lanes 4..7 stay +0, so ``fsum`` gives ggml's ``(m0 + m2) + (m1 + m3)``). Against the same
-    integers made with scalars per row: 1.3-1.5x the GB/s on Qwen2.5-1.5B's Q4_K matrices (2 threads, AVX2 EPYC)."""
-    nsb = yd.shape[0]
-    a0, a1 = fzero(), fzero()
-    m0, m1 = fzero(), fzero()
-    for i in range(nsb):
-        o = 144 * i
-        prefetch_lines(p0, p1, o, 144)
-        t00, t01, t02, t03 = k4_scales(w0, o + 4)
-        t10, t11, t12, t13 = k4_scales(w1, o + 4)
-        dmin0, dmin1 = -yd[i] * load_f16(w0, o + 2), -yd[i] * load_f16(w1, o + 2)
-        m0 = fma_int(dmin0, kmin_pairs(ys, 8 * i, t02, t03), m0)
-        m1 = fma_int(dmin1, kmin_pairs(ys, 8 * i, t12, t13), m1)
-        a0 = fma_int(yd[i] * load_f16(w0, o), q4_k_sumi(w0, o, yq, QK_K * i, t00, t01), a0)
-        a1 = fma_int(yd[i] * load_f16(w1, o), q4_k_sumi(w1, o, yq, QK_K * i, t10, t11), a1)
-    return fsum(a0) + fsum(m0), fsum(a1) + fsum(m1)
-
-
-@njit(inline="always", cache=True)
 def row_dot_q4_k(w0, p0, yq, yd, ys):
-    """One Q4_K row: :func:`pair_q4_k`'s arithmetic for a single row (the same bits)."""
+    """One Q4_K row. ``ys``: the activation's bsum pairs (:func:`bsum_pairs`). The four min terms of a super-block
+    come from one ``vpmaddwd`` (:func:`.int8.kmin_pairs`, ggml's ``madd(mins, hadd(bsums))``) and accumulate per lane
+    in ``m0`` (lanes 4..7 stay +0, so ``fsum`` gives ggml's ``(m0 + m2) + (m1 + m3)``). Against the same integers
+    made with scalars per row: 1.3-1.5x the GB/s on Qwen2.5-1.5B's Q4_K matrices (2 threads, AVX2 EPYC)."""
     a0, m0 = fzero(), fzero()
     for i in range(yd.shape[0]):
         o = 144 * i
@@ -273,28 +233,9 @@ def row_dot_q4_k(w0, p0, yq, yd, ys):
 
 
 @njit(inline="always", cache=True)
-def pair_q5_k(w0, w1, p0, p1, yq, yd, ys):
-    """``ys``: the activation's bsum pairs; the min terms as in :func:`pair_q4_k`, summed in integers (ggml's
-    Q5_K adds them before the one float multiply-add)."""
-    nsb = yd.shape[0]
-    a0, a1 = fzero(), fzero()
-    c0, c1 = _F32(0.0), _F32(0.0)
-    for i in range(nsb):
-        o = 176 * i
-        prefetch_lines(p0, p1, o, 176)
-        t00, t01, t02, t03 = k4_scales(w0, o + 4)
-        t10, t11, t12, t13 = k4_scales(w1, o + 4)
-        dmin0, dmin1 = -yd[i] * load_f16(w0, o + 2), -yd[i] * load_f16(w1, o + 2)
-        c0 = fma32(dmin0, _F32(ihsum(kmin_pairs(ys, 8 * i, t02, t03))), c0)
-        c1 = fma32(dmin1, _F32(ihsum(kmin_pairs(ys, 8 * i, t12, t13))), c1)
-        a0 = fma_int(yd[i] * load_f16(w0, o), q5_k_sumi(w0, o, yq, QK_K * i, t00, t01), a0)
-        a1 = fma_int(yd[i] * load_f16(w1, o), q5_k_sumi(w1, o, yq, QK_K * i, t10, t11), a1)
-    return fsum(a0) + c0, fsum(a1) + c1
-
-
-@njit(inline="always", cache=True)
 def row_dot_q5_k(w0, p0, yq, yd, ys):
-    """One Q5_K row: :func:`pair_q5_k`'s arithmetic for a single row (the same bits)."""
+    """One Q5_K row. ``ys``: the activation's bsum pairs; the min terms as in :func:`row_dot_q4_k`, summed in
+    integers (ggml's Q5_K adds them before the one float multiply-add)."""
     a0, c0 = fzero(), _F32(0.0)
     for i in range(yd.shape[0]):
         o = 176 * i
@@ -327,20 +268,8 @@ def q6_k_sumi(row, o, yq, e, ys, i):
 
 
 @njit(inline="always", cache=True)
-def pair_q6_k(w0, w1, p0, p1, yq, yd, ya):
-    nsb = yd.shape[0]
-    a0, a1 = fzero(), fzero()
-    for i in range(nsb):
-        o = 210 * i
-        prefetch_lines(p0, p1, o, 210)
-        a0 = fma_int(yd[i] * load_f16(w0, o + 208), q6_k_sumi(w0, o, yq, QK_K * i, ya, i), a0)
-        a1 = fma_int(yd[i] * load_f16(w1, o + 208), q6_k_sumi(w1, o, yq, QK_K * i, ya, i), a1)
-    return fsum(a0), fsum(a1)
-
-
-@njit(inline="always", cache=True)
 def row_dot_q6_k(w0, p0, yq, yd, ya):
-    """One Q6_K row: :func:`pair_q6_k`'s arithmetic for a single row (the same bits)."""
+    """One Q6_K row."""
     a0 = fzero()
     for i in range(yd.shape[0]):
         o = 210 * i
@@ -420,14 +349,11 @@ def matvec_q8_0(w, yq, yd, ya, out):
 def matmul_q8_0(w, yq, yd, ya, out):
     n = out.shape[1]
     ahead = rows_ahead(w)
-    for g in prange((n + 1) // 2):
-        r0 = 2 * g
-        r1 = min(r0 + 1, n - 1)
-        w0, w1 = w[r0], w[r1]
+    for r in prange(n):
+        w0 = w[r]
         for t in range(yq.shape[0]):
-            p0 = w[min(r0 + ahead, n - 1)] if t == 0 else w0
-            p1 = w[min(r1 + ahead, n - 1)] if t == 0 else w1
-            out[t, r0], out[t, r1] = pair_q8_0(w0, w1, p0, p1, yq[t], yd[t], ya[t])
+            p0 = w[min(r + ahead, n - 1)] if t == 0 else w0
+            out[t, r] = row_dot_q8_0(w0, p0, yq[t], yd[t])
 
 
 @njit(parallel=True, cache=True)
@@ -445,14 +371,11 @@ def matmul_q4_k(w, yq, yd, ya, out):
     n = out.shape[1]
     ahead = rows_ahead(w)
     ys = bsum_pairs(ya)
-    for g in prange((n + 1) // 2):
-        r0 = 2 * g
-        r1 = min(r0 + 1, n - 1)
-        w0, w1 = w[r0], w[r1]
+    for r in prange(n):
+        w0 = w[r]
         for t in range(yq.shape[0]):
-            p0 = w[min(r0 + ahead, n - 1)] if t == 0 else w0
-            p1 = w[min(r1 + ahead, n - 1)] if t == 0 else w1
-            out[t, r0], out[t, r1] = pair_q4_k(w0, w1, p0, p1, yq[t], yd[t], ys[t])
+            p0 = w[min(r + ahead, n - 1)] if t == 0 else w0
+            out[t, r] = row_dot_q4_k(w0, p0, yq[t], yd[t], ys[t])
 
 
 @njit(parallel=True, cache=True)
@@ -470,14 +393,11 @@ def matmul_q5_k(w, yq, yd, ya, out):
     n = out.shape[1]
     ahead = rows_ahead(w)
     ys = bsum_pairs(ya)
-    for g in prange((n + 1) // 2):
-        r0 = 2 * g
-        r1 = min(r0 + 1, n - 1)
-        w0, w1 = w[r0], w[r1]
+    for r in prange(n):
+        w0 = w[r]
         for t in range(yq.shape[0]):
-            p0 = w[min(r0 + ahead, n - 1)] if t == 0 else w0
-            p1 = w[min(r1 + ahead, n - 1)] if t == 0 else w1
-            out[t, r0], out[t, r1] = pair_q5_k(w0, w1, p0, p1, yq[t], yd[t], ys[t])
+            p0 = w[min(r + ahead, n - 1)] if t == 0 else w0
+            out[t, r] = row_dot_q5_k(w0, p0, yq[t], yd[t], ys[t])
 
 
 @njit(parallel=True, cache=True)
@@ -492,14 +412,11 @@ def matvec_q6_k(w, yq, yd, ya, out):
 def matmul_q6_k(w, yq, yd, ya, out):
     n = out.shape[1]
     ahead = rows_ahead(w)
-    for g in prange((n + 1) // 2):
-        r0 = 2 * g
-        r1 = min(r0 + 1, n - 1)
-        w0, w1 = w[r0], w[r1]
+    for r in prange(n):
+        w0 = w[r]
         for t in range(yq.shape[0]):
-            p0 = w[min(r0 + ahead, n - 1)] if t == 0 else w0
-            p1 = w[min(r1 + ahead, n - 1)] if t == 0 else w1
-            out[t, r0], out[t, r1] = pair_q6_k(w0, w1, p0, p1, yq[t], yd[t], ya[t])
+            p0 = w[min(r + ahead, n - 1)] if t == 0 else w0
+            out[t, r] = row_dot_q6_k(w0, p0, yq[t], yd[t], ya[t])
 
 
 @njit(parallel=True, cache=True)

@@ -14,11 +14,11 @@ rows in one loop). The min terms of Q4_K / Q5_K are computed in vector code (:fu
 (:func:`.intdot.bsum_pairs`) instead of once per row and token: 10-15% off the Q4_K tile's CPU time here. The
 K-quants then take blocks of 8 tokens per row (:func:`row8_q4_k`...) before the 4-token tiles: see the section below.
 
-Every output's arithmetic is :mod:`.intdot`'s ``pair_<type>``: the same integer block dot (integer sums in any
-order are the same integers) and the same float steps in the same order (block scale product, ``fma_int``, the
-constant terms, ``fsum``), so the outputs equal the mat-vec's bit for bit, hence libggml's AVX2 ``vec_dot``
-(tested). Remainder tokens (``T`` not a multiple of 4) repeat the last token in the tile (its outputs are
-written again with the same value); an odd last row is paired with itself, as in the mat-vec.
+Every output's arithmetic is :mod:`.intdot`'s ``pair_<type>`` / ``row_dot_<type>``: the same integer block dot
+(integer sums in any order are the same integers) and the same float steps in the same order (block scale product,
+``fma_int``, the constant terms, ``fsum``), so the outputs equal the mat-vec's bit for bit, hence libggml's AVX2
+``vec_dot`` (tested). Remainder tokens (``T`` not a multiple of 4) repeat the last token in the tile (its outputs are
+written again with the same value); an odd last row is paired with itself, as in the pair kernels.
 
 Loop order: the rows are split over threads in groups of ``GROUP_ROWS`` (their weights, up to ~120 KB, stay in L2
 while all token tiles pass); within a group, for each tile of 4 tokens (its activations: 4 x n_in bytes, in L1
@@ -227,7 +227,7 @@ def q5_k_quants(row, o, j):
 
 @njit(inline="always", cache=True)
 def close_q4_k(row, o, ydi, ys, i, t_mlo, t_mhi, sumi, st):
-    """pair_q4_k's per-super-block float steps for one output; state (acc, macc): ``macc`` holds pair_q4_k's
+    """row_dot_q4_k's per-super-block float steps for one output; state (acc, macc): ``macc`` holds row_dot_q4_k's
     four min accumulators m0..m3 in lanes 0..3 (lanes 4..7 stay +0, so ``fsum(macc)`` is its
     ``(m0 + m2) + (m1 + m3)``), updated by the same one-rounding ``fma(dmin, s_k, m_k)`` per lane."""
     dmin = -ydi * load_f16(row, o + 2)
@@ -241,7 +241,7 @@ def final_q4_k(st):
 
 @njit(inline="always", cache=True)
 def close_q5_k(row, o, ydi, ys, i, t_mlo, t_mhi, sumi, st):
-    """pair_q5_k's per-super-block float steps for one output; state (acc, c)."""
+    """row_dot_q5_k's per-super-block float steps for one output; state (acc, c)."""
     dmin = -ydi * load_f16(row, o + 2)
     mins = _F32(ihsum(kmin_pairs(ys, 8 * i, t_mlo, t_mhi)))
     return fma_int(ydi * load_f16(row, o), sumi, st[0]), fma32(dmin, mins, st[1])
