@@ -171,6 +171,27 @@ class Backend(ABC):
         model's decode step the per-call costs of those five ops are a measurable part of the token."""
         return None
 
+    def decode_layer(
+        self,
+        layer: Any,
+        hp: Any,
+        x: Array,
+        il: int,
+        positions: np.ndarray,
+        cache: Any,
+        rope: dict,
+        kq_scale: float,
+    ) -> Array | None:
+        """A decoded token through a whole pre-norm decoder layer as one op, where the backend has one: ``layer`` a
+        :class:`~inference_engine.models.blocks.PreNormLayer` (``hp`` its model's hyperparameters), ``x (1,
+        n_embd)`` the residual stream before it; returns the stream after it, the same values as the model's ops one
+        by one (RMSNorm, the Q/K/V projections and biases, the per-head Q/K norms, :meth:`decode_attention`, the
+        output projection, the residual add, RMSNorm, the SwiGLU feed-forward, the residual add). The llama, qwen2 and
+        qwen3 layer loops ask this for a single token that nothing taps; ``None`` (the default, and whenever a
+        backend cannot fuse this layer) makes them run the ops. For a small model's decode step the calls between
+        those ops cost more than the arithmetic in them."""
+        return None
+
     @abstractmethod
     def swiglu(self, gate: Array, up: Array) -> Array:
         """``silu(gate) * up`` (llama.cpp ``ggml_swiglu_split``)."""

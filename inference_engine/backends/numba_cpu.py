@@ -19,6 +19,8 @@ n_threads)`` imports this module and instantiates :class:`NumbaBackend`).
   ``PARALLEL_ROWS`` tokens on (prefill) the element-wise ops split rows over threads.
 - ``decode_attention`` (one untapped token): RoPE on q and k, the query scale, the cache write and attention in one
   compiled call (``ops.rope_attention``), the same bits as those ops one by one.
+- ``decode_layer`` (one untapped token through a llama / qwen2 / qwen3 layer): the whole layer, the same kernels
+  called from one compiled function (``numba_kernels.decode_layer.prenorm_layer``), the same bits as the ops.
 - ``add``, ``scale``, the RoPE angle cache and the KV cache are inherited from the NumPy reference.
 
 ``n_threads`` sets Numba's thread count (``numba.set_num_threads``) for every kernel; it cannot exceed the number
@@ -28,6 +30,7 @@ Numba started with (``NUMBA_NUM_THREADS``, by default the number of cores).
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import numba
 import numpy as np
@@ -39,8 +42,8 @@ numba_startup.load_cached_kernels_lightly()  # a cached kernel loads without Num
 malloc_threshold.pin_mmap_threshold()  # LLVM's freed multi-MiB blocks go back to the OS, not stay in the heap
 
 from inference_engine.backends import numerics as nx
+from inference_engine.backends.numba_kernels import decode_layer, ops
 from inference_engine.backends.numba_kernels import dispatch as kernels
-from inference_engine.backends.numba_kernels import ops
 from inference_engine.backends.numpy_ref import NumpyBackend
 from inference_engine.errors import GGUFParityError
 from inference_engine.gguf_file import TensorInfo
@@ -51,6 +54,7 @@ class NumbaBackend(NumpyBackend):
     name = "numba"
     copy_weights = True  # False: compute on the memory-mapped file (no extra memory, slower streaming)
     fuse_matrices = True  # False: every weight its own buffer and its own matmul (load_matrices)
+    fuse_layers = True  # False: a decoded token runs each layer's ops one by one (decode_layer)
 
     def __init__(self, numerics: str = "f32", n_threads: int | None = None):
         super().__init__(numerics, n_threads)
@@ -58,6 +62,7 @@ class NumbaBackend(NumpyBackend):
         self._matrices: dict[str, kernels.QMatrix] = {}
         self._fused: dict[int, kernels.FusedMatrices] = {}  # id of a fused run's first part -> the run
         self._runs: dict[tuple[int, ...], tuple] = {}  # ids of matmul_many's weights -> its runs (_fused_runs)
+        self._layer_plans: dict[int, tuple] = {}  # id of a layer -> (the layer, its _LayerPlan or None)
         self.description = (
             f"Numba {numba.__version__} fused quantized kernels on {self.n_threads} threads, "
             f"NumPy {np.__version__} elsewhere, {numerics} numerics"
@@ -212,6 +217,71 @@ class NumbaBackend(NumpyBackend):
         )
         return out
 
+    def decode_layer(self, layer, hp, x, il, positions, cache, rope, kq_scale):
+        """:func:`~.numba_kernels.decode_layer.prenorm_layer`: the whole layer in one compiled call, for a
+        :class:`~inference_engine.kv_cache.KVCache` of this backend's arrays, where every projection has a one-token
+        integer kernel (ggml numerics on an int8 CPU) and the layer is one that kernel computes
+        (:meth:`_layer_plan`)."""
+        if not self.fuse_layers or type(cache) is not KVCache or x.shape[0] != 1:
+            return None
+        entry = self._layer_plans.get(id(layer))
+        if entry is None or entry[0] is not layer:
+            entry = self._layer_plans[id(layer)] = (layer, self._layer_plan(layer, hp))  # holding layer keeps its id
+        plan = entry[1]
+        k_buf, v_buf = cache.k[il], cache.v[il]
+        flags = self._attention_flags(k_buf.dtype, v_buf.dtype)
+        if plan is None or flags is None or not 0 <= int(positions[0]) < k_buf.shape[0]:
+            return None  # the ops one by one (and their errors)
+        cos, sin = self._rope_angles(positions, rope["n_dims"], rope["freq_base"], rope.get("freq_scale", 1.0),
+                                     rope.get("freq_factors"))
+        return decode_layer.prenorm_layer(
+            _f32(x), *plan.before_attention, cos, sin, int(rope["n_dims"]), bool(rope["neox"]),
+            k_buf.view(np.uint8).reshape(k_buf.shape[0], -1), v_buf.view(np.uint8).reshape(v_buf.shape[0], -1),
+            int(positions[0]), _F32(kq_scale), *flags, *plan.after_attention)
+
+    def _layer_plan(self, layer, hp) -> _LayerPlan | None:
+        """The weights of ``layer`` as :func:`~.numba_kernels.decode_layer.prenorm_layer` takes them, or None where
+        it does not compute that layer as the ops do: f32 numerics or a CPU without the integer kernels, a weight
+        type without a one-token kernel, Q/K/V or gate/up in more than two runs, only some of the Q/K/V biases or
+        only one of the Q/K norms, a feed-forward that is not a dense gated one."""
+        attn, ffn = layer.attn, layer.ffn
+        if self.numerics != "ggml" or kernels.matvec_family() != "int8" or not hasattr(ffn, "ffn_down"):
+            return None
+        q, k, v = attn.qkv.attn_q, attn.qkv.attn_k, attn.qkv.attn_v
+        shapes = (hp.n_head * hp.head_dim_k, hp.n_head_kv * hp.head_dim_k, hp.n_head_kv * hp.head_dim_v)
+        if (q.n_out, k.n_out, v.n_out) != shapes or ffn.ffn_gate.n_out != ffn.ffn_up.n_out:
+            return None  # shapes the model's own reshapes refuse: let them
+        qkv, o, gate_up, down = (self._token_runs((q, k, v)),
+                                 self._token_runs((attn.attn_output,)), self._token_runs((ffn.ffn_gate, ffn.ffn_up)),
+                                 self._token_runs((ffn.ffn_down,)))
+        biases = (attn.qkv.attn_q_bias, attn.qkv.attn_k_bias, attn.qkv.attn_v_bias)
+        norms = (attn.attn_q_norm, attn.attn_k_norm)
+        if None in (qkv, o, gate_up, down) or len({b is None for b in biases}) > 1:
+            return None
+        if len({n is None for n in norms}) > 1:
+            return None
+        qkv_bias = _NO_WEIGHT if biases[0] is None else np.concatenate([_f32(b).reshape(-1) for b in biases])
+        q_norm, k_norm = (_NO_WEIGHT, _NO_WEIGHT) if norms[0] is None else (_f32(norms[0]), _f32(norms[1]))
+        o_bias = _NO_WEIGHT if attn.attn_output_bias is None else _f32(attn.attn_output_bias).reshape(-1)
+        o_types, o_rows, _ = o
+        down_types, down_rows, _ = down
+        return _LayerPlan(
+            before_attention=(_F32(hp.rms_eps), _f32(layer.attn_norm), *qkv, qkv_bias, q_norm, k_norm, hp.n_head,
+                              hp.n_head_kv, hp.head_dim_k, hp.head_dim_v),
+            after_attention=(int(o_types[0]), o_rows, o_bias, _f32(layer.ffn_norm), *gate_up,
+                             nx.SIMD_WIDTH[nx.ggml_simd()], int(down_types[0]), down_rows),
+        )
+
+    def _token_runs(self, ws) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """``ws`` (weights that multiply one input) as ``prenorm_layer`` takes them: the GGML type ids of their
+        runs (:meth:`matmul_many`'s fused runs; at most two) and each run's rows (a second run with no rows where
+        there is one run); None where a run has no one-token kernel or there are more runs."""
+        runs = [run.matrix if isinstance(run, kernels.FusedMatrices) else run for run in self._fused_runs(ws)]
+        if len(runs) > 2 or any(w.qtype not in decode_layer.TOKEN_TYPES for w in runs):
+            return None
+        types = np.array([int(w.qtype) for w in runs] + [0] * (2 - len(runs)), np.int64)
+        return types, runs[0].rows, runs[1].rows if len(runs) == 2 else runs[0].rows[:0]
+
     def swiglu(self, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
         gate, up = _f32(gate), _f32(up)
         out = np.empty_like(gate)
@@ -232,6 +302,13 @@ class NumbaBackend(NumpyBackend):
         kernel = ops.geglu_parallel if rows.shape[0] >= PARALLEL_ROWS else ops.geglu
         kernel(rows, up.reshape(rows.shape), self.numerics == "ggml", nx.gelu_f16_table(), out.reshape(rows.shape))
         return out
+
+
+class _LayerPlan(NamedTuple):
+    """A layer's arguments to ``decode_layer.prenorm_layer``, before and after the per-step ones (angles, cache)."""
+
+    before_attention: tuple
+    after_attention: tuple
 
 
 _F32 = np.float32

@@ -139,3 +139,12 @@ class PreNormLayer:
     attn: Attention
     ffn_norm: Array
     ffn: FeedForward
+
+    def decode(self, b: Backend, hp: HParams, x: Array, il: int, positions: np.ndarray, cache: KVCache, tap: Tap,
+               rope: dict, kq_scale: float) -> Array | None:
+        """The layer for one token nobody taps (a decode step) as the backend's one op
+        (:meth:`~inference_engine.backends.base.Backend.decode_layer`): the residual stream after the layer, or
+        None where the backend has no such op for it (the caller then runs the layer's ops one by one)."""
+        if tap is not no_tap or x.shape[0] != 1:
+            return None
+        return b.decode_layer(self, hp, x, il, positions, cache, rope, kq_scale)

@@ -59,6 +59,10 @@ class LlamaModel(Model):
         x = tap("embd", x)
 
         for il, layer in enumerate(self.layers):
+            fused = layer.decode(b, hp, x, il, positions, cache, tap, rope, kq_scale)
+            if fused is not None:  # a decode step nobody taps, the whole layer as one backend op
+                x = fused  # (1, n_embd): l_out
+                continue
             h = b.rms_norm(x, layer.attn_norm, hp.rms_eps)  # (T, n_embd)
             h = tap(f"attn_norm-{il}", h)
             attn = layer.attn(b, hp, h, il, positions, cache, tap, rope, kq_scale)  # (T, n_embd): Qcur..attn_out

@@ -10,6 +10,8 @@ Modules:
 - :mod:`.int8` (32-byte integer vectors, ``dot4`` = ``vpmaddubsw`` + ``vpmaddwd`` / ``vpdpbusd`` / portable IR) and
   :mod:`.intdot` (the ``ggml``-numerics integer-dot mat-vec of Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, bit-exact with
   libggml's x86 ``vec_dot``).
+- :mod:`.decode_layer`: a decoded token through a whole pre-norm layer in one compiled call (the kernels above and
+  :mod:`.ops`, called from compiled code).
 - :mod:`.activations`: the activation side of both numerics (``f32``; ``ggml``: Q8_0 / Q8_1 / Q8_K / F16 / BF16
   quantizers bit-exact with libggml).
 - :mod:`.dispatch`: the dispatcher: :func:`pack_matrix` wraps a GGUF tensor, :func:`matmul` runs ``x @ W.T``
