@@ -22,17 +22,31 @@ only runs cached kernels never pays for the refresh, and one that compiles somet
 Measured on a 2-core AMD EPYC, SmolLM2 from the start of its imports to its first token, fresh processes, 6
 alternating runs: 1420 -> 1177 ms on average. Installed only where Numba's method reads exactly as expected
 (``LOAD_OVERLOAD_SOURCE``).
+
+:func:`cache_nrt_library`: that NRT (Numba's reference-counting runtime, a small LLVM module) is compiled with LLVM
+in every process (``nrtdynmod.compile_nrt_functions``), the one compilation left in a process that only runs cached
+kernels: it runs LLVM's optimizer and code generator, whose code is ~27 MiB of ``libllvmlite.so`` pages that then
+stay resident, and took ~23 ms. The replacement keeps the NRT's machine code on disk as Numba keeps a kernel's (its
+``serialize_using_object_code``), keyed by the module's IR and everything its code depends on (Numba, llvmlite and
+LLVM versions, the target triple, CPU name and features, the optimization level), checked by a digest, and loads it
+with Numba's own ``unserialize_library``; anything amiss (no file, another key, a torn or corrupt file, an unwritable
+directory) compiles as before. Installed only where Numba's function reads exactly as expected
+(``COMPILE_NRT_SOURCE``).
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib.abc
 import importlib.machinery
 import importlib.util
 import inspect
+import os
+import pickle
 import sys
 import textwrap
 import threading
+from pathlib import Path
 
 ARRAYMATH = "numba.np.arraymath"
 PROBE_LINE = "_HAVE_BLAS = _check_blas()"  # what this workaround relies on, checked in Numba's source first
@@ -50,6 +64,23 @@ def load_overload(self, sig, target_context):
         return self._load_overload(sig, target_context)
     # None returned if the `with` block swallows an exception
 '''
+
+# Numba's nrtdynmod.compile_nrt_functions as of 0.68, which cache_nrt_library replaces (any other text: no change)
+COMPILE_NRT_SOURCE = '''\
+def compile_nrt_functions(ctx):
+    """
+    Compile all LLVM NRT functions and return a library containing them.
+    The library is created using the given target context.
+    """
+    ir_mod, library = create_nrt_module(ctx)
+
+    library.add_ir_module(ir_mod)
+    library.finalize()
+
+    return library
+'''
+# Where the NRT's machine code is kept: beside the kernels' own cache (Numba's NUMBA_CACHE_DIR when set)
+KERNEL_CACHE_DIR = Path(__file__).resolve().parent / "numba_kernels" / "__pycache__"
 
 
 class DeferredBlasCheck:
@@ -171,3 +202,90 @@ def _load_overload_lightly(self, sig, target_context):
 
 
 _load_overload_lightly.lightly = True
+
+
+def cache_nrt_library() -> bool:
+    """Replace Numba's ``nrtdynmod.compile_nrt_functions`` with one that loads the NRT's machine code from disk when
+    it was kept there for this exact module and machine, and keeps it there after compiling (see the module
+    docstring); True when installed now, False when already installed or when Numba's function does not read as
+    expected (then Numba is left as it is)."""
+    from numba.core.runtime import nrtdynmod
+
+    if getattr(nrtdynmod.compile_nrt_functions, "cached", False):
+        return False
+    try:
+        source = textwrap.dedent(inspect.getsource(nrtdynmod.compile_nrt_functions))
+    except (OSError, TypeError):
+        return False
+    if source != COMPILE_NRT_SOURCE:
+        return False
+    nrtdynmod.compile_nrt_functions = _compile_or_load_nrt_functions
+    return True
+
+
+def _compile_or_load_nrt_functions(ctx):
+    """Numba's ``compile_nrt_functions``, loading the library from :func:`nrt_cache_path` where it is kept."""
+    from numba.core.runtime import nrtdynmod
+
+    ir_mod, library = nrtdynmod.create_nrt_module(ctx)
+    codegen = ctx.codegen()
+    path = nrt_cache_path(str(ir_mod), codegen)
+    state = _read_kept_library(path) if path is not None else None
+    if state is not None:
+        return codegen.unserialize_library(state)
+    if path is not None:
+        library.enable_object_caching()  # as Numba does for a kernel it caches: keep the object code
+    library.add_ir_module(ir_mod)
+    library.finalize()
+    if path is not None:
+        _keep_library(path, library.serialize_using_object_code())
+    return library
+
+
+_compile_or_load_nrt_functions.cached = True
+
+
+def nrt_cache_path(ir_text: str, codegen) -> Path | None:
+    """The file holding the NRT compiled from ``ir_text`` by ``codegen`` (None where the key cannot be made)."""
+    import llvmlite
+    import numba
+    from llvmlite import binding as ll
+
+    try:
+        parts = [ir_text, numba.__version__, llvmlite.__version__, ll.llvm_version_info, ll.get_process_triple(),
+                 codegen._get_host_cpu_name(), codegen._tm_features, numba.config.OPT]
+    except AttributeError:  # another Numba's codegen: no key, so nothing kept
+        return None
+    key = hashlib.sha256(repr(parts).encode()).hexdigest()[:24]
+    root = Path(numba.config.CACHE_DIR) if numba.config.CACHE_DIR else KERNEL_CACHE_DIR
+    return root / f"nrt-{key}.bin"
+
+
+def _read_kept_library(path: Path):
+    """The serialized library kept at ``path``, or None when there is none or it does not match its digest."""
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return None
+    digest, payload = data[:32], data[32:]
+    if len(data) <= 32 or hashlib.sha256(payload).digest() != digest:
+        return None  # torn or corrupt: compile again (and keep the new one)
+    try:
+        return pickle.loads(payload)
+    except Exception:  # noqa: BLE001 - whatever the file holds, the NRT is then compiled as before
+        return None
+
+
+def _keep_library(path: Path, state) -> None:
+    """Write ``state`` with its digest to ``path`` atomically; a directory we cannot write leaves nothing."""
+    payload = pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_bytes(hashlib.sha256(payload).digest() + payload)
+        tmp.replace(path)
+    except OSError:
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:  # the directory itself is not there to hold it
+            pass

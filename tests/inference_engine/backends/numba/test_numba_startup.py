@@ -1,5 +1,5 @@
-"""Numba's start-up without SciPy's linear algebra (the BLAS probe runs on first use, with Numba's own answer) and
-without a full context refresh to load a cached kernel."""
+"""Numba's start-up without SciPy's linear algebra (the BLAS probe runs on first use, with Numba's own answer),
+without a full context refresh to load a cached kernel, and with its NRT loaded as machine code kept on disk."""
 
 from __future__ import annotations
 
@@ -114,7 +114,7 @@ def test_a_cached_kernel_loads_without_a_context_refresh_and_compiling_still_wor
 
 
 def test_the_light_loader_is_installed_once_and_only_over_the_expected_source(monkeypatch):
-    import numba.core.caching as caching
+    from numba.core import caching
 
     from inference_engine.backends import numba_startup
 
@@ -129,3 +129,90 @@ def test_the_light_loader_is_installed_once_and_only_over_the_expected_source(mo
     assert numba_startup.load_cached_kernels_lightly() is True
     assert caching.Cache.load_overload is numba_startup._load_overload_lightly
     assert numba_startup.load_cached_kernels_lightly() is False  # already installed
+
+
+NRT_LOAD = """
+import json, os
+from pathlib import Path
+import numba
+import numpy as np
+import numba.core.codegen as codegen
+finalized = []
+_finalize = codegen.CPUCodeLibrary.finalize
+def counted(self):
+    finalized.append(self.name)
+    return _finalize(self)
+codegen.CPUCodeLibrary.finalize = counted
+import inference_engine.backends.numba_cpu  # installs the kept NRT
+from numba.core.registry import cpu_target
+from numba.core.runtime import nrtdynmod, rtsys
+rtsys.initialize(cpu_target.target_context)
+nrt_compiled = "nrt" in finalized
+
+@numba.njit
+def uses_the_nrt(n):  # arrays and a list: allocation, reference counts, destructors
+    a = np.arange(n) * 2.0
+    return a, [a.sum(), a.max()]
+
+a, values = uses_the_nrt(10)
+del a
+print(json.dumps({"installed": getattr(nrtdynmod.compile_nrt_functions, "cached", False),
+                  "nrt_compiled": nrt_compiled, "values": values,
+                  "kept": sorted(p.name for p in Path(os.environ["NUMBA_CACHE_DIR"]).glob("nrt-*.bin"))
+                  if Path(os.environ["NUMBA_CACHE_DIR"]).is_dir() else []}))
+"""
+
+
+def _run_nrt_load(cache_dir: Path) -> dict:
+    proc = subprocess.run([sys.executable, "-c", NRT_LOAD], check=False, capture_output=True, text=True, cwd=REPO,
+                          timeout=300, env={**os.environ, "PYTHONPATH": str(REPO), "NUMBA_CACHE_DIR": str(cache_dir)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    if not got["installed"]:
+        pytest.skip("this Numba's compile_nrt_functions differs from the one cache_nrt_library replaces")
+    assert got["values"] == [90.0, 18.0]  # compiled code allocating through the NRT runs right either way
+    return got
+
+
+def test_the_nrt_is_compiled_once_then_loaded_from_disk(tmp_path):
+    first = _run_nrt_load(tmp_path)
+    assert first["nrt_compiled"] and len(first["kept"]) == 1
+    second = _run_nrt_load(tmp_path)
+    assert not second["nrt_compiled"] and second["kept"] == first["kept"]  # LLVM compiled nothing for it
+
+
+def test_a_torn_or_corrupt_kept_nrt_is_compiled_again(tmp_path):
+    (kept,) = _run_nrt_load(tmp_path)["kept"]
+    path = tmp_path / kept
+    data = path.read_bytes()
+    for damaged in (data[: len(data) // 2], data[:-1] + bytes([data[-1] ^ 0xFF])):
+        path.write_bytes(damaged)
+        assert _run_nrt_load(tmp_path)["nrt_compiled"]  # refused (digest), compiled, kept again
+        assert path.read_bytes() == data
+        assert not _run_nrt_load(tmp_path)["nrt_compiled"]
+
+
+def test_a_cache_directory_that_cannot_be_written_compiles_the_nrt_every_time(tmp_path):
+    not_a_dir = tmp_path / "a_file"
+    not_a_dir.write_text("")
+    for _ in range(2):
+        got = _run_nrt_load(not_a_dir / "cache")
+        assert got["nrt_compiled"] and got["kept"] == []
+
+
+def test_the_kept_nrt_is_installed_once_and_only_over_the_expected_source(monkeypatch):
+    from numba.core.runtime import nrtdynmod
+
+    from inference_engine.backends import numba_startup
+
+    def other(ctx):  # a Numba whose function reads differently
+        return None
+
+    monkeypatch.setattr(nrtdynmod, "compile_nrt_functions", other)
+    assert numba_startup.cache_nrt_library() is False
+    assert nrtdynmod.compile_nrt_functions is other
+    monkeypatch.setattr(numba_startup, "COMPILE_NRT_SOURCE", numba_startup.textwrap.dedent(
+        numba_startup.inspect.getsource(other)))
+    assert numba_startup.cache_nrt_library() is True
+    assert nrtdynmod.compile_nrt_functions is numba_startup._compile_or_load_nrt_functions
+    assert numba_startup.cache_nrt_library() is False  # already installed
