@@ -2,7 +2,8 @@
 
 Wraps every op of the engine's backend with a timer, runs warm decode steps and prints milliseconds per token per op,
 calls per token and microseconds per call; what is left over is the Python glue of the forward pass, also given per
-layer. A diagnostic for backend authors (timers add ~1 us per call), not a benchmark: speed is measured against
+layer. Where the backend runs a whole layer as one op (``decode_layer``), that op is what it times; ``--unfused``
+turns that off, so the layer's ops are timed one by one (their Python between them included). A diagnostic for backend authors (timers add ~1 us per call), not a benchmark: speed is measured against
 llama.cpp with ``bench-compare compare``.
 """
 
@@ -15,19 +16,24 @@ import time
 from inference_engine.backends.base import Backend
 from inference_engine.engine import load_engine
 
-# every op the forward pass calls per token: the abstract ones plus matmul_many (a fused run's one call) and
-# decode_attention (a token's RoPE through attention in one call, where the backend fuses them)
+# every op the forward pass calls per token: the abstract ones plus matmul_many (a fused run's one call),
+# decode_attention (a token's RoPE through attention in one call) and decode_layer (a whole layer in one call), where
+# the backend fuses them
 PROFILED_OPS = sorted(
-    (Backend.__abstractmethods__ | {"matmul_many", "decode_attention"})
+    (Backend.__abstractmethods__ | {"matmul_many", "decode_attention", "decode_layer"})
     - {"load_matrix", "load_vector", "load_embedding", "kv_alloc"}
 )
 
 
-def profile_decode(engine, prompt: str = "The capital of France is", steps: int = 30, warmup: int = 3) -> dict:
-    """Per-op timings of ``steps`` decode steps after ``warmup`` untimed ones (the backend's ops are wrapped)."""
+def profile_decode(engine, prompt: str = "The capital of France is", steps: int = 30, warmup: int = 3,
+                   fuse_layers: bool = True) -> dict:
+    """Per-op timings of ``steps`` decode steps after ``warmup`` untimed ones (the backend's ops are wrapped);
+    ``fuse_layers=False`` runs each layer's ops one by one on a backend that would fuse them."""
     totals: dict[str, float] = collections.defaultdict(float)
     calls: collections.Counter = collections.Counter()
     backend = engine.backend
+    if not fuse_layers:
+        backend.fuse_layers = False  # the numba backend's switch; a backend without fused layers has none to turn off
     depth = [0]  # an op called from inside another (the base matmul_many calls matmul) counts for the outer one
 
     for op in PROFILED_OPS:
@@ -73,9 +79,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--numerics", default="f32")
     parser.add_argument("-t", "--threads", type=int, default=None)
     parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--unfused", action="store_true", help="time a layer's ops one by one, not as one fused op")
     args = parser.parse_args(argv)
     engine = load_engine(args.model, backend=args.backend, numerics=args.numerics, n_threads=args.threads)
-    p = profile_decode(engine, steps=args.steps)
+    p = profile_decode(engine, steps=args.steps, fuse_layers=not args.unfused)
     print(f"decode step {p['step_ms']:.2f} ms ({p['tokens_per_s']:.1f} tok/s), {p['n_layer']} layers, "
           f"backend {args.backend}, numerics {args.numerics}, threads {args.threads or 'default'}")
     print(f"  {'op':<12}{'ms/token':>10}{'calls':>8}{'us/call':>10}")
