@@ -181,15 +181,20 @@ class Backend(ABC):
         cache: Any,
         rope: dict,
         kq_scale: float,
+        q_scale: float | None = None,
+        sliding_window: int = 0,
+        activation: str = "swiglu",
     ) -> Array | None:
         """A decoded token through a whole pre-norm decoder layer as one op, where the backend has one: ``layer`` a
-        :class:`~inference_engine.models.blocks.PreNormLayer` (``hp`` its model's hyperparameters), ``x (1,
-        n_embd)`` the residual stream before it; returns the stream after it, the same values as the model's ops one
-        by one (RMSNorm, the Q/K/V projections and biases, the per-head Q/K norms, :meth:`decode_attention`, the
-        output projection, the residual add, RMSNorm, the SwiGLU feed-forward, the residual add). The llama, qwen2 and
-        qwen3 layer loops ask this for a single token that nothing taps; ``None`` (the default, and whenever a
-        backend cannot fuse this layer) makes them run the ops. For a small model's decode step the calls between
-        those ops cost more than the arithmetic in them."""
+        :class:`~inference_engine.models.blocks.PreNormLayer` or a layer with the same weights plus
+        ``post_attention_norm`` / ``post_ffw_norm`` (gemma3), ``hp`` its model's hyperparameters, ``x (1, n_embd)``
+        the residual stream before it; returns the stream after it, the same values as the model's ops one by one
+        (RMSNorm, the Q/K/V projections and biases, the per-head Q/K norms, :meth:`decode_attention` with ``rope``,
+        ``kq_scale``, ``q_scale`` and ``sliding_window``, the output projection, the post-attention norm, the residual
+        add, RMSNorm, the gated feed-forward with ``activation`` (``swiglu`` or ``geglu``), the post-FFN norm, the
+        residual add). The llama, qwen2, qwen3 and gemma3 layer loops ask this for a single token that nothing taps;
+        ``None`` (the default, and whenever a backend cannot fuse this layer) makes them run the ops. For a small
+        model's decode step the calls between those ops cost more than the arithmetic in them."""
         return None
 
     @abstractmethod

@@ -19,8 +19,8 @@ n_threads)`` imports this module and instantiates :class:`NumbaBackend`).
   ``PARALLEL_ROWS`` tokens on (prefill) the element-wise ops split rows over threads.
 - ``decode_attention`` (one untapped token): RoPE on q and k, the query scale, the cache write and attention in one
   compiled call (``ops.rope_attention``), the same bits as those ops one by one.
-- ``decode_layer`` (one untapped token through a llama / qwen2 / qwen3 layer): the whole layer, the same kernels
-  called from one compiled function (``numba_kernels.decode_layer.prenorm_layer``), the same bits as the ops.
+- ``decode_layer`` (one untapped token through a llama / qwen2 / qwen3 / gemma3 layer): the whole layer, the same
+  kernels called from one compiled function (``numba_kernels.decode_layer.prenorm_layer``), the same bits as the ops.
 - ``add``, ``scale``, the RoPE angle cache and the KV cache are inherited from the NumPy reference.
 
 ``n_threads`` sets Numba's thread count (``numba.set_num_threads``) for every kernel; it cannot exceed the number
@@ -218,12 +218,13 @@ class NumbaBackend(NumpyBackend):
         )
         return out
 
-    def decode_layer(self, layer, hp, x, il, positions, cache, rope, kq_scale):
+    def decode_layer(self, layer, hp, x, il, positions, cache, rope, kq_scale, q_scale=None, sliding_window=0,
+                     activation="swiglu"):
         """:func:`~.numba_kernels.decode_layer.prenorm_layer`: the whole layer in one compiled call, for a
         :class:`~inference_engine.kv_cache.KVCache` of this backend's arrays, where every projection has a one-token
         integer kernel (ggml numerics on an int8 CPU) and the layer is one that kernel computes
         (:meth:`_layer_plan`)."""
-        if not self.fuse_layers or type(cache) is not KVCache or x.shape[0] != 1:
+        if not self.fuse_layers or type(cache) is not KVCache or x.shape[0] != 1 or activation not in _ACTIVATIONS:
             return None
         entry = self._layer_plans.get(id(layer))
         if entry is None or entry[0] is not layer:
@@ -236,15 +237,17 @@ class NumbaBackend(NumpyBackend):
         cos, sin = self._rope_angles(positions, rope["n_dims"], rope["freq_base"], rope.get("freq_scale", 1.0),
                                      rope.get("freq_factors"))
         return decode_layer.prenorm_layer(
-            _f32(x), *plan.before_attention, cos, sin, int(rope["n_dims"]), bool(rope["neox"]),
+            _f32(x), *plan.attention, cos, sin, int(rope["n_dims"]), bool(rope["neox"]),
             k_buf.view(np.uint8).reshape(k_buf.shape[0], -1), v_buf.view(np.uint8).reshape(v_buf.shape[0], -1),
-            int(positions[0]), _F32(kq_scale), *flags, *plan.after_attention)
+            int(positions[0]), _F32(kq_scale), _F32(1.0 if q_scale is None else q_scale), int(sliding_window), *flags,
+            *plan.ffn_in, activation == "geglu", nx.gelu_f16_table(), nx.SIMD_WIDTH[nx.ggml_simd()], *plan.ffn_out)
 
     def _layer_plan(self, layer, hp) -> _LayerPlan | None:
         """The weights of ``layer`` as :func:`~.numba_kernels.decode_layer.prenorm_layer` takes them, or None where
         it does not compute that layer as the ops do: f32 numerics or a CPU without the integer kernels, a weight
         type without a one-token kernel, Q/K/V or gate/up in more than two runs, only some of the Q/K/V biases or
-        only one of the Q/K norms, a feed-forward that is not a dense gated one."""
+        only one of the Q/K norms, a feed-forward that is not a dense gated one. A layer with ``post_attention_norm``
+        and ``post_ffw_norm`` (gemma3) has them applied after its attention and its feed-forward."""
         attn, ffn = layer.attn, layer.ffn
         if self.numerics != "ggml" or kernels.matvec_family() != "int8" or not hasattr(ffn, "ffn_down"):
             return None
@@ -252,9 +255,8 @@ class NumbaBackend(NumpyBackend):
         shapes = (hp.n_head * hp.head_dim_k, hp.n_head_kv * hp.head_dim_k, hp.n_head_kv * hp.head_dim_v)
         if (q.n_out, k.n_out, v.n_out) != shapes or ffn.ffn_gate.n_out != ffn.ffn_up.n_out:
             return None  # shapes the model's own reshapes refuse: let them
-        qkv, o, gate_up, down = (self._token_runs((q, k, v)),
-                                 self._token_runs((attn.attn_output,)), self._token_runs((ffn.ffn_gate, ffn.ffn_up)),
-                                 self._token_runs((ffn.ffn_down,)))
+        qkv, o, gate_up, down = (self._token_runs((q, k, v)), self._token_runs((attn.attn_output,)),
+                                 self._token_runs((ffn.ffn_gate, ffn.ffn_up)), self._token_runs((ffn.ffn_down,)))
         biases = (attn.qkv.attn_q_bias, attn.qkv.attn_k_bias, attn.qkv.attn_v_bias)
         norms = (attn.attn_q_norm, attn.attn_k_norm)
         if None in (qkv, o, gate_up, down) or len({b is None for b in biases}) > 1:
@@ -264,13 +266,15 @@ class NumbaBackend(NumpyBackend):
         qkv_bias = _NO_WEIGHT if biases[0] is None else np.concatenate([_f32(b).reshape(-1) for b in biases])
         q_norm, k_norm = (_NO_WEIGHT, _NO_WEIGHT) if norms[0] is None else (_f32(norms[0]), _f32(norms[1]))
         o_bias = _NO_WEIGHT if attn.attn_output_bias is None else _f32(attn.attn_output_bias).reshape(-1)
+        post_attn_norm, post_ffn_norm = (_optional_vector(getattr(layer, name, None))
+                                         for name in ("post_attention_norm", "post_ffw_norm"))
         o_types, o_rows, _ = o
         down_types, down_rows, _ = down
         return _LayerPlan(
-            before_attention=(_F32(hp.rms_eps), _f32(layer.attn_norm), *qkv, qkv_bias, q_norm, k_norm, hp.n_head,
-                              hp.n_head_kv, hp.head_dim_k, hp.head_dim_v),
-            after_attention=(int(o_types[0]), o_rows, o_bias, _f32(layer.ffn_norm), *gate_up,
-                             nx.SIMD_WIDTH[nx.ggml_simd()], int(down_types[0]), down_rows),
+            attention=(_F32(hp.rms_eps), _f32(layer.attn_norm), *qkv, qkv_bias, q_norm, k_norm, hp.n_head,
+                       hp.n_head_kv, hp.head_dim_k, hp.head_dim_v),
+            ffn_in=(int(o_types[0]), o_rows, o_bias, post_attn_norm, _f32(layer.ffn_norm), *gate_up),
+            ffn_out=(int(down_types[0]), down_rows, post_ffn_norm),
         )
 
     def _token_runs(self, ws) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
@@ -306,10 +310,20 @@ class NumbaBackend(NumpyBackend):
 
 
 class _LayerPlan(NamedTuple):
-    """A layer's arguments to ``decode_layer.prenorm_layer``, before and after the per-step ones (angles, cache)."""
+    """A layer's own arguments to ``decode_layer.prenorm_layer``, in the three runs between the per-call ones."""
 
-    before_attention: tuple
-    after_attention: tuple
+    attention: tuple  # before the RoPE angles, the cache and the attention's numbers
+    ffn_in: tuple  # after them: the output projection and post-attention norm, the FFN norm, gate and up
+    ffn_out: tuple  # after the activation's numbers: the down projection and the post-FFN norm
+
+
+def _optional_vector(weight) -> np.ndarray:
+    """A norm weight as the kernels take it: float32, or empty where the layer has none."""
+    return _NO_WEIGHT if weight is None else _f32(weight).reshape(-1)
+
+
+# the gated activations decode_layer.prenorm_layer computes
+_ACTIVATIONS = ("swiglu", "geglu")
 
 
 _F32 = np.float32

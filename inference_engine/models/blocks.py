@@ -14,6 +14,9 @@ small blocks; transformers' "diff against llama"). Each block is the graph of ll
   as one op (the same values); a backend without it runs the ops one by one.
 * :class:`FeedForward`: gated feed-forward, ``ffn_up``, ``ffn_gate``, the gated activation (``ffn_swiglu`` /
   ``ffn_geglu``), ``ffn_down`` as ``ffn_out``.
+* :func:`fused_layer`: a decode step nobody taps first asks the backend's
+  :meth:`~inference_engine.backends.base.Backend.decode_layer` for the whole layer as one op (the same values);
+  a backend without it (or a layer it does not fuse) returns None and the layer loop runs the blocks.
 
 The mixture-of-experts feed-forward (router, top-k experts, shared expert) is :mod:`inference_engine.models.moe`.
 """
@@ -140,11 +143,14 @@ class PreNormLayer:
     ffn_norm: Array
     ffn: FeedForward
 
-    def decode(self, b: Backend, hp: HParams, x: Array, il: int, positions: np.ndarray, cache: KVCache, tap: Tap,
-               rope: dict, kq_scale: float) -> Array | None:
-        """The layer for one token nobody taps (a decode step) as the backend's one op
-        (:meth:`~inference_engine.backends.base.Backend.decode_layer`): the residual stream after the layer, or
-        None where the backend has no such op for it (the caller then runs the layer's ops one by one)."""
-        if tap is not no_tap or x.shape[0] != 1:
-            return None
-        return b.decode_layer(self, hp, x, il, positions, cache, rope, kq_scale)
+
+def fused_layer(b: Backend, layer: Any, hp: HParams, x: Array, il: int, positions: np.ndarray, cache: KVCache,
+                tap: Tap, rope: dict, kq_scale: float, q_scale: float | None = None, sliding_window: int = 0,
+                activation: str = "swiglu") -> Array | None:
+    """A layer (attention and gated feed-forward weights as :class:`Attention` and :class:`FeedForward`) for one token
+    nobody taps (a decode step) as the backend's one op (:meth:`~inference_engine.backends.base.Backend.
+    decode_layer`): the residual stream after the layer, or None where the backend has no such op for it (the caller
+    then runs the layer's ops one by one). The arguments are those the layer's attention block gets."""
+    if tap is not no_tap or x.shape[0] != 1:
+        return None
+    return b.decode_layer(layer, hp, x, il, positions, cache, rope, kq_scale, q_scale, sliding_window, activation)

@@ -27,7 +27,7 @@ from inference_engine.errors import GGUFParityError
 from inference_engine.gguf_file import GGUFFile
 from inference_engine.kv_cache import KVCache
 from inference_engine.models.base import HParams, Model, Tap, Weights, default_attention_scale, no_tap
-from inference_engine.models.blocks import Attention, FeedForward
+from inference_engine.models.blocks import Attention, FeedForward, fused_layer
 
 DEFAULT_SWA_PATTERN = 6  # load_swa_pattern(ml, 6) in llama_model_gemma3::load_arch_hparams
 DEFAULT_ROPE_FREQ_BASE_SWA = 10000.0  # llama_hparams::rope_freq_base_train_swa default
@@ -122,6 +122,11 @@ class Gemma3Model(Model):
         for il, layer in enumerate(self.layers):
             rope = self.rope_for_layer(il)
             window = hp.sliding_window if hp.swa_layers[il] else 0
+            fused = fused_layer(b, layer, hp, x, il, positions, cache, tap, rope, 1.0, q_scale=hp.attention_scale,
+                                sliding_window=window, activation="geglu")
+            if fused is not None:  # a decode step nobody taps, the whole layer as one backend op
+                x = fused  # (1, n_embd): l_out
+                continue
 
             h = b.rms_norm(x, layer.attn_norm, hp.rms_eps)  # (T, n_embd)
             h = tap(f"attn_norm-{il}", h)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from inference_engine.gguf_file import GGUFFile
 from inference_engine.kv_cache import KVCache
 from inference_engine.models.base import HParams, Model, Tap, Weights, default_attention_scale, no_tap
-from inference_engine.models.blocks import Attention, FeedForward, PreNormLayer
+from inference_engine.models.blocks import Attention, FeedForward, PreNormLayer, fused_layer
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,7 @@ class Qwen2Model(Model):
         x = tap("embd", x)
 
         for il, layer in enumerate(self.layers):
-            fused = layer.decode(b, hp, x, il, positions, cache, tap, rope, kq_scale)
+            fused = fused_layer(b, layer, hp, x, il, positions, cache, tap, rope, kq_scale)
             if fused is not None:  # a decode step nobody taps, the whole layer as one backend op
                 x = fused  # (1, n_embd): l_out
                 continue

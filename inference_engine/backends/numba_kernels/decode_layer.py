@@ -1,4 +1,4 @@
-"""A decoded token through a whole pre-norm decoder layer in one compiled call (llama, qwen2, qwen3).
+"""A decoded token through a whole pre-norm decoder layer in one compiled call (llama, qwen2, qwen3, gemma3).
 
 A small model's decode step is mostly calls, not arithmetic: SmolLM2's layer is ten backend ops (two RMSNorms, four
 one-token mat-vecs, the fused attention, SwiGLU, two residual adds) plus the Python between them, ~50 us a layer
@@ -73,23 +73,33 @@ def _head_norm(x, n_head, d, weight, eps):
 
 
 @njit(cache=True)
+def _norm_row(x, weight, eps):
+    """:func:`ops.rms_norm` of one token ``(1, n)``, a new array."""
+    out = np.empty_like(x)
+    ops.rms_norm(x, weight, eps, out)
+    return out
+
+
+@njit(cache=True)
 def prenorm_layer(x, eps, attn_norm, qkv_types, qkv_a, qkv_b, qkv_bias, q_norm, k_norm, n_head, n_head_kv, dk, dv,
-                  cos, sin, n_dims, neox, k_rows, v_rows, position, scale, ggml, scalef, f16, o_type, o_rows, o_bias,
-                  ffn_norm, gu_types, gu_a, gu_b, vec_width, down_type, down_rows):
+                  cos, sin, n_dims, neox, k_rows, v_rows, position, scale, q_scale, window, ggml, scalef, f16, o_type,
+                  o_rows, o_bias, post_attn_norm, ffn_norm, gu_types, gu_a, gu_b, geglu, gelu_table, vec_width,
+                  down_type, down_rows, post_ffn_norm):
     """One token ``x (1, n_embd)`` float32 through a pre-norm layer, as the model's ops one by one compute it:
 
     ``h = rms_norm(x) * attn_norm``; ``q, k, v`` from the runs ``qkv_a``, ``qkv_b`` (``qkv_types``: their GGML
     type ids), plus ``qkv_bias`` (all three biases one after another, or empty: none); per-head RMSNorm of q and k
-    where ``q_norm`` / ``k_norm`` are not empty (qwen3); :func:`ops.rope_attention` (RoPE from ``cos``/``sin``, the
-    cache write at ``position``, attention; ``ggml``, ``scalef``, ``f16`` as the backend's attention flags); the
-    output projection (``o_bias`` or empty); ``x1 = attn + x``; ``h = rms_norm(x1) * ffn_norm``; gate and up from
-    the runs ``gu_a``, ``gu_b``; :func:`ops.swiglu` (``vec_width``: ggml's SIMD width); the down projection;
-    returns ``ffn + x1``.
+    where ``q_norm`` / ``k_norm`` are not empty (qwen3, gemma3); :func:`ops.rope_attention` (RoPE from ``cos`` /
+    ``sin``, q times ``q_scale``, the cache write at ``position``, attention within ``window`` (0: all); ``ggml``,
+    ``scalef``, ``f16`` as the backend's attention flags); the output projection (``o_bias`` or empty), RMSNorm by
+    ``post_attn_norm`` where not empty (gemma3); ``x1 = attn + x``; ``h = rms_norm(x1) * ffn_norm``; gate and up
+    from the runs ``gu_a``, ``gu_b``; :func:`ops.geglu` (``geglu``: ggml's, through ``gelu_table``) or
+    :func:`ops.swiglu` (``vec_width``: ggml's SIMD width); the down projection, RMSNorm by ``post_ffn_norm`` where
+    not empty; returns ``ffn + x1``.
     """
     n_embd = x.shape[1]
     n_q, n_k = n_head * dk, n_head_kv * dk
-    h = np.empty_like(x)
-    ops.rms_norm(x, attn_norm, eps, h)
+    h = _norm_row(x, attn_norm, eps)
     qkv = _two_runs(qkv_types[0], qkv_a, qkv_types[1], qkv_b, h.reshape(n_embd))
     if qkv_bias.shape[0]:
         qkv = qkv + qkv_bias
@@ -101,17 +111,27 @@ def prenorm_layer(x, eps, attn_norm, qkv_types, qkv_a, qkv_b, qkv_bias, q_norm, 
         k = qkv[n_q : n_q + n_k].copy().reshape(1, n_head_kv, dk)
     v = qkv[n_q + n_k :].copy().reshape(1, n_head_kv, dv)
     attn = np.empty((1, n_head * dv), np.float32)
-    ops.rope_attention(q, k, v, cos, sin, n_dims, neox, _F32(1.0), k_rows, v_rows, position, scale, 0, ggml, scalef,
-                       f16, attn)
+    ops.rope_attention(q, k, v, cos, sin, n_dims, neox, q_scale, k_rows, v_rows, position, scale, window, ggml,
+                       scalef, f16, attn)
     out = np.empty(n_embd, np.float32)
     token_matvec(o_type, o_rows, attn.reshape(n_head * dv), out)
     if o_bias.shape[0]:
         out = out + o_bias
-    x1 = out.reshape(1, n_embd) + x
-    ops.rms_norm(x1, ffn_norm, eps, h)
+    a = out.reshape(1, n_embd)
+    if post_attn_norm.shape[0]:
+        a = _norm_row(a, post_attn_norm, eps)
+    x1 = a + x
+    h = _norm_row(x1, ffn_norm, eps)
     gate_up = _two_runs(gu_types[0], gu_a, gu_types[1], gu_b, h.reshape(n_embd))
     n_ff = gate_up.shape[0] // 2
     act = np.empty((1, n_ff), np.float32)
-    ops.swiglu(gate_up[:n_ff].reshape(1, n_ff), gate_up[n_ff:].reshape(1, n_ff), vec_width, scalef, act)
-    token_matvec(down_type, down_rows, act.reshape(n_ff), out)
-    return out.reshape(1, n_embd) + x1
+    if geglu:
+        ops.geglu(gate_up[:n_ff].reshape(1, n_ff), gate_up[n_ff:].reshape(1, n_ff), ggml, gelu_table, act)
+    else:
+        ops.swiglu(gate_up[:n_ff].reshape(1, n_ff), gate_up[n_ff:].reshape(1, n_ff), vec_width, scalef, act)
+    down = np.empty(n_embd, np.float32)
+    token_matvec(down_type, down_rows, act.reshape(n_ff), down)
+    f = down.reshape(1, n_embd)
+    if post_ffn_norm.shape[0]:
+        f = _norm_row(f, post_ffn_norm, eps)
+    return f + x1

@@ -42,7 +42,7 @@ def decode_logits(engine) -> np.ndarray:
 @pytest.mark.parametrize("kv_type", ["f16", "f32"])
 @pytest.mark.parametrize("arch", ARCHS)
 def test_fused_decode_attention_gives_the_ops_logits(tiny_model, monkeypatch, arch, kv_type):
-    monkeypatch.setattr(numba_cpu.NumbaBackend, "fuse_layers", False)  # else llama, qwen2, qwen3 fuse whole layers
+    monkeypatch.setattr(numba_cpu.NumbaBackend, "fuse_layers", False)  # else dense layers are fused whole
     engine = OurEngine(tiny_model(arch, "Q4_K"), backend="numba", numerics="ggml", n_ctx=64, kv_type=kv_type)
     calls = count_fused(monkeypatch, "decode_attention")
     fused = decode_logits(engine)
@@ -63,14 +63,16 @@ def decode_with_and_without_fused_layers(engine, monkeypatch) -> tuple[list[bool
 
 
 # (architecture, file type, per-kind type overrides): llama (NORM RoPE, no biases), qwen2 (Q/K/V biases, NEOX),
-# qwen3 (per-head Q/K norms); V of another type than Q and K (Q/K/V in two runs, as Q4_K_M files), gate and up of
-# different types, and each type with a one-token kernel.
+# qwen3 (per-head Q/K norms), gemma3 (post-attention and post-FFN norms, the query scale, sliding-window layers,
+# GEGLU); V of another type than Q and K (Q/K/V in two runs, as Q4_K_M files), gate and up of different types, and
+# each type with a one-token kernel.
 FUSED_LAYERS = [
     ("llama", "Q4_1", {}),
     ("llama", "Q4_0", {"attn_output": "Q5_0", "ffn_down": "Q5_1"}),
     ("llama", "Q8_0", {}),
     ("qwen2", "Q4_K", {"attn_v": "Q6_K", "ffn_down": "Q6_K"}),
     ("qwen3", "Q5_K", {"ffn_up": "Q8_0"}),
+    ("gemma3", "Q4_K", {"attn_v": "Q6_K"}),
 ]
 
 
