@@ -65,16 +65,8 @@ def _two_runs(type_a, rows_a, type_b, rows_b, x):
 
 
 @njit(cache=True)
-def _head_norm(x, n_head, d, weight, eps):
-    """:func:`ops.rms_norm` per head of one token's ``(n_head * d,)`` values: ``(1, n_head, d)``."""
-    out = np.empty((n_head, d), np.float32)
-    ops.rms_norm(x.reshape(n_head, d), weight, eps, out)
-    return out.reshape(1, n_head, d)
-
-
-@njit(cache=True)
-def _norm_row(x, weight, eps):
-    """:func:`ops.rms_norm` of one token ``(1, n)``, a new array."""
+def _norm_rows(x, weight, eps):
+    """:func:`ops.rms_norm` of each row of ``x (rows, n)``, a new array (a token, or one token's heads)."""
     out = np.empty_like(x)
     ops.rms_norm(x, weight, eps, out)
     return out
@@ -99,13 +91,13 @@ def prenorm_layer(x, eps, attn_norm, qkv_types, qkv_a, qkv_b, qkv_bias, q_norm, 
     """
     n_embd = x.shape[1]
     n_q, n_k = n_head * dk, n_head_kv * dk
-    h = _norm_row(x, attn_norm, eps)
+    h = _norm_rows(x, attn_norm, eps)
     qkv = _two_runs(qkv_types[0], qkv_a, qkv_types[1], qkv_b, h.reshape(n_embd))
     if qkv_bias.shape[0]:
         qkv = qkv + qkv_bias
     if q_norm.shape[0]:
-        q = _head_norm(qkv[:n_q], n_head, dk, q_norm, eps)
-        k = _head_norm(qkv[n_q : n_q + n_k], n_head_kv, dk, k_norm, eps)
+        q = _norm_rows(qkv[:n_q].reshape(n_head, dk), q_norm, eps).reshape(1, n_head, dk)
+        k = _norm_rows(qkv[n_q : n_q + n_k].reshape(n_head_kv, dk), k_norm, eps).reshape(1, n_head_kv, dk)
     else:
         q = qkv[:n_q].copy().reshape(1, n_head, dk)
         k = qkv[n_q : n_q + n_k].copy().reshape(1, n_head_kv, dk)
@@ -119,9 +111,9 @@ def prenorm_layer(x, eps, attn_norm, qkv_types, qkv_a, qkv_b, qkv_bias, q_norm, 
         out = out + o_bias
     a = out.reshape(1, n_embd)
     if post_attn_norm.shape[0]:
-        a = _norm_row(a, post_attn_norm, eps)
+        a = _norm_rows(a, post_attn_norm, eps)
     x1 = a + x
-    h = _norm_row(x1, ffn_norm, eps)
+    h = _norm_rows(x1, ffn_norm, eps)
     gate_up = _two_runs(gu_types[0], gu_a, gu_types[1], gu_b, h.reshape(n_embd))
     n_ff = gate_up.shape[0] // 2
     act = np.empty((1, n_ff), np.float32)
@@ -133,5 +125,5 @@ def prenorm_layer(x, eps, attn_norm, qkv_types, qkv_a, qkv_b, qkv_bias, q_norm, 
     token_matvec(down_type, down_rows, act.reshape(n_ff), down)
     f = down.reshape(1, n_embd)
     if post_ffn_norm.shape[0]:
-        f = _norm_row(f, post_ffn_norm, eps)
+        f = _norm_rows(f, post_ffn_norm, eps)
     return f + x1

@@ -96,3 +96,12 @@ def test_layers_the_fused_op_does_not_compute_run_op_by_op(tiny_model, monkeypat
     calls, fused, ops = decode_with_and_without_fused_layers(engine, monkeypatch)
     assert calls and not any(calls)
     np.testing.assert_array_equal(fused.view(np.uint32), ops.view(np.uint32))
+
+
+def test_the_fused_layer_multiplies_every_type_with_a_one_token_kernel():
+    """decode_layer.token_matvec's branches name the types that have an intdot token_<type> kernel in the kernel
+    table; a type added to one and not the other would be left out of the fused layer (or fail inside it)."""
+    from inference_engine.backends.numba_kernels import KERNELS, decode_layer
+
+    with_token_kernel = {t for t in KERNELS if KERNELS.get(t).matvec_token is not None}
+    assert set(decode_layer.TOKEN_TYPES) == with_token_kernel
