@@ -36,6 +36,7 @@ import numpy as np
 
 from inference_engine.backends import numerics as nx
 from inference_engine.backends.base import Backend, check_kv_type
+from inference_engine.backends.mapped_pages import tensor_out_of_map
 from inference_engine.backends.mlx import metal
 from inference_engine.backends.mlx.weights import HostEmbeddingRows, matrix_form
 from inference_engine.errors import GGUFParityError
@@ -99,7 +100,7 @@ class MLXBackend(Backend):
     def load_vector(self, t: TensorInfo) -> mx.array:
         from inference_engine.quants import dequantize_tensor
 
-        return mx.array(np.ascontiguousarray(dequantize_tensor(t), dtype=np.float32).reshape(-1))
+        return mx.array(np.ascontiguousarray(dequantize_tensor(tensor_out_of_map(t)), dtype=np.float32).reshape(-1))
 
     def load_embedding(self, t: TensorInfo) -> HostEmbeddingRows:
         return HostEmbeddingRows(t)

@@ -14,6 +14,7 @@ import numpy as np
 
 from inference_engine.backends import numerics as nx
 from inference_engine.backends.base import Backend, check_kv_type
+from inference_engine.backends.mapped_pages import tensor_out_of_map
 from inference_engine.gguf_file import TensorInfo
 from inference_engine.quants import dequantize_tensor, prepare_matmul, quant_for
 
@@ -61,7 +62,8 @@ class NumpyBackend(Backend):
         return prepare_matmul(t, self.numerics)
 
     def load_vector(self, t: TensorInfo) -> np.ndarray:
-        return np.ascontiguousarray(dequantize_tensor(t), dtype=_F32).reshape(-1)
+        # a copy read from the file: kept as a view of the map, its page would map its neighbours' pages too
+        return np.ascontiguousarray(dequantize_tensor(tensor_out_of_map(t)), dtype=_F32).reshape(-1)
 
     def load_embedding(self, t: TensorInfo) -> MappedEmbeddingRows:
         return MappedEmbeddingRows(t)

@@ -107,3 +107,23 @@ def test_copy_out_of_map_into_a_slice_of_a_bigger_buffer(mapped):
     np.testing.assert_array_equal(buffer[2], np.arange(PAGE, dtype=np.uint8))
     with pytest.raises(ValueError, match="cannot hold"):
         copy_out_of_map(m[:PAGE], out=buffer[0:2])
+
+
+@pytest.mark.parametrize("backend", ["numpy", "numba"])
+def test_a_model_keeps_no_view_of_the_map_for_its_vectors(tmp_path, backend):
+    """Norm weights and biases are read from the file, not kept as views of its memory map: one page of a kept
+    view maps its neighbours' pages too (fault-around, large folios), which on Linux 6.18 brought 62 MiB of
+    SmolLM2's weights back into RSS at its first token."""
+    from inference_engine.backends import get_backend
+    from inference_engine.gguf_file import open_gguf
+    from inference_engine.quants import dequantize_tensor
+    from tests.fixtures.tiny_models import write_tiny_model
+
+    f = open_gguf(write_tiny_model(tmp_path / "tiny.gguf", "qwen2", "Q8_0"))  # norms and Q/K/V biases
+    b = get_backend(backend, "ggml", 1)
+    vectors = [t for t in f.tensors.values() if len(t.shape) == 1]
+    assert {t.name.split(".")[-2] for t in vectors} >= {"attn_norm", "ffn_norm", "attn_q"}  # attn_q.bias
+    for t in vectors:
+        v = b.load_vector(t)
+        assert not np.shares_memory(v, np.asarray(t.raw)), t.name
+        np.testing.assert_array_equal(v, dequantize_tensor(t).reshape(-1))
