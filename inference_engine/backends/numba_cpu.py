@@ -40,6 +40,7 @@ from inference_engine.backends import malloc_threshold, numba_startup
 numba_startup.defer_blas_probe()  # when Numba's registries load (a compilation), they skip importing scipy.linalg
 numba_startup.load_cached_kernels_lightly()  # a cached kernel loads without Numba's full context refresh
 numba_startup.cache_nrt_library()  # Numba's runtime loads as machine code kept on disk, not compiled each time
+numba_startup.defer_linking_bitcode()  # a cached kernel's bitcode is parsed only if new code links against it
 malloc_threshold.pin_mmap_threshold()  # LLVM's freed multi-MiB blocks go back to the OS, not stay in the heap
 
 from inference_engine.backends import numerics as nx

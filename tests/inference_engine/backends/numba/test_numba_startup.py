@@ -1,5 +1,6 @@
 """Numba's start-up without SciPy's linear algebra (the BLAS probe runs on first use, with Numba's own answer),
-without a full context refresh to load a cached kernel, and with its NRT loaded as machine code kept on disk."""
+without a full context refresh to load a cached kernel, with its NRT loaded as machine code kept on disk, and
+without parsing a cached kernel's bitcode unless something links against it."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from inference_engine.backends.numba_startup import DeferredBlasCheck
@@ -216,3 +218,108 @@ def test_the_kept_nrt_is_installed_once_and_only_over_the_expected_source(monkey
     assert numba_startup.cache_nrt_library() is True
     assert nrtdynmod.compile_nrt_functions is numba_startup._compile_or_load_nrt_functions
     assert numba_startup.cache_nrt_library() is False  # already installed
+
+
+LINKING_LOAD = """
+import json
+import llvmlite.binding as ll
+import numpy as np
+parsed = []
+_parse = ll.parse_bitcode
+def counted(data, context=None):
+    parsed.append(len(data))
+    return _parse(data, context) if context is not None else _parse(data)
+ll.parse_bitcode = counted
+import numba
+import numba.core.codegen as codegen
+import inference_engine.backends.numba_cpu  # installs the deferred bitcode
+from inference_engine.backends.numba_kernels import ops
+x = np.arange(1, 9, dtype=np.float32).reshape(1, 8)
+out = np.empty_like(x)
+ops.rms_norm(x, np.zeros(0, np.float32), np.float32(1e-6), out)
+parsed_after_load = list(parsed)
+
+@numba.njit
+def calls_the_cached_kernel(x, out):  # compiled here, linking the cached kernel's library into its own
+    ops.rms_norm(x, np.zeros(0, np.float32), np.float32(1e-6), out)
+    return out.sum()
+
+total = float(calls_the_cached_kernel(x, np.empty_like(x)))
+print(json.dumps({"deferred": bool(getattr(codegen.CPUCodeLibrary._unserialize, "deferred", False)),
+                  "hits": sum(ops.rms_norm.stats.cache_hits.values()), "parsed_after_load": parsed_after_load,
+                  "out": out.tolist(), "total": total, "parsed_after_link": len(parsed)}))
+"""
+
+
+def _run_linking_load() -> dict:
+    proc = subprocess.run([sys.executable, "-c", LINKING_LOAD], check=False, capture_output=True, text=True, cwd=REPO,
+                          timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    if not got["deferred"]:
+        pytest.skip("this Numba's CPUCodeLibrary._unserialize differs from the one defer_linking_bitcode replaces")
+    return got
+
+
+def test_a_cached_kernel_loads_without_parsing_its_bitcode_and_still_links_into_new_code():
+    _run_linking_load()  # may compile the kernel and write the cache: the second run loads it
+    got = _run_linking_load()
+    x = np.arange(1, 9, dtype=np.float64)
+    expected = x / np.sqrt(np.mean(x**2) + 1e-6)
+    assert got["hits"] >= 1 and got["parsed_after_load"] == []  # loaded; no bitcode parsed for it or the NRT
+    np.testing.assert_allclose(got["out"][0], expected, rtol=1e-6)
+    assert got["total"] == pytest.approx(expected.sum(), rel=1e-6)  # the new function called the loaded kernel
+    assert got["parsed_after_link"] >= 1  # its bitcode parsed then, for the link
+
+
+def test_object_symbols_are_the_global_definitions_of_the_object_numba_compiles():
+    import llvmlite.binding as ll
+    from numba.core.compiler_lock import global_compiler_lock
+    from numba.core.registry import cpu_target
+
+    from inference_engine.backends.numba_startup import object_symbols
+
+    ir = """
+    @table = global [2 x i32] [i32 1, i32 2]
+    @hidden = internal global i32 3
+    declare i32 @elsewhere(i32)
+    define i32 @exported(i32 %x) { %y = call i32 @elsewhere(i32 %x) %z = call i32 @local(i32 %y) ret i32 %z }
+    define internal i32 @local(i32 %x) { %p = load i32, ptr @hidden %s = add i32 %x, %p ret i32 %s }
+    define weak_odr i32 @weakly(i32 %x) { ret i32 %x }
+    """
+    with global_compiler_lock:  # as Numba holds it to compile
+        library = cpu_target.target_context.codegen().create_library("symbols")
+        library.enable_object_caching()
+        library.add_llvm_module(ll.parse_assembly(ir))
+        library.finalize()
+    _, kind, (obj, _) = library.serialize_using_object_code()
+    got = object_symbols(obj)
+    if got is None:
+        pytest.skip("this platform's object files are not ELF64: the loader keeps Numba's way there")
+    assert {"table", "exported", "weakly"} <= got  # defined, global or weak
+    assert not got & {"elsewhere", "hidden", "local"}  # undefined or local: the JIT resolves none of them
+    assert object_symbols(b"not an object file") is None
+    assert object_symbols(obj[:100]) is None  # torn: refused, so Numba's own loader runs
+
+
+def test_the_deferred_bitcode_is_installed_once_and_only_over_the_expected_source(monkeypatch):
+    from numba.core import codegen
+
+    from inference_engine.backends import numba_startup
+
+    library = codegen.CPUCodeLibrary
+
+    def other(cls, codegen, state):  # a Numba whose method reads differently
+        return None
+
+    monkeypatch.setattr(library, "_unserialize", classmethod(other))
+    monkeypatch.setattr(library, "_get_module_for_linking", library._get_module_for_linking)
+    monkeypatch.setattr(numba_startup, "_numba_unserialize", numba_startup._numba_unserialize)
+    monkeypatch.setattr(numba_startup, "_numba_module_for_linking", numba_startup._numba_module_for_linking)
+    assert numba_startup.defer_linking_bitcode() is False
+    assert library._unserialize.__func__ is other
+    monkeypatch.setattr(numba_startup, "UNSERIALIZE_SOURCE", numba_startup.textwrap.dedent(
+        numba_startup.inspect.getsource(other)))
+    assert numba_startup.defer_linking_bitcode() is True
+    assert library._unserialize.__func__ is numba_startup._unserialize_deferring_bitcode
+    assert numba_startup.defer_linking_bitcode() is False  # already installed
