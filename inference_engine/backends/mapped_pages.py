@@ -23,6 +23,9 @@ import numpy as np
 PAGE = mmap.PAGESIZE
 # Bytes read per call when copying out of the file: few calls, and no large buffer besides the destination.
 READ_CHUNK = 16 << 20
+# A copy of at least this many bytes per thread is read by several threads, up to READ_THREADS (_read_file_into).
+PARALLEL_READ_BYTES = 4 << 20
+READ_THREADS = max(1, min(4, os.cpu_count() or 1))
 # The attribute of a numpy.memmap holding its file's identity (remember_file_identity).
 IDENTITY_ATTR = "gguf_parity_file_identity"
 
@@ -89,22 +92,62 @@ def copy_out_of_map(arr: np.ndarray, out: np.ndarray | None = None) -> np.ndarra
     if out is None:
         out = np.empty(arr.shape, arr.dtype)
     dest = memoryview(out.reshape(-1).view(np.uint8))
-    done = 0
     try:
         with open(name, "rb", buffering=0) as fh:
             if identity is not None and _identity(os.fstat(fh.fileno())) != identity:
                 return _through_map(arr, out)
-            fh.seek(position)
-            while done < len(dest):
-                got = fh.readinto(dest[done : done + READ_CHUNK])
-                if not got:
-                    break
-                done += got
+            done = _read_file_into(fh, position, dest)
     except OSError:
         done = -1
     if done != len(dest):  # the file went away or shrank: copy through the map instead
         return _through_map(arr, out)
     return out
+
+
+def _read_file_into(fh, position: int, dest: memoryview) -> int:
+    """Read ``fh`` from ``position`` into ``dest``; returns the bytes read. A read of at least
+    :data:`PARALLEL_READ_BYTES` is split over up to :data:`READ_THREADS` threads (``os.preadv``, which releases the
+    GIL): most of a big copy's time is the kernel's first touch of the destination's fresh pages, which threads
+    share out. Measured copying the 1.1 GB Qwen2.5-1.5B GGUF from the page cache (2-core Xeon VM, fresh processes,
+    alternating): 1 thread 1.5-2.2 s when the memory had just been handed back to the host, 0.30 s when not; 2
+    threads 0.83-1.5 s and 0.19 s."""
+    n = len(dest)
+    parts = min(READ_THREADS, n // PARALLEL_READ_BYTES) if hasattr(os, "preadv") else 1
+    if parts <= 1:
+        return _read_span(fh, position, dest)
+    bounds = [n * i // parts // PAGE * PAGE for i in range(parts)] + [n]
+    spans = [(position + bounds[i], dest[bounds[i] : bounds[i + 1]]) for i in range(parts)]
+    return sum(_reader_pool().map(lambda span: _read_span(fh, *span), spans))
+
+
+def _read_span(fh, position: int, dest: memoryview) -> int:
+    """``dest`` filled from ``fh`` at ``position`` in :data:`READ_CHUNK` pieces; the bytes read (fewer at the end of
+    the file)."""
+    done = 0
+    while done < len(dest):
+        piece = dest[done : done + READ_CHUNK]
+        if hasattr(os, "preadv"):
+            got = os.preadv(fh.fileno(), [piece], position + done)
+        else:  # no positional read (Windows): one thread, seek and read
+            fh.seek(position + done)
+            got = fh.readinto(piece)
+        if not got:
+            break
+        done += got
+    return done
+
+
+_pool = None
+
+
+def _reader_pool():
+    """The threads that split big reads, started on first use and kept (a model's load makes hundreds of reads)."""
+    global _pool
+    if _pool is None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        _pool = ThreadPoolExecutor(READ_THREADS, thread_name_prefix="gguf-read")
+    return _pool
 
 
 def tensor_out_of_map(t):

@@ -127,3 +127,20 @@ def test_a_model_keeps_no_view_of_the_map_for_its_vectors(tmp_path, backend):
         v = b.load_vector(t)
         assert not np.shares_memory(v, np.asarray(t.raw)), t.name
         np.testing.assert_array_equal(v, dequantize_tensor(t).reshape(-1))
+
+
+@pytest.mark.skipif(not hasattr(os, "preadv"), reason="no positional reads here: one thread reads")
+def test_a_big_copy_is_read_by_several_threads_with_the_same_bytes(mapped, monkeypatch):
+    from inference_engine.backends import mapped_pages
+
+    data, m = mapped
+    monkeypatch.setattr(mapped_pages, "PARALLEL_READ_BYTES", 32 * PAGE)  # the 1 MB fixture: split in 4
+    monkeypatch.setattr(mapped_pages, "READ_THREADS", 4)
+    monkeypatch.setattr(mapped_pages, "_pool", None)
+    reads = []
+    preadv = os.preadv
+    monkeypatch.setattr(os, "preadv", lambda fd, buffers, offset: reads.append(offset) or preadv(fd, buffers, offset))
+    view = m[100 : 100 + (N_PAGES - 1) * PAGE]
+    copy = copy_out_of_map(view)
+    np.testing.assert_array_equal(copy, data[100 : 100 + (N_PAGES - 1) * PAGE])
+    assert len(reads) == 4 and mapped_pages._pool is not None
