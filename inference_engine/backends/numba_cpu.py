@@ -116,7 +116,8 @@ class NumbaBackend(NumpyBackend):
         if runs is None:
             runs = self._runs[key] = self._fused_runs(ws)
         if _n_rows(x) > FUSED_MAX_TOKENS:
-            return [kernels.matmul(w, x, self.numerics) for w in ws]
+            quantized: dict = {}  # the integer kernels' quantized x, made once for all of ws
+            return [kernels.matmul(w, x, self.numerics, quantized) for w in ws]
         out: list[np.ndarray] = []
         for run in runs:
             if isinstance(run, kernels.FusedMatrices):

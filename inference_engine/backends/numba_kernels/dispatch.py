@@ -294,8 +294,11 @@ def fused_is_exact(w: QMatrix, numerics: str) -> bool:
     return numerics == "ggml" and w.kernels.matvec_int is not None and matvec_family() == "int8"
 
 
-def matmul(w: QMatrix, x: np.ndarray, numerics: str = "f32") -> np.ndarray:
-    """``x (T, n_in) @ W.T -> (T, n_out)`` float32 (a 1-D ``x`` gives a 1-D result)."""
+def matmul(w: QMatrix, x: np.ndarray, numerics: str = "f32", quantized: dict | None = None) -> np.ndarray:
+    """``x (T, n_in) @ W.T -> (T, n_out)`` float32 (a 1-D ``x`` gives a 1-D result).
+
+    ``quantized``: a dict shared by calls with the same ``x`` (a layer's Q, K and V): the integer kernels' quantized
+    activation is made once per activation type and kept there for the next weight."""
     if numerics == "ggml" and _one_token_int8(w, x):
         y = matvec_int_one_token(w, x)
         return y if x.ndim == 1 else y.reshape(*x.shape[:-1], w.n_out)
@@ -308,7 +311,7 @@ def matmul(w: QMatrix, x: np.ndarray, numerics: str = "f32") -> np.ndarray:
         raise GGUFParityError(f"matmul with '{w.name}' expects activations (..., {w.n_in}), got shape {x.shape}")
     int_kernel = int_kernel_for(w, x2.shape[0]) if numerics == "ggml" and matvec_family() == "int8" else ""
     if int_kernel:
-        y = matmul_by_int_tiles(w, x2) if int_kernel == "tiled" else matmul_by_int_matvec(w, x2)
+        y = matmul_by_int_tiles(w, x2, quantized) if int_kernel == "tiled" else matmul_by_int_matvec(w, x2, quantized)
         return y[0] if squeeze else y.reshape(*x.shape[:-1], w.n_out)
     xv, xs = activations.prepare(x2, numerics, w.kernels.vec_dot_type, w.kernels.sub)
     if x2.shape[0] <= MATVEC_MAX_TOKENS:
@@ -344,10 +347,20 @@ def matmul_by_matvec(w: QMatrix, xv: np.ndarray, xs: np.ndarray) -> np.ndarray:
     return y
 
 
-def matmul_by_int_matvec(w: QMatrix, x: np.ndarray) -> np.ndarray:
+def quantize_once(x: np.ndarray, kind: str, quantized: dict | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``activations.quantize_int(x, kind)``, taken from / kept in ``quantized`` when given."""
+    if quantized is None:
+        return activations.quantize_int(x, kind)
+    got = quantized.get(kind)
+    if got is None:
+        got = quantized[kind] = activations.quantize_int(x, kind)
+    return got
+
+
+def matmul_by_int_matvec(w: QMatrix, x: np.ndarray, quantized: dict | None = None) -> np.ndarray:
     """ggml numerics through the integer-dot kernels (the activation quantized once, as ggml does): one mat-vec
     per token up to ``MATVEC_MAX_TOKENS``, the row-pair-in-L1 kernel beyond (the same outputs bit for bit)."""
-    yq, yd, ya = activations.quantize_int(x, w.kernels.int_activation)
+    yq, yd, ya = quantize_once(x, w.kernels.int_activation, quantized)
     y = np.empty((x.shape[0], w.n_out), np.float32)
     if x.shape[0] <= MATVEC_MAX_TOKENS:
         for t in range(x.shape[0]):
@@ -371,11 +384,11 @@ def int_kernel_for(w: QMatrix, n_tokens: int) -> str:
     return ""
 
 
-def matmul_by_int_tiles(w: QMatrix, x: np.ndarray) -> np.ndarray:
+def matmul_by_int_tiles(w: QMatrix, x: np.ndarray, quantized: dict | None = None) -> np.ndarray:
     """ggml numerics through the register-tiled integer kernel (2 rows x 4 tokens per tile; the mat-vec's outputs
     bit for bit)."""
     k = w.kernels
-    yq, yd, ya = activations.quantize_int(x, k.int_activation)
+    yq, yd, ya = quantize_once(x, k.int_activation, quantized)
     y = np.empty((x.shape[0], w.n_out), np.float32)
     n_tiled, rest = x.shape[0], x.shape[0] % inttiles.TILE_TOKENS
     if n_tiled > inttiles.TILE_TOKENS and rest < TILED_MIN_TOKENS[w.qtype]:

@@ -120,6 +120,22 @@ def test_one_token_quantizer_is_the_first_row_of_quantize_int(kind, rng):
         np.testing.assert_array_equal(a, b[0])
 
 
+@pytest.mark.parametrize("kind", act.INT_ACTIVATIONS)
+def test_quantize_int_splits_many_tokens_over_threads_with_the_same_bits(kind, rng):
+    """From PARALLEL_TOKENS tokens on the tokens are quantized on several threads: each token's arrays are what it
+    gets alone (one thread)."""
+    import numba
+
+    numba.set_num_threads(min(2, numba.config.NUMBA_NUM_THREADS))
+    x = (rng.standard_normal((act.PARALLEL_TOKENS + 5, 512)) * rng.uniform(0.01, 30, (act.PARALLEL_TOKENS + 5, 1)))
+    x = x.astype(np.float32)
+    x[3] = 0.0  # an all-zero token: the quantizers' special case
+    many = act.quantize_int(x, kind)
+    for t in range(x.shape[0]):
+        for a, b in zip(many, act.quantize_int(x[t : t + 1], kind), strict=True):
+            np.testing.assert_array_equal(a[t : t + 1], b)
+
+
 def test_one_token_quantizer_names_the_known_kinds():
     with pytest.raises(ValueError, match="q8_K"):
         act.quantize_int_row(np.zeros(256, np.float32), "q9_9")

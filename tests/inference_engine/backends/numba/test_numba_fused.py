@@ -62,6 +62,25 @@ def test_parts_still_multiply_alone_and_in_other_groupings(rng):
     np.testing.assert_array_equal(backend.matmul_many((q,), x)[0], alone[0])  # a run cut short
 
 
+def test_a_prefill_quantizes_its_input_once_for_the_weights_it_meets(rng, monkeypatch):
+    """Beyond FUSED_MAX_TOKENS each weight multiplies alone, but the integer kernels' quantized activation is made
+    once per activation type (Q4_K and Q6_K both read Q8_K; Q8_0 its own), with each weight's bits unchanged."""
+    from inference_engine.backends.numba_cpu import FUSED_MAX_TOKENS
+    from inference_engine.backends.numba_kernels import activations
+
+    backend = NumbaBackend("ggml", 2)
+    ws = backend.load_matrices([tensor(rng, "q", T.Q4_K, 256, 256), tensor(rng, "k", T.Q4_K, 256, 256),
+                                tensor(rng, "v", T.Q6_K, 128, 256), tensor(rng, "o", T.Q8_0, 64, 256)])
+    x = rng.standard_normal((FUSED_MAX_TOKENS + 9, 256)).astype(np.float32)
+    alone = [backend.matmul(w, x) for w in ws]
+    kinds = []
+    real = activations.quantize_int
+    monkeypatch.setattr(activations, "quantize_int", lambda x, kind: kinds.append(kind) or real(x, kind))
+    for got, want in zip(backend.matmul_many(ws, x), alone, strict=True):
+        np.testing.assert_array_equal(got, want)
+    assert kinds == ["q8_K", "q8_0"]
+
+
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma3"])
 def test_whole_models_give_the_same_logits_fused_or_not(tmp_path, arch, monkeypatch):
     path = write_tiny_model(tmp_path / f"{arch}.gguf", arch, "Q4_K", tensor_types={"attn_v": "Q6_K"})
