@@ -26,6 +26,9 @@ READ_CHUNK = 16 << 20
 # A copy of at least this many bytes per thread is read by several threads, up to READ_THREADS (_read_file_into).
 PARALLEL_READ_BYTES = 4 << 20
 READ_THREADS = max(1, min(4, os.cpu_count() or 1))
+# From this size on a weight copy gets a mapping of its own on ordinary pages (weight_buffer): NumPy's threshold
+# for asking huge pages.
+PLAIN_PAGES_BYTES = 4 << 20
 # The attribute of a numpy.memmap holding its file's identity (remember_file_identity).
 IDENTITY_ATTR = "gguf_parity_file_identity"
 
@@ -90,7 +93,7 @@ def copy_out_of_map(arr: np.ndarray, out: np.ndarray | None = None) -> np.ndarra
         return _through_map(arr, out)
     name, position, identity = where
     if out is None:
-        out = np.empty(arr.shape, arr.dtype)
+        out = weight_buffer(arr.shape, arr.dtype)
     dest = memoryview(out.reshape(-1).view(np.uint8))
     try:
         with open(name, "rb", buffering=0) as fh:
@@ -161,6 +164,21 @@ def tensor_out_of_map(t):
     import dataclasses
 
     return dataclasses.replace(t, raw=copy_out_of_map(np.asarray(t.raw)))
+
+
+def weight_buffer(shape, dtype) -> np.ndarray:
+    """An uninitialized array for a weight copy. From :data:`PLAIN_PAGES_BYTES` on it is an anonymous mapping of its
+    own advised ``MADV_NOHUGEPAGE`` (where the platform has it): NumPy asks transparent huge pages for every array of
+    4 MiB and more, and on a VM whose host takes freed memory back, a huge page is the slow case of a first touch.
+    Measured loading Qwen2.5-1.5B (2-core Xeon VM, Linux 6.18, fresh processes, alternating): 1.75-2.75 s with huge
+    pages, 0.62-0.71 s without; its decode and prefill speed did not move (66.5 vs 66.4 ms a token, in-process)."""
+    dtype = np.dtype(dtype)
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    if nbytes < PLAIN_PAGES_BYTES or not hasattr(mmap, "MADV_NOHUGEPAGE"):
+        return np.empty(shape, dtype)
+    region = mmap.mmap(-1, nbytes)
+    region.madvise(mmap.MADV_NOHUGEPAGE)
+    return np.frombuffer(region, dtype).reshape(shape)  # the array keeps the mapping; freed with it
 
 
 def _through_map(arr: np.ndarray, out: np.ndarray | None) -> np.ndarray:

@@ -23,8 +23,8 @@ Q4_1's ``m``, Q4_0's ``-8 d``, the K-quants' mins...). The two numerics differ o
   as ``d_w * sum(q_w * (d_a q_a))`` in float32, which equals it to float rounding (each product ``d_a q_a`` is exact
   for the f16 ``d_a`` of Q8_0 / Q8_1).
 
-Quantizers run once per call (``T`` rows) in plain Numba loops, without ``fastmath`` (no reciprocal tricks: the
-divisions and roundings must be the C code's).
+Quantizers run once per call (``T`` rows; from ``PARALLEL_TOKENS`` rows on, the rows split over threads) in plain
+Numba loops, without ``fastmath`` (no reciprocal tricks: the divisions and roundings must be the C code's).
 """
 
 from __future__ import annotations

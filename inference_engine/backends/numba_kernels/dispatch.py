@@ -43,7 +43,7 @@ import numba
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
-from inference_engine.backends.mapped_pages import copy_out_of_map, drop_file_pages
+from inference_engine.backends.mapped_pages import copy_out_of_map, drop_file_pages, weight_buffer
 from inference_engine.backends.numba_kernels import (
     activations,
     floats,
@@ -274,7 +274,7 @@ def pack_matrices(tensors, copy: bool = True) -> list[QMatrix | FusedMatrices]:
 
 def _fuse(run: list) -> FusedMatrices:
     first = [pack_matrix(name, qtype, raw, shape, copy=False) for name, qtype, raw, shape in run]  # views, checked
-    rows = np.empty((sum(w.n_out for w in first), first[0].rows.shape[1]), np.uint8)
+    rows = weight_buffer((sum(w.n_out for w in first), first[0].rows.shape[1]), np.uint8)
     parts, start = [], 0
     for w, (_, _, raw, _) in zip(first, run):
         part_rows = rows[start : start + w.n_out]

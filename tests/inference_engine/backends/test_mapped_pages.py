@@ -144,3 +144,31 @@ def test_a_big_copy_is_read_by_several_threads_with_the_same_bytes(mapped, monke
     copy = copy_out_of_map(view)
     np.testing.assert_array_equal(copy, data[100 : 100 + (N_PAGES - 1) * PAGE])
     assert len(reads) == 4 and mapped_pages._pool is not None
+
+
+def _vm_flags(arr: np.ndarray) -> list[str]:
+    """The VmFlags of the mapping holding ``arr`` (Linux /proc/self/smaps)."""
+    address, current = arr.ctypes.data, None
+    with open("/proc/self/smaps") as fh:
+        for line in fh:
+            head = line.split()[0]
+            if "-" in head and ":" not in head:
+                lo, hi = (int(part, 16) for part in head.split("-"))
+                current = lo <= address < hi
+            elif current and line.startswith("VmFlags:"):
+                return line.split()[1:]
+    return []
+
+
+@pytest.mark.skipif(not hasattr(mmap, "MADV_NOHUGEPAGE"), reason="no MADV_NOHUGEPAGE on this platform")
+def test_a_big_weight_copy_lives_on_ordinary_pages_and_is_never_given_back_as_a_file_page(mapped):
+    from inference_engine.backends.mapped_pages import PLAIN_PAGES_BYTES, weight_buffer
+
+    resident_kb()  # skips where there is no /proc
+    big = weight_buffer((PLAIN_PAGES_BYTES // 256, 256), np.uint8)
+    big[:] = 7
+    assert big.shape == (PLAIN_PAGES_BYTES // 256, 256) and big.dtype == np.uint8 and big.flags.writeable
+    assert "nh" in _vm_flags(big)  # MADV_NOHUGEPAGE: no transparent huge pages for it
+    assert drop_file_pages(big) == 0 and (big == 7).all()  # anonymous memory: never MADV_DONTNEED'd
+    small = weight_buffer((16,), np.float32)
+    assert type(small) is np.ndarray and small.shape == (16,)
