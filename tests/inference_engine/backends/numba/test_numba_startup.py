@@ -293,6 +293,7 @@ def test_object_symbols_are_the_global_definitions_of_the_object_numba_compiles(
         library.add_llvm_module(ll.parse_assembly(ir))
         library.finalize()
     _, kind, (obj, _) = library.serialize_using_object_code()
+    assert kind == "object"
     got = object_symbols(obj)
     if got is None:
         pytest.skip("this platform's object files are not ELF64: the loader keeps Numba's way there")
