@@ -15,6 +15,7 @@ above where it settled once the pages were dropped.
 
 from __future__ import annotations
 
+import dataclasses
 import mmap
 import os
 
@@ -29,6 +30,8 @@ READ_THREADS = max(1, min(4, os.cpu_count() or 1))
 # From this size on a weight copy gets a mapping of its own on ordinary pages (weight_buffer): NumPy's threshold
 # for asking huge pages.
 PLAIN_PAGES_BYTES = 4 << 20
+# Positional reads (os.preadv) let threads share one file; without them (Windows) one thread seeks and reads.
+HAVE_PREADV = hasattr(os, "preadv")
 # The attribute of a numpy.memmap holding its file's identity (remember_file_identity).
 IDENTITY_ATTR = "gguf_parity_file_identity"
 
@@ -115,7 +118,7 @@ def _read_file_into(fh, position: int, dest: memoryview) -> int:
     alternating): 1 thread 1.5-2.2 s when the memory had just been handed back to the host, 0.30 s when not; 2
     threads 0.83-1.5 s and 0.19 s."""
     n = len(dest)
-    parts = min(READ_THREADS, n // PARALLEL_READ_BYTES) if hasattr(os, "preadv") else 1
+    parts = min(READ_THREADS, n // PARALLEL_READ_BYTES) if HAVE_PREADV else 1
     if parts <= 1:
         return _read_span(fh, position, dest)
     bounds = [n * i // parts // PAGE * PAGE for i in range(parts)] + [n]
@@ -129,9 +132,9 @@ def _read_span(fh, position: int, dest: memoryview) -> int:
     done = 0
     while done < len(dest):
         piece = dest[done : done + READ_CHUNK]
-        if hasattr(os, "preadv"):
+        if HAVE_PREADV:
             got = os.preadv(fh.fileno(), [piece], position + done)
-        else:  # no positional read (Windows): one thread, seek and read
+        else:
             fh.seek(position + done)
             got = fh.readinto(piece)
         if not got:
@@ -161,8 +164,6 @@ def tensor_out_of_map(t):
     mapping maps the pages around it too (the kernel's fault-around, and on Linux 6.x the whole large folio the page
     cache holds, up to 2 MiB): seen on Linux 6.18 / ext4, SmolLM2's 60 norm vectors (2.3 KB each) read through the
     map at its first decoded token brought 62 MiB of the neighbouring weights' pages into RSS."""
-    import dataclasses
-
     return dataclasses.replace(t, raw=copy_out_of_map(np.asarray(t.raw)))
 
 

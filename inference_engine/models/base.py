@@ -164,7 +164,7 @@ class Weights:
         from inference_engine.quants import dequantize_tensor
 
         values = dequantize_tensor(tensor_out_of_map(self.f.tensor(self.name(base))))  # not a view of the map
-        return np.array(values, dtype=np.float32).reshape(-1)
+        return np.asarray(values, dtype=np.float32).reshape(-1)
 
 
 class Model(ABC):
