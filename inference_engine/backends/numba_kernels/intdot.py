@@ -52,7 +52,20 @@ from inference_engine.backends.numba_kernels.int8 import (
     madd16,
     nibbles32,
 )
-from inference_engine.backends.numba_kernels.simd import fma32, load_f16, prefetch, rows_ahead
+from inference_engine.backends.numba_kernels.simd import fma32, load_f16, prefetch, rows_ahead, vzero
+from inference_engine.backends.numba_kernels.zmm import (
+    ROWS,
+    f16_pairs,
+    f16_quad,
+    fma_lanes,
+    fma_splat8,
+    has_zmm_vnni,
+    nibble_dots,
+    row_scales,
+    signed_dots,
+    store_rows,
+    store_rows_plus,
+)
 
 _F32 = np.float32
 QK_K = 256
@@ -137,6 +150,49 @@ def pair_q4_1(w0, w1, p0, p1, yq, yd, ya):
         c0 = fma32(load_f16(w0, o + 2), ya[b], c0)
         c1 = fma32(load_f16(w1, o + 2), ya[b], c1)
     return fsum(a0) + c0, fsum(a1) + c1
+
+
+@njit(inline="always", cache=True)
+def quad_q4_1(w0, w1, w2, w3, p0, yq, yd, ya):
+    """Four Q4_1 rows on 512-bit vectors (:mod:`.zmm`): their ``lo`` / ``hi`` lane sums and ``m * s`` terms.
+    ``p0``: the first of the four rows to prefetch (they follow it in memory: 80 bytes a block)."""
+    lo, hi, c = vzero(), vzero(), fzero()
+    for b in range(yd.shape[0]):
+        o = 20 * b
+        prefetch_span(p0, 80 * b, 80)
+        dm = f16_pairs(w0, w1, w2, w3, o)
+        d = row_scales(dm, yd[b])
+        qlo, qhi = nibble_dots(w0, w1, w2, w3, o + 4, yq, 32 * b)
+        lo = fma_lanes(d, qlo, lo)
+        hi = fma_lanes(d, qhi, hi)
+        c = fma_splat8(dm, ya[b], c)
+    return lo, hi, c
+
+
+@njit(inline="always", cache=True)
+def quad_q8_0(w0, w1, w2, w3, p0, yq, yd, corr):
+    """Four Q8_0 rows on 512-bit vectors (:mod:`.zmm`): their ``lo`` / ``hi`` lane sums (``p0`` as in
+    :func:`quad_q4_1`: 136 bytes a block)."""
+    lo, hi = vzero(), vzero()
+    for b in range(yd.shape[0]):
+        o = 34 * b
+        prefetch_span(p0, 136 * b, 136)
+        d = row_scales(f16_quad(w0, w1, w2, w3, o), yd[b])
+        qlo, qhi = signed_dots(w0, w1, w2, w3, o + 2, yq, 32 * b, corr, 8 * b)
+        lo = fma_lanes(d, qlo, lo)
+        hi = fma_lanes(d, qhi, hi)
+    return lo, hi
+
+
+@njit(cache=True)
+def q8_corrections(yq):
+    """``-128 * sum4(y)`` per int32 lane of the Q8_0 activation ``yq`` (:func:`.zmm.signed_dots`' start values)."""
+    corr = np.empty(yq.shape[0] // 4, np.int32)
+    y = yq.view(np.int8)
+    for i in range(corr.shape[0]):
+        s = np.int32(y[4 * i]) + np.int32(y[4 * i + 1]) + np.int32(y[4 * i + 2]) + np.int32(y[4 * i + 3])
+        corr[i] = -128 * s
+    return corr
 
 
 @njit(inline="always", cache=True)
@@ -310,6 +366,15 @@ def matmul_q4_0(w, yq, yd, ya, out):
 @njit(parallel=True, cache=True)
 def matvec_q4_1(w, yq, yd, ya, out):
     n = out.shape[0]
+    if has_zmm_vnni() and n >= ROWS:
+        # four rows a step; the last step ends at row n - 1 (rows it shares with the one before get the same values)
+        ahead = rows_ahead(w)
+        for g in prange((n + ROWS - 1) // ROWS):
+            r = min(ROWS * g, n - ROWS)
+            p = w[min(r + ahead, n - ROWS)]
+            lo, hi, c = quad_q4_1(w[r], w[r + 1], w[r + 2], w[r + 3], p, yq, yd, ya)
+            store_rows_plus(out, r, lo, hi, c)
+        return
     ahead = rows_ahead(w)
     for g in prange((n + 1) // 2):
         r0 = 2 * g
@@ -340,6 +405,15 @@ def matvec_q8_0(w, yq, yd, ya, out):
     # 35 MB 14.8 -> 17.3 (17.1); Q6_K 52 MB 14.4 -> 20.7 (18.4); Q5_K 8960x1536 x 10 matrices 15.1 -> 17.7. Q4_0, Q4_1
     # and Q5_0 gained nothing (Q4_1 53 MB 10.5 vs 10.7: their arithmetic limits them), so they keep their pairs.
     n = out.shape[0]
+    if has_zmm_vnni() and n >= ROWS:
+        corr = q8_corrections(yq)
+        ahead = rows_ahead(w)
+        for g in prange((n + ROWS - 1) // ROWS):
+            r = min(ROWS * g, n - ROWS)
+            p = w[min(r + ahead, n - ROWS)]
+            lo, hi = quad_q8_0(w[r], w[r + 1], w[r + 2], w[r + 3], p, yq, yd, corr)
+            store_rows(out, r, lo, hi)
+        return
     ahead = rows_ahead(w)
     for r in prange(n):
         out[r] = row_dot_q8_0(w[r], w[min(r + ahead, n - 1)], yq, yd)

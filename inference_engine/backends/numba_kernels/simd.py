@@ -372,15 +372,17 @@ def _literal_tuple(value, n, what) -> list[int]:
 
 @intrinsic
 def prefetch(typingctx, arr, offset):
-    """Hint the cache line holding byte ``offset`` of a uint8 array into L1 (llvm.prefetch; never faults).
+    """Hint the cache line holding byte ``offset`` of a uint8 array into the caches (llvm.prefetch; never faults).
 
-    The mat-vec kernels prefetch a few KB ahead in the weight stream: measured here on the 178 MB Gemma 3 output
-    matrix, 10 -> 15 GB/s on one thread and 21 -> 28 GB/s on two (the hardware prefetcher alone falls short).
-    The hint is non-temporal (``prefetchnta``): each weight byte is read once per token, so it need not push the
-    rest of the process (the Python and Numba state between kernel calls) out of the caches. In-process A/B on
-    SmolLM2's decode (AVX2 EPYC, its Q4_1 and Q8_0 mat-vecs swapped per run, 8 runs of 40 tokens each): 2 threads
-    best 12.20 -> 11.68 ms a token, median 13.52 -> 13.27; 1 thread best 15.54 -> 15.00; Gemma 3 within the noise
-    (best 24.1 -> 24.5, median 28.3 -> 26.6).
+    The mat-vec kernels prefetch a few KB ahead in the weight stream: measured on the AVX2 EPYC on the 178 MB Gemma 3
+    output matrix, 10 -> 15 GB/s on one thread and 21 -> 28 GB/s on two (the hardware prefetcher alone falls short).
+    The hint keeps the line in every level (``prefetcht0``), not non-temporal (``prefetchnta``): where a model
+    (or much of it) fits in the last-level cache, lines fetched non-temporally are not kept there for the next token
+    (the likely reason for what was measured). Measured on the Xeon VM (AVX-512, L3 260 MiB, 2 threads,
+    ``decode_profile``, ms a token, NTA -> T0):
+    Gemma 3 12.7 -> 11.5, Qwen2.5-1.5B 62.9 -> 42.1, and SmolLM2's 4-row mat-vecs (:mod:`.zmm`) 7.4 -> 3.4-3.7
+    (its Q8_0 output matrix 1.86 -> 0.57). On the AVX2 EPYC NTA had measured 2-4% faster on SmolLM2 (best 11.68 vs
+    12.20 ms a token), within that machine's noise.
     """
     _check_array(arr, types.uint8, "prefetch")
 
@@ -389,7 +391,7 @@ def prefetch(typingctx, arr, offset):
         i32 = lambda v: ir.Constant(_I32, v)
         fnty = ir.FunctionType(ir.VoidType(), [p.type, _I32, _I32, _I32])
         fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0")
-        builder.call(fn, [p, i32(0), i32(0), i32(1)])  # read, no temporal locality (NTA), data cache
+        builder.call(fn, [p, i32(0), i32(3), i32(1)])  # read, keep in all levels (T0), data cache
         return context.get_dummy_value()
 
     return types.void(arr, offset), codegen

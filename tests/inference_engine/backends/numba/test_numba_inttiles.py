@@ -19,8 +19,9 @@ from inference_engine.backends.numba_kernels import activations, dispatch, int8,
 TILED_TYPES = [t for t, k in dispatch.KERNELS.items() if k.matmul_tiled is not None]
 N_OUT, N_IN = 2 * inttiles.GROUP_ROWS + 5, 512  # two full row groups and a short one ending in a lone row
 # through the kernel itself: every remainder inside the 4-token tile, and the K-quants' 8-token blocks: one (8),
-# one plus a 4-token tile and a remainder (13), two plus a remainder (19)
-TOKEN_COUNTS = [*range(1, 10), 13, 19]
+# one plus a 4-token tile and a remainder (13), two plus a remainder (19: on AVX-512 VNNI one 16-token block of
+# row16z_*), a 16-token block, an 8-token block, a 4-token tile and a remainder (31: row16z, row8z_q4_k, tiles)
+TOKEN_COUNTS = [*range(1, 10), 13, 19, 31]
 
 
 def per_token_matvec(w, yq, yd, ya):
@@ -131,3 +132,17 @@ def test_kmin_pairs_are_the_scalar_min_products_at_the_extremes(rng):
     vec = _vector_min_terms(bsums, words)
     np.testing.assert_array_equal(vec[:, :4], _scalar_min_terms(bsums, words))
     assert not vec[:, 4:].any()
+
+
+@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K], ids=lambda t: t.name)
+def test_k_quant_long_rows_equal_the_matvec(qtype, rng):
+    """Rows of 7 super-blocks through the 16-token kernels (AVX-512 VNNI) and the 8-token ones: the mat-vec's
+    outputs bit for bit (the float state of each output carried over many super-blocks)."""
+    n_in = 7 * 256
+    w, _ = random_weight(qtype, 2 * inttiles.GROUP_ROWS + 3, n_in, rng)
+    for n_tokens in (16, 31):
+        x = random_activation(rng, n_tokens, n_in)
+        yq, yd, ya = activations.quantize_int(x, w.kernels.int_activation)
+        tiled = np.full((n_tokens, w.n_out), np.nan, np.float32)
+        w.kernels.matmul_tiled(w.rows, yq, yd, ya, tiled)
+        np.testing.assert_array_equal(tiled, per_token_matvec(w, yq, yd, ya), err_msg=f"T={n_tokens}")
