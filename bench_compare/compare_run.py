@@ -3,7 +3,8 @@
 Tests (llama-bench semantics, see :mod:`bench_compare.measure`): ``pp{P}``, ``tg{N}``, ``tg{N} @ d{D}``,
 ``ttft hot``, then in fresh subprocesses ``ttft cold`` and ``peak rss``. Every repetition runs ours then llama.cpp
 (A, B, A, B, ...) so that drift on a shared machine hits both, and the ratios (higher is better for ours) are the
-numbers to track, never the absolute times.
+numbers to track, never the absolute times. The cold starts run after both hot engines are closed and released, in
+alternating order (A B, B A, A B, ...).
 
 Sizes: llama-bench's defaults (``-p 512 -n 128``, and depth 512), always, unless the model's context is shorter
 (then the largest that fits, with a note saying so) or the user gives ``--budget SECONDS``: then a probe measures
@@ -17,6 +18,7 @@ note says so. Every run records its projection next to the seconds it actually t
 
 from __future__ import annotations
 
+import gc
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -380,11 +382,22 @@ def run_compare(cfg: CompareConfig, session: CompareSession, *, clock: Clock | N
                                                   numerics=cfg.numerics, n_batch=cfg.n_batch)
             session.load_s[spec.name] = (clock() - t0) / NS_PER_S
         ordered = {ours_spec.name: made[ours_spec.name], ref_spec.name: made[ref_spec.name]}  # run order: ours first
-        return _run_with_engines(cfg, session, ordered, gguf, path, n_threads, n_ctx, max_ctx, ours_spec, ref_spec,
+        made.clear()
+        made.update(ordered)
+        return _run_with_engines(cfg, session, made, gguf, path, n_threads, n_ctx, max_ctx, ours_spec, ref_spec,
                                  clock, progress, advance, say)
     finally:
-        for engine in made.values():
-            engine.close()
+        release_engines(made)
+
+
+def release_engines(made: dict[str, Any]) -> None:
+    """Close the engines and drop this run's references to them (the dict is emptied), so that their memory is
+    given back before anything else runs: the cold starts that follow the hot tests run in a machine's memory as
+    the user's program would, not beside gigabytes the harness still holds."""
+    for engine in made.values():
+        engine.close()
+    made.clear()
+    gc.collect()  # an engine's object graph may hold cycles
 
 
 def _run_with_engines(cfg, session, made, gguf, path, n_threads, n_ctx, max_ctx, ours_spec, ref_spec, clock,
@@ -411,7 +424,8 @@ def _run_with_engines(cfg, session, made, gguf, path, n_threads, n_ctx, max_ctx,
         "n_prompt": sizes.n_prompt, "n_gen": sizes.n_gen, "n_depth": sizes.n_depth, "sizes_chosen": sizes.how,
         "sizes_note": sizes.note, "prompt": cfg.prompt, "ttft_prompt_tokens": ttft_tokens, "quick": cfg.quick,
         "budget_s": cfg.budget_s, "projected_s": sizes.projected_s,
-        "order": "interleaved per repetition: ours, llamacpp",
+        "order": "interleaved per repetition: ours, llamacpp; cold starts after both engines are released, "
+                 "alternating",
         "engines": {
             spec.name: engines.engine_settings(spec, n_threads=n_threads, n_ctx=n_ctx, numerics=cfg.numerics,
                                                n_batch=cfg.n_batch, model=path)
@@ -431,9 +445,15 @@ def _run_with_engines(cfg, session, made, gguf, path, n_threads, n_ctx, max_ctx,
     measure_ttft_hot(runner, cfg.prompt)
 
     if cold_reps:
+        # the hot engines go first (their memory back to the machine); then the cold starts alternate which engine
+        # starts first (ours, llama.cpp; llama.cpp, ours; ...), so whatever the previous process left behind (a
+        # page cache, freed memory the host must hand back) does not always fall on the same engine
+        del ours, ref
+        runner.engines = {}
+        release_engines(made)
         session.cold_runs = {ours_spec.name: [], ref_spec.name: []}
-        for _ in range(cold_reps):
-            for spec in (ours_spec, ref_spec):
+        for rep in range(cold_reps):
+            for spec in (ours_spec, ref_spec) if rep % 2 == 0 else (ref_spec, ours_spec):
                 run = cold_runner.run_cold_start_subprocess(
                     spec, path, cfg.prompt, n_threads=n_threads, n_ctx=n_ctx, numerics=cfg.numerics,
                     n_batch=cfg.n_batch, rss_prompt=sizes.n_prompt, rss_gen=sizes.n_gen, seed=cfg.seed)

@@ -243,3 +243,27 @@ def test_compare_runs_on_the_1_5b_model(capsys, tmp_path):
     assert set(result["ratios"]) == {"pp32", "tg4", "tg4 @ d32", "ttft hot", "ttft cold", "peak rss"}
     bufts = result["settings"]["engines"]["llamacpp"]
     assert isinstance(bufts["extra_bufts"], bool) and bufts["extra_bufts_reason"]
+
+
+def test_cold_starts_alternate_after_the_hot_engines_are_released(capsys, fake_engines, model, tmp_path, monkeypatch):
+    """The cold starts run only once both hot engines are closed (their memory given back), and the engine that
+    starts first alternates (ours, llama.cpp; llama.cpp, ours; ...), so neither always follows the other's process."""
+    from bench_compare import cold_runner
+
+    starts: list[tuple[str, bool]] = []
+
+    def fake_cold_start(spec, model_path, prompt, **kwargs):
+        starts.append((spec.name, all(e.closed for e in fake_engines.engines.values())))
+        return {"phases_ns": {"load": 10, "prefill": 20}, "total_ns": 30, "n_prompt_tokens": 3,
+                "peak_rss_bytes": 1 << 20, "peak_rss_ttft_bytes": 1 << 20, "rss_after_imports_bytes": 1 << 19}
+
+    monkeypatch.setattr(cold_runner, "run_cold_start_subprocess", fake_cold_start)
+    path = tmp_path / "r.json"
+    code, _, err = compare(capsys, "-m", model, "-p", "16", "-n", "4", "-d", "0", "-r", "1", "--cold-reps", "3",
+                           "--json", str(path))
+    assert code == 0, err
+    ours = starts[0][0]
+    assert ours.startswith("ours:")
+    assert [name for name, _ in starts] == [ours, "llamacpp", "llamacpp", ours, ours, "llamacpp"]
+    assert all(released for _, released in starts)
+    assert {"ttft cold", "peak rss"} <= set(json.loads(path.read_text())["ratios"])

@@ -1,0 +1,64 @@
+"""Unmapping a library's read-only pages: only clean read-only mappings are chosen; LLVM keeps working after."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from inference_engine.backends.library_pages import read_only_file_spans
+
+SMAPS = """\
+7f0000000000-7f0000300000 r--p 00000000 08:01 123 /site-packages/llvmlite/binding/libllvmlite.so
+Rss:                2048 kB
+Anonymous:             0 kB
+7f0000300000-7f0005300000 r-xp 00300000 08:01 123 /site-packages/llvmlite/binding/libllvmlite.so
+Rss:               30000 kB
+Anonymous:             0 kB
+7f0005300000-7f0005400000 r--p 05300000 08:01 123 /site-packages/llvmlite/binding/libllvmlite.so
+Rss:                1024 kB
+Anonymous:          1024 kB
+7f0005400000-7f0005500000 rw-p 05400000 08:01 123 /site-packages/llvmlite/binding/libllvmlite.so
+Rss:                1024 kB
+Anonymous:           512 kB
+7f0006000000-7f0006100000 r-xp 00000000 08:01 124 /usr/lib/not_libllvmlite.so
+Rss:                1024 kB
+Anonymous:             0 kB
+7f0007000000-7f0007100000 rw-p 00000000 00:00 0
+Anonymous:          1024 kB
+"""
+
+
+def test_only_clean_read_only_mappings_of_the_library_are_chosen(tmp_path):
+    """The relocated read-only data (anonymous pages) and the writable data are left alone, as is another file."""
+    smaps = tmp_path / "smaps"
+    smaps.write_text(SMAPS)
+    assert read_only_file_spans("libllvmlite.so", str(smaps)) == [(0x7F0000000000, 0x7F0000300000),
+                                                                  (0x7F0000300000, 0x7F0005300000)]
+
+
+_CHILD = """
+import numba, numpy as np
+from inference_engine.backends.library_pages import release_read_only_pages
+def rss():
+    return [int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmRSS:")][0]
+before = rss()
+released = release_read_only_pages()
+after = rss()
+@numba.njit
+def total(a):  # compiled after the release: LLVM's optimizer and code generator mapped back as they run
+    s = 0.0
+    for v in a:
+        s += v
+    return s
+print(released, before - after, total(np.arange(10.0)))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/self/smaps and madvise are Linux's")
+def test_llvm_is_unmapped_and_still_compiles():
+    out = subprocess.run([sys.executable, "-c", _CHILD], capture_output=True, text=True, check=True).stdout.split()
+    released, dropped_kib, total = int(out[0]), int(out[1]), float(out[2])
+    assert released > 0 and dropped_kib > 0  # some of LLVM was resident and is not any more
+    assert total == 45.0
