@@ -105,3 +105,64 @@ def test_zmm_steps_are_compiled_in_where_the_target_has_avx512_vnni(monkeypatch)
     monkeypatch.setattr(zmm, "target_features",
                         lambda context: frozenset({"+avx2", "+avx512f", "+avx512bw", "+avx512vnni"}))
     assert compiled() is True
+
+
+def _compile_token_steps():
+    """A fresh, uncached function over the two-token steps (so the test's lowering applies)."""
+
+    @njit
+    def steps(row, y, k_lo, k_hi, ya0, ya1, out):
+        lo, hi = zmm.nibbles_both(row, 0)
+        zmm.istore16(out, 0, zmm.scaled_dots(zmm.izero16(), lo, y, 0, k_lo))
+        zmm.istore16(out, 16, zmm.scaled_dots2(zmm.izero16(), hi, y, 64, k_lo, k_hi))
+        q0, q1, q2, q3 = zmm.q6_quants_both(row, 0, 1)
+        acc = zmm.scaled_dots2(zmm.izero16(), q3, y, 0, k_lo, k_hi)
+        zmm.istore16(out, 32, zmm.iadd16(acc, zmm.scaled_dots(zmm.izero16(), q0, y, 64, 1)))
+        zmm.istore16(out, 48, zmm.minus_bsums32(zmm.izero16(), ya0, ya1, 0, row, 192))
+        zmm.istore16(out, 64, zmm.iadd16(zmm.scaled_dots(zmm.izero16(), q1, y, 0, 1),
+                                         zmm.scaled_dots(zmm.izero16(), q2, y, 64, -1)))
+
+    return steps
+
+
+def _reference_token_steps(row, y, k_lo, k_hi, ya0, ya1):
+    ys = y.view(np.int8).astype(np.int64)
+    lanes = lambda u, s: (u.astype(np.int64) * s).reshape(16, 4).sum(1)
+    scale2 = np.array(([k_lo] * 4 + [k_hi] * 4) * 2)
+    nib_lo = np.tile(row[:32] & 15, 2)
+    nib_hi = np.tile(row[:32] >> 4, 2)
+    ql0, ql1, qh = row[64:96], row[96:128], row[160:192]  # half 1 of a Q6_K super-block at offset 0
+    q0 = (ql0 & 15) | ((qh & 3) << 4)
+    q1 = (ql1 & 15) | (((qh >> 2) & 3) << 4)
+    q2 = (ql0 >> 4) | (((qh >> 4) & 3) << 4)
+    q3 = (ql1 >> 4) | ((qh >> 6) << 4)
+    sc = row[192:208].view(np.int8).astype(np.int64)
+    bsums = np.concatenate([(ya0.astype(np.int64) * sc).reshape(8, 2).sum(1),
+                            (ya1.astype(np.int64) * sc).reshape(8, 2).sum(1)])
+    return np.concatenate([lanes(nib_lo, ys[:64]) * k_lo, lanes(nib_hi, ys[64:]) * scale2,
+                           lanes(np.tile(q3, 2), ys[:64]) * scale2 + lanes(np.tile(q0, 2), ys[64:]),
+                           -32 * bsums, lanes(np.tile(q1, 2), ys[:64]) - lanes(np.tile(q2, 2), ys[64:])]
+                          ).astype(np.int32)
+
+
+@pytest.mark.parametrize("lowering", ["target", "portable"])
+def test_two_token_steps_on_every_lowering(lowering, rng, monkeypatch):
+    """The Q4_K / Q6_K prefill steps (unpack into both halves, scaled dot products, Q6_K's block-sum offset) give
+    plain integer arithmetic's values through AVX-512 BW / VNNI and through the portable IR other targets compile
+    (the kernels that use them are compiled everywhere, run only where ``has_zmm_vnni``)."""
+    if lowering == "portable":
+        monkeypatch.setattr(zmm, "target_features", lambda context: frozenset())
+    steps = _compile_token_steps()
+    for _ in range(5):
+        row = rng.integers(0, 256, 210, dtype=np.uint8)
+        y = rng.integers(-127, 128, 128).astype(np.int8).view(np.uint8)
+        ya0, ya1 = (rng.integers(-2032, 2033, 16).astype(np.int16) for _ in range(2))
+        k_lo, k_hi = int(rng.integers(-128, 128)), int(rng.integers(0, 64))
+        out = np.empty(80, np.int32)
+        steps(row, y, k_lo, k_hi, ya0, ya1, out)
+        np.testing.assert_array_equal(out, _reference_token_steps(row, y, k_lo, k_hi, ya0, ya1))
+    asm = steps.inspect_asm(steps.signatures[0])
+    if lowering == "target" and ZMM_VNNI:
+        assert "vpdpwssd" in asm or "vpmaddwd" in asm
+    if lowering == "portable":
+        assert "vpmaddubsw" not in asm and "vpdpwssd" not in asm
