@@ -89,8 +89,8 @@ def test_quad_integer_steps_on_every_lowering(lowering, rng, monkeypatch):
 
 
 def test_zmm_steps_are_compiled_in_where_the_target_has_avx512_vnni(monkeypatch):
-    """``has_zmm_vnni`` is the compile target's: true with AVX-512 F, BW and VNNI, false without (as for an AVX2
-    target such as ``NUMBA_CPU_NAME=haswell``)."""
+    """``has_zmm_vnni`` is the compile target's: true with AVX-512 F, BW and VNNI, false without (an AVX2 target:
+    ``NUMBA_CPU_NAME=haswell`` with ``NUMBA_CPU_FEATURES`` to match; the name alone keeps the host's features)."""
 
     def compiled():
         @njit
