@@ -68,7 +68,6 @@ from inference_engine.backends.numba_kernels.zmm import (
     fma_tokens,
     fsum_token,
     has_zmm_vnni,
-    iadd16,
     izero16,
     minus_bsums32,
     nibbles_both,
@@ -753,11 +752,17 @@ def sub_pair_scales(sc, j):
             np.int32((sc >> np.uint64(16 * j + 8)) & np.uint64(0xFF)))
 
 
+@njit(inline="always", cache=True)
+def dots_q4_k(acc, lo, hi, y, e, sl, sh):
+    """One token pair's scaled dot products with a Q4_K sub-block pair (scales ``sl``, ``sh``, activations at
+    ``e``)."""
+    return scaled_dots(scaled_dots(acc, lo, y, e, sl), hi, y, e + 64, sh)
+
+
 @njit(cache=True)
 def row8z_q4_k(w, yq2, yd8, ya8, t, out, r):
     """:func:`row8_q4_k` on 512-bit vectors (:mod:`.zmm`): two tokens per vector, so each sub-block pair is unpacked
-    once for 4 vectors instead of 8; the same integers and float steps, so the same outputs bit for bit. The even
-    and the odd sub-blocks add into sums of their own (one ``vpdpwssd`` each; the integers add up the same)."""
+    once for 4 vectors instead of 8; the same integers and float steps, so the same outputs bit for bit."""
     p = t // 2
     y0, y1, y2, y3 = yq2[p], yq2[p + 1], yq2[p + 2], yq2[p + 3]
     yd, ys = yd8[t // 8], ya8[t // 8]
@@ -768,17 +773,13 @@ def row8z_q4_k(w, yq2, yd8, ya8, t, out, r):
         u0, u1, u2, u3 = k4_scales(w, o + 4)
         sc = np.uint64(u0) | (np.uint64(u1) << np.uint64(32))
         i0, i1, i2, i3 = izero16(), izero16(), izero16(), izero16()
-        h0, h1, h2, h3 = izero16(), izero16(), izero16(), izero16()
         for j in range(pairs):
             lo, hi = nibbles_both(w, o + 16 + 32 * j)
             sl, sh = sub_pair_scales(sc, j)
             e = 2 * (QK_K * i + 64 * j)
-            i0, h0 = scaled_dots(i0, lo, y0, e, sl), scaled_dots(h0, hi, y0, e + 64, sh)
-            i1, h1 = scaled_dots(i1, lo, y1, e, sl), scaled_dots(h1, hi, y1, e + 64, sh)
-            i2, h2 = scaled_dots(i2, lo, y2, e, sl), scaled_dots(h2, hi, y2, e + 64, sh)
-            i3, h3 = scaled_dots(i3, lo, y3, e, sl), scaled_dots(h3, hi, y3, e + 64, sh)
-        a, m = close8z_q4_k(w, o, i, yd, ys, u2, u3, iadd16(i0, h0), iadd16(i1, h1), iadd16(i2, h2), iadd16(i3, h3),
-                            a, m)
+            i0, i1 = dots_q4_k(i0, lo, hi, y0, e, sl, sh), dots_q4_k(i1, lo, hi, y1, e, sl, sh)
+            i2, i3 = dots_q4_k(i2, lo, hi, y2, e, sl, sh), dots_q4_k(i3, lo, hi, y3, e, sl, sh)
+        a, m = close8z_q4_k(w, o, i, yd, ys, u2, u3, i0, i1, i2, i3, a, m)
     store8z_q4_k(out, r, t, a, m)
 
 
@@ -804,14 +805,10 @@ def row16z_q4_k(w, yq2, yd8, ya8, t, out, r):
             lo, hi = nibbles_both(w, o + 16 + 32 * j)
             sl, sh = sub_pair_scales(sc, j)
             e = 2 * (QK_K * i + 64 * j)
-            i0 = scaled_dots(scaled_dots(i0, lo, y0, e, sl), hi, y0, e + 64, sh)
-            i1 = scaled_dots(scaled_dots(i1, lo, y1, e, sl), hi, y1, e + 64, sh)
-            i2 = scaled_dots(scaled_dots(i2, lo, y2, e, sl), hi, y2, e + 64, sh)
-            i3 = scaled_dots(scaled_dots(i3, lo, y3, e, sl), hi, y3, e + 64, sh)
-            i4 = scaled_dots(scaled_dots(i4, lo, y4, e, sl), hi, y4, e + 64, sh)
-            i5 = scaled_dots(scaled_dots(i5, lo, y5, e, sl), hi, y5, e + 64, sh)
-            i6 = scaled_dots(scaled_dots(i6, lo, y6, e, sl), hi, y6, e + 64, sh)
-            i7 = scaled_dots(scaled_dots(i7, lo, y7, e, sl), hi, y7, e + 64, sh)
+            i0, i1 = dots_q4_k(i0, lo, hi, y0, e, sl, sh), dots_q4_k(i1, lo, hi, y1, e, sl, sh)
+            i2, i3 = dots_q4_k(i2, lo, hi, y2, e, sl, sh), dots_q4_k(i3, lo, hi, y3, e, sl, sh)
+            i4, i5 = dots_q4_k(i4, lo, hi, y4, e, sl, sh), dots_q4_k(i5, lo, hi, y5, e, sl, sh)
+            i6, i7 = dots_q4_k(i6, lo, hi, y6, e, sl, sh), dots_q4_k(i7, lo, hi, y7, e, sl, sh)
         a, m = close8z_q4_k(w, o, i, yd, ys, u2, u3, i0, i1, i2, i3, a, m)
         a_, m_ = close8z_q4_k(w, o, i, yd_, ys_, u2, u3, i4, i5, i6, i7, a_, m_)
     store8z_q4_k(out, r, t, a, m)

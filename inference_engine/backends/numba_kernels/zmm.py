@@ -464,17 +464,6 @@ def izero16(typingctx):
 
 
 @intrinsic
-def iadd16(typingctx, a, b):
-    if a != I32x16 or b != I32x16:
-        raise TypingError(f"iadd16 expects two I32x16, got {a}, {b}")
-
-    def codegen(context, builder, sig, args):
-        return builder.add(args[0], args[1])
-
-    return I32x16(a, b), codegen
-
-
-@intrinsic
 def fma_tokens(typingctx, d0, d1, v, acc):
     """``acc + d * float(v)`` per lane with ``d`` = ``d0`` in lanes 0..7 (token ``t``), ``d1`` in 8..15 (``t + 1``):
     each token's super-block step (``vcvtdq2ps`` + FMA, one rounding)."""

@@ -36,17 +36,23 @@ def assert_matches_libggml(y, reference, w_dequantized, xv):
         assert summation_error(y, reference, w_dequantized, xv) <= SUM_TOL
 
 
-@pytest.mark.parametrize("qtype", INT_TYPES, ids=lambda t: t.name)
-def test_int_matvec_is_libggml_bit_for_bit(qtype, rng, oracle):
-    w, rows = random_weight(qtype, N_OUT, N_IN, rng)
+def assert_int_matvec_is_libggml(qtype, n_out, n_in, rng, oracle):
+    """The type's integer mat-vec on a random ``(n_out, n_in)`` weight, at three activation scales, against
+    libggml."""
+    w, rows = random_weight(qtype, n_out, n_in, rng)
     k = w.kernels
     for scale in (1e-3, 1.0, 50.0):
-        x = random_activation(rng, 1, N_IN, scale)
+        x = random_activation(rng, 1, n_in, scale)
         yq, yd, ya = activations.quantize_int(x, k.int_activation)
-        out = np.full(N_OUT, np.nan, np.float32)
+        out = np.full(n_out, np.nan, np.float32)
         k.matvec_int(w.rows, yq[0], yd[0], ya[0], out)
         xv, _ = activations.prepare(x, "ggml", k.vec_dot_type, k.sub)
         assert_matches_libggml(out, oracle.matmul(qtype, rows, x)[0], dequantized(qtype, rows), xv)
+
+
+@pytest.mark.parametrize("qtype", INT_TYPES, ids=lambda t: t.name)
+def test_int_matvec_is_libggml_bit_for_bit(qtype, rng, oracle):
+    assert_int_matvec_is_libggml(qtype, N_OUT, N_IN, rng, oracle)
 
 
 @pytest.mark.parametrize("n_tokens", [1, dispatch.MATVEC_MAX_TOKENS])
