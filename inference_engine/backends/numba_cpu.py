@@ -42,7 +42,7 @@ numba_startup.load_cached_kernels_lightly()  # a cached kernel loads without Num
 numba_startup.cache_nrt_library()  # Numba's runtime loads as machine code kept on disk, not compiled each time
 numba_startup.defer_linking_bitcode()  # a cached kernel's bitcode is parsed only if new code links against it
 malloc_threshold.pin_mmap_threshold()  # LLVM's freed multi-MiB blocks go back to the OS, not stay in the heap
-library_pages.release_read_only_pages()  # the pages of LLVM that only loading it touched are unmapped
+library_pages.release_after_each_compilation()  # LLVM's pages that only loading and linking touch are unmapped
 
 from inference_engine.backends import numerics as nx
 from inference_engine.backends.numba_kernels import decode_layer, ops
