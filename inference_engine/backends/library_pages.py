@@ -57,9 +57,9 @@ def read_only_file_spans(library: str, smaps: str = "/proc/self/smaps") -> list[
 def still_mapped(spans: list[tuple[int, int]], library: str, maps: str = "/proc/self/maps") -> bool:
     """Whether each of ``spans`` is still one whole read-only mapping of ``library`` (``/proc/self/maps``): the
     check before giving remembered spans back, so that a span never reaches memory that is no longer the file's.
-    Whether a span still holds no anonymous page is not read again: only writing makes one, and a mapping becomes
-    writable only through ``mprotect``, which shows here (perms, or a split range); the loader's relocations, the one
-    writer of a library's read-only data, were done before the spans were first read."""
+    Whether a span still holds no anonymous page is not read again: only a write makes one, after an ``mprotect``
+    that makes the mapping writable (seen here while it lasts: its perms, or a split range). The one writer of a
+    library's read-only data is the loader, relocating it at load time, before the spans were first read."""
     wanted = set(spans)
     with open(maps) as fh:
         for line in fh:
