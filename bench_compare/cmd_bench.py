@@ -40,8 +40,9 @@ from bench_compare.measure import (
     tg_test,
     token_ids_for_model,
 )
-from bench_compare.options import OutputFile
+from bench_compare.options import OutputFile, table_default
 from bench_compare.results import git_info, machine_info, model_description, package_versions, provenance, utc_now
+from inference_engine import defaults
 from inference_engine.errors import GGUFParityError
 from inference_engine.gguf_file import open_gguf
 from inference_engine.registries import numerics_help
@@ -179,14 +180,15 @@ class Output:
 @click.option("-r", "--repetitions", "reps", default=str(LLAMA_BENCH_DEFAULT_REPS), show_default=True, metavar="N",
               help="Repetitions after one warm-up.")
 @click.option("-t", "--threads", "threads", multiple=True, metavar="N[,N...]",
-              help="Thread counts (default: usable CPUs).")
+              help=f"Thread counts.{table_default(defaults.COMMANDS, 'threads')}")
 @click.option("-b", "--batch-size", "n_batch", default=str(DEFAULT_N_BATCH), show_default=True, metavar="N",
               help="Prefill chunk size.")
 @click.option("-o", "--output", "fmt", default="md", show_default=True, metavar="FORMAT",
               help="md | json | jsonl | csv")
-@engines.engine_options("Engine (default: ours:numba if installed, else ours:numpy)")
-@click.option("--numerics", default="ggml", show_default=True, metavar="MODE",
-              help=f"{numerics_help()} (our engine; ggml: llama.cpp's own arithmetic, so both do the same work)")
+@engines.engine_options(f"Engine (default: ours:<backend>, backend {defaults.COMMANDS.shown('backend')})")
+@click.option("--numerics", default=None, metavar="MODE",
+              help=f"{numerics_help()} (our engine; ggml: llama.cpp's own arithmetic, so both do the same work)"
+                   f"{table_default(defaults.COMMANDS, 'numerics')}")
 @click.option("--seed", default=str(DEFAULT_SEED), show_default=True, metavar="N", help="Seed of the random tokens.")
 @click.option("--no-warmup", is_flag=True, help="Skip the warm-up run.")
 @click.option("--progress/--no-progress", default=None, help="Progress bar on stderr (default: if a terminal).")
@@ -195,11 +197,11 @@ class Output:
 def bench(model, n_prompt, n_gen, pg, n_depth, reps, threads, n_batch, fmt, engine, engine_opts, numerics, seed,
           no_warmup, progress, json_path) -> None:
     """llama-bench compatible benchmark of one engine (pp / tg / pg tests, optional depth)."""
-    from bench_compare.compare_run import default_threads
-
     if fmt not in OUTPUT_FORMATS:
         raise GGUFParityError(f"unknown output format '{fmt}'; choose one of: {', '.join(OUTPUT_FORMATS)}")
-    spec = engines.with_llama_bench_kv(engines.parse_engine_spec(engine or f"ours:{engines.default_backend()}",
+    run = defaults.COMMANDS.resolve(numerics=numerics)
+    numerics = run.numerics
+    spec = engines.with_llama_bench_kv(engines.parse_engine_spec(engine or f"ours:{run.backend}",
                                                                  engines.parse_engine_opts(engine_opts)))
     if spec.over_http:
         raise GGUFParityError(f"bench drives an engine's prefill/decode in this process; '{spec.name}' is reached "
@@ -209,7 +211,7 @@ def bench(model, n_prompt, n_gen, pg, n_depth, reps, threads, n_batch, fmt, engi
     reps_n = parse_positive_int(reps, "-r")
     batch = parse_positive_int(n_batch, "-b")
     seed_n = parse_positive_int(seed, "--seed", minimum=0)
-    plan = make_plan(n_prompt, n_gen, pg, n_depth, threads, default_threads())
+    plan = make_plan(n_prompt, n_gen, pg, n_depth, threads, run.threads)
     tests = plan.tests()
 
     path = resolve_model(model)

@@ -17,7 +17,8 @@ from inference_engine.backends import BACKENDS
 from inference_engine.registries import numerics_help
 from inference_engine.model_cache import DEFAULT_MODEL
 from validation.results import CompareResult
-from bench_compare.options import Number, OutputFile, ReportDir
+from bench_compare.options import Number, OutputFile, ReportDir, table_default
+from inference_engine import defaults
 
 
 def _reps(text: str, quick: bool) -> int:
@@ -35,10 +36,11 @@ def _optional_int(text: str | None, flag: str, minimum: int) -> int | None:
 @click.option("--model", "-m", "model", metavar="MODEL", default=DEFAULT_MODEL, show_default=True,
               help="Named model or .gguf path.")
 @click.option("--backend", metavar="BACKEND", default=None,
-              help=f"{' | '.join(BACKENDS)} (default: numba if installed, else numpy)")
+              help=f"{' | '.join(BACKENDS)}{table_default(defaults.COMMANDS, 'backend')}")
 @engines.engine_options("Engine to compare with llama.cpp instead of ours:<backend>")
-@click.option("--numerics", metavar="MODE", default="ggml", show_default=True,
-              help=f"{numerics_help()} (our engine; ggml: llama.cpp's own arithmetic, so both do the same work)")
+@click.option("--numerics", metavar="MODE", default=None,
+              help=f"{numerics_help()} (our engine; ggml: llama.cpp's own arithmetic, so both do the same work)"
+                   f"{table_default(defaults.COMMANDS, 'numerics')}")
 @click.option("-p", "n_prompt", metavar="N", default=None,
               help="Prompt size (default 512, llama-bench's; smaller only to fit the context or --budget).")
 @click.option("-n", "n_gen", metavar="N", default=None,
@@ -47,7 +49,8 @@ def _optional_int(text: str | None, flag: str, minimum: int) -> int | None:
               help="Depth for the tg @ depth test (default 512, scaled; 0: none).")
 @click.option("-r", "reps", metavar="N", default=str(compare_run.DEFAULT_REPS), show_default=True,
               help="Repetitions.")
-@click.option("-t", "threads", metavar="N", default=None, help="Threads for both engines (default: usable CPUs).")
+@click.option("-t", "threads", metavar="N", default=None,
+              help=f"Threads for both engines.{table_default(defaults.COMMANDS, 'threads')}")
 @click.option("--cold-reps", metavar="N", default=str(compare_run.DEFAULT_COLD_REPS), show_default=True,
               help="Fresh-process cold starts per engine.")
 @click.option("--no-cold", is_flag=True, help="Skip cold TTFT and peak RSS (the subprocess runs).")
@@ -86,14 +89,16 @@ def compare(model, backend, engine, engine_opts, numerics, n_prompt, n_gen, n_de
         return _http_compare(spec, against, model, threads, n_ctx, n_prompt, n_gen, n_depth, reps, concurrency, warmup,
                              requests_per_client, seed, json_path, report_dir, progress, quick)
     budget_s = None if budget is None else float(budget)
+    run = defaults.COMMANDS.resolve(backend=backend, numerics=numerics,
+                                    threads=_optional_int(threads, "-t", 1))
     cfg = compare_run.CompareConfig(
-        model=model, backend=backend or engines.default_backend(), numerics=numerics, engine=engine,
+        model=model, backend=run.backend, numerics=run.numerics, engine=engine,
         engine_opts=engines.parse_engine_opts(engine_opts),
         n_prompt=_optional_int(n_prompt, "-p", 1), n_gen=_optional_int(n_gen, "-n", 1),
         n_depth=_optional_int(n_depth, "-d", 0),
         reps=_reps(reps, quick),
         cold_reps=parse_positive_int(cold_reps, "--cold-reps"),
-        n_threads=_optional_int(threads, "-t", 1), cold=not no_cold, quick=quick,
+        n_threads=run.threads, cold=not no_cold, quick=quick,
         seed=parse_positive_int(seed, "--seed", 0), budget_s=budget_s,
         prompt=prompt if prompt is not None else compare_run.DEFAULT_TTFT_PROMPT,
     )

@@ -2,6 +2,8 @@
 
 The text goes to stdout; one line of timings (prompt tokens, time to first token, decode tokens/s) ends the run on
 stderr, so ``bench-compare generate ... > out.txt`` keeps only the text. Greedy unless ``--temperature`` > 0.
+Backend, numerics, K/V type and threads default to :data:`inference_engine.defaults.COMMANDS`, as ``serve``'s do,
+so both give the same greedy text.
 """
 
 from __future__ import annotations
@@ -10,8 +12,9 @@ import sys
 
 import click
 
+from inference_engine import defaults
 from inference_engine.backends import BACKENDS
-from bench_compare.options import NON_NEGATIVE, POSITIVE, SEED, Number, require_at_least
+from bench_compare.options import NON_NEGATIVE, POSITIVE, SEED, Number, require_at_least, table_default
 from inference_engine.errors import GGUFParityError
 from inference_engine.registries import numerics_help
 
@@ -35,14 +38,18 @@ def _check_flags(max_tokens: int, ctx: int | None, threads: int | None, backend:
 @click.command("generate")
 @click.argument("prompt", required=False, default=DEFAULT_PROMPT)
 @click.option("--model", "-m", default=DEFAULT_MODEL, show_default=True, help="Named model or path to a .gguf.")
-@click.option("--backend", default="numpy", show_default=True, help=f"{', '.join(BACKENDS)}.")
-@click.option("--numerics", default="f32", show_default=True, help=f"{numerics_help()}: f32 dequantized, ggml llama.cpp's.")
+@click.option("--backend", default=None, help=f"{', '.join(BACKENDS)} (numpy: the readable reference)."
+                                             f"{table_default(defaults.COMMANDS, 'backend')}")
+@click.option("--numerics", default=None, help=f"{numerics_help()}: f32 dequantized, ggml llama.cpp's."
+                                              f"{table_default(defaults.COMMANDS, 'numerics')}")
 @click.option("--max-tokens", "-n", default=64, show_default=True, type=POSITIVE, help="Tokens to generate at most.")
 @click.option("--ctx", default=None, type=POSITIVE,
               help=f"Context size (KV cache positions); default {DEFAULT_CTX} or the model's training context if "
                    f"smaller; at most the training context.")
-@click.option("--threads", "-t", default=None, type=POSITIVE, help="Threads (backend default when omitted).")
-@click.option("--kv-type", default="f32", show_default=True, help="KV cache storage: f32 or f16.")
+@click.option("--threads", "-t", default=None, type=POSITIVE,
+              help=f"Threads.{table_default(defaults.COMMANDS, 'threads')}")
+@click.option("--kv-type", default=None, help="KV cache storage: f16 (llama.cpp's default) or f32."
+                                             f"{table_default(defaults.COMMANDS, 'kv_type')}")
 @click.option("--temperature", default=0.0, show_default=True, type=Number(0.0), help="0 = greedy.")
 @click.option("--top-k", default=0, show_default=True, type=NON_NEGATIVE,
               help="Keep the k most likely tokens (0 = off).")
@@ -62,7 +69,8 @@ def generate(
     from inference_engine.models import check_runnable
     from inference_engine.sampling import Sampler
 
-    _check_flags(max_tokens, ctx, threads, backend, numerics, kv_type)
+    run = defaults.COMMANDS.resolve(backend=backend, numerics=numerics, kv_type=kv_type, threads=threads)
+    _check_flags(max_tokens, ctx, run.threads, run.backend, run.numerics, run.kv_type)
     sampler = Sampler(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
     f = open_gguf(resolve_model(model))
     check_runnable(f)
@@ -70,8 +78,9 @@ def generate(
     if ctx is None:
         ctx = min(DEFAULT_CTX, shape.n_ctx_train) if shape.n_ctx_train else DEFAULT_CTX
     check_training_context(f.path, shape, ctx)
-    check_context(f.path, shape, ctx, 2 if kv_type == "f16" else 4)
-    engine = OurEngine(f, backend=backend, numerics=numerics, n_ctx=ctx, n_threads=threads, kv_type=kv_type)
+    check_context(f.path, shape, ctx, 2 if run.kv_type == "f16" else 4)
+    engine = OurEngine(f, backend=run.backend, numerics=run.numerics, n_ctx=ctx, n_threads=run.threads,
+                       kv_type=run.kv_type)
     tokenizer = engine.tokenizer
     if chat:
         from inference_engine.chat import render_chat
@@ -98,4 +107,4 @@ def generate(
         stream_decoder=tokenizer.stream_decoder(),
     )
     click.echo("")
-    click.echo(result.timings_line(), err=True)
+    click.echo(f"{result.timings_line()} | {run.label()}", err=True)

@@ -10,23 +10,29 @@ import signal
 
 import click
 
-from bench_compare.options import require_at_least
+from bench_compare.options import require_at_least, table_default
+from inference_engine import defaults
 from inference_engine.errors import GGUFParityError
 
 
 @click.command("serve")
 @click.option("--model", "-m", default="smollm2-135m", show_default=True, help="Named model or path to a .gguf.")
-@click.option("--backend", default=None, help="numba or numpy (default: numba if installed, else numpy).")
-@click.option("--numerics", default="ggml", show_default=True,
-              help="ggml (llama.cpp's arithmetic, integer-dot kernels: as compare measures) or f32 (dequantized).")
+@click.option("--backend", default=None,
+              help=f"numba or numpy.{table_default(defaults.COMMANDS, 'backend')}")
+@click.option("--numerics", default=None,
+              help="ggml (llama.cpp's arithmetic, integer-dot kernels: as compare measures) or f32 (dequantized)."
+                   f"{table_default(defaults.COMMANDS, 'numerics')}")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", default=8080, show_default=True, type=int, help="Port to listen on (0: any free one).")
-@click.option("--threads", "-t", default=None, type=int, help="Threads (backend default when omitted).")
+@click.option("--threads", "-t", default=None, type=int,
+              help=f"Threads.{table_default(defaults.COMMANDS, 'threads')}")
 @click.option("--ctx", default=2048, show_default=True, type=int, help="Context of one request (prompt + output).")
 @click.option("--max-batch", default=16, show_default=True, type=int, help="Requests generating at once.")
 @click.option("--kv-blocks", default=None, type=int, help="KV blocks in the pool [default: 4 contexts' worth].")
 @click.option("--block-size", default=16, show_default=True, type=int, help="Tokens per KV block.")
-@click.option("--kv-type", default="f16", show_default=True, help="KV cache storage: f16 (llama.cpp's default) or f32.")
+@click.option("--kv-type", default=None,
+              help="KV cache storage: f16 (llama.cpp's default) or f32."
+                   f"{table_default(defaults.COMMANDS, 'kv_type')}")
 @click.option("--max-queue", default=64, show_default=True, type=int, help="Requests waiting at most (then 429).")
 @click.option("--queue-timeout", default=60.0, show_default=True, type=float,
               help="Seconds a request may wait for room (then 503).")
@@ -39,14 +45,14 @@ from inference_engine.errors import GGUFParityError
 def serve(model, backend, numerics, host, port, threads, ctx, max_batch, kv_blocks, block_size, kv_type, max_queue,
           queue_timeout, prefill_chunk, no_prefix_cache, model_id, drain, log_level) -> int:
     """Serve MODEL with an OpenAI-compatible API (/v1/completions, /v1/chat/completions, /metrics)."""
-    from bench_compare.engines import default_backend
     from inference_engine.backends import BACKENDS
     from inference_engine.backends.base import check_kv_type
     from inference_engine.registries import check_numerics
     from inference_engine.server.serve import ServerConfig
     from inference_engine.server.serve import serve as run_server
 
-    backend = backend or default_backend()
+    run = defaults.COMMANDS.resolve(backend=backend, numerics=numerics, kv_type=kv_type, threads=threads)
+    backend, numerics, kv_type, threads = run.backend, run.numerics, run.kv_type, run.threads
     if backend not in BACKENDS or backend == "mlx":
         raise GGUFParityError(f"unknown or unsupported backend '{backend}' for serving; supported: numpy, numba")
     check_numerics(numerics)

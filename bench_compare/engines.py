@@ -24,8 +24,9 @@ whether the device supports the fused op, llama-context.cpp ``auto_fa``). The ch
 n_ubatch, the size llama.cpp computes a prefill in). Like llama-bench it loads with ``use_extra_bufts``
 (``--repack``: quantized weights moved into AMX / repacked buffers) on, except where a probe in a child process shows
 that this crashes (CPUs reporting AMX-INT8 with llama-cpp-python 0.3.36); see :mod:`bench_compare.extra_bufts`.
-Our engine runs with its own defaults (``kv_type="f32"``), except that ``bench`` and ``compare`` give it
-llama-bench's F16 K/V cache (:func:`with_llama_bench_kv`) unless ``--engine-opt kv_type=...`` says otherwise. Every setting used is
+Our engine runs with the commands' defaults (:data:`inference_engine.defaults.COMMANDS`: ``ggml`` numerics, F16 K/V),
+and ``bench`` and ``compare`` give it the K/V cache type of the llama.cpp it is measured against
+(:func:`with_llama_bench_kv`, F16 too) unless ``--engine-opt kv_type=...`` says otherwise. Every setting used is
 returned by :func:`engine_settings` and recorded, the extra-buffer verdict and its reason included.
 """
 
@@ -38,6 +39,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from inference_engine import defaults
+from inference_engine.defaults import BACKEND_PREFERENCE, default_backend  # noqa: F401 - the table's, re-exported
 from inference_engine.errors import GGUFParityError
 from inference_engine.protocol import missing_engine_members
 from inference_engine.registries import NUMERICS, Registry, load_target
@@ -74,7 +77,6 @@ LLAMA_BENCH_KV_TYPE = "f16"
 LLAMA_BENCH_FLASH_ATTN = "auto"  # resolves to enabled on the CPU backend
 LLAMACPP_EXTRA_BUFTS = True  # llama-bench's default; off only where bench_compare.extra_bufts' probe crashes
 LLAMA_BENCH_N_BATCH = 512
-OUR_DEFAULT_KV_TYPE = "f32"
 
 
 @dataclass(frozen=True)
@@ -269,8 +271,10 @@ def engine_settings(spec: EngineSpec, *, n_threads: int | None, n_ctx: int, nume
 
 
 def make_engine(spec: EngineSpec | str, model: str | Path, *, n_threads: int | None = None, n_ctx: int = 2048,
-                numerics: str = "f32", n_batch: int = LLAMA_BENCH_N_BATCH, **engine_opts: str):
-    """Construct the engine ``spec`` on ``model`` (a named model or a path). ``n_threads=None``: engine default."""
+                numerics: str | None = None, n_batch: int = LLAMA_BENCH_N_BATCH, **engine_opts: str):
+    """Construct the engine ``spec`` on ``model`` (a named model or a path). ``n_threads=None``: engine default;
+    ``numerics=None``: the commands' default (:data:`inference_engine.defaults.COMMANDS`)."""
+    numerics = defaults.COMMANDS.numerics if numerics is None else numerics
     if isinstance(spec, str):
         spec = parse_engine_spec(spec, engine_opts)
     elif engine_opts:
@@ -301,12 +305,14 @@ def check_engine(spec: EngineSpec, engine: Any) -> None:
 # --- our engine ---------------------------------------------------------------------------------------------------
 
 
-def open_ours(target: str, model: str, *, n_threads: int | None = None, n_ctx: int = 2048, numerics: str = "f32",
-              kv_type: str = OUR_DEFAULT_KV_TYPE, **options):
+def open_ours(target: str, model: str, *, n_threads: int | None = None, n_ctx: int = 2048,
+              numerics: str | None = None, kv_type: str | None = None, **options):
     """Our engine on one of its backends (``ours:<backend>``)."""
     from inference_engine.engine import OurEngine
 
-    return OurEngine(model, backend=target, numerics=numerics, n_ctx=n_ctx, n_threads=n_threads, kv_type=kv_type)
+    run = defaults.COMMANDS.resolve(backend=target or None, numerics=numerics, kv_type=kv_type, threads=n_threads)
+    return OurEngine(model, backend=run.backend, numerics=run.numerics, n_ctx=n_ctx, n_threads=run.threads,
+                     kv_type=run.kv_type)
 
 
 def _ours_imports(target: str) -> None:
@@ -319,10 +325,11 @@ def _ours_imports(target: str) -> None:
         get_backend_class(target)
 
 
-def _ours_settings(target: str, *, numerics: str, n_batch: int, kv_type: str = OUR_DEFAULT_KV_TYPE,
+def _ours_settings(target: str, *, numerics: str | None = None, n_batch: int, kv_type: str | None = None,
                    **options) -> dict[str, Any]:
-    return {"backend": target, "numerics": numerics, "n_ubatch": n_batch, "type_k": kv_type, "type_v": kv_type,
-            "flash_attn": False}
+    run = defaults.COMMANDS.resolve(backend=target or None, numerics=numerics, kv_type=kv_type)
+    return {"backend": run.backend, "numerics": run.numerics, "n_ubatch": n_batch, "type_k": run.kv_type,
+            "type_v": run.kv_type, "flash_attn": False}
 
 
 def with_llama_bench_kv(spec: EngineSpec) -> EngineSpec:
@@ -371,20 +378,8 @@ open_llamacpp.import_modules = lambda target: _import("validation.llamacpp", "ll
 open_llamacpp.settings = _llamacpp_settings  # type: ignore[attr-defined]
 
 
-# --- defaults and listing -----------------------------------------------------------------------------------------
-
-# Fastest first: the default backend is the first one present in this installation.
-BACKEND_PREFERENCE = ("numba", "numpy")
-
-
-def default_backend() -> str:
-    """``numba`` where its backend module exists (the fast CPU path), else ``numpy``."""
-    from inference_engine.backends import backend_module
-
-    for backend in BACKEND_PREFERENCE:
-        if importlib.util.find_spec(backend_module(backend)) is not None:
-            return backend
-    return "numpy"
+# --- listing ------------------------------------------------------------------------------------------------------
+# (the default backend, BACKEND_PREFERENCE and default_backend, is the defaults table's: inference_engine.defaults)
 
 
 @dataclass(frozen=True)

@@ -95,6 +95,12 @@ def require_at_least(minimum: int, *flags: tuple[str, int | None]) -> None:
             raise GGUFParityError(f"{name} must be at least {minimum}, got {value}")
 
 
+def table_default(row, field: str) -> str:
+    """`` [default: ...]`` for a help text: ``field`` of a row of the defaults table
+    (:mod:`inference_engine.defaults`). The option itself defaults to None; the command resolves it when it runs."""
+    return f"  [default: {row.shown(field)}]"
+
+
 class OutputFile(click.ParamType):
     """A file to be written at the end of the run; checked now. ``append``: it may exist (a history CSV)."""
 

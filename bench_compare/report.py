@@ -15,12 +15,12 @@ Files written before results carried a ``kind`` are upgraded on load (:func:`val
 that includes a JSON array of llama-bench rows, what ``bench -o json`` and llama-bench's ``-o json`` print). Every
 file is read through its typed class (:data:`validation.results.RESULT_KINDS`).
 Anything else is refused with a one-line error. Every file is written atomically (:mod:`validation.atomic`).
-Plots use matplotlib's Agg canvas directly (no pyplot, no display needed).
+Plots use matplotlib's Agg canvas directly (no pyplot, no display needed); a validation result's pictures are
+:mod:`validation.plots`' (the same as ``validate`` writes into its report directory).
 """
 
 from __future__ import annotations
 
-import io
 import json
 import math
 from collections.abc import Iterable
@@ -29,6 +29,7 @@ from typing import Any
 
 from validation.atomic import atomic_open, atomic_write_bytes, atomic_write_text
 from bench_compare.results import utc_now
+from validation.plots import CAPTIONS, new_figure, png_bytes, validation_pngs
 from validation.provenance import cpu_isa_label
 from validation.results import (BenchResult, CompareResult, HttpCompareResult, HttpValidateResult, ValidationResult,
                                 result_class, upgrade_legacy)
@@ -231,27 +232,12 @@ def compare_summary_line(result: dict[str, Any]) -> str:
 
 
 # --- plots ------------------------------------------------------------------------------------------------------
-def _new_figure(width: float, height: float):
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(width, height), dpi=100)
-    FigureCanvasAgg(fig)
-    return fig
-
-
-def _png_bytes(fig) -> bytes:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", bbox_inches="tight")
-    return buf.getvalue()
-
-
 def ratio_chart_png(result: dict[str, Any]) -> bytes:
     """Bars from the parity line (1) to each ours/llama.cpp ratio on a log axis: right is better for ours, left
     worse, and 0.5x and 2x are the same distance from parity."""
     ratios = {k: v for k, v in result.get("ratios", {}).items() if v is not None and math.isfinite(v) and v > 0}
     names = list(ratios)[::-1]
-    fig = _new_figure(7.0, 0.5 * max(len(names), 1) + 1.2)
+    fig = new_figure(7.0, 0.5 * max(len(names), 1) + 1.2, layout=None)
     ax = fig.add_subplot(1, 1, 1)
     values = [ratios[n] for n in names]
     colors = ["#2a9d8f" if v >= 1 else "#e76f51" for v in values]
@@ -264,21 +250,9 @@ def ratio_chart_png(result: dict[str, Any]) -> bytes:
     ax.set_title(f"{result.get('model', {}).get('filename', '')}: ratio to llama.cpp")
     if values:
         ax.set_xlim(min(min(values), 1.0) / 2.0, max(max(values), 1.0) * 2.0)
-    return _png_bytes(fig)
+    return png_bytes(fig)
 
 
-def nmse_chart_png(obj: dict[str, Any]) -> bytes | None:
-    tensors = tensors_with_nmse(obj)
-    if not tensors:
-        return None
-    fig = _new_figure(9.0, 3.5)
-    ax = fig.add_subplot(1, 1, 1)
-    ys = [max(float(t["nmse"]), 1e-30) if math.isfinite(t["nmse"]) else float("nan") for t in tensors]
-    ax.semilogy(range(len(ys)), ys, marker=".", linestyle="-", linewidth=0.6)
-    ax.set_xlabel("tensor (graph order)")
-    ax.set_ylabel("NMSE vs llama.cpp")
-    ax.set_title("per-tensor NMSE")
-    return _png_bytes(fig)
 
 
 # --- the report -------------------------------------------------------------------------------------------------
@@ -291,7 +265,7 @@ def ratios_of(r: dict[str, Any]) -> dict[str, float | None]:
     return dict(r.get("ratios") or {})
 
 
-def render_report(results: list[dict[str, Any]], images: dict[int, dict[str, str]],
+def render_report(results: list[dict[str, Any]], images: dict[int, dict[str, Any]],
                   gate_section: str | None = None) -> str:
     lines = ["# gguf-parity report", "", f"Generated {utc_now()} from {len(results)} result file(s).", ""]
     for i, r in enumerate(results):
@@ -331,8 +305,7 @@ def render_report(results: list[dict[str, Any]], images: dict[int, dict[str, str
                 lines += [f"Worst {len(worst)} tensors:", "",
                           markdown_table(["tensor", "nmse"], [[f"`{t.get('name')}`", _fmt_metric(t["nmse"])]
                                                               for t in worst], "lr"), ""]
-            if "nmse" in images.get(i, {}):
-                lines += [f"![per-tensor NMSE]({images[i]['nmse']})", ""]
+            lines += [f"![{CAPTIONS[stem]}]({name})\n" for stem, name in images.get(i, {}).get("validation", [])]
     if gate_section:
         lines += [gate_section, ""]
     return "\n".join(lines)
@@ -387,7 +360,7 @@ def write_report(results: list[dict[str, Any]], out_dir: str | Path, gate_sectio
     """Write ``report.md`` and its PNGs into ``out_dir``; each file appears whole or not at all."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    images: dict[int, dict[str, str]] = {}
+    images: dict[int, dict[str, Any]] = {}  # result index -> {"ratios": name} or {"validation": [(stem, name)]}
     for i, r in enumerate(results):
         suffix = "" if len(results) == 1 else f"-{i + 1}"
         if r["_kind"] == KIND_COMPARE and r.get("ratios"):
@@ -395,11 +368,10 @@ def write_report(results: list[dict[str, Any]], out_dir: str | Path, gate_sectio
             atomic_write_bytes(out / name, ratio_chart_png(r))
             images.setdefault(i, {})["ratios"] = name
         elif r["_kind"] == KIND_VALIDATION:
-            png = nmse_chart_png(r)
-            if png is not None:
-                name = f"nmse{suffix}.png"
+            for stem, png in validation_pngs(r).items():
+                name = f"{stem}{suffix}.png"
                 atomic_write_bytes(out / name, png)
-                images.setdefault(i, {})["nmse"] = name
+                images.setdefault(i, {}).setdefault("validation", []).append((stem, name))
     path = out / "report.md"
     atomic_write_text(path, render_report(results, images, gate_section))
     return path

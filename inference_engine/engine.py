@@ -21,6 +21,7 @@ import numpy as np
 from inference_engine.backends import get_backend
 from inference_engine.backends import numerics as nx
 from inference_engine.backends.base import check_kv_type
+from inference_engine.defaults import REFERENCE
 from inference_engine.errors import GGUFParityError
 from inference_engine.gguf_file import GGUFFile, open_gguf
 from inference_engine.gguf_validate import check_context, check_model
@@ -36,16 +37,17 @@ class OurEngine:
     ``f32`` | ``ggml`` (see :mod:`inference_engine.backends.base`). ``n_ctx``: KV-cache positions, preallocated.
     ``n_threads``: handed to the backend (None: its default). ``kv_type``: ``f32`` | ``f16`` cache storage.
     ``load_timings`` records the seconds spent opening the file and preparing the weights (cold start).
+    Defaults: the readable reference (:data:`inference_engine.defaults.REFERENCE`); the commands pass their own.
     """
 
     def __init__(
         self,
         model: str | os.PathLike | GGUFFile,
-        backend: str = "numpy",
-        numerics: str = "f32",
+        backend: str = REFERENCE.backend,
+        numerics: str = REFERENCE.numerics,
         n_ctx: int = 2048,
         n_threads: int | None = None,
-        kv_type: str = "f32",
+        kv_type: str = REFERENCE.kv_type,
     ):
         if isinstance(n_ctx, bool) or not isinstance(n_ctx, (int, np.integer)) or n_ctx < 1:
             raise GGUFParityError(f"context size must be a positive integer, got {n_ctx!r}")

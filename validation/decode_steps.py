@@ -164,6 +164,9 @@ def _compare(ours: Engine, reference: Engine, part: list[int], names: list[str],
         "tensors": len(diff.tensors),
         "worst": worst[0].name if worst else None,
         "worst_nmse": float(worst[0].nmse) if worst and np.isfinite(worst[0].nmse) else float("inf"),
+        # every tensor's NMSE (NaN: "nan") and those over their band, for the report's layer x kind pictures
+        "tensor_nmse": {t.name: float(t.nmse) if np.isfinite(t.nmse) else str(t.nmse) for t in diff.tensors},
+        "over": [t.name for t in diff.tensors if not t.passed],
     }
     if "result_output" in mine and "result_output" in ref:
         lm = logit_metrics(np.atleast_2d(mine["result_output"]), np.atleast_2d(ref["result_output"]))

@@ -23,10 +23,6 @@ from validation.provenance import cpu_isa_label
 WORST_TENSORS_SHOWN = 15  # rows of the "worst tensors" table; the JSON and Markdown per-layer table hold the rest
 JSON_NAME = "validate.json"
 MARKDOWN_NAME = "report.md"
-PLOT_NAME = "per_layer_nmse.png"  # teacher-forced and free-running panels
-# NMSE 0 (bit-identical tensors) cannot sit on a log axis: it is drawn a decade below the smallest non-zero NMSE
-# (or at this floor when every tensor is exact), and the axis label says so.
-PLOT_NMSE_FLOOR = 1e-20
 
 
 # --- file names -------------------------------------------------------------------------------------------------
@@ -65,14 +61,15 @@ def json_safe(value: Any) -> Any:
 
 
 def write_report_dir(result: dict, directory: str | os.PathLike) -> Path:
-    """Write validate.json, report.md and per_layer_nmse.png into ``directory`` (atomically, as a whole)."""
+    """Write validate.json, report.md and the pictures (:func:`write_plots`) into ``directory`` (atomically, as a
+    whole)."""
     target = check_report_target(directory)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
     try:
         atomic_write_json(tmp / JSON_NAME, json_safe(result))
         atomic_write_text(tmp / MARKDOWN_NAME, markdown(result))
-        plot_per_layer(result, tmp / PLOT_NAME)
+        write_plots(result, tmp)
         if target.exists():  # an empty directory the user made for us
             target.rmdir()
         os.replace(tmp, target)
@@ -101,71 +98,16 @@ def write_json(result: dict, path: str | os.PathLike) -> Path:
 # --- plot -------------------------------------------------------------------------------------------------------
 
 
-def plot_per_layer(result: dict, path: str | os.PathLike) -> None:
-    """Log-scale NMSE per layer, one line per tensor kind, with the pass threshold as a dashed red line: one panel
-    for the teacher-forced comparison (solid lines) and one for the free-running one (dashed), on a shared axis,
-    the gated one marked in its title. A result with only one comparison gets one panel."""
-    import matplotlib
+def write_plots(result: dict, directory: str | os.PathLike) -> list[str]:
+    """The validation pictures (:mod:`validation.plots`) as ``<stem>.png`` files in ``directory``; their names."""
+    from validation.plots import validation_pngs
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.ticker import MaxNLocator
-
-    panels = [(label, section, style) for label, section, style in
-              (("teacher-forced", result.get("teacher_forced"), "-"),
-               ("free-running", result.get("free_running"), "--")) if section]
-    if not panels:  # a result from before the two modes: its top-level tensors are the only comparison
-        panels = [("", {"tensors": result.get("tensors", [])}, "-")]
-    points = {label: _layer_points(section) for label, section, _ in panels}
-    positive = [v for pts in points.values() for _, _, v in pts if 0 < v < math.inf]
-    floor = min(positive) / 10 if positive else PLOT_NMSE_FLOOR
-    kinds = list(dict.fromkeys(kind for pts in points.values() for kind, _, _ in pts))
-    colors = plt.get_cmap("tab20").colors
-    color_of = {kind: colors[i % len(colors)] for i, kind in enumerate(kinds)}
-    fig, axes = plt.subplots(len(panels), 1, figsize=(10, 4.2 * len(panels) + 0.6), dpi=110, sharex=True,
-                             sharey=True, squeeze=False)
-    threshold = _as_float(result.get("thresholds", {}).get("tensor_nmse_max"))
-    try:
-        for ax, (label, section, style) in zip(axes[:, 0], panels):
-            series: dict[str, list[tuple[int, float]]] = {}
-            for kind, layer, nmse in points[label]:
-                series.setdefault(kind, []).append((layer, min(max(nmse, floor), 1e30)))
-            for kind, pts in series.items():
-                pts.sort()
-                xs, ys = zip(*pts)
-                ax.plot(xs, ys, marker="o", markersize=3, linewidth=1.2, label=kind, color=color_of[kind],
-                        linestyle=style)
-            if threshold:
-                ax.axhline(threshold, color="red", linestyle="--", linewidth=1, label=f"pass threshold {threshold:g}")
-            ax.set_yscale("log")
-            ax.set_ylabel(f"NMSE (log; 0 drawn at {floor:.0e})")
-            if label:
-                gated = "gated" if section.get("gated") else "reported, not gated"
-                verdict = "every tensor within" if section.get("passed") else "tensors over"
-                ax.set_title(f"{label} ({gated}): {verdict} the per-op threshold", fontsize=10)
-            ax.grid(True, which="major", alpha=0.3)
-            if series or threshold:
-                ax.legend(fontsize=7, ncol=2, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-        axes[-1, 0].set_xlabel("layer")
-        axes[-1, 0].xaxis.set_major_locator(MaxNLocator(integer=True))
-        verdict = "PASS" if result.get("passed") else "FAIL"
-        fig.suptitle(f"{result['model']['name']}: {result['backend']}/{result['numerics']} vs "
-                     f"{result['against']} -- {verdict}")
-        fig.tight_layout()
-        with open(path, "wb") as fh:
-            fig.savefig(fh, format="png")
-    finally:
-        plt.close(fig)
-
-
-def _layer_points(section: dict) -> list[tuple[str, int, float]]:
-    """``(kind, layer, nmse)`` of every layered tensor with a number for its NMSE."""
-    out = []
-    for t in section.get("tensors", []):
-        v = _as_float(t.get("nmse"))
-        if t.get("layer") is not None and v is not None and not math.isnan(v):
-            out.append((t["kind"], t["layer"], v))
-    return out
+    names = []
+    for stem, png in validation_pngs(result).items():
+        with open(Path(directory) / f"{stem}.png", "wb") as fh:
+            fh.write(png)
+        names.append(f"{stem}.png")
+    return names
 
 
 # --- text -------------------------------------------------------------------------------------------------------
@@ -429,7 +371,9 @@ def markdown(result: dict) -> str:
             f"- only ours ({len(um.get('ours_only', []))}): {', '.join(um.get('ours_only', [])) or '-'}",
             f"- only reference ({len(um.get('reference_only', []))}): "
             f"{', '.join(um.get('reference_only', [])) or '-'}", ""]
-    out += ["", f"![per-layer NMSE]({PLOT_NAME})", ""]
+    from validation.plots import CAPTIONS, figure_stems
+
+    out += [""] + [f"![{CAPTIONS[stem]}]({stem}.png)\n" for stem in figure_stems(result)]
     return "\n".join(out)
 
 

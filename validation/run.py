@@ -37,6 +37,7 @@ from typing import Any, Callable
 import numpy as np
 
 from inference_engine.backends import BACKENDS
+from inference_engine.defaults import VALIDATE
 from inference_engine.errors import GGUFParityError
 from inference_engine.protocol import Engine, EngineCapabilityError
 from inference_engine.registries import Registry
@@ -85,6 +86,8 @@ class ValidateOptions:
     corpus: str | None = None
     smoke_tokens: int = DEFAULT_SMOKE_TOKENS
     threads: int | None = None
+    # our K/V cache: F32 as the llama.cpp reference's (the defaults table's one exception, inference_engine.defaults)
+    kv_type: str = VALIDATE.kv_type
     n_ctx: int = DEFAULT_N_CTX
     free_running: bool = False  # gate the free-running comparison instead of the teacher-forced one
     engine: str | None = None  # the engine under test when it is not ours:<backend> (its spec name, recorded)
@@ -168,7 +171,7 @@ def _open_ours(model_path: Path, backend: str, options: ValidateOptions) -> Engi
     from inference_engine.engine import OurEngine
 
     return OurEngine(str(model_path), backend=backend, numerics=options.numerics, n_ctx=options.n_ctx,
-                     n_threads=options.threads)
+                     n_threads=options.threads, kv_type=options.kv_type)
 
 
 # --- the checks -------------------------------------------------------------------------------------------------

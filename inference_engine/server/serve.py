@@ -14,6 +14,7 @@ import threading
 import time
 from dataclasses import dataclass
 
+from inference_engine.defaults import REFERENCE
 from inference_engine.errors import GGUFParityError
 
 DEFAULT_DRAIN_S = 10.0
@@ -21,14 +22,17 @@ DEFAULT_DRAIN_S = 10.0
 
 @dataclass
 class ServerConfig:
+    """The server's settings; backend, numerics and K/V type default to the reference (``defaults.REFERENCE``),
+    ``bench-compare serve`` passes the commands' (``defaults.COMMANDS``)."""
+
     model: str
-    backend: str = "numpy"
-    numerics: str = "f32"
+    backend: str = REFERENCE.backend
+    numerics: str = REFERENCE.numerics
     threads: int | None = None
     ctx: int = 2048
     kv_blocks: int | None = None
     block_size: int = 16
-    kv_type: str = "f32"
+    kv_type: str = REFERENCE.kv_type
     max_batch: int = 16
     max_queue: int = 64
     queue_timeout_s: float = 60.0

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from bench_compare import cli
+from inference_engine.defaults import COMMANDS
 from inference_engine.engine import OurEngine
 from inference_engine.generate import generate
 
@@ -20,7 +21,9 @@ def test_generate_streams_the_greedy_continuation(tiny_model, capsys):
     path = tiny_model("llama")
     code, out, err = run(capsys, "hello world", "--model", path, "--max-tokens", 5, "--ctx", 64)
     assert code == 0, err
-    engine = OurEngine(path, n_ctx=64)
+    run_as = COMMANDS.resolve()  # generate's defaults
+    engine = OurEngine(path, backend=run_as.backend, numerics=run_as.numerics, kv_type=run_as.kv_type, n_ctx=64,
+                       n_threads=run_as.threads)
     prompt = engine.tokenizer.encode("hello world")
     expected = generate(
         engine, prompt, 5, eog_ids=engine.tokenizer.eog_ids, stream_decoder=engine.tokenizer.stream_decoder()
@@ -29,6 +32,7 @@ def test_generate_streams_the_greedy_continuation(tiny_model, capsys):
     lines = err.strip().splitlines()
     assert len(lines) == 1
     assert f"prompt tokens: {len(prompt)}" in lines[0] and "TTFT:" in lines[0] and "tokens/s" in lines[0]
+    assert lines[0].endswith(f"| {run_as.label()}")  # what ran
 
 
 def test_generate_with_chat_template_and_sampling(tiny_model, capsys):

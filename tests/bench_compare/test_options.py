@@ -54,8 +54,8 @@ def test_ctx_above_training_context(tiny_model, capsys, ctx):
 @pytest.mark.parametrize("ctx", [100_000_000, 2**63 - 1])
 def test_ctx_beyond_memory_says_how_much(long_context_model, capsys, ctx):
     code, _, err = run(capsys, "generate", "hi", "--model", long_context_model, "--ctx", ctx)
-    # 2 layers x 2 KV heads x (64 + 64) x 4 bytes = 2 KiB per position
-    need_gib = ctx * 2048 / 2**30
+    # 2 layers x 2 KV heads x (64 + 64) x 2 bytes (generate's default K/V cache is F16) = 1 KiB per position
+    need_gib = ctx * 1024 / 2**30
     assert_one_line(code, err, f"--ctx {ctx} needs a KV cache of {need_gib:.1f} GiB (2 layers)")
     assert "GiB of memory is available" in err
 

@@ -8,6 +8,7 @@ import pytest
 from validation_fakes import FakeEngine, Faults, TeacherForcedFakeEngine, TinyWeights, write_tiny_gguf
 
 from bench_compare.cli import main
+from inference_engine.defaults import VALIDATE
 from validation import run as run_module
 
 WEIGHTS = TinyWeights(seed=11)
@@ -52,15 +53,17 @@ def test_pass_exit_0_writes_report_and_json(model_path, corpus, engines, tmp_pat
     assert main(_args(model_path, corpus, report, "--logit-lens", "--json", str(json_path))) == 0
     out = capsys.readouterr().out
     assert "PASS" in out and "worst tensors" in out and "per layer" in out
-    assert sorted(p.name for p in report.iterdir()) == ["per_layer_nmse.png", "report.md", "validate.json"]
-    assert (report / "per_layer_nmse.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert sorted(p.name for p in report.iterdir()) == ["nmse_heatmap.png", "nmse_worst_per_layer.png", "report.md",
+                                                        "validate.json"]
+    assert (report / "nmse_heatmap.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     data = json.loads(json_path.read_text())
     assert data == json.loads((report / "validate.json").read_text())
     for key in ("passed", "backend", "numerics", "model", "against", "tensors", "unmatched", "first_failure",
                 "logits", "tokenizer", "smoke", "logit_lens", "versions", "git_sha", "date"):
         assert key in data, key
     assert data["passed"] is True and data["first_failure"] is None
-    assert data["backend"] == "numpy" and data["numerics"] == "ggml" and data["against"] == "llamacpp"
+    assert (data["backend"], data["numerics"]) == (VALIDATE.resolve().backend, VALIDATE.numerics)  # the table's
+    assert data["against"] == "llamacpp"
     assert len(data["model"]["sha256"]) == 64
     assert data["tensors"] and all(TENSOR_FIELDS <= set(t) for t in data["tensors"])
     assert set(data["unmatched"]) == {"ours_only", "reference_only"}

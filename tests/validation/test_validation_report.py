@@ -46,7 +46,7 @@ def test_failed_write_leaves_nothing_behind(result, tmp_path, monkeypatch):
     def broken_plot(*args, **kwargs):
         raise RuntimeError("disk full")
 
-    monkeypatch.setattr(report_module, "plot_per_layer", broken_plot)
+    monkeypatch.setattr(report_module, "write_plots", broken_plot)
     with pytest.raises(RuntimeError, match="disk full"):
         write_report_dir(result, tmp_path / "rep")
     assert list(tmp_path.iterdir()) == []  # neither the target nor the temporary directory
@@ -55,7 +55,8 @@ def test_failed_write_leaves_nothing_behind(result, tmp_path, monkeypatch):
 def test_written_into_an_empty_existing_directory(result, tmp_path):
     (tmp_path / "rep").mkdir()
     out = write_report_dir(result, tmp_path / "rep")
-    assert sorted(p.name for p in out.iterdir()) == ["per_layer_nmse.png", "report.md", "validate.json"]
+    assert sorted(p.name for p in out.iterdir()) == ["nmse_heatmap.png", "nmse_worst_per_layer.png", "report.md",
+                                                     "validate.json"]
     assert [p.name for p in tmp_path.iterdir()] == ["rep"]
     with pytest.raises(GGUFParityError, match="not empty"):
         write_report_dir(result, tmp_path / "rep")
@@ -88,18 +89,12 @@ def test_markdown_explains_both_comparisons(forced_result, result):
     assert "Gated: **free-running**" in markdown(result) and "cannot be teacher-forced" in markdown(result)
 
 
-def test_plot_has_a_panel_per_comparison(forced_result, result, tmp_path, monkeypatch):
-    import matplotlib.pyplot as plt
+def test_the_report_shows_the_pictures(forced_result, tmp_path):
+    """validation.plots draws them (tests/validation/test_plots.py); the report writes and links each one."""
+    from validation.plots import CAPTIONS, HEATMAP, WORST_PER_LAYER
 
-    panels = []
-    subplots = plt.subplots
-
-    def counting(n, *args, **kwargs):
-        panels.append(n)
-        return subplots(n, *args, **kwargs)
-
-    monkeypatch.setattr(plt, "subplots", counting)
-    report_module.plot_per_layer(forced_result, tmp_path / "both.png")
-    report_module.plot_per_layer(result, tmp_path / "one.png")
-    assert panels == [2, 1]
-    assert (tmp_path / "both.png").read_bytes()[:4] == b"\x89PNG"
+    out = write_report_dir(forced_result, tmp_path / "rep")
+    md = (out / "report.md").read_text()
+    for stem in (HEATMAP, WORST_PER_LAYER):
+        assert (out / f"{stem}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert f"![{CAPTIONS[stem]}]({stem}.png)" in md

@@ -61,7 +61,9 @@ def test_models_and_health(tiny_server):
 
 def test_greedy_completion_equals_bench_compare_generate(tiny_server, capsys):
     max_tokens = 12
-    assert cli_main(["generate", PROMPT, "-m", str(tiny_server.model_path), "-n", str(max_tokens), "--ctx", "128"]) == 0
+    reference_flags = ["--backend", "numpy", "--numerics", "f32", "--kv-type", "f32"]  # the tiny server's settings
+    assert cli_main(["generate", PROMPT, "-m", str(tiny_server.model_path), "-n", str(max_tokens), "--ctx", "128",
+                     *reference_flags]) == 0
     cli_text = capsys.readouterr().out[:-1]  # generate ends with one newline
     ids, ref = reference(tiny_server.model_path, PROMPT, max_tokens)
 
