@@ -13,7 +13,8 @@ def engines() -> None:
 
 @engines.command("list")
 def list_cmd() -> None:
-    """Print every engine, one a line: the spec to type, what it is, and why it cannot run here if it cannot."""
+    """Print every engine, one a line: the spec to type, what it is, what it gives (its capabilities: what validate
+    can check and bench / compare can time), and why it cannot run here if it cannot."""
     from bench_compare.engines import list_engines
 
     rows = list_engines()
@@ -21,4 +22,5 @@ def list_cmd() -> None:
     for r in rows:
         note = f"  [unavailable: {r.unavailable}]" if r.unavailable else ""
         source = f"  ({r.source})" if r.source != "built in" else ""
-        click.echo(f"{r.spec:<{width}}  {r.description}{source}{note}".rstrip())
+        gives = f"  [gives: {', '.join(r.capabilities) if r.capabilities is not None else 'what it declares'}]"
+        click.echo(f"{r.spec:<{width}}  {r.description}{source}{gives}{note}".rstrip())

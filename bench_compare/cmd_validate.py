@@ -18,6 +18,7 @@ from bench_compare import engines
 from inference_engine import defaults
 from inference_engine.backends import BACKENDS
 from inference_engine.errors import CheckFailed, GGUFParityError
+from validation.metrics import PRECISIONS
 from validation.run import REFERENCES
 from bench_compare.options import NON_NEGATIVE, POSITIVE, OutputFile, ReportDir, table_default
 
@@ -34,6 +35,10 @@ class ValidationFailed(CheckFailed):
 @click.option("--numerics", default=None,
               help="ggml (emulate llama.cpp's CPU rounding; strict thresholds) or f32 (plain float32; loose)."
                    f"{table_default(defaults.VALIDATE, 'numerics')}")
+@click.option("--precision", default=None, type=click.Choice(PRECISIONS, case_sensitive=False),
+              help="The precision class the engine is judged in: ggml (claims llama.cpp's own CPU arithmetic: "
+                   "strict fixed gates) or f32 | f16 | bf16 (gates from llama.cpp's own variance for that class). "
+                   "Default: what the engine declares; ours: its --numerics; other engines: f32.")
 @click.option("--prompt", default=None, help="Text to run through both engines (default: a built-in sentence).")
 @click.option("--against", default="llamacpp", show_default=True, help=f"Reference engine: {', '.join(REFERENCES)}.")
 @click.option("--logit-lens", is_flag=True, help="Also compare every layer's l_out through the output head.")
@@ -65,8 +70,9 @@ class ValidationFailed(CheckFailed):
 @click.option("--report", "report_dir", default=None, type=ReportDir(), metavar="DIR",
               help="Report directory (default: reports/validate/<model>-<backend>-<numerics>-<timestamp>/).")
 @click.option("--top-k", "top_k", default=5, show_default=True, type=int,
-              help="HTTP engines (--engine openai:URL | llamacpp-server): log-probabilities per position to compare.")
-def validate(model, backend, engine, engine_opts, numerics, prompt, against, logit_lens, corpus, smoke_tokens,
+              help="Engines that give top-k log-probabilities only (HTTP servers, mistralrs:, GeneratingEngine "
+                   "plugins): log-probabilities per position to compare.")
+def validate(model, backend, engine, engine_opts, numerics, precision, prompt, against, logit_lens, corpus, smoke_tokens,
              threads, free_running, decode_steps, depth, corpus_kld, ctx, name_map, json_path, report_dir,
              top_k) -> None:
     """Diff our engine against a reference tensor by tensor; exit 0 pass, 1 fail, 2 bad input. With --engine
@@ -96,6 +102,7 @@ def validate(model, backend, engine, engine_opts, numerics, prompt, against, log
     from validation.run import validate as run_validate
 
     options = ValidateOptions(model=model, backend=run.backend, numerics=run.numerics, prompt=prompt,
+                              precision=precision and precision.lower(), top_k=top_k,
                               against=against, logit_lens=logit_lens, corpus=corpus, smoke_tokens=smoke_tokens,
                               threads=run.threads, kv_type=run.kv_type,
                               free_running=free_running, decode_steps=decode_steps, depth=depth,

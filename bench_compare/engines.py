@@ -34,6 +34,8 @@ from __future__ import annotations
 
 import importlib.util
 import inspect
+import os
+import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,7 +44,7 @@ from typing import Any
 from inference_engine import defaults
 from inference_engine.defaults import BACKEND_PREFERENCE, default_backend  # noqa: F401 - the table's, re-exported
 from inference_engine.errors import GGUFParityError
-from inference_engine.protocol import missing_engine_members
+from inference_engine.protocol import engine_capabilities, missing_engine_members
 from inference_engine.registries import NUMERICS, Registry, load_target
 
 # scheme -> "module:factory" (see the module docstring for the factory's signature). One line per way in.
@@ -54,16 +56,24 @@ ENGINE_SCHEMES: dict[str, str] = {
     "dump": "bench_compare.adapters.dump:open_engine",  # a tensor dump written by an engine in any language
     "cmd": "bench_compare.adapters.command:open_engine",  # a program run per request, writing such dumps
     "hf": "bench_compare.adapters.hf_transformers:open_engine",  # Hugging Face transformers on the same GGUF
+    "mistralrs": "bench_compare.adapters.mistralrs:open_engine",  # mistral.rs (Rust): text and top-k logprobs
 }
 # Per-scheme facts that need no import: ``usage`` (what to type, where it is not ``scheme:TARGET``), ``http``
 # (the engine is reached over HTTP: compare/validate route it to bench_compare.adapters; bench cannot drive it) and
-# ``timed`` (False: nothing it does measures the engine's speed, so bench and compare refuse it; default True).
+# ``timed`` (False: nothing it does measures the engine's speed, so bench and compare refuse it; default True) and
+# ``capabilities`` (what its engines give: inference_engine.protocol.CAPABILITIES; shown by ``engines list``).
 ENGINE_META: dict[str, dict[str, Any]] = {
-    "openai": {"usage": "openai:URL", "http": True},
-    "llamacpp-server": {"usage": "llamacpp-server", "http": True},
-    "dump": {"usage": "dump:DIR", "timed": False},  # a file written earlier: no run to time
-    "cmd": {"usage": "'cmd:PROGRAM ARGS {request} {out}'", "timed": False},  # a process per request, read back
-    "hf": {"usage": "hf:[MODEL]"},
+    "ours": {"capabilities": ("tensors", "teacher_forcing", "logits", "tokenize")},
+    "llamacpp": {"capabilities": ("tensors", "logits", "tokenize")},
+    "openai": {"usage": "openai:URL", "http": True, "capabilities": ("top_logprobs", "text", "tokenize", "timings")},
+    "llamacpp-server": {"usage": "llamacpp-server", "http": True,
+                        "capabilities": ("top_logprobs", "text", "tokenize", "timings")},
+    # a file written earlier: no run to time; some tensors, the logits when result_output is among them
+    "dump": {"usage": "dump:DIR", "timed": False, "capabilities": ("tensors", "logits")},
+    # a process per request, read back (each decode step reruns the program on the prompt so far)
+    "cmd": {"usage": "'cmd:PROGRAM ARGS {request} {out}'", "timed": False, "capabilities": ("tensors", "logits")},
+    "hf": {"usage": "hf:[MODEL]", "capabilities": ("tensors", "teacher_forcing", "logits", "tokenize")},
+    "mistralrs": {"usage": "mistralrs:[MODEL]", "capabilities": ("top_logprobs", "text", "tokenize", "timings")},
 }
 ENGINE_ENTRY_POINT_GROUP = "gguf_parity.engines"
 PLUGIN_USAGE = "package.module:factory"
@@ -94,7 +104,8 @@ class EngineSpec:
 
     @property
     def is_plugin(self) -> bool:
-        return "." in self.scheme.partition(":")[0]
+        """``module:factory`` (a registered scheme is a bare name, never with a colon)."""
+        return ":" in self.scheme
 
     @property
     def kind(self) -> str:
@@ -125,9 +136,12 @@ class EngineSpec:
         return self.scheme if self.is_plugin else str(ENGINES.target(self.scheme))
 
     def factory(self):
-        factory = load_target(self.factory_target, f"engine factory for '{self.name}'")
+        if self.is_plugin:
+            plugin_search_path()
+        factory = load_target(self.factory_target, "engine factory")
         if not callable(factory):
-            raise GGUFParityError(f"engine factory '{self.factory_target}' is not callable")
+            raise GGUFParityError(f"engine factory '{self.factory_target}' is not callable; expected "
+                                  f"{FACTORY_SIGNATURE} (docs/PLUGGING_IN.md)")
         return factory
 
     def engine_options(self) -> dict[str, str]:
@@ -181,9 +195,8 @@ def parse_engine_spec(text: str, options: Iterable[tuple[str, str]] | dict[str, 
     head, sep, rest = raw.partition(":")
     lowered = head.lower()
     scheme = SCHEME_ALIASES.get(lowered, lowered)
-    if "." in head and scheme not in ENGINES:  # package.module:factory[:target]
-        if not sep or not rest:
-            raise _unknown(text)
+    if scheme not in ENGINES and sep and rest and (("." in head) or _is_module(head)):
+        # a plugin: package.module:factory[:target], or a top-level module: module:factory[:target]
         factory, _, target = rest.partition(":")
         return EngineSpec(f"{head}:{factory}", target, opts)
     if scheme not in ENGINES:
@@ -198,6 +211,25 @@ def parse_engine_spec(text: str, options: Iterable[tuple[str, str]] | dict[str, 
     elif scheme == "llamacpp" and (sep and target):
         raise _unknown(text)  # llama.cpp takes no target
     return EngineSpec(scheme, target, opts)
+
+
+def plugin_search_path() -> None:
+    """Plugins are found from the current directory too (after installed packages), as ``python -m`` and uvicorn
+    find an app: ``--engine my_engine:make`` with ``my_engine.py`` here."""
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.append(cwd)
+
+
+def _is_module(name: str) -> bool:
+    """Whether ``name`` is an importable top-level module (registered schemes are looked up before this)."""
+    if not name.isidentifier():
+        return False
+    plugin_search_path()
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def _unknown(text: str) -> GGUFParityError:
@@ -285,10 +317,38 @@ def make_engine(spec: EngineSpec | str, model: str | Path, *, n_threads: int | N
     path = resolve_model(str(model), progress=False)
     factory = spec.factory()
     import_engine_modules(spec)
-    engine = factory(spec.target, str(path), n_threads=n_threads, n_ctx=n_ctx, numerics=numerics, n_batch=n_batch,
-                     **spec.engine_options())
+    kwargs = dict(n_threads=n_threads, n_ctx=n_ctx, numerics=numerics, n_batch=n_batch, **spec.engine_options())
+    if not spec.is_plugin:
+        engine = factory(spec.target, str(path), **kwargs)
+    else:
+        check_factory_signature(spec, factory, kwargs)
+        try:
+            engine = factory(spec.target, str(path), **kwargs)
+        except GGUFParityError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a plugin's own failure is one line naming it, never a traceback
+            raise GGUFParityError(f"engine '{spec.name}': its factory raised {type(exc).__name__}: "
+                                  f"{' '.join(str(exc).split())[:200]}") from None
     check_engine(spec, engine)
     return engine
+
+
+# How every factory is called (the module docstring; docs/PLUGGING_IN.md).
+FACTORY_SIGNATURE = "factory(target: str, model: str, **options) -> Engine"
+
+
+def check_factory_signature(spec: EngineSpec, factory, kwargs: dict[str, Any]) -> None:
+    """A plugin factory that cannot take the documented call is one line naming the expected signature."""
+    try:
+        signature = inspect.signature(factory)
+    except (TypeError, ValueError):
+        return  # a builtin or C callable: its call will tell
+    try:
+        signature.bind(spec.target, "model.gguf", **kwargs)
+    except TypeError as exc:
+        raise GGUFParityError(f"engine '{spec.name}': its factory {spec.factory_target}{signature} cannot be called "
+                              f"as {FACTORY_SIGNATURE} ({exc}); accept **options and ignore what you do not use "
+                              "(docs/PLUGGING_IN.md)") from None
 
 
 def check_engine(spec: EngineSpec, engine: Any) -> None:
@@ -300,6 +360,13 @@ def check_engine(spec: EngineSpec, engine: Any) -> None:
             close()
         raise GGUFParityError(f"engine '{spec.name}': the factory returned {type(engine).__name__}, which is not an "
                               f"engine (missing {', '.join(missing)}; see docs/PLUGGING_IN.md)")
+    try:
+        engine_capabilities(engine)  # declared capabilities must be known ones
+    except GGUFParityError:
+        close = getattr(engine, "close", None)
+        if callable(close):
+            close()
+        raise
 
 
 # --- our engine ---------------------------------------------------------------------------------------------------
@@ -388,6 +455,7 @@ class EngineListing:
     description: str
     unavailable: str | None = None  # why it cannot run here
     source: str = "built in"  # "built in" or "entry point <module:factory>"
+    capabilities: tuple[str, ...] | None = None  # what it gives (None: declared by the engine when it opens)
 
 
 def list_engines() -> list[EngineListing]:
@@ -402,7 +470,7 @@ def list_engines() -> list[EngineListing]:
                 rows.append(EngineListing(f"ours:{backend}", f"our engine on the {backend} backend"
                                           + (f" ({BACKENDS.info(backend)['help']})"
                                              if BACKENDS.info(backend).get("help") else ""),
-                                          backend_unavailable(backend)))
+                                          backend_unavailable(backend), capabilities=_capabilities(scheme)))
             continue
         target = str(ENGINES.target(scheme))
         source = f"entry point {target}" if scheme in eps else "built in"
@@ -411,10 +479,15 @@ def list_engines() -> list[EngineListing]:
         description, unavailable = _describe_factory(target)
         if scheme == "llamacpp" and unavailable is None and importlib.util.find_spec("llama_cpp") is None:
             unavailable = "needs llama-cpp-python: pip install llama-cpp-python"
-        rows.append(EngineListing(spec, description, unavailable, source))
+        rows.append(EngineListing(spec, description, unavailable, source, _capabilities(scheme)))
     rows.append(EngineListing(PLUGIN_USAGE, "a Python plugin: a factory returning an object with the Engine "
                               "protocol (docs/PLUGGING_IN.md)"))
     return rows
+
+
+def _capabilities(scheme: str) -> tuple[str, ...] | None:
+    caps = ENGINES.info(scheme).get("capabilities")
+    return None if caps is None else tuple(caps)
 
 
 def _describe_factory(target: str) -> tuple[str, str | None]:

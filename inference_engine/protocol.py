@@ -32,7 +32,8 @@ our engine and llama.cpp's adapter offer them; an engine without them is reporte
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Protocol, runtime_checkable
+import inspect
+from typing import Any, Iterable, Protocol, TypedDict, runtime_checkable
 
 import numpy as np
 
@@ -85,6 +86,50 @@ class Engine(Protocol):
     def close(self) -> None: ...
 
 
+# --- capabilities -------------------------------------------------------------------------------------------------
+# What an engine can give, by name. An engine may declare them (``capabilities``: an iterable of these names, on the
+# class or the instance); an engine that declares none has them inferred from its members
+# (:func:`engine_capabilities`). ``validate`` runs every check the capabilities allow and lists the rest as not run,
+# with the reason; ``bench`` / ``compare`` time what can be timed; ``engines list`` shows them.
+CAPABILITIES: dict[str, str] = {
+    "tensors": "capture(ids) returns intermediate tensors under llama.cpp's graph names",
+    "teacher_forcing": "capture(ids, force=...) computes each tensor from the reference's inputs",
+    "logits": "prefill / decode return full-vocabulary logits",
+    "top_logprobs": "generate(ids, n_tokens, top_k=K) gives the top-K log-probabilities of each generated position",
+    "text": "generate(ids, n_tokens) gives a greedy continuation (token ids and text)",
+    "tokenize": "tokenize / detokenize with the engine's own tokenizer",
+    "timings": "generate() reports the engine's own prompt and generation times",
+}
+
+
+class GenerationStep(TypedDict):
+    """One generated position of :meth:`GeneratingEngine.generate`: the chosen token and, when asked for, the top-k
+    ``(token id, log-probability)`` pairs of that position's distribution, most probable first."""
+
+    token: int
+    top_logprobs: list[tuple[int, float]]
+
+
+class Generation(TypedDict, total=False):
+    """What :meth:`GeneratingEngine.generate` returns. ``timings`` (seconds, the engine's own clocks where it has
+    them): ``prompt_s`` (prefill), ``generation_s`` (all generated tokens after the first), ``ttft_s`` when known;
+    absent when the engine reports none (the harness then times the call itself and says so)."""
+
+    steps: list[GenerationStep]
+    text: str
+    timings: dict[str, float]
+
+
+@runtime_checkable
+class GeneratingEngine(Protocol):
+    """An engine that generates but does not hand out logits (a Rust engine's Python binding, a server): greedy
+    continuation of ``ids`` (given as they are: no BOS is added), ``n_tokens`` steps, every sampler neutral; with
+    ``top_k > 0`` each step carries that many log-probabilities. Its ``prefill`` / ``decode`` / ``capture`` raise
+    :class:`EngineCapabilityError`."""
+
+    def generate(self, ids: list[int], n_tokens: int, top_k: int = 0) -> Generation: ...
+
+
 # What the harness calls on every engine (``capture`` is optional: without it validation compares logits, speed and
 # smoke only; with ``capture(ids, force=...)`` it also compares every tensor teacher-forced).
 REQUIRED_ENGINE_MEMBERS: tuple[str, ...] = (
@@ -107,3 +152,31 @@ def missing_engine_members(obj: Any) -> list[str]:
         return True
 
     return [member for member in REQUIRED_ENGINE_MEMBERS if not has(member)]
+
+
+def engine_capabilities(engine: Any) -> frozenset[str]:
+    """What ``engine`` can give (:data:`CAPABILITIES`): its declared ``capabilities`` when it has the attribute,
+    else inferred from its members: ``capture`` -> tensors (and teacher_forcing when it takes ``force``), ``generate``
+    -> text and top_logprobs; full logits and a tokenizer are assumed for an engine that declares nothing, as the
+    protocol requires them (an engine without them says so by declaring, or by raising
+    :class:`EngineCapabilityError` from the method)."""
+    declared = getattr(engine, "capabilities", None)
+    if declared is not None:
+        caps = frozenset(str(c) for c in declared)
+        unknown = sorted(caps - set(CAPABILITIES))
+        if unknown:
+            raise GGUFParityError(f"engine {getattr(engine, 'name', type(engine).__name__)!r} declares unknown "
+                                  f"capabilities {', '.join(unknown)}; known: {', '.join(CAPABILITIES)}")
+        return caps
+    caps = {"logits", "tokenize"}
+    capture = getattr(engine, "capture", None)
+    if callable(capture):
+        caps.add("tensors")
+        try:
+            if "force" in inspect.signature(capture).parameters:
+                caps.add("teacher_forcing")
+        except (TypeError, ValueError):
+            pass
+    if callable(getattr(engine, "generate", None)):
+        caps.update(("text", "top_logprobs"))
+    return frozenset(caps)

@@ -207,7 +207,12 @@ def windows(ids: list[int], ctx: int, bos: int | None) -> list[list[int]]:
 
 
 def window_logits(engine: Engine, window: list[int]) -> np.ndarray:
-    """Logits of every position of one fresh window ``(ctx, n_vocab)`` (through ``capture``, one batch)."""
+    """Logits of every position of one fresh window ``(ctx, n_vocab)``: through ``capture`` (one batch), or for an
+    engine without it one prefill and a decode per token (:func:`validation.free_running.decode_logits`)."""
+    if not callable(getattr(engine, "capture", None)):
+        from validation.free_running import decode_logits
+
+        return decode_logits(engine, window)
     logits = engine.capture(window, names=["result_output"])["result_output"]
     return np.asarray(logits, dtype=np.float32).reshape(len(window), -1)
 

@@ -21,12 +21,16 @@ bug in the cache (a write one slot off) still shows, at the first ``kqv_out``; a
 ``Kcur`` (RoPE); a wrong sliding window at the first sliding layer's ``kqv_out`` once the depth passes the window.
 
 The verdict per step is the same per-op NMSE gate as the prompt's teacher-forced check; the first failing tensor is
-named with its depth and step (``step -1`` is the prefix's last chunk).
+named with its depth and step (``step -1`` is the prefix's last chunk). For a noise-floor precision class
+(:mod:`validation.precision`) the gate of each tensor at each step is its band: the reference's variants run the
+same prefix and steps on their own (free-running, their own K/V) and each tensor may be NOISE_FACTOR times as far
+from the reference as the farthest variant is there. That is where a bug too small to see on a short prompt (a RoPE
+base 1% off) shows: its error grows with the position, the variants' does not in the same way.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -91,8 +95,10 @@ def tap_names(ours: Engine, token: int) -> list[str]:
 
 
 def validate_depths(ours: Engine, reference: Engine, ids: Sequence[int], plan: DepthPlan,
-                    thresholds: Thresholds, chunk: int | None = None) -> dict[str, Any]:
-    """Every depth of ``plan`` on ``ids`` (reference tokens; at least ``plan.tokens_needed`` of them)."""
+                    thresholds: Thresholds, chunk: int | None = None,
+                    variants: Mapping[str, Engine] | None = None) -> dict[str, Any]:
+    """Every depth of ``plan`` on ``ids`` (reference tokens; at least ``plan.tokens_needed`` of them).
+    ``variants``: the reference's variants for a noise-floor class, whose distances make each tensor's band."""
     if len(ids) < plan.tokens_needed:
         raise GGUFParityError(f"depth {max(plan.depths)} plus {plan.steps} decode steps needs "
                               f"{plan.tokens_needed} tokens; the text has {len(ids)}")
@@ -102,7 +108,9 @@ def validate_depths(ours: Engine, reference: Engine, ids: Sequence[int], plan: D
                               f"{plan.tokens_needed}, more than the engines' {limit}")
     chunk = int(chunk or getattr(reference, "n_batch", 512))
     names = tap_names(ours, int(ids[0]))
-    depths = [validate_depth(ours, reference, list(ids[: d + plan.steps]), d, names, thresholds, chunk)
+    variants = {label: v for label, v in (variants or {}).items() if thresholds.noise_floor
+                and callable(getattr(v, "capture_next", None))}
+    depths = [validate_depth(ours, reference, list(ids[: d + plan.steps]), d, names, thresholds, chunk, variants)
               for d in plan.depths]
     first = next((d for d in depths if d["first_failure"]), None)
     return {
@@ -111,6 +119,7 @@ def validate_depths(ours: Engine, reference: Engine, ids: Sequence[int], plan: D
         "depths": depths,
         "chunk": chunk,
         "threshold": thresholds.tensor_nmse_max,
+        "bands_from": sorted(variants),  # noise-floor classes: each tensor's limit from these variants, per step
         "first_failure": None if first is None else first["first_failure"],
         "method": "prefix prefilled in chunks of the reference's n_batch with the reference's Kcur/Vcur forced "
                   "into our cache; the prefix's last chunk and each 1-token decode step teacher-forced",
@@ -118,8 +127,12 @@ def validate_depths(ours: Engine, reference: Engine, ids: Sequence[int], plan: D
 
 
 def validate_depth(ours: Engine, reference: Engine, ids: list[int], depth: int, names: list[str],
-                   thresholds: Thresholds, chunk: int) -> dict[str, Any]:
+                   thresholds: Thresholds, chunk: int, variants: Mapping[str, Engine] | None = None
+                   ) -> dict[str, Any]:
+    variants = dict(variants or {})
     reference.capture_reset()
+    for variant in variants.values():
+        variant.capture_reset()
     ours.reset()
     kv_names = [n for n in names if n.rsplit("-", 1)[0] in KV_KINDS]
     reports: list[dict[str, Any]] = []
@@ -129,10 +142,12 @@ def validate_depth(ours: Engine, reference: Engine, ids: list[int], depth: int, 
         if i < len(starts) - 1:
             ref = reference.capture_next(part, names=kv_names)
             ours.capture_next(part, names=(), force=ref)
+            for variant in variants.values():
+                variant.capture_next(part, names=kv_names)  # its own prefix, free-running
         else:
-            reports.append(_compare(ours, reference, part, names, thresholds, PREFIX_CHUNK, start))
+            reports.append(_compare(ours, reference, part, names, thresholds, PREFIX_CHUNK, start, variants))
     for step, token in enumerate(ids[depth:]):
-        reports.append(_compare(ours, reference, [token], names, thresholds, step, depth + step))
+        reports.append(_compare(ours, reference, [token], names, thresholds, step, depth + step, variants))
     failing = next((r for r in reports if not r["passed"]), None)
     worst = max(reports, key=lambda r: r["worst_nmse"]) if reports else None
     return {
@@ -149,11 +164,17 @@ def validate_depth(ours: Engine, reference: Engine, ids: list[int], depth: int, 
 
 
 def _compare(ours: Engine, reference: Engine, part: list[int], names: list[str], thresholds: Thresholds,
-             step: int, position: int) -> dict[str, Any]:
+             step: int, position: int, variants: Mapping[str, Engine] | None = None) -> dict[str, Any]:
     ref = reference.capture_next(part, names=names)
     mine = ours.capture_next(part, names=names, force=ref)
+    bands = None
+    if variants:
+        from validation.precision import tensor_bands
+
+        captured = {label: _aligned(v.capture_next(part, names=names), ref)[0] for label, v in variants.items()}
+        bands = {n: b["band"] for n, b in tensor_bands(ref, captured, thresholds).items()}
     mine, ref = _aligned(mine, ref)
-    diff = diff_captures(mine, ref, thresholds.tensor_nmse_max)
+    diff = diff_captures(mine, ref, thresholds.tensor_nmse_max, bands)
     worst = diff.worst(1)
     out = {
         "step": step,
@@ -174,7 +195,8 @@ def _compare(ours: Engine, reference: Engine, part: list[int], names: list[str],
         out["logits_top1_agreement"] = lm["top1_agreement"]
     if not diff.passed:
         failed = next(t for t in diff.tensors if not t.passed)
-        out["failure"] = {"name": failed.name, "nmse": failed.nmse, "error": failed.error}
+        out["failure"] = {"name": failed.name, "nmse": failed.nmse, "threshold": failed.threshold,
+                          "error": failed.error}
     return out
 
 

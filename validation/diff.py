@@ -164,12 +164,16 @@ def diff_tensor(name: str, ours: np.ndarray, ref: np.ndarray, nmse_max: float) -
                       rel_l2=whole["rel_l2"], nmse_per_position=[float(v) for v in per_pos], worst_position=worst)
 
 
-def diff_captures(ours: Mapping[str, np.ndarray], reference: Mapping[str, np.ndarray], nmse_max: float) -> DiffResult:
-    """Match by exact name, compare in the reference's graph order, name the first failure."""
+def diff_captures(ours: Mapping[str, np.ndarray], reference: Mapping[str, np.ndarray], nmse_max: float,
+                  bands: Mapping[str, float] | None = None) -> DiffResult:
+    """Match by exact name, compare in the reference's graph order, name the first failure. ``bands``: a limit
+    per tensor name (llama.cpp's own variance for a precision class, :mod:`validation.precision`); ``nmse_max``
+    for names it lacks."""
     ref_names = list(reference)
     order = graph_order_keys(ref_names)
     matched = sorted((n for n in ref_names if n in ours), key=order.__getitem__)
-    tensors = [diff_tensor(n, ours[n], reference[n], nmse_max) for n in matched]
+    bands = bands or {}
+    tensors = [diff_tensor(n, ours[n], reference[n], bands.get(n, nmse_max)) for n in matched]
     first_failure = next((t.name for t in tensors if not t.passed), None)
     return DiffResult(
         tensors=tensors,

@@ -25,6 +25,12 @@ floor's own statistics, each measured the same way on llama.cpp's variants (each
 batch, as ours is):
 
 * KLD mean <= max(KLD_MEAN_MAX_GGML, NOISE_FACTOR * the variants' largest KLD mean);
+* KLD median over positions <= max(KLD_MEAN_MAX_GGML, NOISE_FACTOR * the variants' largest KLD median). llama.cpp's
+  variants move a few uncertain positions a lot and the typical one little (heavy-tailed per-position KLD); an engine
+  that is off everywhere moves the typical position. Measured on the default prompt, KLD median (mean): Gemma 3's
+  variants at most 5.7e-3 (2.2e-2), llama.cpp's own API as a plugin 7.1e-3 (1.3e-2), the same with N(0, 0.3) on its
+  logits 3.9e-2 (4.6e-2): within 3x of the floor by its mean, 6.8x over it by its median. SmolLM2: variants 3.1e-3
+  (5.0e-3), the plugin 3.7e-3 (5.7e-3), with noise 3.5e-2 (3.2e-2);
 * top-1 disagreements: each of ours is excused *individually* when llama.cpp's margin for its token over ours is
   below the near tie (:data:`validation.smoke.NEAR_TIE_MARGIN`), when one of llama.cpp's own variants picks our
   token at that position, or when the gap between the two tokens is within :data:`GAP_SHIFT_FACTOR` times the
@@ -114,6 +120,13 @@ class SelfNoise:
         return None if worst is None else float(self.variants[worst]["kld_mean"])
 
     @property
+    def kld_median(self) -> float | None:
+        """The largest per-position KLD median among the variants (the typical position's change)."""
+        if not self.variants:
+            return None
+        return max(float(v.get("kld_median", 0.0)) for v in self.variants.values())
+
+    @property
     def flip_count(self) -> int:
         """The most top-1 flips any one variant makes against the batch."""
         return max((int(v.get("top1_disagreements_count", 0)) for v in self.variants.values()), default=0)
@@ -129,6 +142,7 @@ class SelfNoise:
             "method": "reference's one-batch prefill logits vs the same prompt decoded token by token, and vs the "
                       "reference's rounding variants; the floor is the largest KLD mean",
             "kld_mean": self.kld_mean,
+            "kld_median": self.kld_median,
             "kld_max": None if worst is None else max(v["kld_max"] for v in self.variants.values()),
             "top1_agreement": None if worst is None else min(v["top1_agreement"] for v in self.variants.values()),
             "worst_variant": worst,
@@ -140,24 +154,34 @@ class SelfNoise:
 
 
 def measure_self_noise(reference: Engine, ids: list[int], batched: np.ndarray,
-                       variants: Mapping[str, Engine] | None = None) -> SelfNoise:
+                       variants: Mapping[str, Engine] | None = None,
+                       captured: Mapping[str, np.ndarray] | None = None) -> SelfNoise:
     """The reference's token-by-token decode, and each variant's one-batch prefill, against ``batched``
-    (the reference's own capture ``result_output``, ``(n_tokens, n_vocab)``). Leaves the reference's cache empty."""
+    (the reference's own capture ``result_output``, ``(n_tokens, n_vocab)``). Leaves the reference's cache empty.
+    ``captured``: variants' ``result_output`` already computed (label -> logits), not run again."""
     noise = SelfNoise()
+    captured = dict(captured or {})
     batched = np.atleast_2d(np.asarray(batched, dtype=np.float32))
-    reference.reset()
-    rows = [np.asarray(reference.prefill([ids[0]]), dtype=np.float32)]
-    rows += [np.asarray(reference.decode(t), dtype=np.float32) for t in ids[1:]]
-    reference.reset()
-    add_variant(noise, TOKEN_BY_TOKEN, np.stack(rows), batched)
+    add_variant(noise, TOKEN_BY_TOKEN, decode_logits(reference, ids), batched)
     for label, engine in (variants or {}).items():
         try:
-            logits = engine.capture(list(ids), names=["result_output"])["result_output"]
+            logits = captured[label] if label in captured else \
+                engine.capture(list(ids), names=["result_output"])["result_output"]
         except Exception as exc:  # noqa: BLE001 - a diagnostic variant that fails is reported, never fatal
             noise.errors[label] = (" ".join(str(exc).split()) or type(exc).__name__)[:200]
             continue
         add_variant(noise, label, np.asarray(logits, dtype=np.float32).reshape(batched.shape), batched)
     return noise
+
+
+def decode_logits(engine: Engine, ids: list[int]) -> np.ndarray:
+    """``engine``'s logits at every position of ``ids`` ``(n_tokens, n_vocab)``, token by token: a prefill of the
+    first token, then one decode per token (what an engine without ``capture`` can give). Leaves its cache empty."""
+    engine.reset()
+    rows = [np.asarray(engine.prefill([int(ids[0])]), dtype=np.float32)]
+    rows += [np.asarray(engine.decode(int(t)), dtype=np.float32) for t in ids[1:]]
+    engine.reset()
+    return np.stack(rows)
 
 
 def add_variant(noise: SelfNoise, label: str, logits: np.ndarray, batched: np.ndarray) -> None:
@@ -200,10 +224,13 @@ def free_running_logits(ours: np.ndarray, reference: np.ndarray, noise: SelfNois
     summary["flips_like_the_floor_limit"] = flip_budget
     summary["top1_disagreements"] = disagreements
     if thresholds.kld_mean_max is None:
-        summary.update(gated=False, kld_mean_limit=None, passed=None)
+        summary.update(gated=False, kld_mean_limit=None, kld_median_limit=None, passed=None)
         return summary
     limit = max(thresholds.kld_mean_max, NOISE_FACTOR * floor)
-    ok = summary["kld_mean"] <= limit
+    median_limit = max(thresholds.kld_mean_max, NOISE_FACTOR * (noise.kld_median or 0.0))
+    summary["reference_self_kld_median"] = noise.kld_median
+    summary["kld_median_limit"] = median_limit
+    ok = summary["kld_mean"] <= limit and summary["kld_median"] <= median_limit
     if thresholds.top1_agreement_min is not None:
         ok = ok and all(d["excused_by"] for d in disagreements) and len(like_floor) <= flip_budget
     summary.update(gated=True, kld_mean_limit=limit, passed=bool(ok))

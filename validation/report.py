@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from validation.atomic import atomic_write_json, atomic_write_text
-from validation.free_running import GAP_SHIFT_FACTOR
+from validation.free_running import GAP_SHIFT_FACTOR, NOISE_FACTOR
+from validation.metrics import NOISE_FLOOR
 from validation.provenance import cpu_isa_label
 
 WORST_TENSORS_SHOWN = 15  # rows of the "worst tensors" table; the JSON and Markdown per-layer table hold the rest
@@ -153,8 +154,17 @@ def summary_lines(result: dict) -> list[str]:
     mode = MODE_TITLES.get(result.get("mode"), result.get("mode"))
     if mode:
         lines.append(f"gated comparison: {mode} ({result.get('mode_reason')})")
-    lines.append(f"tensors{f' ({mode})' if mode else ''}: {len(tensors) - len(failed)}/{len(tensors)} pass NMSE <= "
-                 f"{fmt(result['thresholds']['tensor_nmse_max'])}; first failure: {result.get('first_failure')}")
+    lines += precision_lines(result)
+    if (result.get("not_checked") or {}).get("tensors"):
+        lines.append(f"tensors: not checked ({result['not_checked']['tensors']})")
+    elif result.get("thresholds", {}).get("bands"):
+        lines.append(f"tensors{f' ({mode})' if mode else ''}: {len(tensors) - len(failed)}/{len(tensors)} within "
+                     f"llama.cpp's own variance per tensor (x{fmt(NOISE_FACTOR)} its variants' NMSE, at least "
+                     f"{fmt(result['thresholds']['tensor_nmse_max'])}); first failure: {result.get('first_failure')}")
+    else:
+        lines.append(f"tensors{f' ({mode})' if mode else ''}: {len(tensors) - len(failed)}/{len(tensors)} pass "
+                     f"NMSE <= {fmt(result['thresholds']['tensor_nmse_max'])}; first failure: "
+                     f"{result.get('first_failure')}")
     um = result.get("unmatched", {})
     lines.append(f"unmatched names: {len(um.get('ours_only', []))} only ours, "
                  f"{len(um.get('reference_only', []))} only reference")
@@ -164,7 +174,8 @@ def summary_lines(result: dict) -> list[str]:
     elif "error" in lg:
         lines.append(f"logits: FAIL ({lg['error']})")
     else:
-        lines.append(f"logits{f' ({mode})' if mode else ''} ({lg.get('positions')} positions): KLD mean "
+        lmode = "free-running, against llama.cpp's own variance" if lg.get("kld_mean_limit") is not None else mode
+        lines.append(f"logits{f' ({lmode})' if lmode else ''} ({lg.get('positions')} positions): KLD mean "
                      f"{fmt(lg.get('kld_mean'))} max {fmt(lg.get('kld_max'))}, top-1 agreement "
                      f"{fmt(lg.get('top1_agreement'))}, top-5 overlap {fmt(lg.get('top5_overlap'))} -> "
                      f"{_verdict(checks.get('logits'))}")
@@ -296,13 +307,49 @@ def _other_mode_lines(result: dict) -> list[str]:
             f"{fmt(noise.get('kld_max'))}, top-1 {fmt(noise.get('top1_agreement'))} (worst: "
             f"{noise.get('worst_variant')})")
     if lg.get("gated"):
-        line += (f"; limit max(floor, {fmt(lg.get('noise_factor'))} x self) = {fmt(lg.get('kld_mean_limit'))} -> "
-                 f"{_verdict(result.get('checks', {}).get('free_running'))}")
+        line += (f"; limit max(floor, {fmt(lg.get('noise_factor'))} x self) = {fmt(lg.get('kld_mean_limit'))}, "
+                 f"median {fmt(lg.get('kld_median'))} (limit {fmt(lg.get('kld_median_limit'))}) -> "
+                 f"{_verdict(lg.get('passed'))}")
     elif lg.get("passed") is not None:
         line += f"; noise-floor rule (not gated here): {'PASS' if lg['passed'] else 'FAIL'}"
     else:
         line += " (reported, not gated)"
     lines.append(line)
+    return lines
+
+
+def under_test(result: dict) -> str:
+    """What was validated, as headers say it: ``ours:numba/ggml`` or a plugin's spec with its precision class."""
+    precision = (result.get("precision") or {}).get("class")
+    engine = result.get("engine") or f"ours:{result.get('backend')}"
+    if engine.startswith("ours:"):
+        return f"{result.get('backend')}/{result.get('numerics')}"
+    return f"{engine} ({precision} precision)" if precision else engine
+
+
+def precision_lines(result: dict) -> list[str]:
+    """The precision class and its gate, what the engine gives, and which checks ran and which could not."""
+    p = result.get("precision") or {}
+    if not p:
+        return []
+    gate = ("gates from llama.cpp's own variance for this class (validation.precision)"
+            if p.get("gate") == NOISE_FLOOR else "strict fixed gates (claims llama.cpp's own arithmetic)")
+    lines = [f"precision: {p.get('class')} ({p.get('source')}); {gate}"]
+    if result.get("capabilities"):
+        lines.append(f"engine gives: {', '.join(result['capabilities'])}; checks run: "
+                     f"{', '.join(result.get('checks_run') or []) or 'none'}")
+    for check, why in (result.get("not_checked") or {}).items():
+        if check != "tensors":  # said on the tensors line
+            lines.append(f"not checked: {check} ({why})")
+    top = result.get("top_k")
+    if top:
+        m, lim = top["metrics"], top["limits"]
+        lines.append(f"top-{top['top_k']} log-probabilities ({m['positions']} generated positions, on the engine's "
+                     f"own path): shared-top-k KLD mean {fmt(m['shared_kld_mean'])} (limit "
+                     f"{fmt(lim['shared_kld_mean_max'])}), max |d logprob| {fmt(m['max_abs_logprob_diff'])} (limit "
+                     f"{fmt(lim['max_abs_logprob_diff_max'])}), top-k overlap {fmt(m['topk_overlap_mean'])} (min "
+                     f"{fmt(lim['topk_overlap_mean_min'])}), rank agreement {fmt(m['rank_agreement_mean'])}, top-1 "
+                     f"{fmt(m['top1_agreement'])} -> {_verdict(top['passed'])}")
     return lines
 
 
@@ -313,7 +360,7 @@ def _verdict(value: bool | None) -> str:
 def markdown(result: dict) -> str:
     m = result["model"]
     out = [
-        f"# Validation: {m['name']} -- {result['backend']}/{result['numerics']} vs {result['against']}: "
+        f"# Validation: {m['name']} -- {under_test(result)} vs {result['against']}: "
         f"{'PASS' if result['passed'] else 'FAIL'}",
         "",
         f"- model: `{m['path']}` ({m.get('architecture')}, {m.get('quant')}), sha256 `{m['sha256']}`",
@@ -440,7 +487,7 @@ def print_result(result: dict, console=None) -> None:
     m = result["model"]
     verdict = "[bold green]PASS[/]" if result["passed"] else "[bold red]FAIL[/]"
     console.print(f"validate {m['name']} ({m.get('architecture')}, {m.get('quant')}): "
-                  f"{result['backend']}/{result['numerics']} vs {result['against']}, "
+                  f"{under_test(result)} vs {result['against']}, "
                   f"{result['prompt']['n_tokens']} prompt tokens -> {verdict}")
 
     mode_title = MODE_TITLES.get(result.get("mode"), "gated")

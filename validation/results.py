@@ -78,6 +78,10 @@ class ValidationResult(Result):
     tokenizer: dict[str, Any] | None = None
     smoke: dict[str, Any] | None = None
     not_checked: dict[str, str] = field(default_factory=dict)  # check -> why the engine could not give it
+    checks_run: list[str] = field(default_factory=list)  # the checks that ran (their verdicts are in ``checks``)
+    precision: dict[str, Any] = field(default_factory=dict)  # class, where it came from, gate (validation.precision)
+    capabilities: list[str] = field(default_factory=list)  # what the engine under test gives (protocol.CAPABILITIES)
+    top_k: dict[str, Any] | None = None  # an engine that only generates: validation.top_k
     decode_steps: dict[str, Any] | None = None  # --decode-steps
     corpus_kld: dict[str, Any] | None = None  # --corpus-kld
     logit_lens: list[dict[str, Any]] | None = None  # --logit-lens (diagnostic)

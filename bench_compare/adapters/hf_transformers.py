@@ -91,10 +91,20 @@ HOOKS: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
 _HEAD_MAJOR = {"gemma3": ("Qcur_normed", "Kcur_normed")}
 
 
-class HFTransformersEngine:
-    """The Engine protocol over a transformers causal LM loaded from a GGUF (float32, CPU)."""
+# --engine-opt dtype=...: the torch dtype the model computes in, and the precision class it declares to validate
+# (validation.precision): its gates then come from llama.cpp's own variants with weights in that type.
+DTYPES = {"f32": ("float32", "f32"), "float32": ("float32", "f32"), "bf16": ("bfloat16", "bf16"),
+          "bfloat16": ("bfloat16", "bf16"), "f16": ("float16", "f16"), "float16": ("float16", "f16")}
 
-    def __init__(self, gguf_path: str | Path, *, n_ctx: int = 2048, n_threads: int | None = None):
+
+class HFTransformersEngine:
+    """The Engine protocol over a transformers causal LM loaded from a GGUF (CPU; float32 unless ``dtype``)."""
+
+    def __init__(self, gguf_path: str | Path, *, n_ctx: int = 2048, n_threads: int | None = None,
+                 dtype: str = "f32"):
+        if str(dtype).lower() not in DTYPES:
+            raise GGUFParityError(f"--engine hf: unknown dtype '{dtype}'; supported: f32, bf16, f16")
+        self.torch_dtype, self.precision = DTYPES[str(dtype).lower()]
         torch, transformers = _import_torch_transformers()
         from inference_engine.gguf_file import open_gguf
 
@@ -112,7 +122,7 @@ class HFTransformersEngine:
             # the GGUF conversion draws its own tqdm bar on stderr, one redraw per tensor: keep the terminal clean
             with contextlib.redirect_stderr(io.StringIO()):
                 self.model = transformers.AutoModelForCausalLM.from_pretrained(
-                    str(self.path.parent), gguf_file=self.path.name, dtype=torch.float32)
+                    str(self.path.parent), gguf_file=self.path.name, dtype=getattr(torch, self.torch_dtype))
                 self.tokenizer = transformers.AutoTokenizer.from_pretrained(str(self.path.parent),
                                                                             gguf_file=self.path.name)
         except Exception as exc:  # noqa: BLE001 - transformers' own load failures become one user-facing line
@@ -141,7 +151,8 @@ class HFTransformersEngine:
                 versions[pkg] = None
         return {"engine": self.name, "file": str(self.path), "sha256": self.gguf.sha256,
                 "architecture": self.architecture, "class": type(self.model).__name__, "backend": "torch-cpu",
-                "numerics": "f32 (transformers dequantizes the GGUF to float32)", "n_ctx": self._n_ctx,
+                "numerics": f"{self.precision} (transformers dequantizes the GGUF to float32, then casts to "
+                            f"{self.torch_dtype})", "precision": self.precision, "n_ctx": self._n_ctx,
                 "threads": self._torch.get_num_threads(), "versions": versions,
                 "not_captured": "Qcur/Kcur (RoPE is applied inside transformers' attention function, not a module)"}
 
@@ -211,7 +222,7 @@ class HFTransformersEngine:
             forced = torch.as_tensor(np.asarray(force[name], dtype=np.float32))
             if swap:
                 forced = forced.reshape(tensor.shape[2], tensor.shape[1], tensor.shape[3]).transpose(0, 1)
-            forced = forced.reshape(tensor.shape).contiguous()
+            forced = forced.reshape(tensor.shape).to(tensor.dtype).contiguous()
             return (forced, *value[1:]) if isinstance(value, tuple) else forced
 
         for name, module, side in self._hook_points():
@@ -250,8 +261,9 @@ def open_engine(target: str, model: str, **options) -> HFTransformersEngine:
     """Hugging Face transformers on the same GGUF (hf: = the --model file; pip install 'gguf-parity[hf]').
 
     Factory for ``--engine hf:`` (the GGUF under test), ``hf:NAMED_MODEL`` or ``hf:PATH.gguf``; options: n_ctx,
-    n_threads."""
+    n_threads, ``dtype`` (``--engine-opt dtype=bf16``: f32, bf16 or f16; its precision class for validate)."""
     from inference_engine.model_cache import resolve_model
 
     path = Path(resolve_model(target, progress=False)) if target else Path(model)
-    return HFTransformersEngine(path, n_ctx=options.get("n_ctx") or 2048, n_threads=options.get("n_threads"))
+    return HFTransformersEngine(path, n_ctx=options.get("n_ctx") or 2048, n_threads=options.get("n_threads"),
+                                dtype=options.get("dtype") or "f32")

@@ -48,6 +48,7 @@ from validation.free_running import GAP_SHIFT_FACTOR, NOISE_FACTOR, reference_ga
 from validation.provenance import provenance
 from validation.results import HttpValidateResult
 from validation.smoke import NEAR_TIE_MARGIN
+from validation.top_k import compare_position  # one definition of the per-position metrics
 
 DEFAULT_TOP_K = 5
 DEFAULT_TOKENS = 16
@@ -88,30 +89,6 @@ def _server_topk(entry: dict | None, k: int) -> dict[str, float] | None:
         return None
     items = sorted(((str(t), float(lp)) for t, lp in entry.items()), key=lambda kv: -kv[1])
     return dict(items[:k])  # the server may add the sampled token beyond the top k
-
-
-def compare_position(server: dict[str, float], reference: dict[str, float], k: int) -> dict[str, Any]:
-    s_top = max(server, key=server.get)
-    r_top = max(reference, key=reference.get)
-    shared = sorted(set(server) & set(reference))
-    out: dict[str, Any] = {"server_top1": s_top, "reference_top1": r_top, "top1_agree": s_top == r_top,
-                           "topk_overlap": len(shared) / k, "shared": len(shared)}
-    if shared:
-        lp_r = np.array([reference[t] for t in shared])
-        lp_s = np.array([server[t] for t in shared])
-        p = np.exp(lp_r - np.logaddexp.reduce(lp_r))
-        log_p = lp_r - np.logaddexp.reduce(lp_r)
-        log_q = lp_s - np.logaddexp.reduce(lp_s)
-        out["shared_kld"] = float(max(0.0, np.sum(p * (log_p - log_q))))
-        out["max_abs_logprob_diff"] = float(np.max(np.abs(lp_r - lp_s)))
-    else:
-        out["shared_kld"] = None
-        out["max_abs_logprob_diff"] = None
-    if not out["top1_agree"]:
-        # near tie: llama.cpp's log-prob of its own top-1 minus that of the server's top-1 (if llama.cpp ranks it)
-        out["margin"] = (reference[r_top] - reference[s_top]) if s_top in reference else None
-        out["near_tie"] = out["margin"] is not None and out["margin"] < NEAR_TIE_MARGIN
-    return out
 
 
 def _send_prompt(engine, ids: list[int], add_bos: bool, max_tokens: int, k: int, echo: bool,

@@ -34,7 +34,7 @@ READ_TIMEOUT_S = 120.0
 REQUEST_TIMEOUT_S = 600.0
 
 # What this engine can do over HTTP, and what it cannot (the harness prints the second list in its reports).
-CAPABILITIES = frozenset({"tokenize", "generate", "stream_timing", "top_logprobs"})
+CAPABILITIES = frozenset({"tokenize", "text", "timings", "top_logprobs"})  # inference_engine.protocol.CAPABILITIES
 NOT_OVER_HTTP = {
     "logits": "full logits (only the server's top-k log-probabilities per position)",
     "capture": "hidden states and per-tensor intermediates (attn_norm-N, l_out-N, ...)",

@@ -77,6 +77,29 @@ def forced(target, model, **options):
 
 def not_an_engine(target, model, **options):
     return {"hello": "world"}
+
+
+def one_argument(model):
+    return NoCapture(model)
+
+
+def raises(target, model, **options):
+    raise RuntimeError("CUDA out of memory\\n  (a multi-line message from inside the engine)")
+
+
+def bad_capabilities(target, model, **options):
+    engine = NoCapture(model, **options)
+    engine.capabilities = ("logits", "telepathy")
+    return engine
+'''
+
+# A top-level module plugin, as a user writes one: my_engine.py in the current directory.
+TOP_LEVEL_PLUGIN = '''
+from toyplugins.plug import NoCapture
+
+
+def make(target, model, **options):
+    return NoCapture(model, **options)
 '''
 
 
@@ -102,7 +125,8 @@ def _one_line_error(capsys) -> str:
 @pytest.mark.parametrize("spec, needle", [
     ("vllm:http://x", "unknown engine 'vllm:http://x'; choose one of: ours:numpy"),
     ("nosuch_pkg.engines:open_engine", "no module named 'nosuch_pkg'"),
-    ("toyplugins:no_capture", "unknown engine 'toyplugins:no_capture'"),  # no dot before the colon: a scheme
+    ("nosuch_module:make", "unknown engine 'nosuch_module:make'"),  # neither a scheme nor an importable module
+    ("toyplugins:no_capture", "module 'toyplugins' has no attribute 'no_capture'"),  # a top-level module: a plugin
     ("json.decoder:nothing_here", "has no attribute 'nothing_here'"),
 ])
 def test_bad_specs_are_one_line_exit_2(tiny_model, toy_plugins, capsys, spec, needle):
@@ -110,6 +134,39 @@ def test_bad_specs_are_one_line_exit_2(tiny_model, toy_plugins, capsys, spec, ne
     err = _one_line_error(capsys)
     assert code == 2
     assert needle in err
+
+
+@pytest.mark.parametrize("factory, needles", [
+    ("one_argument", ["one_argument(model)", "cannot be called as factory(target: str, model: str, **options)",
+                      "accept **options"]),
+    ("raises", ["its factory raised RuntimeError: CUDA out of memory (a multi-line message"]),
+    ("bad_capabilities", ["declares unknown capabilities telepathy; known: tensors"]),
+])
+def test_plugins_that_fail_politely(tiny_model, toy_plugins, capsys, factory, needles):
+    code = main(["bench", "--engine", f"toyplugins.plug:{factory}", "-m", str(tiny_model("llama")), "-p", "4",
+                 "-n", "0", "-r", "1"])
+    err = _one_line_error(capsys)
+    assert code == 2 and "Traceback" not in err
+    for needle in needles:
+        assert needle in err, err
+
+
+def test_a_top_level_module_in_the_current_directory_is_a_plugin(tiny_model, toy_plugins, tmp_path, monkeypatch,
+                                                                   capsys):
+    (tmp_path / "my_engine.py").write_text(TOP_LEVEL_PLUGIN)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    try:
+        spec = engines.parse_engine_spec("my_engine:make")
+        assert spec.is_plugin and spec.factory_target == "my_engine:make" and spec.target == ""
+        code = main(["bench", "--engine", "my_engine:make", "-m", str(tiny_model("llama")), "-p", "4", "-n", "1",
+                     "-r", "1", "-t", "1", "-o", "jsonl"])
+        out, err = capsys.readouterr()
+        assert code == 0, err
+        assert json.loads(out.splitlines()[0])["engine"] == "my_engine:make"
+        assert engines.parse_engine_spec("llamacpp").scheme == "llamacpp"  # registered schemes come first
+    finally:
+        sys.modules.pop("my_engine", None)
 
 
 def test_factory_returning_a_non_engine_is_refused(tiny_model, toy_plugins, capsys):

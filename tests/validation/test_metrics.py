@@ -104,14 +104,18 @@ def test_logit_summary_top1_and_top5():
 def test_thresholds_by_numerics():
     ggml, f32 = m.thresholds_for("ggml"), m.thresholds_for("f32")
     assert ggml.tensor_nmse_max == 1e-6 and ggml.kld_mean_max == 1e-4 and ggml.top1_agreement_min == 1.0
-    assert f32.tensor_nmse_max == 1e-2 and f32.kld_mean_max is None
-    with pytest.raises(GGUFParityError, match="unknown numerics 'f16'; supported: ggml, f32"):
-        m.thresholds_for("f16")
+    assert ggml.gate == m.STRICT and not ggml.noise_floor and ggml.weight_type is None
+    # the noise-floor classes: their numbers are least limits; each names the weight type of its llama.cpp variant
+    for name, weight_type in (("f32", "F32"), ("f16", "F16"), ("bf16", "BF16")):
+        t = m.thresholds_for(name)
+        assert t.noise_floor and t.weight_type == weight_type and t.kld_mean_max == m.KLD_MEAN_MAX_GGML
+    assert m.NMSE_MIN_F32 < m.NMSE_MIN_F16 < m.NMSE_MIN_BF16  # wider rounding, wider least limit
+    with pytest.raises(GGUFParityError, match="unknown precision 'fp8'; supported: ggml, f32, f16, bf16"):
+        m.thresholds_for("fp8")
     good = {"kld_mean": 5e-5, "top1_agreement": 1.0}
     assert m.logits_pass(good, ggml)
     assert not m.logits_pass({**good, "kld_mean": 2e-4}, ggml)
     assert not m.logits_pass({**good, "top1_agreement": 0.9}, ggml)
-    assert m.logits_pass({"kld_mean": 2e-4, "top1_agreement": 0.9}, f32)  # reported, not gated
 
 
 def test_shape_mismatch_is_an_error():

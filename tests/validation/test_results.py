@@ -59,7 +59,7 @@ def test_every_numerics_mode_has_thresholds():
     from inference_engine.registries import NUMERICS
     from validation.metrics import THRESHOLDS
 
-    assert set(THRESHOLDS) == set(NUMERICS)
+    assert set(NUMERICS) <= set(THRESHOLDS)  # our --numerics are precision classes too (plus f16, bf16)
 
 
 def test_unknown_shapes_are_not_results():

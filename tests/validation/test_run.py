@@ -10,6 +10,7 @@ import pytest
 from validation_fakes import FakeEngine, Faults, TeacherForcedFakeEngine, TinyWeights, write_tiny_gguf
 
 from inference_engine.errors import GGUFParityError
+from validation.metrics import NMSE_MIN_F32
 from validation.report import markdown
 from validation.run import ValidateOptions, validate
 
@@ -94,8 +95,9 @@ def test_logits_fault_fails_logits_and_smoke(model_path, weights):
 
 def test_f32_thresholds_are_recorded(model_path, weights):
     result, _ = run(model_path, weights, numerics="f32", smoke_tokens=0)
-    assert result["thresholds"]["tensor_nmse_max"] == 1e-2 and result["smoke"] is None
-    assert all(t["threshold"] == 1e-2 for t in result["tensors"])
+    assert result["thresholds"]["gate"] == "noise_floor" and result["smoke"] is None
+    bands = result["thresholds"]["bands"]  # a fake reference with no variants: every band is the least limit
+    assert all(t["threshold"] == bands[t["name"]]["band"] == NMSE_MIN_F32 for t in result["tensors"])
     assert "smoke" not in result["checks"]
 
 
@@ -110,6 +112,8 @@ def test_zero_token_prompt_is_a_user_error(model_path, weights):
     ("against", "vllm", "unknown --against 'vllm'; supported: llamacpp, numpy"),
     ("backend", "cuda", "unknown --backend 'cuda'; supported: numpy, numba, mlx"),
     ("numerics", "f16", "unknown --numerics 'f16'; supported: ggml, f32"),
+    ("precision", "fp8", "unknown --precision 'fp8'; supported: ggml, f32, f16, bf16"),
+    ("top_k", 0, "--top-k must be 1 or more"),
     ("prompt", "   ", "--prompt is empty"),
     ("smoke_tokens", -1, "--smoke-tokens must be 0 or more"),
 ])

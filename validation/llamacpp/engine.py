@@ -464,6 +464,23 @@ class LlamaCppEngine:
                                  verbose=self.verbose)
         return {f"flash attention {other}": variant}
 
+    def variant(self, *, weight_type: str | None = None, kv_type: str | None = None,
+                flash_attn: bool | str | None = None) -> LlamaCppEngine:
+        """llama.cpp on the same model with other settings (caller closes): ``kv_type``, ``flash_attn``, or every
+        matrix converted to ``weight_type`` (F32 / F16 / BF16: a copy written once, :mod:`validation.gguf_rewrite`).
+        What is not named is kept. The precision classes' noise floors are made of these
+        (:mod:`validation.precision`)."""
+        self._require_open()
+        path = self.path
+        if weight_type is not None:
+            from validation.gguf_rewrite import weights_as
+
+            path = weights_as(self.path, weight_type, self.sha256)
+        return LlamaCppEngine(path, n_ctx=self._n_ctx, n_threads=self.n_threads, n_batch=self.n_batch,
+                              kv_type=self.kv_type if kv_type is None else kv_type,
+                              flash_attn=self.flash_attn if flash_attn is None else flash_attn,
+                              extra_bufts=self.extra_bufts, verbose=self.verbose)
+
     # --- helpers ------------------------------------------------------------------------------------------------
     def _check_ids(self, ids: list[int], allow_empty: bool = False) -> list[int]:
         if not ids and not allow_empty:
