@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import click
 
-from bench_compare import engines
+from bench_compare import engines, generate_timing
 from bench_compare.llamabench_format import (
     OUTPUT_FORMATS,
     csv_header,
@@ -257,14 +257,22 @@ def bench(model, n_prompt, n_gen, pg, n_depth, reps, threads, n_batch, fmt, engi
                     llama_type = eng.model_info.get("model_type", model_desc["model_type"])
                     model_desc = dict(model_desc, model_type=llama_type)
                     result.model = model_desc
+                draw = None
+                if generate_timing.generate_only(eng):  # it only generates: timed by requests, prompts as text
+                    for test in tests:
+                        generate_timing.check_test(test, spec.name)
+                    draw = generate_timing.text_safe_draw(gguf, seed_n)
                 runner = Runner({spec.name: eng}, allowed, reps=reps_n, n_batch=batch, seed=seed_n,
-                                warmup=not no_warmup,
+                                warmup=not no_warmup, draw=draw,
                                 on_progress=lambda label, test, what: bar.update(1))
                 for test in tests:
                     bar.set_description(f"{test.name} t={n_threads}")
                     started = utc_now()  # llama-bench's test_time: when the test started
                     [m] = runner.run(test)
                     out.emit(_record(m, model_desc, settings, build_commit, cpu, started))
+                    if m.timing:  # the row's time is a request's: say whose clock (and keep it in the result)
+                        result.settings.setdefault("timing", {})[m.test.name] = m.timing
+                        click.echo(f"note: {m.test.name} t={n_threads}: {m.timing}", err=True)
             finally:
                 eng.close()
     except KeyboardInterrupt:

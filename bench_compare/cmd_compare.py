@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from bench_compare import compare_run, engines, report
+from bench_compare import compare_run, engines, generate_timing, report
 from validation.atomic import atomic_write_json
 from bench_compare.cmd_bench import parse_positive_int
 from bench_compare.measure import DEFAULT_SEED
@@ -137,6 +137,8 @@ def compare(model, backend, engine, engine_opts, numerics, n_prompt, n_gen, n_de
     click.echo(f"\n{report.compare_summary_line(result)}")
     if result["settings"].get("sizes_note"):
         click.echo(f"note: {result['settings']['sizes_note']}")
+    for line in generate_timing.timing_notes(result):  # an engine that only generates: whose clock timed what
+        click.echo(f"note: {line}")
     click.echo("")
     click.echo(report.compare_table(result))
     phases = report.cold_phase_table(result)

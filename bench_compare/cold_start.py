@@ -98,6 +98,7 @@ def run_cold_start(
         phases_ns["interpreter"] = main_ns - spawn_ns
     t = main_ns
     import_modules()
+    from bench_compare import generate_timing  # an engine that only generates: one request per phase
     from inference_engine.generate import ForcedTokens, StepTimings, generate_step  # the one generation loop
     from inference_engine.sampling import greedy
 
@@ -107,12 +108,17 @@ def run_cold_start(
     t, phases_ns["load"] = _lap(clock, t)
     ids = engine.tokenize(prompt, add_bos=True)
     t, phases_ns["tokenize"] = _lap(clock, t)
-    timings = StepTimings()  # in this clock's units (ns)
-    first, _ = next(generate_step(engine, ids, greedy, reset=False, timings=timings, clock=clock))
+    generating = generate_timing.generate_only(engine)
+    if generating:  # one request of one token: the prefill phase holds its whole wall time
+        first, prefill_ns = generate_timing.cold_first_token(engine, ids, clock)
+    else:
+        timings = StepTimings()  # in this clock's units (ns)
+        first, _ = next(generate_step(engine, ids, greedy, reset=False, timings=timings, clock=clock))
+        prefill_ns = int(timings.prefill_s)
     first_text = engine.detokenize([first])
     before = t
     t = clock()
-    phases_ns["prefill"] = int(timings.prefill_s)
+    phases_ns["prefill"] = prefill_ns
     phases_ns["first_token"] = t - before - phases_ns["prefill"]  # picking the token and its text
     start = spawn_ns if spawn_ns is not None else main_ns
     result: dict[str, Any] = {
@@ -129,8 +135,11 @@ def run_cold_start(
     }
     if rss_workload is not None:
         prompt_ids, gen_ids = rss_workload()
-        for _ in generate_step(engine, prompt_ids, ForcedTokens(gen_ids), n_batch=n_batch):
-            pass
+        if generating:
+            generate_timing.run_workload(engine, prompt_ids, gen_ids)
+        else:
+            for _ in generate_step(engine, prompt_ids, ForcedTokens(gen_ids), n_batch=n_batch):
+                pass
         result["rss_workload"] = {"n_prompt": len(prompt_ids), "n_gen": len(gen_ids)}
     result["peak_rss_bytes"] = peak_rss_bytes()
     jit = numba_cache_stats()
@@ -209,14 +218,20 @@ def main(argv: list[str] | None = None) -> int:
         from bench_compare import engines
 
         spec = engines.parse_engine_spec(args.engine, engines.parse_engine_opts(args.engine_opt))
+        made = []
 
         def make():
-            return engines.make_engine(
+            made.append(engines.make_engine(
                 spec, args.model, n_threads=args.threads, n_ctx=args.n_ctx, numerics=args.numerics,
                 n_batch=args.n_batch,
-            )
+            ))
+            return made[-1]
 
         def workload() -> tuple[list[int], list[int]]:
+            from bench_compare import generate_timing
+
+            if made and generate_timing.generate_only(made[-1]):  # prompts it can take as text
+                return generate_timing.workload_tokens(args.model, args.rss_prompt, args.rss_gen, args.seed)
             from bench_compare.measure import draw_tokens, pg_test, token_ids_for_model
             from inference_engine.gguf_file import open_gguf
             from inference_engine.model_cache import resolve_model

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from bench_compare import cold_runner, engines, timing
+from bench_compare import cold_runner, engines, generate_timing, timing
 from bench_compare.measure import (
     DEFAULT_N_BATCH,
     DEFAULT_SEED,
@@ -435,8 +435,12 @@ def _run_with_engines(cfg, session, made, gguf, path, n_threads, n_ctx, max_ctx,
     }
     session.settings = settings
 
+    draw = None
+    if generate_timing.any_generate_only((ours, ref)):  # timed by requests: prompts must survive text
+        draw = generate_timing.text_safe_draw(gguf, cfg.seed)
+        settings["prompt_tokens"] = "random words of exact token counts (an engine that only generates takes text)"
     runner = Runner({ours_spec.name: ours, ref_spec.name: ref}, allowed, reps=reps, clock=clock,
-                    n_batch=cfg.n_batch, seed=cfg.seed, pause_s=INTERLEAVE_PAUSE_S,
+                    n_batch=cfg.n_batch, seed=cfg.seed, pause_s=INTERLEAVE_PAUSE_S, draw=draw,
                     on_progress=lambda label, test, what: advance(f"{test.name} {label}"))
     session.runner = runner
     started_ns = clock()
@@ -470,7 +474,9 @@ def build_result(session: CompareSession, gguf) -> dict[str, Any]:
         ours=session.ours_name,
         reference=REFERENCE_ENGINE,
         backend=session.config.backend,
-        numerics=session.config.numerics,
+        # the compared engine's own (another engine than ours may not take --numerics: mistralrs says its own)
+        numerics=session.settings.get("engines", {}).get(session.ours_name, {}).get("numerics",
+                                                                                    session.config.numerics),
         model=model_description(gguf),
         settings=session.settings,
         provenance=provenance(),
@@ -492,6 +498,10 @@ def _pick_sizes(cfg, made, allowed, session, ttft_tokens, cold_reps, max_ctx, cl
     ladder = tuple(tuple(g if g is not None else s for g, s in zip(given, step)) for step in SIZE_LADDER)
     if cfg.budget_s is None:
         return fit_context(max_ctx, ladder)
+    for name, engine in made.items():
+        if generate_timing.generate_only(engine):
+            raise GGUFParityError(f"--budget probes prefill and decode calls, which {name} does not offer (it only "
+                                  "generates); give -p, -n and -d instead")
     say(f"probing each engine's costs to fit the {cfg.budget_s:.0f} s budget")
     rates = [probe_rates(engine, allowed, cfg.seed, session.load_s[name], clock) for name, engine in made.items()]
     return choose_sizes(rates, cfg.reps, ttft_tokens, cold_reps, cfg.budget_s, max_ctx, ladder)

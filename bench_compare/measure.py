@@ -189,6 +189,7 @@ class Measurement:
     engine: str
     samples_ns: list[int] = field(default_factory=list)
     reps_planned: int = 0
+    timing: str | None = None  # how a generate-only engine's samples were timed (bench_compare.generate_timing)
 
     @property
     def complete(self) -> bool:
@@ -245,6 +246,7 @@ class Runner:
         on_progress: ProgressCallback | None = None,
         pause_s: float = 0.0,
         sleep: Callable[[float], None] = time.sleep,
+        draw: Callable[[TestSpec], TestTokens] | None = None,
     ):
         if reps < 1:
             raise GGUFParityError(f"repetitions must be at least 1 (got {reps})")
@@ -260,6 +262,8 @@ class Runner:
         self.on_progress = on_progress
         self.pause_s = pause_s
         self.sleep = sleep
+        # the tokens of a test (default: llama-bench's random ids; generate_timing.text_safe_draw for text engines)
+        self.draw = draw or (lambda test: draw_tokens(test, self.allowed_ids, self.seed))
         self.measurements: list[Measurement] = []
         self._last_engine: str | None = None
 
@@ -275,20 +279,29 @@ class Runner:
         """Measure ``test`` on every engine; returns this test's measurements (also kept in ``measurements``)."""
         self.check_fits(test)
         if tokens is None:
-            tokens = draw_tokens(test, self.allowed_ids, self.seed)
+            tokens = self.draw(test)
         current = [Measurement(test, label, reps_planned=self.reps) for label in self.engines]
         self.measurements.extend(current)
         if self.warmup:
-            for label, engine in self.engines.items():
+            for m, (label, engine) in zip(current, self.engines.items()):
                 self._switch_to(label)
-                run_sample(engine, test, warmup_tokens(test, tokens), self.clock, self.n_batch)
+                self._sample(m, engine, test, warmup_tokens(test, tokens))
                 self._progress(label, test, "warmup")
         for _ in range(self.reps):
             for m, (label, engine) in zip(current, self.engines.items()):
                 self._switch_to(label)
-                m.samples_ns.append(run_sample(engine, test, tokens, self.clock, self.n_batch))
+                m.samples_ns.append(self._sample(m, engine, test, tokens))
                 self._progress(label, test, "sample")
         return current
+
+    def _sample(self, m: Measurement, engine: Engine, test: TestSpec, tokens: TestTokens) -> int:
+        """One sample: prefill / decode calls, or requests for an engine that only generates (recorded in ``m``)."""
+        from bench_compare import generate_timing
+
+        if generate_timing.generate_only(engine):
+            ns, m.timing = generate_timing.run_generate_sample(engine, test, tokens, self.clock)
+            return ns
+        return run_sample(engine, test, tokens, self.clock, self.n_batch)
 
     def _switch_to(self, label: str) -> None:
         """Pause (untimed) when another engine ran last, so its idle worker threads stop spinning first."""

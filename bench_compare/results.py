@@ -73,7 +73,7 @@ def from_measurement(m: Measurement) -> TestResult:
     return TestResult(
         test=m.test.name, kind=m.test.kind, engine=m.engine, unit=m.unit, higher_is_better=m.higher_is_better,
         samples=m.samples, samples_ns=list(m.samples_ns), n_prompt=m.test.n_prompt, n_gen=m.test.n_gen,
-        n_depth=m.test.n_depth, complete=m.complete,
+        n_depth=m.test.n_depth, complete=m.complete, extra={"timing": m.timing} if m.timing else {},
     )
 
 
