@@ -23,6 +23,15 @@ the per-op threshold, the strict logits thresholds), with the teacher-forced res
 under test whose ``capture`` takes no ``force`` (a plain :class:`~inference_engine.protocol.Engine`) is compared
 free-running only, and the result says so (``mode``, ``mode_reason``).
 
+Which limits apply is the engine's precision class (:mod:`validation.precision`): ``ggml`` (an engine that claims
+llama.cpp's own arithmetic: ours in ggml numerics) keeps the fixed strict gates above; ``f32`` / ``f16`` / ``bf16``
+(``--precision``, the engine's declared ``precision``, for ours its ``--numerics``, for any other engine f32) take
+every limit from llama.cpp's own variants for the class, and their free-running logits verdict is the logits gate.
+Which checks run is decided by what the engine gives (``protocol.engine_capabilities``): an engine with neither
+logits nor tensors that generates is checked by its top-k log-probabilities on its own greedy path
+(:mod:`validation.top_k`); every check that could not run is listed in ``not_checked`` with the reason, and a run
+with no check at all is refused.
+
 The prompt is tokenized by the *reference* and the same ids go to both engines, so a tokenizer difference shows up in
 check 4 and never disguises itself as a numerics difference in checks 1-3.
 """
@@ -361,6 +370,8 @@ def _validate_engines(ours: Engine, reference: Engine, gguf, options: ValidateOp
     if options.decode_steps:
         result.decode_steps = _decode_steps(ours, reference, options, thresholds, variants)
         checks["decode_steps"] = result.decode_steps["passed"]
+        if result.decode_steps.get("skipped"):
+            not_checked["decode_steps"] = result.decode_steps["skipped"]
     if options.corpus_kld is not None:
         if "logits" in caps:
             result.corpus_kld = _corpus_kld(ours, reference, options, thresholds, variants)
