@@ -331,7 +331,10 @@ class MistralRsEngine:
 
     # --- tokens: the GGUF's own tokenizer (ids equal llama.cpp's) -------------------------------------------------
     def tokenize(self, text: str, add_bos: bool = True) -> list[int]:
-        return self.tokenizer.encode(text, add_bos=add_bos)
+        """mistral.rs's own tokenizer (``Runner.tokenize_text``, special tokens added as its tokenizer adds them
+        when ``add_bos``): what validate's tokenizer parity holds up against llama.cpp's."""
+        with self._mistralrs_call():
+            return [int(t) for t in self._runner.tokenize_text(text, bool(add_bos), None)]
 
     def detokenize(self, ids: Iterable[int]) -> str:
         return self.tokenizer.decode(list(ids))

@@ -87,9 +87,34 @@ def assert_prompt_refused(path, text: str, architecture: str) -> None:
     try:
         with pytest.raises(GGUFParityError, match=rf"^mistral.rs tokenizes this {architecture} model's text "
                                                   r"differently from the GGUF's tokenizer .*llama/Unigram"):
-            eng.generate(eng.tokenize(text, add_bos=True), 1)
+            eng.generate(eng.tokenizer.encode(text, add_bos=True), 1)  # the GGUF's ids, as validate sends
     finally:
         eng.close()
+
+
+@pytest.mark.slow
+def test_tokenize_is_mistralrs_own_tokenizer(engine):
+    """validate's tokenizer parity holds mistral.rs's own tokenizer (``Runner.tokenize_text``) up against
+    llama.cpp's, not the GGUF reader's (measured: on Qwen2.5's vocabulary it splits the added token '</s>', one id
+    in llama.cpp, into three)."""
+    text = "The capital of France is"
+    assert engine.tokenize(text, add_bos=False) == engine.tokenizer.encode(text, add_bos=False)
+    calls, runner = [], engine._runner
+
+    class Spy:
+        def __getattr__(self, name):
+            return getattr(runner, name)
+
+        def tokenize_text(self, *args):
+            calls.append(args)
+            return runner.tokenize_text(*args)
+
+    engine._runner = Spy()
+    try:
+        engine.tokenize("Hello", add_bos=True)
+    finally:
+        engine._runner = runner
+    assert calls == [("Hello", True, None)]
 
 
 def test_a_vocabulary_it_reads_differently_is_one_line(tiny_model):
