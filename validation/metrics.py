@@ -59,9 +59,9 @@ NMSE_MIN_F32 = 1e-10
 # f16 (u = 2^-11, u^2 = 2.4e-7): llama.cpp's F16-weights variant moved SmolLM2's embd by 4.3e-8 (one rounding of the
 # weights); an engine that also rounds the norm's input and output to f16 has ~4 roundings before the first matmul.
 NMSE_MIN_F16 = 4 * 2.0 ** -22
-# bf16 (u = 2^-8, u^2 = 1.5e-5): one rounding of SmolLM2's embedding to bf16 measured 2.1e-6 (the uniform-error model's
-# u^2/3 = 5e-6 is an upper bound); an engine that keeps activations in bf16 (transformers in bf16) rounds a norm's
-# input, its output and its product with the weight: 4 u^2 = 6.1e-5 covers four such roundings.
+# bf16 (u = 2^-8, u^2 = 1.5e-5): one rounding of SmolLM2's embedding to bf16 measured 2.1e-6 (the uniform-error
+# model's u^2/3 = 5e-6 is an upper bound); an engine that keeps activations in bf16 (transformers in bf16) rounds a
+# norm's input, its output and its product with the weight: 4 u^2 = 6.1e-5 covers four such roundings.
 NMSE_MIN_BF16 = 4 * 2.0 ** -16
 STRICT = "strict"  # fixed limits: the engine claims llama.cpp's own arithmetic (ours in ggml numerics)
 NOISE_FLOOR = "noise_floor"  # limits from llama.cpp's own variance for the engine's precision class

@@ -360,7 +360,8 @@ def _validate_engines(ours: Engine, reference: Engine, gguf, options: ValidateOp
             "log-probabilities per generated position are compared with llama.cpp's on the same path")
         result.first_failure, result.threshold = None, None
         for check in ("tensors", "logits"):
-            not_checked[check] = f"{_name(ours)} gives no {'intermediate tensors' if check == 'tensors' else 'logits'}"
+            what = "intermediate tensors" if check == "tensors" else "logits"
+            not_checked[check] = f"{_name(ours)} gives no {what}"
             checks[check] = None
         result.logits = {"passed": None, "not_checked": not_checked["logits"]}
     _generated_checks(result, ours, reference, ids, options, variants, caps, not_checked, drift)

@@ -10,16 +10,17 @@ the first divergence). Per position:
 * **top-1 agreement** (the engine's greedy token against llama.cpp's argmax);
 * **top-k overlap** (|engine top-k & llama.cpp top-k| / k) and **rank agreement** (the share of the k ranks at which
   both lists hold the same token);
-* **shared-top-k KLD**: both sides' probabilities of the tokens in both top-k lists, each renormalised over that shared
-  set, KL(llama.cpp || engine): the shape of the two distributions where both look, not a full-vocabulary KLD (that
-  needs every logit); and the largest |log-probability difference| on shared tokens.
+* **shared-top-k KLD**: both sides' probabilities of the tokens in both top-k lists, each renormalised over that
+  shared set, KL(llama.cpp || engine): the shape of the two distributions where both look, not a full-vocabulary
+  KLD (that needs every logit); and the largest |log-probability difference| on shared tokens.
 
 **The floor**: llama.cpp's variants for the engine's precision class (:mod:`validation.precision`) follow the same
 path and are scored by the same metrics against llama.cpp. Gates: shared-top-k KLD mean and median <=
-max(SHARED_KLD_MEAN_MAX, NOISE_FACTOR x the variants' largest mean, median: see validation.free_running); the largest log-probability difference <= max(LOGPROB_DIFF_MIN,
-GAP_SHIFT_FACTOR x the variants' largest); top-k overlap mean >= min(TOPK_OVERLAP_MEAN_MIN, the variants' lowest);
-each top-1 disagreement excused as in :mod:`validation.free_running` (near tie, a variant picks the engine's token,
-the gap within GAP_SHIFT_FACTOR x the variants' change to it, or a margin like llama.cpp's own flips).
+max(SHARED_KLD_MEAN_MAX, NOISE_FACTOR x the variants' largest mean, median: see validation.free_running); the largest
+log-probability difference <= max(LOGPROB_DIFF_MIN, GAP_SHIFT_FACTOR x the variants' largest); top-k overlap mean >=
+min(TOPK_OVERLAP_MEAN_MIN, the variants' lowest); each top-1 disagreement excused as in
+:mod:`validation.free_running` (near tie, a variant picks the engine's token, the gap within GAP_SHIFT_FACTOR x the
+variants' change to it, or a margin like llama.cpp's own flips).
 """
 
 from __future__ import annotations

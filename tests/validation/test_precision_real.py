@@ -27,7 +27,8 @@ MODELS = [pytest.param("smollm2-135m", marks=pytest.mark.slow), pytest.param("ge
 @pytest.mark.parametrize("model", MODELS)
 def test_llamacpp_plugin_passes_and_its_noisy_twin_fails(model):
     result = _run(model, LOGITS_PLUGIN)
-    assert result["passed"], (result["checks"], result["logits"].get("kld_mean"), result["logits"].get("kld_mean_limit"))
+    logits = result["logits"]
+    assert result["passed"], (result["checks"], logits.get("kld_mean"), logits.get("kld_mean_limit"))
     assert result["precision"]["class"] == "f32" and result["checks"]["tensors"] is None
     noisy = _run(model, LOGITS_PLUGIN, NOISE_SIGMA)
     assert noisy["checks"]["logits"] is False
