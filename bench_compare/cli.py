@@ -11,6 +11,7 @@ import sys
 
 import click
 
+from inference_engine import compile_notice
 from inference_engine.errors import CheckFailed, GGUFParityError
 from inference_engine.registries import Registry
 
@@ -67,6 +68,17 @@ def cli() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    with compile_notice.announcing(lambda text: click.echo(text, err=True)):  # a first run's kernel compile
+        return _main(argv)
+
+
+def _main(argv: list[str] | None) -> int:
+    # SIGINT inherited as ignored is left ignored. A background job of a non-interactive shell (a script's `cmd &`,
+    # `nohup cmd &`, some CI runners) starts that way so that a terminal's Ctrl-C does not reach it: the launcher's
+    # choice, and Python then installs no KeyboardInterrupt handler, so `kill -INT` does nothing either (SIGTERM
+    # stops such a run). Ctrl-C handling (exit 130, the Numba compile guard, remember_interrupts) applies wherever
+    # SIGINT has Python's default handler. `serve` is the exception, as uvicorn is: its SIGINT and SIGTERM handlers
+    # (drain, then stop) are how a server is stopped, whoever started it.
     try:
         # click's own main() would print a blank line on Ctrl-C before its Abort; parse and invoke directly so
         # that an interrupt is the one line below. A command's ctx.exit(code) arrives as click.exceptions.Exit.

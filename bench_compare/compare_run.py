@@ -14,6 +14,10 @@ reset), :func:`project_seconds` adds up exactly the work the run will do, and th
 note says so. Every run records its projection next to the seconds it actually took (``settings.projected_s`` /
 ``settings.measured_s``), so a wrong projection shows.
 ``--quick`` is a fixed small preset (for CI).
+
+Before the probe, the progress bar and the clock start, each engine runs one untimed warm-up (:func:`warm_up`): a
+first run compiles our Numba kernels there (most of a minute, announced: :mod:`inference_engine.compile_notice`),
+not inside a measurement, a probed cost or the progress bar's projection.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from bench_compare.measure import (
     measure_ttft_hot,
     pg_test,
     pp_test,
+    run_sample,
     tg_test,
     token_ids_for_model,
     ttft_hot_test,
@@ -50,10 +55,12 @@ from bench_compare.results import (
     provenance,
 )
 from bench_compare.timing import NS_PER_S, Clock
+from inference_engine import compile_notice
 from inference_engine.errors import GGUFParityError
 from inference_engine.generate import ForcedTokens, generate_step
 from inference_engine.gguf_file import open_gguf
 from inference_engine.model_cache import resolve_model
+from inference_engine.protocol import EngineCapabilityError
 from validation.results import CompareResult
 
 DEFAULT_REPS = 3
@@ -87,6 +94,12 @@ PROBE_REPEATS = 3
 INTERLEAVE_PAUSE_S = 0.1
 # Seconds a fresh interpreter needs before the engine's own imports (python start-up, site, our package).
 INTERPRETER_START_S = 0.5
+# The warm-up before anything is timed: a prefill of this many tokens, then this many decoded tokens. 64 tokens take
+# the kernels a 512-token prompt takes (measured: SmolLM2, ggml numerics, an empty Numba cache: this warm-up compiled
+# 42 kernels, and pp512, tg128, tg128 @ d512, the TTFT prompt and the probe's sizes compiled none after it), at a
+# few percent of a pp512's time; 2 decoded tokens take the one-token kernels (the first decode and a later one).
+WARMUP_PROMPT_TOKENS = 64
+WARMUP_DECODE_STEPS = 2
 
 
 @dataclass
@@ -373,21 +386,23 @@ def run_compare(cfg: CompareConfig, session: CompareSession, *, clock: Clock | N
     engines.llamacpp_extra_bufts(path)
     say(f"loading {ours_spec.name} and llama.cpp on {path.name} ({n_threads} threads)")
     made: dict[str, Any] = {}
-    try:
-        # the reference first: a model llama.cpp cannot load has nothing to compare
-        for spec in (ref_spec, ours_spec):
-            t0 = clock()
-            engines.import_engine_modules(spec)
-            made[spec.name] = engines.make_engine(spec, path, n_threads=n_threads, n_ctx=n_ctx,
-                                                  numerics=cfg.numerics, n_batch=cfg.n_batch)
-            session.load_s[spec.name] = (clock() - t0) / NS_PER_S
-        ordered = {ours_spec.name: made[ours_spec.name], ref_spec.name: made[ref_spec.name]}  # run order: ours first
-        made.clear()
-        made.update(ordered)
-        return _run_with_engines(cfg, session, made, gguf, path, n_threads, n_ctx, max_ctx, ours_spec, ref_spec,
-                                 clock, progress, advance, say)
-    finally:
-        release_engines(made)
+    # a first run's kernel compile is announced through ``say`` (past the progress bar)
+    with compile_notice.announcing(say):
+        try:
+            # the reference first: a model llama.cpp cannot load has nothing to compare
+            for spec in (ref_spec, ours_spec):
+                t0 = clock()
+                engines.import_engine_modules(spec)
+                made[spec.name] = engines.make_engine(spec, path, n_threads=n_threads, n_ctx=n_ctx,
+                                                      numerics=cfg.numerics, n_batch=cfg.n_batch)
+                session.load_s[spec.name] = (clock() - t0) / NS_PER_S
+            ordered = {ours_spec.name: made[ours_spec.name], ref_spec.name: made[ref_spec.name]}  # ours first
+            made.clear()
+            made.update(ordered)
+            return _run_with_engines(cfg, session, made, gguf, path, n_threads, n_ctx, max_ctx, ours_spec,
+                                     ref_spec, clock, progress, advance, say)
+        finally:
+            release_engines(made)
 
 
 def release_engines(made: dict[str, Any]) -> None:
@@ -410,6 +425,9 @@ def _run_with_engines(cfg, session, made, gguf, path, n_threads, n_ctx, max_ctx,
     cold_reps = (QUICK_COLD_REPS if cfg.quick else cfg.cold_reps) if cfg.cold else 0
     reps = cfg.reps
 
+    compiled_before = compile_notice.kernels_compiled()
+    warm_up(made, allowed, cfg.seed, n_ctx, clock, cfg.n_batch)
+    kernels_compiled = {"warmup": compile_notice.kernels_compiled() - compiled_before}
     sizes = _pick_sizes(cfg, made, allowed, session, ttft_tokens, cold_reps, max_ctx, clock, say)
     session.sizes = sizes
     if sizes.note:
@@ -432,6 +450,7 @@ def _run_with_engines(cfg, session, made, gguf, path, n_threads, n_ctx, max_ctx,
             for spec in (ours_spec, ref_spec)
         },
         "load_s_in_process": session.load_s,
+        "kernels_compiled": kernels_compiled,  # in this process: in the warm-up, and (never expected) measuring
     }
     session.settings = settings
 
@@ -465,7 +484,22 @@ def _run_with_engines(cfg, session, made, gguf, path, n_threads, n_ctx, max_ctx,
                 advance(f"cold start {spec.name}")
         session.cold_done = True
     settings["measured_s"] = (clock() - started_ns) / NS_PER_S  # next to projected_s: was the projection honest?
+    kernels_compiled["measuring"] = compile_notice.kernels_compiled() - compiled_before - kernels_compiled["warmup"]
     return build_result(session, gguf)
+
+
+def warm_up(made: dict[str, Any], allowed: np.ndarray, seed: int, n_ctx: int, clock: Clock,
+            n_batch: int = DEFAULT_N_BATCH) -> None:
+    """Each engine's first calls, untimed, before the probe, the progress bar and the measurements: a prefill of
+    :data:`WARMUP_PROMPT_TOKENS` and :data:`WARMUP_DECODE_STEPS` decoded tokens (first calls compile or allocate)."""
+    n_prompt = max(1, min(WARMUP_PROMPT_TOKENS, n_ctx - WARMUP_DECODE_STEPS))
+    test = pg_test(n_prompt, WARMUP_DECODE_STEPS)
+    tokens = draw_tokens(test, allowed, seed)
+    for engine in made.values():
+        try:
+            run_sample(engine, test, tokens, clock, n_batch)
+        except EngineCapabilityError:  # an engine that only generates: the runner's warm-up requests serve it
+            pass
 
 
 def build_result(session: CompareSession, gguf) -> dict[str, Any]:

@@ -49,6 +49,8 @@ SUPPORTED_TENSOR_TYPES: tuple[GGMLQuantizationType, ...] = (
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = ("llama", "qwen2", "qwen3", "gemma3", "phi3", "gemma2", "qwen2moe",
                                             "qwen3moe")
 ARCHITECTURE_ALIASES: dict[str, str] = {"mistral": "llama"}
+# A file without general.architecture (or with an empty one) names no model to build: every reader refuses it.
+MISSING_ARCHITECTURE = "missing required metadata key general.architecture"
 
 
 def supported_type_names() -> str:
@@ -246,7 +248,7 @@ class GGUFFile:
             return
         self.raw_architecture = str(self.metadata_value("general.architecture", ""))
         if not self.raw_architecture:
-            raise GGUFParityError(f"{self.path}: GGUF file has no general.architecture key")
+            raise GGUFParityError(f"{self.path}: {MISSING_ARCHITECTURE}")
         # Any architecture and tensor type opens (for inspect); what we can run is checked where a model is built
         # (inference_engine.models.check_runnable).
         self.architecture = ARCHITECTURE_ALIASES.get(self.raw_architecture, self.raw_architecture)
@@ -266,7 +268,9 @@ class GGUFFile:
         """What ``__init__`` does after the structure checks, each refusal recorded in ``problems`` instead."""
         self.raw_architecture = str(self.metadata_value("general.architecture", "") or "")
         self.architecture = ARCHITECTURE_ALIASES.get(self.raw_architecture, self.raw_architecture)
-        if self.architecture not in SUPPORTED_ARCHITECTURES:
+        if not self.raw_architecture:  # a broken file (llama.cpp refuses it too), not an architecture we lack
+            self.problems.append(MISSING_ARCHITECTURE)
+        elif self.architecture not in SUPPORTED_ARCHITECTURES:
             self.unsupported.append(f"unsupported architecture '{self.raw_architecture}'; supported: "
                                     f"{', '.join(SUPPORTED_ARCHITECTURES)}")
         self.tensors = {}

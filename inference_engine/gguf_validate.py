@@ -11,7 +11,8 @@ Two levels, both returning every problem found as one line each (the caller rais
   ``tokenizer.*`` keys of the types they must have.
 * **model** (:func:`model_problems`), run where a model is built and before llama.cpp loads the file: the
   hyperparameters llama.cpp's ``llama_model::load_hparams`` asserts on or divides by, within sane bounds, numbers
-  stored as numbers, per-layer arrays with ``block_count`` entries, tensor shapes matching the hyperparameters,
+  stored as numbers, per-layer arrays with ``block_count`` entries (per-layer flags such as
+  ``sliding_window_pattern``: at most that many, as llama.cpp reads them), tensor shapes matching the hyperparameters,
   and a vocabulary consistent with the embedding (token count = embedding rows, ``token_type`` / ``scores`` as
   long as the token list, special-token ids inside it).
 """
@@ -59,8 +60,15 @@ ATTENTION_EVERY_LAYER = ("llama", "mistral", "qwen2", "qwen3", "gemma3", "qwen2m
 # "n_expert must be > 0 for QWEN2MOE") and refused elsewhere (a Mixtral-style llama with experts is not run).
 MOE_ARCHITECTURES = ("qwen2moe", "qwen3moe")
 
-# Keys whose value, when an array, holds one entry per layer (llama.cpp's get_key_or_arr over n_layer).
+# Keys whose value, when an array, holds one entry per layer (llama.cpp's get_key_or_arr over n_layer: exactly
+# block_count entries, "key ... has wrong array length" otherwise).
 PER_LAYER_KEYS = ("feed_forward_length", "attention.head_count", "attention.head_count_kv")
+# Keys that are a period or one flag per layer. llama.cpp reads the array with get_arr (llama-model-loader.cpp) into
+# a table of LLAMA_MAX_LAYERS slots that starts as zeros: fewer entries than layers are legal (the layers past the
+# array are 0: full attention), more than 512 are refused ("array length ... exceeds max 512"), and only bool,
+# int32 and uint32 items are read. More entries than layers describe layers that do not exist: refused here.
+PER_LAYER_FLAG_KEYS = ("attention.sliding_window_pattern",)
+PER_LAYER_FLAG_ITEM_TYPES = frozenset({GGUFValueType.BOOL, GGUFValueType.INT32, GGUFValueType.UINT32})
 
 
 # --- structure: the tensor table ----------------------------------------------------------------------------------
@@ -370,6 +378,25 @@ class _Checker:
                 return None
         return values
 
+    def layer_flags(self, suffix: str, n_layer: int | None) -> None:
+        """A key that is a period (an integer >= 0) or one flag per layer (``PER_LAYER_FLAG_KEYS``): an array of
+        bool / int32 / uint32 with at most ``block_count`` entries (llama.cpp's ``get_arr``: the rest are 0)."""
+        key = f"{self.arch}.{suffix}"
+        types = self.field_types(key)
+        if types is None:
+            return
+        if types[0] != GGUFValueType.ARRAY:
+            self.number(suffix, "int", lo=0, hi=INT64_MAX)
+            return
+        if len(types) < 2 or types[1] not in PER_LAYER_FLAG_ITEM_TYPES:
+            self.problems.append(f"metadata {key} must be an integer or an array of bool, int32 or uint32, "
+                                 f"got {_type_text(types)}")
+            return
+        n = _array_length(self.f.reader.fields[key])
+        if n_layer is not None and n > n_layer:
+            self.problems.append(f"metadata {key} has {n} entries; expected at most one per layer (block_count = "
+                                 f"{n_layer}; layers past the array use full attention)")
+
     def _bounded(self, key: str, value: Any, lo: float | None, hi: float | None) -> Any:
         if isinstance(value, float) and not math.isfinite(value):
             self.problems.append(f"metadata {key} is {value}; expected a finite number")
@@ -402,6 +429,8 @@ def model_problems(f: GGUFFile, reference: bool = False) -> tuple[list[str], Mod
     n_head = c.per_layer("attention.head_count", n_layer_or_none, required=ours, lo=min_heads, hi=MAX_HEADS)
     n_head_kv = c.per_layer("attention.head_count_kv", n_layer_or_none, lo=min_heads, hi=MAX_HEADS)
     n_ff = c.per_layer("feed_forward_length", n_layer_or_none, required=ours, lo=min_heads, hi=MAX_EMBEDDING * 64)
+    for suffix in PER_LAYER_FLAG_KEYS:
+        c.layer_flags(suffix, n_layer_or_none)
     key_length = c.number("attention.key_length", "int", lo=1, hi=MAX_EMBEDDING)
     value_length = c.number("attention.value_length", "int", lo=1, hi=MAX_EMBEDDING)
     n_rot = c.number("rope.dimension_count", "int", lo=1, hi=MAX_EMBEDDING)

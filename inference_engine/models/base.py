@@ -91,6 +91,19 @@ class HParams:
         }
 
 
+def sliding_window_layers(f: GGUFFile, n_layer: int, default_pattern: int) -> tuple[bool, ...]:
+    """Per layer, whether it uses sliding-window attention: llama.cpp's ``load_swa_pattern``. A period ``n``
+    (``attention.sliding_window_pattern``, else ``default_pattern``) makes layer ``il`` local iff ``il % n < n - 1``
+    (``n == 0``: every layer); an array gives each layer's flag, and the layers past a shorter array use full
+    attention (llama.cpp's table starts as zeros; ``gguf_validate`` has refused a longer one)."""
+    pattern = f.arch_value("attention.sliding_window_pattern", default_pattern)
+    if isinstance(pattern, (list, tuple)):
+        flags = [bool(v) for v in pattern[:n_layer]]
+        return tuple(flags + [False] * (n_layer - len(flags)))
+    n = int(pattern)
+    return tuple(n == 0 or il % n < n - 1 for il in range(n_layer))
+
+
 def default_attention_scale(head_dim: int) -> float:
     """``1.0f/sqrtf(float(n_embd_head))`` as llama.cpp computes it (in float32)."""
     return float(np.float32(1.0) / np.sqrt(np.float32(head_dim)))

@@ -25,7 +25,8 @@ import numpy as np
 
 from inference_engine.gguf_file import GGUFFile
 from inference_engine.kv_cache import KVCache
-from inference_engine.models.base import HParams, Model, Tap, Weights, default_attention_scale, no_tap
+from inference_engine.models.base import (HParams, Model, Tap, Weights, default_attention_scale, no_tap,
+                                          sliding_window_layers)
 from inference_engine.models.blocks import Attention, FeedForward
 
 SWA_PATTERN = 2  # load_swa_pattern(ml, 2)
@@ -49,12 +50,6 @@ class Gemma2HParams(HParams):
     def from_gguf(cls, f: GGUFFile) -> Gemma2HParams:
         common = HParams.common(f)
         n_layer = common["n_layer"]
-        pattern = f.arch_value("attention.sliding_window_pattern", SWA_PATTERN)
-        if isinstance(pattern, (list, tuple)):
-            swa_layers = tuple(bool(v) for v in pattern[:n_layer])
-        else:
-            n = int(pattern)
-            swa_layers = tuple(n == 0 or il % n < n - 1 for il in range(n_layer))
         if n_layer == LAYERS_OF_27B:
             scale = float(np.float32(1.0) / np.sqrt(np.float32(common["n_embd"] // common["n_head"])))
         else:
@@ -62,7 +57,7 @@ class Gemma2HParams(HParams):
         return cls(
             **common,
             sliding_window=int(f.arch_value("attention.sliding_window", DEFAULT_SLIDING_WINDOW)),
-            swa_layers=swa_layers,
+            swa_layers=sliding_window_layers(f, n_layer, SWA_PATTERN),
             rope_freq_base_swa=float(np.float32(f.arch_value("rope.freq_base_swa", common["rope_freq_base"]))),
             attention_scale=scale,
             embedding_scale=float(np.sqrt(np.float32(common["n_embd"]))),

@@ -26,7 +26,8 @@ import numpy as np
 from inference_engine.errors import GGUFParityError
 from inference_engine.gguf_file import GGUFFile
 from inference_engine.kv_cache import KVCache
-from inference_engine.models.base import HParams, Model, Tap, Weights, default_attention_scale, no_tap
+from inference_engine.models.base import (HParams, Model, Tap, Weights, default_attention_scale, no_tap,
+                                          sliding_window_layers)
 from inference_engine.models.blocks import Attention, FeedForward, fused_layer
 
 DEFAULT_SWA_PATTERN = 6  # load_swa_pattern(ml, 6) in llama_model_gemma3::load_arch_hparams
@@ -54,21 +55,13 @@ class Gemma3HParams(HParams):
         common = HParams.common(f)
         n_layer = common["n_layer"]
         n_swa = int(f.arch_value("attention.sliding_window", 0) or 0)
-        if n_swa > 0:
-            pattern = f.arch_value("attention.sliding_window_pattern", DEFAULT_SWA_PATTERN)
-            if isinstance(pattern, (list, tuple)):
-                swa_layers = tuple(bool(v) for v in pattern[:n_layer])
-            else:
-                n = int(pattern)
-                swa_layers = tuple(n == 0 or il % n < n - 1 for il in range(n_layer))
-        else:
-            swa_layers = (False,) * n_layer
+        swa = sliding_window_layers(f, n_layer, DEFAULT_SWA_PATTERN) if n_swa > 0 else (False,) * n_layer
         if f.arch_value("final_logit_softcapping", 0.0):
             raise GGUFParityError(f"{f.path}: gemma3 final_logit_softcapping is not supported")
         return cls(
             **common,
             sliding_window=n_swa,
-            swa_layers=swa_layers,
+            swa_layers=swa,
             rope_freq_base_swa=float(np.float32(f.arch_value("rope.freq_base_swa", DEFAULT_ROPE_FREQ_BASE_SWA))),
             attention_scale=attention_scale(n_layer, common["n_embd"], common["n_head"], common["head_dim_k"]),
             embedding_scale=float(np.sqrt(np.float32(common["n_embd"]))),

@@ -267,3 +267,54 @@ def test_cold_starts_alternate_after_the_hot_engines_are_released(capsys, fake_e
     assert [name for name, _ in starts] == [ours, "llamacpp", "llamacpp", ours, ours, "llamacpp"]
     assert all(released for _, released in starts)
     assert {"ttft cold", "peak rss"} <= set(json.loads(path.read_text())["ratios"])
+
+
+# --- a first run's kernel compile: announced, untimed, outside the projection (issue 34) --------------------------
+COMPILE_NS = 46_000_000_000  # SmolLM2's kernels compiled in a first compare on a 2-core machine: ~46 s
+
+
+@pytest.fixture
+def compiling_ours(fake_engines, monkeypatch):
+    """Our fake engine's first call costs a compile (announced as Numba's would be, once per process)."""
+    from inference_engine import compile_notice
+
+    monkeypatch.setattr(compile_notice, "_announced", False)
+    fake_engines.tune["ours:numba"] = {"first_call_ns": COMPILE_NS}
+    return fake_engines
+
+
+def test_a_first_run_compile_is_announced_and_kept_out_of_the_samples(capsys, compiling_ours, model, tmp_path):
+    from inference_engine.compile_notice import NOTICE
+
+    path = tmp_path / "c.json"
+    code, _, err = compare(capsys, "-m", model, "--backend", "numba", "-p", "16", "-n", "4", "-d", "8", "-r", "3",
+                           "--no-cold", "--json", str(path))
+    assert code == 0, err
+    assert err.count(NOTICE) == 1
+    result = json.loads(path.read_text())
+    pp = next(r for r in result["results"] if r["test"] == "pp16" and r["engine"] == "ours:numba")
+    assert pp["samples"] == [1e9 * 16 / 16500] * 3  # the compile is in no sample
+    assert result["settings"]["kernels_compiled"] == {"warmup": 1, "measuring": 0}
+    assert result["settings"]["measured_s"] < COMPILE_NS / 1e9  # nor in the measured part
+    # the warm-up (64 tokens, then 2 decoded) ran first, on both engines, before any test's own warm-up
+    assert [c for c in compiling_ours.calls if c[1] == "prefill"][:2] == [("ours:numba", "prefill", 64),
+                                                                          ("llamacpp", "prefill", 64)]
+
+
+@pytest.mark.parametrize("budget", [None, 1000.0])
+def test_the_progress_bar_and_the_budget_projection_start_after_the_compile(compiling_ours, tiny_model, budget):
+    """The progress total is set (its projection starts) only once the compile is done; with --budget the probe
+    measures post-compile costs, so the projection still equals the measured time."""
+    from bench_compare.compare_run import CompareConfig, CompareSession, run_compare
+
+    cfg = CompareConfig(model=str(tiny_model("llama", n_ctx=2048)), backend="numba", reps=2, cold=False,
+                        budget_s=budget, n_prompt=None if budget else 16, n_gen=None if budget else 4,
+                        n_depth=None if budget else 8)
+    at_total: list[bool] = []
+    result = run_compare(cfg, CompareSession(cfg),
+                         progress=lambda n: at_total.append(compiling_ours.engines["ours:numba"].first_call_done))
+    assert at_total == [True]
+    s = result["settings"]
+    assert s["kernels_compiled"] == {"warmup": 1, "measuring": 0}
+    if budget is not None:
+        assert s["measured_s"] == pytest.approx(s["projected_s"], rel=PROJECTION_REL_TOL)

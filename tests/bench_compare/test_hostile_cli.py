@@ -74,6 +74,20 @@ def test_hostile_files_through_the_cli(files, tmp_path, command):
         assert peak_mb < MAX_CHILD_RSS_MB, (name, peak_mb)
 
 
+def test_sliding_window_pattern_longer_than_the_model_is_refused(tiny_model, tmp_path):
+    """600 per-layer flags for a 6-layer gemma3: llama.cpp refuses it ("exceeds max 512"), generate ran it (issue
+    34). Now one line naming the key, the length and what is allowed, before any weight loads."""
+    layout = parse_layout(tiny_model("gemma3", "Q8_0"))
+    path = write_layout(layout.set("gemma3.attention.sliding_window_pattern", T.ARRAY, [True] * 600, T.BOOL),
+                        tmp_path / "pattern600.gguf")
+    done, _, _ = run_cli(tmp_path, "generate", "hi", "--model", path, "-n", 2)
+    assert done.returncode == 2, done.stderr[-1500:]
+    assert done.stderr == (f"error: {path}: metadata gemma3.attention.sliding_window_pattern has 600 entries; "
+                           f"expected at most one per layer (block_count = 6; layers past the array use full "
+                           f"attention)\n")
+    assert done.stdout == ""
+
+
 def test_valid_but_odd_file_runs_through_llama_cpp_and_ours(tiny_model, tmp_path, monkeypatch):
     """An unusual but legal file (rope base 500000, eps 1e-3) is not refused: both engines load it (the probe on)."""
     layout = parse_layout(tiny_model("llama", "Q8_0"))

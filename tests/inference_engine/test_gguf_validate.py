@@ -118,6 +118,30 @@ def test_bad_hyperparameter(base, tmp_path, key, vtype, value, expected):
     assert expected in problem_of(base.set(key, vtype, value, item), tmp_path)
 
 
+# --- per-layer flags: llama.cpp's get_arr takes up to 512, the layers past the array dense --------------------------
+@pytest.mark.parametrize("entries", [3, 600])  # 600: llama.cpp refuses it ("exceeds max 512"); we ran it (issue 34)
+def test_sliding_window_pattern_longer_than_the_layers(base, tmp_path, entries):
+    layout = base.set("llama.attention.sliding_window_pattern", ARR, [True] * entries, T.BOOL)
+    message = problem_of(layout, tmp_path)
+    assert (f"metadata llama.attention.sliding_window_pattern has {entries} entries; expected at most one per "
+            f"layer (block_count = 2;") in message
+
+
+@pytest.mark.parametrize("flags, item", [([True], T.BOOL), ([1, 0], U32), ([0, 1], I32)])
+def test_sliding_window_pattern_as_llama_cpp_reads_it_is_accepted(base, tmp_path, flags, item):
+    path = write_layout(base.set("llama.attention.sliding_window_pattern", ARR, flags, item), tmp_path / "ok.gguf")
+    assert check_model(open_gguf(path)).n_layer == 2
+
+
+@pytest.mark.parametrize("vtype, value, item, expected", [
+    (ARR, [1.0, 0.0], T.FLOAT32, "must be an integer or an array of bool, int32 or uint32, got an array of float32"),
+    (I32, -1, None, "llama.attention.sliding_window_pattern is -1; expected 0.."),
+])
+def test_sliding_window_pattern_of_a_type_llama_cpp_does_not_read(base, tmp_path, vtype, value, item, expected):
+    layout = base.set("llama.attention.sliding_window_pattern", vtype, value, item)
+    assert expected in problem_of(layout, tmp_path)
+
+
 def test_more_tokens_than_embedding_rows(base, tmp_path):
     tokens = base.kv("tokenizer.ggml.tokens").value + [b"extra"]
     types = base.kv("tokenizer.ggml.token_type").value + [1]
@@ -193,6 +217,19 @@ def test_inspect_lists_every_problem_then_exits_2(base, tmp_path, capsys):
     assert "not aligned to 32 bytes" in out and "general.name is not valid UTF-8" in out
     assert "llama.block_count is 0" in out
     assert err.count("\n") == 1 and err.startswith("error: ") and "problem(s) found" in err
+
+
+def test_inspect_names_a_missing_architecture_key(base, tmp_path, capsys):
+    path = write_layout(base.without("general.architecture"), tmp_path / "no_arch.gguf")
+    assert main(["inspect", str(path)]) == 2
+    out, err = capsys.readouterr()
+    assert "problems (1):\n  - missing required metadata key general.architecture" in out
+    assert "unsupported architecture" not in out and "our engine cannot run" not in out
+    assert err.count("\n") == 1 and err.startswith("error: ")
+    with pytest.raises(GGUFParityError, match="missing required metadata key general.architecture"):
+        open_gguf(path)  # strict: the same words
+    with pytest.raises(GGUFParityError, match="missing required metadata key general.architecture"):
+        check_reference_file(path)  # before llama.cpp sees it
 
 
 # --- our engine never runs what failed -------------------------------------------------------------------------

@@ -32,6 +32,7 @@ from inference_engine.backends.numba_kernels.cache_stamp import drop_stale_cache
 
 drop_stale_cache()  # before any kernel is loaded from the cache (kernels load on their first call)
 
+from inference_engine import compile_notice
 from inference_engine.backends import numba_interrupts
 from inference_engine.backends.numba_kernels.dispatch import (
     KERNELS,
@@ -45,6 +46,7 @@ from inference_engine.backends.numba_kernels.dispatch import (
 )
 
 numba_interrupts.install()  # Ctrl-C during a kernel's compile ends the run (exit 130), see that module
+compile_notice.install_listener()  # a first run's compile is announced (the CLI prints it), see that module
 
 __all__ = [
     "KERNELS",

@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 import pytest
+from fixtures.child_signals import default_sigint
 
 from bench_compare.adapters.llamacpp_server import LlamaCppServer, server_available
 
@@ -139,7 +140,10 @@ def test_ctrl_c_stops_the_server_the_harness_started(smollm2_path):
     cmd = [sys.executable, "-m", "bench_compare.cli", "compare", "--engine", "llamacpp-server", "-m",
            str(smollm2_path), "--against", "none", "-p", "16", "-n", "64", "-r", "1000", "--warmup", "0",
            "--no-progress", "-t", "1", "-c", "256"]
-    proc = subprocess.Popen(cmd, env=env, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # SIGINT's default in the child even when this suite runs with it ignored (a background job: the child would
+    # inherit SIG_IGN and never stop)
+    proc = subprocess.Popen(cmd, env=env, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=default_sigint)
     server_pid = None
     try:
         deadline = time.monotonic() + 120

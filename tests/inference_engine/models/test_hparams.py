@@ -55,6 +55,21 @@ def test_gemma3_sliding_window_layers_and_rope_bases(tiny_model, pattern):
     assert hp.attention_scale == float(np.float32(1) / np.sqrt(np.float32(config.head_dim)))
 
 
+@pytest.mark.parametrize("flags, expected", [
+    ([False, True, False, True, False, True], [False, True, False, True, False, True]),  # one flag per layer
+    ([True, True], [True, True, False, False, False, False]),  # shorter: the rest full attention, as in llama.cpp
+])
+def test_gemma3_sliding_window_layers_from_an_array(tiny_model, tmp_path, flags, expected):
+    from fixtures.hostile_gguf import parse_layout, write_layout
+    from gguf.constants import GGUFValueType as T
+
+    layout = parse_layout(tiny_model("gemma3")).set("gemma3.attention.sliding_window_pattern", T.ARRAY, flags,
+                                                    T.BOOL)
+    f = open_gguf(write_layout(layout, tmp_path / "pattern.gguf"))
+    assert list(Gemma3HParams.from_gguf(f).swa_layers) == expected
+    assert type(build_model(f, NumpyBackend())).__name__ == "Gemma3Model"  # validated and built
+
+
 def test_gemma3_attention_scale_rule():
     assert attention_scale(18, 640, 4, 256) == 1 / 16  # 270M: 1/sqrt(key_length)
     assert attention_scale(62, 5376, 32, 128) == float(np.float32(1) / np.sqrt(np.float32(168)))  # 27B

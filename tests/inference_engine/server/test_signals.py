@@ -14,6 +14,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from fixtures.child_signals import default_sigint
 
 REPO = Path(__file__).resolve().parents[3]
 START_TIMEOUT_S = 90.0  # a cold interpreter imports numpy, FastAPI and the engine on a shared 2-core machine
@@ -34,6 +35,7 @@ def start(model_path) -> tuple[subprocess.Popen, str]:
         [sys.executable, "-m", "bench_compare.cli", "serve", "-m", str(model_path), "--port", str(port),
          "--ctx", "256", "--threads", "1", "--drain", str(DRAIN_S), "--log-level", "warning"],
         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=default_sigint,  # the SIGINT case as in a terminal, even when this suite runs with SIGINT ignored
     )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + START_TIMEOUT_S
