@@ -55,9 +55,13 @@ GGML_QUANTIZED_KLD_MEAN_MAX = 1e-2
 GGML_QUANTIZED_KLD_MAX = 1e-1
 # Greedy against llama.cpp on the quantized file: a near tie here is what llama.cpp's own two paths can flip.
 # They disagree on the top-2 gap by up to 0.28 logits at one position (0.315 vs 0.035, SmolLM2, "Q: Why is the
-# sky blue?"); ours diverged at gaps up to 0.45 (measured over 5 prompts x 2 models). The 0.05 near tie is not
-# reachable on quantized files by any engine that is not bit-identical to llama.cpp's kernels.
+# sky blue?"); ours diverged at gaps up to 0.45 (measured over 5 prompts x 2 models on an Intel Xeon). The 0.05 near
+# tie is not reachable on quantized files by any engine that is not bit-identical to llama.cpp's kernels.
 QUANTIZED_NEAR_TIE_MARGIN = 0.5
+# A wider divergence also passes when llama.cpp's own variance explains it on the same prefix, by validate's greedy
+# smoke rule (validation.smoke: its flash-attention variant picks our token, or moves the gap by at least
+# gap / GAP_SHIFT_FACTOR). Seen on an AMD EPYC (AVX-512): SmolLM2, "def fibonacci(n):", step 20, llama.cpp's gap
+# 0.959, which its flash-attention variant moves by 0.657 (within sqrt(3) x 0.657 = 1.14).
 
 
 @pytest.fixture(scope="module", params=MODELS)
@@ -140,9 +144,15 @@ def test_ggml_numerics_close_to_llamacpp_on_the_quantized_file(ours_ggml, ref_qu
 
 @pytest.mark.parametrize("prompt", SMOKE_PROMPTS)
 def test_greedy_close_to_llamacpp_on_the_quantized_file(ours_ggml, ref_quantized, prompt):
-    g = compare_greedy(ours_ggml, ref_quantized, ref_quantized.tokenize(prompt, add_bos=True), GREEDY_TOKENS)
-    print(
-        f"{prompt!r}: {g.describe()} (strict near tie {NEAR_TIE_MARGIN}: "
-        f"{'met' if g.acceptable(NEAR_TIE_MARGIN) else 'not met'})"
-    )
-    assert g.acceptable(QUANTIZED_NEAR_TIE_MARGIN), g.describe()
+    from validation.smoke import greedy_smoke
+
+    variants = ref_quantized.rounding_variants()
+    try:
+        smoke = greedy_smoke(ours_ggml, ref_quantized, ref_quantized.tokenize(prompt, add_bos=True), GREEDY_TOKENS,
+                             variants)
+    finally:
+        for variant in variants.values():
+            variant.close()
+    print(f"{prompt!r}: {smoke.matched}/{GREEDY_TOKENS} identical; divergence {smoke.first_divergence}")
+    divergence = smoke.first_divergence
+    assert smoke.passed or divergence["margin"] < QUANTIZED_NEAR_TIE_MARGIN, divergence
