@@ -20,8 +20,9 @@ to the batch (llama.cpp runs the same kernels for both; measured KLD exactly 0 o
 and on 3 of 4 SmolLM2 prompts), while flash attention moved SmolLM2's logits by KLD 2.8e-3..5.0e-3 and Gemma 3's by
 4.6e-3..1.9e-2 over four prompts each, where our free-running KLD was 2.1e-3..4.2e-3 and 2.9e-3..7.4e-3.
 
-**The gate** (ggml numerics, when teacher forcing is the gated mode) judges our free-running logits by the noise
-floor's own statistics, each measured the same way on llama.cpp's variants (each variant against the reference's
+**The gate** (ggml numerics when teacher forcing is the gated mode; for the f32 / f16 / bf16 precision classes
+the logits check itself, over that class's variants, :mod:`validation.precision`) judges free-running logits by the
+noise floor's own statistics, each measured the same way on llama.cpp's variants (each variant against the reference's
 batch, as ours is):
 
 * KLD mean <= max(KLD_MEAN_MAX_GGML, NOISE_FACTOR * the variants' largest KLD mean);
@@ -42,7 +43,8 @@ batch, as ours is):
   the per-flip rule alone failed. A bug that flips many tokens, or flips one by a margin llama.cpp never flips by,
   still fails.
 
-In f32 numerics the free-running logits are reported, not gated (as the f32 logits are not gated at all).
+Thresholds whose ``kld_mean_max`` is None report the free-running logits without gating them (no built-in class
+does since the precision classes: f32 is gated against its own variants).
 
 What this gate can and cannot see (measured on the default prompt): a row-permuted ffn_up in layer 1 gives
 free-running KLD 1.0 (SmolLM2) and 3.2 (Gemma 3), far above any floor; a RoPE base halved in layer 1 gives only
