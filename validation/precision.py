@@ -16,7 +16,9 @@ f32        + the model with every matrix dequantized to F32: ggml then multiplie
            activations to 8 bits, which is what an engine that dequantizes and multiplies in f32 computes (our own
            f32 numerics gave the same KLD against the reference as this variant, 4.81e-3, on SmolLM2)
 f16        + every matrix in F16 (ggml then rounds the activations to f16 for the product)
-bf16       + every matrix in BF16 (activations rounded to bf16)
+bf16       + every matrix in BF16 (activations rounded to bf16), and a BF16 K/V cache with flash attention on (ggml
+           then rounds Q to bf16 for Q.K: attention computed in bf16, as transformers in bf16 does; without it
+           transformers-bf16 on Qwen2.5-Coder-1.5B was 2.8x over the band at kqv_out-0)
 =========  ==========================================================================================================
 
 Each check's limit is NOISE_FACTOR x the largest distance any of the class's variants shows *for that check*: per
@@ -77,6 +79,10 @@ def open_variants(reference: Engine, thresholds: Thresholds) -> tuple[dict[str, 
          lambda: {LLAMACPP_DEFAULTS: variant(kv_type="f16", flash_attn="auto")})
     label = f"weights {thresholds.weight_type}"
     _add(engines, errors, label, lambda: {label: variant(weight_type=thresholds.weight_type)})
+    kv = thresholds.weight_type.lower()
+    if kv not in ("f32", "f16"):  # f32: the reference's own cache; f16: llama.cpp's defaults above
+        kv_label = f"K/V {thresholds.weight_type} (flash attention on)"
+        _add(engines, errors, kv_label, lambda: {kv_label: variant(kv_type=kv, flash_attn="on")})
     return engines, errors
 
 

@@ -145,6 +145,11 @@ def test_variants_by_class(tiny_model):
         opened += f16.values()
         assert set(f16) == {"flash attention on", LLAMACPP_DEFAULTS, "weights F16"} and not errors
         assert f16[LLAMACPP_DEFAULTS].kv_type == "f16" and f16[LLAMACPP_DEFAULTS].flash_attn == "auto"
+        bf16, errors = open_variants(ref, thresholds_for("bf16"))
+        opened += bf16.values()
+        kv = "K/V BF16 (flash attention on)"
+        assert set(bf16) == {"flash attention on", LLAMACPP_DEFAULTS, "weights BF16", kv} and not errors
+        assert bf16[kv].kv_type == "bf16" and bf16[kv].flash_attn_resolved == "on"
         weights = gguf.GGUFReader(str(f16["weights F16"].path))
         assert {t.tensor_type.name for t in weights.tensors if len(t.shape) >= 2} == {"F16"}
     finally:
@@ -308,7 +313,10 @@ def test_a_bug_too_small_for_a_short_prompt_fails_at_depth(tiny_model, tmp_path,
                                depth="0,16,64"), ours_opener=opener(planted))
     assert result["checks"]["tensors"] and result["checks"]["logits"]  # the prompt cannot see it
     steps = result["decode_steps"]
-    assert steps["bands_from"] == ["flash attention on", LLAMACPP_DEFAULTS, f"weights {precision.upper()}"]
+    expected = ["flash attention on", LLAMACPP_DEFAULTS, f"weights {precision.upper()}"]
+    if precision == "bf16":  # the class's K/V type too: attention computed in bf16
+        expected.insert(0, "K/V BF16 (flash attention on)")
+    assert steps["bands_from"] == expected
     assert steps["first_failure"] == {"depth": 64, "step": 0, "position": 64, "tensor": "Qcur-0"}
     failure = steps["depths"][2]["steps"][-1]["failure"]
     assert failure["nmse"] > failure["threshold"]

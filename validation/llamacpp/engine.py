@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from gguf import LlamaFileType
+from gguf import GGMLQuantizationType, LlamaFileType
 from llama_cpp import llama_cpp as ll
 
 from inference_engine.backends.numerics import set_ggml_simd
@@ -57,7 +57,11 @@ from validation.llamacpp.library import (
 )
 from validation.llamacpp.probe import ensure_loadable
 
-KV_TYPES: dict[str, int] = {"f32": ll.GGML_TYPE_F32, "f16": ll.GGML_TYPE_F16}
+# bf16: for the bf16 precision class's variant (validation.precision): with flash attention on, ggml rounds Q to the
+# cache's type for the dot products, as an engine that computes attention in bf16 does.
+# (llama-cpp-python binds no GGML_TYPE_BF16 constant: ggml's enum value is gguf-py's GGMLQuantizationType.BF16, 30.)
+KV_TYPES: dict[str, int] = {"f32": ll.GGML_TYPE_F32, "f16": ll.GGML_TYPE_F16,
+                            "bf16": int(GGMLQuantizationType.BF16)}
 FLASH_ATTN: dict[str, int] = {
     "off": ll.LLAMA_FLASH_ATTN_TYPE_DISABLED,
     "on": ll.LLAMA_FLASH_ATTN_TYPE_ENABLED,
