@@ -22,7 +22,7 @@ bf16       + every matrix in BF16 (activations rounded to bf16), and a BF16 K/V 
 =========  ==========================================================================================================
 
 Each check's limit is NOISE_FACTOR x the largest distance any of the class's variants shows *for that check*: per
-tensor (NMSE, by name, where the engine gives tensors), for the logits (KLD mean, with the top-1 rules of
+tensor (NMSE, by name, where the engine gives tensors), for the logits (KLD mean and median, with the top-1 rules of
 :mod:`validation.free_running`), for top-k log-probabilities (:mod:`validation.top_k`) and for the corpus KLD; never
 below the class's least limit (:data:`validation.metrics.NMSE_MIN_F32` and its siblings, and KLD_MEAN_MAX_GGML).
 
