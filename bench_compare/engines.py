@@ -352,15 +352,13 @@ def check_factory_signature(spec: EngineSpec, factory, kwargs: dict[str, Any]) -
 
 
 def check_engine(spec: EngineSpec, engine: Any) -> None:
-    """A factory's return value must have the Engine protocol's members (one line naming what is missing)."""
-    missing = missing_engine_members(engine)
-    if missing:
-        close = getattr(engine, "close", None)
-        if callable(close):
-            close()
-        raise GGUFParityError(f"engine '{spec.name}': the factory returned {type(engine).__name__}, which is not an "
-                              f"engine (missing {', '.join(missing)}; see docs/PLUGGING_IN.md)")
+    """A factory's return value must have the Engine protocol's members (one line naming what is missing) and
+    declare only known capabilities; a refused engine is closed first."""
     try:
+        missing = missing_engine_members(engine)
+        if missing:
+            raise GGUFParityError(f"engine '{spec.name}': the factory returned {type(engine).__name__}, which is not "
+                                  f"an engine (missing {', '.join(missing)}; see docs/PLUGGING_IN.md)")
         engine_capabilities(engine)  # declared capabilities must be known ones
     except GGUFParityError:
         close = getattr(engine, "close", None)

@@ -154,6 +154,14 @@ def missing_engine_members(obj: Any) -> list[str]:
     return [member for member in REQUIRED_ENGINE_MEMBERS if not has(member)]
 
 
+def capture_takes_force(engine: Any) -> bool:
+    """Whether ``engine.capture`` takes ``force=`` (teacher forcing, see the module docstring)."""
+    try:
+        return "force" in inspect.signature(engine.capture).parameters
+    except (TypeError, ValueError, AttributeError):
+        return False
+
+
 def engine_capabilities(engine: Any) -> frozenset[str]:
     """What ``engine`` can give (:data:`CAPABILITIES`): its declared ``capabilities`` when it has the attribute,
     else inferred from its members: ``capture`` -> tensors (and teacher_forcing when it takes ``force``), ``generate``
@@ -169,14 +177,10 @@ def engine_capabilities(engine: Any) -> frozenset[str]:
                                   f"capabilities {', '.join(unknown)}; known: {', '.join(CAPABILITIES)}")
         return caps
     caps = {"logits", "tokenize"}
-    capture = getattr(engine, "capture", None)
-    if callable(capture):
+    if callable(getattr(engine, "capture", None)):
         caps.add("tensors")
-        try:
-            if "force" in inspect.signature(capture).parameters:
-                caps.add("teacher_forcing")
-        except (TypeError, ValueError):
-            pass
+        if capture_takes_force(engine):
+            caps.add("teacher_forcing")
     if callable(getattr(engine, "generate", None)):
         caps.update(("text", "top_logprobs"))
     return frozenset(caps)

@@ -25,8 +25,9 @@ import numpy as np
 
 from inference_engine.errors import GGUFParityError
 
-# The weight types a variant can be written in, as ggml names them.
+# The weight types a variant can be written in, as ggml names them, and the general.file_type a copy then records.
 WEIGHT_TYPES = ("F32", "F16", "BF16")
+FILE_TYPES = {"F32": "ALL_F32", "F16": "MOSTLY_F16", "BF16": "MOSTLY_BF16"}
 VARIANTS_SUBDIR = "variants"
 
 
@@ -81,10 +82,14 @@ def rewrite(src: str | os.PathLike, dst: str | os.PathLike, *, weight_type: str 
         for field in reader.fields.values():
             if field.name == gguf.Keys.General.ARCHITECTURE or field.name.startswith("GGUF."):
                 continue  # written by GGUFWriter itself
+            if field.name == gguf.Keys.General.FILE_TYPE and target is not None:
+                continue  # the copy's own, below
             kind = field.types[0]
             sub = field.types[-1] if kind == gguf.GGUFValueType.ARRAY else None
             value = changes.get(field.name, field.contents())
             writer.add_key_value(field.name, value, kind, sub_type=sub)
+        if target is not None:
+            writer.add_file_type(gguf.LlamaFileType[FILE_TYPES[target.name]])
         plans = [_plan(t, target) for t in reader.tensors]
         for tensor, (qtype, nbytes, shape) in zip(reader.tensors, plans):
             # a dtype other than uint8 with raw_dtype: gguf-py takes ``shape`` as the logical shape

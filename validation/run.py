@@ -38,7 +38,6 @@ check 4 and never disguises itself as a numerics difference in checks 1-3.
 
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -48,7 +47,7 @@ import numpy as np
 from inference_engine.backends import BACKENDS
 from inference_engine.defaults import VALIDATE
 from inference_engine.errors import GGUFParityError
-from inference_engine.protocol import Engine, EngineCapabilityError, engine_capabilities
+from inference_engine.protocol import Engine, EngineCapabilityError, capture_takes_force, engine_capabilities
 from inference_engine.registries import NUMERICS, Registry
 from validation.diff import diff_captures
 from validation.free_running import (
@@ -62,7 +61,7 @@ from validation.free_running import (
 from validation.metrics import THRESHOLD_TABLE, THRESHOLDS, Thresholds, logit_metrics, logits_pass, thresholds_for
 from validation.precision import capture_variants, open_variants, tensor_bands
 from validation.results import ValidationResult
-from validation.smoke import greedy_smoke
+from validation.smoke import greedy_smoke, token_text
 from validation.tokenizer_parity import builtin_corpus, load_jsonl_corpus, tokenizer_parity
 
 # --against: the reference engines, (options, model_path) -> Engine.
@@ -229,11 +228,8 @@ def validate(options: ValidateOptions, ours_opener: Callable | None = None,
 
 
 def supports_teacher_forcing(engine: Engine) -> bool:
-    """Whether ``engine.capture`` takes ``force=`` (see ``inference_engine/protocol.py``)."""
-    try:
-        return "force" in inspect.signature(engine.capture).parameters
-    except (TypeError, ValueError, AttributeError):
-        return False
+    """Whether ``engine.capture`` takes ``force=`` (:func:`inference_engine.protocol.capture_takes_force`)."""
+    return capture_takes_force(engine)
 
 
 def supports_capture(engine: Engine) -> bool:
@@ -518,19 +514,12 @@ def _smoke_divergence(position: dict[str, Any], reference: Engine) -> dict[str, 
     margin = position.get("margin")
     return {"step": position["position"], "reference_token": position["reference_top1"],
             "ours_token": position["server_top1"],
-            "reference_text": _token_text(reference, position["reference_top1"]),
-            "ours_text": _token_text(reference, position["server_top1"]),
+            "reference_text": token_text(reference, position["reference_top1"]),
+            "ours_text": token_text(reference, position["server_top1"]),
             "margin": float("inf") if margin is None else margin, "near_tie": bool(position.get("near_tie")),
             "reference_variants_agreeing": position.get("variants_agreeing") or [],
             "within_reference_gap_shift": any(e.startswith("within") for e in excused),
             "within_reference_drift": any(e.startswith("a flip like") for e in excused), "excused_by": excused}
-
-
-def _token_text(engine: Engine, token: int) -> str | None:
-    try:
-        return engine.detokenize([int(token)])
-    except Exception:  # noqa: BLE001 - a display nicety
-        return None
 
 
 def _tokenizer_check(result: ValidationResult, ours: Engine, reference: Engine, corpus_texts, corpus_source: str,

@@ -119,8 +119,8 @@ def _divergence(step: int, tok_ours: int, tok_ref: int, logits_ref: np.ndarray, 
         "step": step,
         "reference_token": tok_ref,
         "ours_token": tok_ours,
-        "reference_text": _text(reference, tok_ref),
-        "ours_text": _text(reference, tok_ours),
+        "reference_text": token_text(reference, tok_ref),
+        "ours_text": token_text(reference, tok_ours),
         "reference_top2_margin": float(top2[1] - top2[0]),
         "margin": margin,
         "near_tie": bool(margin < NEAR_TIE_MARGIN),
@@ -147,7 +147,7 @@ def _variants_on(variants: Mapping[str, Engine], prefix: list[int], tok_ref: int
     return agreeing, gaps
 
 
-def _text(engine: Engine, token: int) -> str | None:
+def token_text(engine: Engine, token: int) -> str | None:
     try:
         return engine.detokenize([token])
     except Exception:  # noqa: BLE001 - a display nicety; a token the vocabulary cannot render is shown as None

@@ -69,8 +69,12 @@ def test_weights_as_converts_every_matrix_once_and_keeps_the_rest(tiny_model, tm
     src = tiny_model("llama", "Q4_1")
     dst = rewrite(src, tmp_path / f"w-{weight_type}.gguf", weight_type=weight_type)
     a, b = gguf.GGUFReader(str(src)), gguf.GGUFReader(str(dst))
-    assert {f.name: f.contents() for f in a.fields.values() if not f.name.startswith("GGUF.")} == \
-        {f.name: f.contents() for f in b.fields.values() if not f.name.startswith("GGUF.")}
+    kept = ("GGUF.", gguf.Keys.General.FILE_TYPE)  # the copy records its own file type
+    assert {f.name: f.contents() for f in a.fields.values() if not f.name.startswith(kept)} == \
+        {f.name: f.contents() for f in b.fields.values() if not f.name.startswith(kept)}
+    file_type = {"F32": gguf.LlamaFileType.ALL_F32, "F16": gguf.LlamaFileType.MOSTLY_F16,
+                 "BF16": gguf.LlamaFileType.MOSTLY_BF16}[weight_type]
+    assert b.get_field(gguf.Keys.General.FILE_TYPE).contents() == file_type
     converted = 0
     for ta, tb in zip(a.tensors, b.tensors):
         assert ta.name == tb.name and tuple(ta.shape) == tuple(tb.shape)

@@ -302,36 +302,15 @@ def _moe_ops(b, layer, il, ref, check) -> None:
 
 # --- a dequantized copy of a model -------------------------------------------------------------------------------
 def write_dequantized_copy(src, dst):
-    """Copy a GGUF with every tensor dequantized to F32: the same weights, but llama.cpp then multiplies in f32.
+    """Copy a GGUF with every matrix dequantized to F32 (:func:`validation.gguf_rewrite.rewrite`): the same weights,
+    but llama.cpp then multiplies in f32.
 
     On that copy llama.cpp computes what our ``f32`` numerics computes on the original file (dequantized weights,
     float32 activations), so the two can be compared without ggml's activation quantization in the way.
     """
-    import gguf
+    from validation.gguf_rewrite import rewrite
 
-    from inference_engine.gguf_file import open_gguf
-    from inference_engine.quants import dequantize_tensor
-
-    f = open_gguf(src)
-    writer = gguf.GGUFWriter(str(dst), f.raw_architecture)
-    try:
-        for field in f.reader.fields.values():
-            if field.name in (gguf.Keys.General.ARCHITECTURE, gguf.Keys.General.FILE_TYPE):
-                continue
-            if field.name.startswith("GGUF."):
-                continue
-            value_type = field.types[0]
-            sub_type = field.types[-1] if value_type == gguf.GGUFValueType.ARRAY else None
-            writer.add_key_value(field.name, field.contents(), value_type, sub_type=sub_type)
-        writer.add_file_type(gguf.LlamaFileType.ALL_F32)
-        for name, t in f.tensors.items():
-            writer.add_tensor(name, np.ascontiguousarray(dequantize_tensor(t), dtype=np.float32))
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.write_tensors_to_file()
-    finally:
-        writer.close()
-    return dst
+    return rewrite(src, dst, weight_type="F32")
 
 
 def _phi3_ops(b, model, hp, ref, positions, n_tokens, check) -> None:
