@@ -46,8 +46,8 @@ from inference_engine import defaults
 from inference_engine.errors import GGUFParityError
 from inference_engine.gguf_file import open_gguf
 from inference_engine.registries import numerics_help
-from inference_engine.model_cache import DEFAULT_MODEL, resolve_model
-from validation.atomic import atomic_write_json
+from inference_engine.store.named_models import DEFAULT_MODEL, resolve_model
+from inference_engine.store.atomic import atomic_write_json
 from validation.results import BenchResult, BenchRow
 
 LLAMA_BENCH_DEFAULT_PROMPT = (512,)

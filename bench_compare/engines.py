@@ -312,7 +312,7 @@ def make_engine(spec: EngineSpec | str, model: str | Path, *, n_threads: int | N
     elif engine_opts:
         spec = EngineSpec(spec.scheme, spec.target, spec.options + tuple(engine_opts.items()))
     check_numerics(numerics)
-    from inference_engine.model_cache import resolve_model
+    from inference_engine.store.named_models import resolve_model
 
     path = resolve_model(str(model), progress=False)
     factory = spec.factory()

@@ -27,6 +27,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from inference_engine.store.identity import file_identity
+
 ENV = "GGUF_PARITY_EXTRA_BUFTS"
 PROBE_TIMEOUT_S = 300  # loading and repacking a 1.5B model on a busy 2-core machine takes well under this
 PROBE_BATCHES = (2, 16)  # the 2-token batch that crashes AMX; 16 tokens takes the repacked GEMM paths
@@ -64,8 +66,7 @@ def decide(model_path: str | os.PathLike, run_probe: ProbeRunner | None = None,
     if forced in ("off", "0", "false"):
         return Verdict(False, f"{ENV}={forced}", "environment")
     path = Path(model_path)
-    stat = path.stat()
-    memo_key = f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}"
+    memo_key = tuple(file_identity(path).values())
     if memo_key in _memo:
         return _memo[memo_key]
     fields = key_fields(path)
@@ -126,9 +127,9 @@ def probe_key(fields: dict[str, Any]) -> str:
 
 
 def default_cache_dir() -> Path:
-    from inference_engine.model_cache import cache_dir
+    from inference_engine.store.folders import cache_folder
 
-    return cache_dir().parent / "probes"
+    return cache_folder("probes")
 
 
 def _read_cached(path: Path) -> Verdict | None:
@@ -140,7 +141,7 @@ def _read_cached(path: Path) -> Verdict | None:
 
 
 def _write_cached(path: Path, verdict: Verdict, fields: dict[str, Any]) -> None:
-    from validation.atomic import atomic_write_json
+    from inference_engine.store.atomic import atomic_write_json
 
     try:
         atomic_write_json(path, {**asdict(verdict), "key": fields})

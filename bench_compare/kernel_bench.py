@@ -49,9 +49,9 @@ from inference_engine.backends.numba_kernels import activations, blocked
 from inference_engine.backends.numba_kernels import dispatch as mm
 from inference_engine.cpu_features import cpu_features
 from inference_engine.errors import GGUFParityError
-from inference_engine.model_cache import get_named_model
+from inference_engine.store.named_models import get_named_model
 from inference_engine.quants import quant_for
-from validation.atomic import atomic_write_json
+from inference_engine.store.atomic import atomic_write_json
 
 MODELS = ("smollm2-135m", "gemma3-270m")
 SECTIONS = ("types", "decode", "prefill", "int_prefill", "compile")
@@ -113,7 +113,7 @@ def model_matrices(name: str) -> tuple[list[mm.QMatrix], bool]:
     Copied out of the memory map, as the numba backend does (``NumbaBackend.copy_weights``).
     """
     from inference_engine.gguf_file import GGUFFile
-    from inference_engine.model_cache import cached_path, is_cached
+    from inference_engine.store.named_models import cached_path, is_cached
 
     if not is_cached(name):
         return [], False
@@ -246,7 +246,7 @@ def measure_llamacpp_decode(name: str, threads: int, n_tokens: int = 64) -> floa
     (SIGSEGV) in the first decode on this machine.
     """
     try:
-        from inference_engine.model_cache import cached_path
+        from inference_engine.store.named_models import cached_path
         from validation.llamacpp.engine import LlamaCppEngine
     except ImportError:
         return None

@@ -14,7 +14,7 @@ The kinds of result understood, by their ``kind`` (:mod:`validation.results`):
 Files written before results carried a ``kind`` are upgraded on load (:func:`validation.results.upgrade_legacy`;
 that includes a JSON array of llama-bench rows, what ``bench -o json`` and llama-bench's ``-o json`` print). Every
 file is read through its typed class (:data:`validation.results.RESULT_KINDS`).
-Anything else is refused with a one-line error. Every file is written atomically (:mod:`validation.atomic`).
+Anything else is refused with a one-line error. Every file is written atomically (:mod:`inference_engine.store.atomic`).
 Plots use matplotlib's Agg canvas directly (no pyplot, no display needed); a validation result's pictures are
 :mod:`validation.plots`' (the same as ``validate`` writes into its report directory).
 """
@@ -27,7 +27,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from validation.atomic import atomic_open, atomic_write_bytes, atomic_write_text
+from inference_engine.store.atomic import atomic_open, atomic_write_bytes, atomic_write_text
 from bench_compare.results import utc_now
 from validation.plots import CAPTIONS, new_figure, png_bytes, validation_pngs
 from validation.provenance import cpu_isa_label

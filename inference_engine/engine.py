@@ -237,7 +237,7 @@ def load_engine(
     progress: bool = True,
 ) -> OurEngine:
     """An engine for a model as users name it: a named model (fetched on first use) or a path to a .gguf."""
-    from inference_engine.model_cache import resolve_model
+    from inference_engine.store.named_models import resolve_model
 
     return OurEngine(resolve_model(str(model), progress=progress), backend, numerics, n_ctx, n_threads, kv_type)
 

@@ -8,7 +8,6 @@ or non-GGUF file, truncated tensor data) raises :class:`GGUFParityError` with on
 
 from __future__ import annotations
 
-import hashlib
 import os
 import struct
 from array import array
@@ -25,6 +24,7 @@ from gguf.gguf_reader import ReaderField
 
 from inference_engine import gguf_validate
 from inference_engine.errors import GGUFParityError
+from inference_engine.store.digests import file_sha256
 
 GGUF_MAGIC = b"GGUF"
 
@@ -321,9 +321,7 @@ class GGUFFile:
 
     @cached_property
     def sha256(self) -> str:
-        from inference_engine.file_digest import file_sha256  # remembered per file version: no 1 GB re-hash
-
-        return file_sha256(self.path)
+        return file_sha256(self.path)  # remembered per file version: no 1 GB re-hash
 
     @property
     def n_params(self) -> int:
@@ -353,14 +351,6 @@ class GGUFFile:
             "n_params": self.n_params,
             "quant": self.file_type_name,
         }
-
-
-def sha256_of_file(path: str | os.PathLike, chunk: int = 1 << 22) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while block := fh.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _check_path(path: Path) -> None:

@@ -11,22 +11,25 @@ tokenizer runs, which its library reads itself: the SentencePiece ``ModelProto``
 ``merges.txt`` pair that ``tokenizers`` loads in Rust (no Python tuple per merge).
 
 One slot per model file and format (named by a hash of both), valid while the file's size and modification time are
-those recorded: a changed or replaced file misses and its slot is rewritten. Small vocabularies are not cached
-(their build costs less than reading a cache file). Every file is written atomically (temporary file, then
-``os.replace``), the sidecars first under fresh names and the slot last, so a slot only ever names complete sidecars;
-at most :data:`MAX_SLOTS` are kept, the least recently written go first. The folder is
-``<cache>/tokenizers`` next to the named models' ``<cache>/models`` (see
-:mod:`inference_engine.model_cache`); delete it to clear the cache.
+those recorded (:func:`~inference_engine.store.identity.file_identity`): a changed or replaced file misses and its
+slot is rewritten. Small vocabularies are not cached (their build costs less than reading a cache file). Every file
+is written atomically (:mod:`inference_engine.store.atomic`), the sidecars first under fresh names and the slot last,
+so a slot only ever names complete sidecars; at most :data:`MAX_SLOTS` are kept, the least recently written go first
+(:mod:`inference_engine.store.slots`). The folder is ``<cache>/tokenizers`` next to the named models'
+``<cache>/models`` (:mod:`inference_engine.store.folders`); delete it to clear the cache.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
+
+from inference_engine.store.atomic import atomic_write_bytes
+from inference_engine.store.folders import cache_folder
+from inference_engine.store.identity import file_identity
+from inference_engine.store.slots import prune, remove_sidecars, slot_path
 
 # Bump when what is stored, or how a tokenizer is built from it, changes: older slots are then ignored.
 FORMAT = 4
@@ -44,21 +47,13 @@ SIDECARS: dict[str, str] = {
 
 
 def default_dir() -> Path:
-    from inference_engine.model_cache import cache_dir
-
-    return cache_dir().parent / "tokenizers"
-
-
-def file_identity(path: str | os.PathLike) -> dict[str, Any]:
-    real = os.path.realpath(path)
-    st = os.stat(real)
-    return {"path": real, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+    return cache_folder("tokenizers")
 
 
 def _slot(identity: dict[str, Any], folder: Path) -> Path:
     # the format in the name: two versions of this code (two checkouts, an upgrade) keep a slot each, not one that
     # each rewrites in turn
-    return folder / (hashlib.sha256(f"{FORMAT}:{identity['path']}".encode()).hexdigest()[:24] + ".json")
+    return slot_path(folder, f"{FORMAT}:{identity['path']}")
 
 
 def load(path: str | os.PathLike, folder: Path | None = None) -> dict[str, Any] | None:
@@ -94,47 +89,12 @@ def store(path: str | os.PathLike, state: dict[str, Any], folder: Path | None = 
             data = state.pop(key, None)
             if data is not None:
                 names[key] = f"{slot.stem}.{tag}{suffix}"
-                write_atomically(folder / names[key], data)
+                atomic_write_bytes(folder / names[key], data, durable=False)
         state["sidecars"] = names
-        write_atomically(slot, json.dumps(state, ensure_ascii=False).encode("utf-8"))
-        _remove_sidecars(slot, keep=set(names.values()))
+        atomic_write_bytes(slot, json.dumps(state, ensure_ascii=False).encode("utf-8"), durable=False)
+        remove_sidecars(slot, keep=set(names.values()))
         prune(folder, MAX_SLOTS)
         return slot
     except OSError:
         return None  # a read-only or full cache only costs a rebuild next time
 
-
-def write_atomically(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temporary file in the same folder and ``os.replace``."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-
-
-def prune(folder: Path, max_slots: int) -> None:
-    """Keep the ``max_slots`` most recently written slots (``*.json`` and their sidecars) in ``folder``."""
-    slots = sorted(folder.glob("*.json"), key=lambda p: p.stat().st_mtime_ns, reverse=True)
-    for old in slots[max_slots:]:
-        _remove_sidecars(old)
-        try:
-            old.unlink()
-        except OSError:
-            pass
-
-
-def _remove_sidecars(slot: Path, keep: frozenset[str] | set[str] = frozenset()) -> None:
-    """Delete the files beside ``slot`` that belong to it (``<stem>.*`` other than the slot), except ``keep``."""
-    for p in slot.parent.glob(f"{slot.stem}.*"):
-        if p != slot and p.name not in keep and not p.name.endswith(".tmp"):
-            try:
-                p.unlink()
-            except OSError:
-                pass

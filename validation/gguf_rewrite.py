@@ -33,7 +33,7 @@ VARIANTS_SUBDIR = "variants"
 
 def variants_dir() -> Path:
     """Where converted copies are kept: ``<model cache>/variants`` (``$GGUF_PARITY_CACHE`` moves it)."""
-    from inference_engine.model_cache import cache_dir
+    from inference_engine.store.folders import cache_dir
 
     return cache_dir() / VARIANTS_SUBDIR
 

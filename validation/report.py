@@ -2,7 +2,7 @@
 
 The report directory is written whole or not at all: every file goes into a temporary sibling directory that is
 renamed into place at the end, so an interrupted or failed run never leaves a half-written report behind. A
-``--json PATH`` outside the directory is written with :func:`validation.atomic.atomic_write_json`.
+``--json PATH`` outside the directory is written with :func:`inference_engine.store.atomic.atomic_write_json`.
 """
 
 from __future__ import annotations
@@ -11,12 +11,10 @@ import datetime as _dt
 import math
 import os
 import re
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
-from validation.atomic import atomic_write_json, atomic_write_text
+from inference_engine.store.atomic import atomic_directory, atomic_write_json, atomic_write_text
 from validation.free_running import GAP_SHIFT_FACTOR, NOISE_FACTOR
 from validation.metrics import NOISE_FLOOR
 from validation.provenance import cpu_isa_label
@@ -65,18 +63,10 @@ def write_report_dir(result: dict, directory: str | os.PathLike) -> Path:
     """Write validate.json, report.md and the pictures (:func:`write_plots`) into ``directory`` (atomically, as a
     whole)."""
     target = check_report_target(directory)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
-    try:
+    with atomic_directory(target) as tmp:  # replaces an empty directory the user made for us
         atomic_write_json(tmp / JSON_NAME, json_safe(result))
         atomic_write_text(tmp / MARKDOWN_NAME, markdown(result))
         write_plots(result, tmp)
-        if target.exists():  # an empty directory the user made for us
-            target.rmdir()
-        os.replace(tmp, target)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return target
 
 

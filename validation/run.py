@@ -209,7 +209,7 @@ def validate(options: ValidateOptions, ours_opener: Callable | None = None,
     User mistakes raise :class:`GGUFParityError`, before any work is done where they can be seen early.
     """
     from inference_engine.gguf_file import open_gguf
-    from inference_engine.model_cache import resolve_model
+    from inference_engine.store.named_models import resolve_model
 
     options.check()
     options.n_ctx = options.context_needed()

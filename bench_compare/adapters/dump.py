@@ -73,7 +73,7 @@ def build_request(model_path: str | Path, gguf, ids: list[int], names: Iterable[
 
 
 def write_request(directory: str | Path, request: dict) -> Path:
-    from validation.atomic import atomic_write_json
+    from inference_engine.store.atomic import atomic_write_json
 
     return atomic_write_json(Path(directory) / REQUEST_FILE, request)
 
@@ -86,7 +86,7 @@ def write_dump(directory: str | Path, tensors: dict[str, np.ndarray], *, model_s
     """Write ``tensors.safetensors`` (``dtype``: F32 or F16) and ``manifest.json`` as the contract says."""
     from safetensors.numpy import save
 
-    from validation.atomic import atomic_write_bytes, atomic_write_json
+    from inference_engine.store.atomic import atomic_write_bytes, atomic_write_json
 
     np_dtype = {"F32": np.float32, "F16": np.float16}[dtype]
     arrays = {name: np.ascontiguousarray(np.asarray(a, dtype=np_dtype)) for name, a in tensors.items()}

@@ -262,7 +262,7 @@ def open_engine(target: str, model: str, **options) -> HFTransformersEngine:
 
     Factory for ``--engine hf:`` (the GGUF under test), ``hf:NAMED_MODEL`` or ``hf:PATH.gguf``; options: n_ctx,
     n_threads, ``dtype`` (``--engine-opt dtype=bf16``: f32, bf16 or f16; its precision class for validate)."""
-    from inference_engine.model_cache import resolve_model
+    from inference_engine.store.named_models import resolve_model
 
     path = Path(resolve_model(target, progress=False)) if target else Path(model)
     return HFTransformersEngine(path, n_ctx=options.get("n_ctx") or 2048, n_threads=options.get("n_threads"),

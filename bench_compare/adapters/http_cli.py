@@ -15,7 +15,7 @@ import click
 from bench_compare import engines
 from bench_compare.interrupts import remember_interrupts
 from inference_engine.errors import GGUFParityError
-from validation.atomic import atomic_write_json, atomic_write_text
+from inference_engine.store.atomic import atomic_write_json, atomic_write_text
 
 AGAINST_CHOICES = ("llamacpp-server", "llamacpp", "none")
 
@@ -122,7 +122,7 @@ def _validation_reference(model: str, threads: int | None):
     """llama.cpp as ``validate`` holds every engine up to (F32 K/V, flash attention off; its variant, flash attention
     on, is the noise floor), not the benchmark's llama-bench settings: the verdict over HTTP then means what the
     in-process verdict means."""
-    from inference_engine.model_cache import resolve_model
+    from inference_engine.store.named_models import resolve_model
     from validation.run import ValidateOptions, open_llamacpp_reference
 
     options = ValidateOptions(model=model, threads=threads)

@@ -208,7 +208,7 @@ def open_engine(target: str, model: str, **options) -> ServerBackedEngine:
     Factory for ``--engine llamacpp-server``: start llama.cpp's server on ``model`` and return an HTTP engine on
     it (close it to stop the server). Options: n_threads, n_ctx, n_batch, logits_all."""
     from bench_compare.adapters.openai_http import OpenAIHTTPEngine
-    from inference_engine.model_cache import resolve_model
+    from inference_engine.store.named_models import resolve_model
 
     path = resolve_model(str(model), progress=False)
     server = LlamaCppServer(path, n_threads=options.get("n_threads"), n_ctx=int(options.get("n_ctx") or 2048),

@@ -462,7 +462,7 @@ def open_engine(target: str, model: str, **options) -> MistralRsEngine:
     Factory for ``--engine mistralrs:`` (``engines.ENGINE_SCHEMES['mistralrs']``); the target names another GGUF
     (a named model or a path), empty for ``--model``'s. Options: ``n_threads`` (-t), and ``--engine-opt`` ``verbose``,
     ``max_seqs``, ``prefix_cache_n``; numerics, n_ctx and n_batch are mistral.rs's own."""
-    from inference_engine.model_cache import resolve_model
+    from inference_engine.store.named_models import resolve_model
 
     _check_options(options)
     path = Path(resolve_model(target, progress=False)) if target else Path(model)

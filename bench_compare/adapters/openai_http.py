@@ -256,7 +256,7 @@ class OpenAIHTTPEngine:
                  api_key: str | None = None, read_timeout: float = READ_TIMEOUT_S,
                  request_timeout: float = REQUEST_TIMEOUT_S, label: str | None = None):
         from inference_engine.gguf_file import open_gguf
-        from inference_engine.model_cache import resolve_model
+        from inference_engine.store.named_models import resolve_model
         from inference_engine.tokenizer import GGUFTokenizer
 
         self.client = OpenAIClient(base_url, api_key=api_key, read_timeout=read_timeout,

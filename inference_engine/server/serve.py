@@ -43,7 +43,7 @@ class ServerConfig:
 
 def build_app(config: ServerConfig, progress: bool = False):
     """The FastAPI app for ``config`` (model loaded, scheduler ready; it starts with the app's lifespan)."""
-    from inference_engine.model_cache import resolve_model
+    from inference_engine.store.named_models import resolve_model
     from inference_engine.server.app import ServedModel, create_app
     from inference_engine.server.metrics import ServerMetrics
     from inference_engine.server.runner import BatchRunner

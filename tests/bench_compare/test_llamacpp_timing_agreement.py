@@ -74,7 +74,7 @@ def llama(request):
     import llama_cpp
     import llama_cpp.llama as llama_module
 
-    from inference_engine.model_cache import fetch
+    from inference_engine.store.named_models import fetch
 
     path = fetch("smollm2-135m", progress=False)
     # Llama(...) cannot pass use_extra_bufts; it gets the harness's probed verdict (see bench_compare.extra_bufts).

@@ -131,7 +131,7 @@ def test_broken_template_is_a_user_error():
 def test_smollm2_template_renders_like_llama_cpp_python():
     import llama_cpp
 
-    from inference_engine.model_cache import fetch
+    from inference_engine.store.named_models import fetch
     from inference_engine.tokenizer import GGUFTokenizer
 
     path = fetch("smollm2-135m", progress=False)

@@ -444,7 +444,7 @@ def test_bad_ids_and_inputs_are_user_errors(bpe_fixture):
 @pytest.fixture(scope="module")
 def real(request):
     """name -> (our tokenizer, llama.cpp, CPU seconds to build ours), loaded once per module."""
-    from inference_engine.model_cache import fetch
+    from inference_engine.store.named_models import fetch
 
     cache = {}
 
@@ -527,7 +527,7 @@ CACHED_READY_CPU_SECONDS_LIMIT = 0.25
 @pytest.mark.parametrize("name", REAL_NAMES)
 def test_real_model_cached_tokenizer_equals_llama_cpp_on_corpus(real, name, tmp_path):
     """A tokenizer cache hit encodes with per-text models (tokenizer_subvocab): the same ids as llama.cpp."""
-    from inference_engine.model_cache import fetch
+    from inference_engine.store.named_models import fetch
 
     _, llm, _ = real(name)
     path = fetch(name, progress=False)

@@ -167,7 +167,7 @@ def test_bad_settings(tmp_path, kwargs, pattern):
 # --- SmolLM2 (llama architecture) --------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def smollm2_path():
-    from inference_engine.model_cache import fetch
+    from inference_engine.store.named_models import fetch
 
     return fetch("smollm2-135m", progress=False)
 
@@ -377,7 +377,7 @@ def test_model_info_and_timings(smollm2, smollm2_path):
 # --- Gemma 3 ---------------------------------------------------------------------------------------------------
 @pytest.mark.slow
 def test_gemma3_capture_extras():
-    from inference_engine.model_cache import fetch
+    from inference_engine.store.named_models import fetch
 
     with LlamaCppEngine(fetch("gemma3-270m", progress=False), n_ctx=64, n_threads=N_THREADS) as gemma:
         ids = gemma.tokenize(PROMPT)

@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 
 from inference_engine.errors import GGUFParityError
+from inference_engine.store.identity import file_identity
 
 PROBE_CACHE_ENV = "GGUF_PARITY_PROBE_CACHE"
 # "off" skips the child (validation still runs): the test suite sets it, because its tiny fixtures come from our own
@@ -76,18 +77,13 @@ def probe_cache_dir() -> Path:
     return Path(base) / "gguf-parity" / "llamacpp-probe"
 
 
-def _identity(path: Path) -> dict:
-    st = path.stat()
-    return {"path": str(path.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
-
-
 def _cache_file(identity: dict) -> Path:
     key = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:32]
     return probe_cache_dir() / f"{key}.json"
 
 
 def is_known_good(path: str | os.PathLike) -> bool:
-    identity = _identity(Path(path))
+    identity = file_identity(path)
     try:
         return json.loads(_cache_file(identity).read_text()).get("identity") == identity
     except (OSError, ValueError, AttributeError):
@@ -95,7 +91,7 @@ def is_known_good(path: str | os.PathLike) -> bool:
 
 
 def _remember_good(identity: dict) -> None:
-    from validation.atomic import atomic_write_json
+    from inference_engine.store.atomic import atomic_write_json
 
     try:
         cache = probe_cache_dir()
@@ -115,7 +111,7 @@ def ensure_loadable(path: str | os.PathLike) -> None:
     check_reference_file(path)  # one line, exit 2, for everything we know llama.cpp would abort on
     if os.environ.get(PROBE_SWITCH_ENV, "on").lower() == "off":
         return
-    identity = _identity(path)
+    identity = file_identity(path)
     run_probe(path)
     _remember_good(identity)
 

@@ -187,7 +187,7 @@ def test_result_is_a_typed_record_that_report_reads(tmp_path):
     """run_http_fidelity writes an HttpValidateResult (kind, schema version, provenance); `report` loads it by kind
     and gates its top-1 agreement."""
     from bench_compare import report
-    from validation.atomic import atomic_write_json
+    from inference_engine.store.atomic import atomic_write_json
 
     same = Engine(echo_answer(IDS, 4, "shifted"), generation_answer(IDS, 6, model=0))
     result = http_fidelity.run_http_fidelity(same, Reference(), "prompt", n_tokens=6, top_k=TOP_K)

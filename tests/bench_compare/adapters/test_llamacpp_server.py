@@ -26,7 +26,7 @@ SMALL = ["-p", "16", "-n", "8", "-r", "1", "--warmup", "1", "--no-progress", "-t
 
 @pytest.fixture(scope="module")
 def smollm2_path() -> Path:
-    from inference_engine.model_cache import resolve_model
+    from inference_engine.store.named_models import resolve_model
 
     return resolve_model("smollm2-135m", progress=False)
 

@@ -35,7 +35,7 @@ TOP_K = 5
 
 @pytest.fixture(scope="module")
 def smollm2():
-    from inference_engine.model_cache import resolve_model
+    from inference_engine.store.named_models import resolve_model
 
     return resolve_model("smollm2-135m", progress=False)
 
@@ -195,7 +195,7 @@ def test_verbose_lets_them_through(capfd, smollm2):
 def test_a_prompt_it_cannot_tokenize_as_llamacpp_does_is_one_line():
     """gemma3-270m loads, but mistral.rs reads its SentencePiece vocabulary as Unigram and splits words into
     letters: the prompt check refuses it rather than measuring another prompt."""
-    from inference_engine.model_cache import resolve_model
+    from inference_engine.store.named_models import resolve_model
 
     assert_prompt_refused(resolve_model("gemma3-270m", progress=False), PROMPT, "gemma3")
 

@@ -25,7 +25,7 @@ def model(tiny_model):
 
 @pytest.mark.slow
 def test_validate_our_server_over_http_gives_the_in_process_verdict(tmp_path, capsys):
-    from inference_engine.model_cache import resolve_model
+    from inference_engine.store.named_models import resolve_model
 
     smollm2 = resolve_model("smollm2-135m", progress=False)
     in_process = cli.main(["validate", "--model", str(smollm2), "--backend", "numba", "--numerics", "ggml",

@@ -86,7 +86,7 @@ def test_tied_output_falls_back_to_token_embd(tiny_model):
 
 @pytest.mark.slow
 def test_real_gemma3_hyperparameters():
-    from inference_engine.model_cache import fetch
+    from inference_engine.store.named_models import fetch
 
     hp = Gemma3HParams.from_gguf(open_gguf(fetch("gemma3-270m")))
     assert (hp.n_layer, hp.n_embd, hp.n_head, hp.n_head_kv, hp.head_dim_k) == (18, 640, 4, 1, 256)

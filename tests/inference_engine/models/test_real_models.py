@@ -66,7 +66,7 @@ QUANTIZED_NEAR_TIE_MARGIN = 0.5
 
 @pytest.fixture(scope="module", params=MODELS)
 def model_path(request):
-    from inference_engine.model_cache import fetch
+    from inference_engine.store.named_models import fetch
 
     return fetch(request.param, progress=False)
 

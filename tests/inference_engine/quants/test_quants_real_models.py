@@ -11,7 +11,7 @@ import pytest
 
 from inference_engine.gguf_file import TensorInfo, open_gguf
 from inference_engine.quants import GGMLMatmul, dequantize_tensor, fake_quantize, quant_for
-from inference_engine.model_cache import fetch
+from inference_engine.store.named_models import fetch
 
 # Same float32 summation-order bound as the random-block tests (test_ggml_matmul.py), see GGML_MATMUL_TOL there.
 GGML_MATMUL_TOL = 1e-6

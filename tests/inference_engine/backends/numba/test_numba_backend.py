@@ -202,7 +202,7 @@ EXPF_MAX_ULP = 2.0
 @pytest.mark.parametrize("model", ["smollm2-135m", "gemma3-270m"])
 def test_real_models_agree_with_the_numpy_backend(model):
     from inference_engine.engine import OurEngine
-    from inference_engine.model_cache import fetch
+    from inference_engine.store.named_models import fetch
 
     path = fetch(model, progress=False)
     logits = {}

