@@ -45,7 +45,8 @@ import numba
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
-from inference_engine.backends.numba_kernels import activations, blocked
+from bench_compare import blocked_prefill, untiled_int
+from inference_engine.backends.numba_kernels import activations
 from inference_engine.backends.numba_kernels import dispatch as mm
 from inference_engine.cpu_features import cpu_features
 from inference_engine.errors import GGUFParityError
@@ -112,7 +113,7 @@ def model_matrices(name: str) -> tuple[list[mm.QMatrix], bool]:
 
     Copied out of the memory map, as the numba backend does (``NumbaBackend.copy_weights``).
     """
-    from inference_engine.gguf_file import GGUFFile
+    from inference_engine.gguf.file import GGUFFile
     from inference_engine.store.named_models import cached_path, is_cached
 
     if not is_cached(name):
@@ -292,7 +293,7 @@ def section_prefill(args, rng) -> list[dict]:
                 "tiles_numba": partial(mm.matmul_by_tiles, w, xv, xs, "f32", tile_gemm="numba"),
             }
             if w.qtype == T.Q4_1:
-                paths["blocked"] = partial(blocked.matmul_blocked_q4_1, w.rows, w.block_mins(), xv, xs)
+                paths["blocked"] = partial(blocked_prefill.matmul_blocked_q4_1, w.rows, w.block_mins(), xv, xs)
             paths["tiles_blas"] = partial(mm.matmul_by_tiles, w, xv, xs, "f32", tile_gemm="blas")
             for label, fn in paths.items():
                 time.sleep(BLAS_SETTLE_S)  # let OpenBLAS's spinning threads go idle before timing Numba's
@@ -358,7 +359,7 @@ def section_int_prefill(args, rng) -> list[dict]:
 
             paths = {
                 "matvec": per_token if n_tokens <= INT_MATVEC_MAX_TOKENS else None,
-                "untiled": partial(k.matmul_int, w.rows, yq, yd, ya, out),
+                "untiled": partial(untiled_int.MATMUL_INT[qtype], w.rows, yq, yd, ya, out),
                 "tiled": partial(k.matmul_tiled, w.rows, yq, yd, ya, out),
                 "float_tiles": partial(mm.matmul_by_tiles, w, xv, xs, "ggml", tile_gemm="numba") if n_tokens > 1
                 else None,

@@ -3,28 +3,15 @@
 - **Decode (few tokens)**: one ``matvec_<type>`` call per token. It reads each weight byte once, from the GGUF
   blocks as they are in the file, and multiplies as it unpacks: no dequantized copy of the weight ever exists.
   In ``ggml`` numerics, where :func:`matvec_family` says ``int8``, the integer-dot kernels of :mod:`.intdot` run
-  instead (the activation quantized once per token; llama.cpp's x86 result bit for bit). Measured on random
-  blocks of Qwen2.5-1.5B's shapes, 2 threads, AVX2 code (a Sapphire Rapids compiled for ``haswell``), GB/s of
-  weight bytes, float -> int8: Q4_K 9.3 -> 14.0 and 9.6 -> 17.7, Q6_K 9.2 -> 21.4, Q4_0 6.9 -> 11.1, Q4_1 7.3 ->
-  11.6, Q8_0 14.5 -> 24.9, Q5_K 7.0 -> 20.7; the same CPU with its AVX-512 code: Q4_K 10.2 -> 11.2 and 12.9 ->
-  18.1, Q6_K 11.1 -> 22.0, Q8_0 21.1 -> 30.1 (medians of 12).
+  instead (the activation quantized once per token; llama.cpp's x86 result bit for bit), faster than the float
+  kernels on every type measured.
 - **Several tokens, ggml numerics on the int8 family** (prefill, the server's batched decode): from
   ``TILED_MIN_TOKENS[type]`` (2 to 4) tokens on, the register-tiled integer kernels of :mod:`.inttiles` (2 rows
   x 4 tokens per tile, the mat-vec's outputs bit for bit) for every type that has one; measured below.
 - **Prefill (more than ``MATVEC_MAX_TOKENS``), otherwise**: the weight is dequantized a tile of rows at a time
   (``dequant_<type>``, exactly ggml's values) into a reused float32 buffer, and each tile is multiplied with all
-  the tokens by BLAS ``sgemm`` on one thread, by the Numba GEMM (:mod:`.gemm`) on more (``TILE_GEMM``). Measured
-  here (``kernel_bench --only prefill``, SmolLM2's 1536x576 Q4_1, ms):
-
-  ======================  ===========  ============  ===========  =========================
-  path                    T=64 1 thr.  T=512 1 thr.  T=64 2 thr.  T=512 2 thr.
-  ======================  ===========  ============  ===========  =========================
-  tiles + BLAS            1.45         7.0           7.7          5.6 (two thread pools)
-  tiles + Numba GEMM      1.75         12.5          0.92         5.3
-  fused blocked (Q4_1)    1.80         19.4          -            16
-  mat-vec per token       3.2          31.7          1.8          14.4
-  ======================  ===========  ============  ===========  =========================
-
+  the tokens by BLAS ``sgemm`` on one thread, by the Numba GEMM (:mod:`.gemm`) on more (``TILE_GEMM``); the
+  measurements behind these choices are in docs/PERFORMANCE.md, "kernel choices".
   Below 4 to 8 tokens the mat-vec path wins (it pays no dequantization pass).
 
 The float paths compute the same sum and agree to float rounding. ``numerics`` picks the activation side
@@ -87,7 +74,6 @@ class Kernels:
     # activation it reads (activations.quantize_int); None where only the float kernels exist.
     matvec_int: Callable | None = None
     int_activation: str = ""
-    matmul_int: Callable | None = None  # the same for T tokens at once (intdot.matmul_*: (w, yq, yd, ya, out (T, N)))
     matmul_tiled: Callable | None = None  # the register-tiled T-token kernel (inttiles.tiled_*, same arguments)
     matvec_token: Callable | None = None  # one float32 token: quantize + matvec_int in one call ((w, x, out))
 
@@ -97,26 +83,26 @@ KERNELS: Registry[Kernels] = Registry("tensor type", {
     T.F32: Kernels(floats.matvec_f32, floats.dequant_f32, "f32", 0),
     T.F16: Kernels(floats.matvec_f16, floats.dequant_f16, "f16", 0),
     T.BF16: Kernels(floats.matvec_bf16, floats.dequant_bf16, "bf16", 0),
-    T.Q4_0: Kernels(q4.matvec_q4_0, q4.dequant_q4_0, "q8_0", 32, intdot.matvec_q4_0, "q8_0_sum4", intdot.matmul_q4_0,
+    T.Q4_0: Kernels(q4.matvec_q4_0, q4.dequant_q4_0, "q8_0", 32, intdot.matvec_q4_0, "q8_0_sum4",
                     inttiles.tiled_q4_0, intdot.token_q4_0),
-    T.Q4_1: Kernels(q4.matvec_q4_1, q4.dequant_q4_1, "q8_1", 32, intdot.matvec_q4_1, "q8_1", intdot.matmul_q4_1,
+    T.Q4_1: Kernels(q4.matvec_q4_1, q4.dequant_q4_1, "q8_1", 32, intdot.matvec_q4_1, "q8_1",
                     inttiles.tiled_q4_1, intdot.token_q4_1),
-    T.Q5_0: Kernels(q5.matvec_q5_0, q5.dequant_q5_0, "q8_0", 32, intdot.matvec_q5_0, "q8_0_sum4", intdot.matmul_q5_0,
+    T.Q5_0: Kernels(q5.matvec_q5_0, q5.dequant_q5_0, "q8_0", 32, intdot.matvec_q5_0, "q8_0_sum4",
                     inttiles.tiled_q5_0, intdot.token_q5_0),
-    T.Q5_1: Kernels(q5.matvec_q5_1, q5.dequant_q5_1, "q8_1", 32, intdot.matvec_q5_1, "q8_1", intdot.matmul_q5_1,
+    T.Q5_1: Kernels(q5.matvec_q5_1, q5.dequant_q5_1, "q8_1", 32, intdot.matvec_q5_1, "q8_1",
                     inttiles.tiled_q5_1, intdot.token_q5_1),
-    T.Q8_0: Kernels(q8_0.matvec_q8_0, q8_0.dequant_q8_0, "q8_0", 0, intdot.matvec_q8_0, "q8_0", intdot.matmul_q8_0,
+    T.Q8_0: Kernels(q8_0.matvec_q8_0, q8_0.dequant_q8_0, "q8_0", 0, intdot.matvec_q8_0, "q8_0",
                     inttiles.tiled_q8_0, intdot.token_q8_0),
     T.Q2_K: Kernels(k_quants.matvec_q2_k, k_quants.dequant_q2_k, "q8_K", 16),
     T.Q3_K: Kernels(k_quants.matvec_q3_k, k_quants.dequant_q3_k, "q8_K", 16),
     T.Q4_K: Kernels(k_quants.matvec_q4_k, k_quants.dequant_q4_k, "q8_K", 32,
-                    intdot.matvec_q4_k, "q8_K", intdot.matmul_q4_k, inttiles.tiled_q4_k,
+                    intdot.matvec_q4_k, "q8_K", inttiles.tiled_q4_k,
                     intdot.token_q4_k),
     T.Q5_K: Kernels(k_quants.matvec_q5_k, k_quants.dequant_q5_k, "q8_K", 32,
-                    intdot.matvec_q5_k, "q8_K", intdot.matmul_q5_k, inttiles.tiled_q5_k,
+                    intdot.matvec_q5_k, "q8_K", inttiles.tiled_q5_k,
                     intdot.token_q5_k),
     T.Q6_K: Kernels(k_quants.matvec_q6_k, k_quants.dequant_q6_k, "q8_K", 16,
-                    intdot.matvec_q6_k, "q8_K", intdot.matmul_q6_k, inttiles.tiled_q6_k,
+                    intdot.matvec_q6_k, "q8_K", inttiles.tiled_q6_k,
                     intdot.token_q6_k),
 }, base=Kernels, normalize=lambda qtype: T(int(qtype)), unknown="no numba kernel for", listing="supported", quote=False)
 
@@ -136,36 +122,11 @@ MATVEC_FAMILIES: tuple[str, ...] = ("int8", "float")
 # Arm NEON through widening multiplies (correct; its speed against "float" is not measured yet). Elsewhere
 # (SSE-only x86, other architectures) the float kernels, whose 16-lane float code every LLVM target vectorizes.
 INT8_FLAVOURS = ("avx2", "avx512", "neon")
-# ggml numerics on the int8 family: which integer kernel multiplies T tokens (int_kernel_for). Measured with
-# `python -m bench_compare.kernel_bench --only int_prefill --threads 1 --cpu-time --repeat 7` on an AMD EPYC
-# (AVX2 + FMA + F16C, no AVX-512; Numba code for the host), random blocks, ms of CPU time, best of 7 (the machine
-# was shared with other jobs: CPU time, unlike the wall clock, does not count the time spent descheduled):
-#
-#   type  shape        T   mat-vec per token  untiled int  tiled int  float tiles
-#   Q4_K  1536x1536    2         0.22             0.24        0.30        1.42
-#   Q4_K  1536x1536    4         0.44             0.46        0.30        1.54
-#   Q4_K  1536x1536   16         1.87             1.84        1.20        2.91
-#   Q4_K  1536x1536  512           -             60.1        39.7        79.5
-#   Q4_K  8960x1536   64        45.7             43.7        28.4        63.0
-#   Q4_K  8960x1536  512           -            361.1       256.5       458.8
-#   Q6_K  1536x8960    4         2.72             2.60        1.30        8.70
-#   Q6_K  1536x8960  512           -            349.4       177.6       465.3
-#   Q4_1  1536x1536   64         8.60            10.61        6.24       11.24
-#   Q8_0  1536x1536  256           -             25.7        22.1        39.9
-#
-# The tiled kernel is the fastest path from 4 tokens on for every type and shape measured (all 8 tiled types,
-# Qwen2.5-1.5B's five shapes, T = 4..512; one noisy exception: the memory-bound 151936x1536 Q6_K at T=4, tiled
-# 84.5 vs untiled 60.1 in one run, 39.8 vs 76.5 in the next); at 2 tokens it computes 4 (the tile repeats its last
-# token) and one mat-vec per token is faster. On 2 threads (wall clock, best of 17 under load) the order is the same, e.g. Q4_K
-# 1536x1536 T=512 untiled 88.0, tiled 71.1, float tiles 126.2 ms; Q6_K 1536x8960 T=512 345.5, 174.3, 482.7.
-# intdot's untiled matmul_* (INT_PREFILL) stays off: it is never faster than the tiled kernel; kept for measuring.
-INT_PREFILL = False
-# From how many tokens on each type takes the tiled kernel (fewer: one mat-vec per token). A tile of 4 costs the
-# same for 2, 3 or 4 tokens (it repeats the last one), so the question is where that cost drops below T mat-vecs.
-# Measured (CPU time, 1 thread, as above; ms, T mat-vecs / tiled, T = 2 and 3): Q6_K 1536x8960 1.50 / 1.39 and
-# 2.28 / 1.48; Q4_K 1536x1536 0.22 / 0.32 and 0.33 / 0.30, 8960x1536 1.32 / 1.93 and 1.95 / 1.79; Q5_K 0.36 / 0.33,
-# Q5_0 0.46 / 0.38, Q5_1 0.51 / 0.42 at T=3; ties at T=3 for Q4_0 (0.35 / 0.34) and Q4_1 (0.40 / 0.38), which keep
-# the mat-vec there; Q8_0 loses at T=3 (0.28 / 0.34) and wins at 4 (0.36 / 0.34).
+# ggml numerics on the int8 family, several tokens (int_kernel_for): the register-tiled kernel (inttiles) is the
+# fastest path from a few tokens on for every type measured; below TILED_MIN_TOKENS[type] one mat-vec per token is
+# (a tile of 4 costs the same for 2, 3 or 4 tokens: it repeats the last one). Measured: docs/PERFORMANCE.md,
+# "kernel choices" (intdot's untiled mat-mat, never faster than the tiled kernel, is kept for measuring in
+# bench_compare.untiled_int).
 TILED_MIN_TOKENS: dict[T, int] = {T.Q6_K: 2, T.Q4_K: 3, T.Q5_K: 3, T.Q5_0: 3, T.Q5_1: 3, T.Q4_0: 4, T.Q4_1: 4,
                                   T.Q8_0: 4}
 # The same rule decides the last tile of a longer run: a remainder of fewer than the type's TILED_MIN_TOKENS goes
@@ -359,27 +320,24 @@ def quantize_once(x: np.ndarray, kind: str, quantized: dict | None) -> tuple[np.
 
 def matmul_by_int_matvec(w: QMatrix, x: np.ndarray, quantized: dict | None = None) -> np.ndarray:
     """ggml numerics through the integer-dot kernels (the activation quantized once, as ggml does): one mat-vec
-    per token up to ``MATVEC_MAX_TOKENS``, the row-pair-in-L1 kernel beyond (the same outputs bit for bit)."""
+    per token."""
     yq, yd, ya = quantize_once(x, w.kernels.int_activation, quantized)
     y = np.empty((x.shape[0], w.n_out), np.float32)
-    if x.shape[0] <= MATVEC_MAX_TOKENS:
-        for t in range(x.shape[0]):
-            w.kernels.matvec_int(w.rows, yq[t], yd[t], ya[t], y[t])
-    else:
-        w.kernels.matmul_int(w.rows, yq, yd, ya, y)
+    for t in range(x.shape[0]):
+        w.kernels.matvec_int(w.rows, yq[t], yd[t], ya[t], y[t])
     return y
 
 
 def int_kernel_for(w: QMatrix, n_tokens: int) -> str:
     """Which integer-dot kernel multiplies ``n_tokens`` tokens with ``w`` (ggml numerics, int8 family): "tiled"
-    (:mod:`.inttiles`), "matvec" (one mat-vec per token, or intdot's untiled mat-mat with ``INT_PREFILL``), or ""
+    (:mod:`.inttiles`), "matvec" (one mat-vec per token), or ""
     (no integer kernel for this type and count: the float paths)."""
     k = w.kernels
     if k.matvec_int is None:
         return ""
     if k.matmul_tiled is not None and n_tokens >= TILED_MIN_TOKENS[w.qtype]:
         return "tiled"
-    if n_tokens <= MATVEC_MAX_TOKENS or INT_PREFILL:
+    if n_tokens <= MATVEC_MAX_TOKENS:
         return "matvec"
     return ""
 

@@ -7,9 +7,8 @@ operations, lanes and order as ggml's AVX2 code (ggml-cpu/arch/x86/quants.c), so
 for bit where libggml runs that code (tested against it). Q4_0, Q4_1, Q5_0 and Q5_1 take two rows per iteration,
 which share the activation loads (``pair_<type>``); Q8_0 and the K-quants one row (``row_dot_<type>``), so each
 thread's bytes stream in order (see ``matvec_q8_0``). The rows are split over threads; the weight stream is
-prefetched a few KB ahead. ``matvec_<type>`` takes one token; ``matmul_<type>`` takes ``T`` (prefill, with
-``dispatch.INT_PREFILL``): the row or pair stays in L1 while every token passes by, so each weight byte comes from
-memory once per call, and each output is computed by the same function as in the mat-vec.
+prefetched a few KB ahead. ``matvec_<type>`` takes one token (several tokens: :mod:`.inttiles`; the untiled
+mat-mat kept for measuring is ``bench_compare.untiled_int``).
 
 ==========  ==========================  =====================================================================
 weight      ``ya``                      per block (32 quants) / super-block (256), then ``out = fsum(acc) + c``
@@ -334,7 +333,7 @@ def row_dot_q6_k(w0, p0, yq, yd, ya):
     return fsum(a0)
 
 
-# --- the kernels: one token (decode) and several (prefill), each output computed by the same arithmetic ------------
+# --- the mat-vec kernels: one token -------------------------------------------------------------------------------
 # Written out per type (not made by a factory): Numba's cache keys a closure by its pickled cell contents, which
 # differ between processes for a captured dispatcher, so factory-made kernels were compiled again in every process.
 
@@ -348,19 +347,6 @@ def matvec_q4_0(w, yq, yd, ya, out):
         r1 = min(r0 + 1, n - 1)
         out[r0], out[r1] = pair_q4_0(w[r0], w[r1], w[min(r0 + ahead, n - 1)], w[min(r1 + ahead, n - 1)], yq, yd, ya)
 
-
-@njit(parallel=True, cache=True)
-def matmul_q4_0(w, yq, yd, ya, out):
-    n = out.shape[1]
-    ahead = rows_ahead(w)
-    for g in prange((n + 1) // 2):
-        r0 = 2 * g
-        r1 = min(r0 + 1, n - 1)
-        w0, w1 = w[r0], w[r1]
-        for t in range(yq.shape[0]):
-            p0 = w[min(r0 + ahead, n - 1)] if t == 0 else w0
-            p1 = w[min(r1 + ahead, n - 1)] if t == 0 else w1
-            out[t, r0], out[t, r1] = pair_q4_0(w0, w1, p0, p1, yq[t], yd[t], ya[t])
 
 
 @njit(parallel=True, cache=True)
@@ -381,19 +367,6 @@ def matvec_q4_1(w, yq, yd, ya, out):
         r1 = min(r0 + 1, n - 1)
         out[r0], out[r1] = pair_q4_1(w[r0], w[r1], w[min(r0 + ahead, n - 1)], w[min(r1 + ahead, n - 1)], yq, yd, ya)
 
-
-@njit(parallel=True, cache=True)
-def matmul_q4_1(w, yq, yd, ya, out):
-    n = out.shape[1]
-    ahead = rows_ahead(w)
-    for g in prange((n + 1) // 2):
-        r0 = 2 * g
-        r1 = min(r0 + 1, n - 1)
-        w0, w1 = w[r0], w[r1]
-        for t in range(yq.shape[0]):
-            p0 = w[min(r0 + ahead, n - 1)] if t == 0 else w0
-            p1 = w[min(r1 + ahead, n - 1)] if t == 0 else w1
-            out[t, r0], out[t, r1] = pair_q4_1(w0, w1, p0, p1, yq[t], yd[t], ya[t])
 
 
 @njit(parallel=True, cache=True)
@@ -419,16 +392,6 @@ def matvec_q8_0(w, yq, yd, ya, out):
         out[r] = row_dot_q8_0(w[r], w[min(r + ahead, n - 1)], yq, yd)
 
 
-@njit(parallel=True, cache=True)
-def matmul_q8_0(w, yq, yd, ya, out):
-    n = out.shape[1]
-    ahead = rows_ahead(w)
-    for r in prange(n):
-        w0 = w[r]
-        for t in range(yq.shape[0]):
-            p0 = w[min(r + ahead, n - 1)] if t == 0 else w0
-            out[t, r] = row_dot_q8_0(w0, p0, yq[t], yd[t])
-
 
 @njit(parallel=True, cache=True)
 def matvec_q4_k(w, yq, yd, ya, out):
@@ -439,17 +402,6 @@ def matvec_q4_k(w, yq, yd, ya, out):
     for r in prange(n):  # one row at a time, as matvec_q8_0
         out[r] = row_dot_q4_k(w[r], w[min(r + ahead, n - 1)], yq, yd, ys)
 
-
-@njit(parallel=True, cache=True)
-def matmul_q4_k(w, yq, yd, ya, out):
-    n = out.shape[1]
-    ahead = rows_ahead(w)
-    ys = bsum_pairs(ya)
-    for r in prange(n):
-        w0 = w[r]
-        for t in range(yq.shape[0]):
-            p0 = w[min(r + ahead, n - 1)] if t == 0 else w0
-            out[t, r] = row_dot_q4_k(w0, p0, yq[t], yd[t], ys[t])
 
 
 @njit(parallel=True, cache=True)
@@ -462,17 +414,6 @@ def matvec_q5_k(w, yq, yd, ya, out):
         out[r] = row_dot_q5_k(w[r], w[min(r + ahead, n - 1)], yq, yd, ys)
 
 
-@njit(parallel=True, cache=True)
-def matmul_q5_k(w, yq, yd, ya, out):
-    n = out.shape[1]
-    ahead = rows_ahead(w)
-    ys = bsum_pairs(ya)
-    for r in prange(n):
-        w0 = w[r]
-        for t in range(yq.shape[0]):
-            p0 = w[min(r + ahead, n - 1)] if t == 0 else w0
-            out[t, r] = row_dot_q5_k(w0, p0, yq[t], yd[t], ys[t])
-
 
 @njit(parallel=True, cache=True)
 def matvec_q6_k(w, yq, yd, ya, out):
@@ -481,16 +422,6 @@ def matvec_q6_k(w, yq, yd, ya, out):
     for r in prange(n):  # one row at a time, as matvec_q8_0
         out[r] = row_dot_q6_k(w[r], w[min(r + ahead, n - 1)], yq, yd, ya)
 
-
-@njit(parallel=True, cache=True)
-def matmul_q6_k(w, yq, yd, ya, out):
-    n = out.shape[1]
-    ahead = rows_ahead(w)
-    for r in prange(n):
-        w0 = w[r]
-        for t in range(yq.shape[0]):
-            p0 = w[min(r + ahead, n - 1)] if t == 0 else w0
-            out[t, r] = row_dot_q6_k(w0, p0, yq[t], yd[t], ya[t])
 
 
 @njit(parallel=True, cache=True)
@@ -503,19 +434,6 @@ def matvec_q5_0(w, yq, yd, ya, out):
         out[r0], out[r1] = pair_q5_0(w[r0], w[r1], w[min(r0 + ahead, n - 1)], w[min(r1 + ahead, n - 1)], yq, yd, ya)
 
 
-@njit(parallel=True, cache=True)
-def matmul_q5_0(w, yq, yd, ya, out):
-    n = out.shape[1]
-    ahead = rows_ahead(w)
-    for g in prange((n + 1) // 2):
-        r0 = 2 * g
-        r1 = min(r0 + 1, n - 1)
-        w0, w1 = w[r0], w[r1]
-        for t in range(yq.shape[0]):
-            p0 = w[min(r0 + ahead, n - 1)] if t == 0 else w0
-            p1 = w[min(r1 + ahead, n - 1)] if t == 0 else w1
-            out[t, r0], out[t, r1] = pair_q5_0(w0, w1, p0, p1, yq[t], yd[t], ya[t])
-
 
 @njit(parallel=True, cache=True)
 def matvec_q5_1(w, yq, yd, ya, out):
@@ -526,19 +444,6 @@ def matvec_q5_1(w, yq, yd, ya, out):
         r1 = min(r0 + 1, n - 1)
         out[r0], out[r1] = pair_q5_1(w[r0], w[r1], w[min(r0 + ahead, n - 1)], w[min(r1 + ahead, n - 1)], yq, yd, ya)
 
-
-@njit(parallel=True, cache=True)
-def matmul_q5_1(w, yq, yd, ya, out):
-    n = out.shape[1]
-    ahead = rows_ahead(w)
-    for g in prange((n + 1) // 2):
-        r0 = 2 * g
-        r1 = min(r0 + 1, n - 1)
-        w0, w1 = w[r0], w[r1]
-        for t in range(yq.shape[0]):
-            p0 = w[min(r0 + ahead, n - 1)] if t == 0 else w0
-            p1 = w[min(r1 + ahead, n - 1)] if t == 0 else w1
-            out[t, r0], out[t, r1] = pair_q5_1(w0, w1, p0, p1, yq[t], yd[t], ya[t])
 
 
 # --- one token in one compiled call: quantize the activation, then the mat-vec (a decode step's matmul) -----------

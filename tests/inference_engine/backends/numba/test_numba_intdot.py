@@ -14,6 +14,7 @@ from gguf import GGMLQuantizationType as T
 from numba import njit
 from test_numba_kernels import SUM_TOL, dequantized, random_activation, random_weight, summation_error
 
+from bench_compare import untiled_int
 from inference_engine.backends.numba_kernels import activations, dispatch, int8
 from inference_engine.cpu_features import CPUFeatures, cpu_features
 
@@ -155,7 +156,7 @@ def test_int_matmul_equals_the_matvec_per_token(qtype, rng, oracle):
     x = random_activation(rng, dispatch.MATVEC_MAX_TOKENS + 3, N_IN)
     yq, yd, ya = activations.quantize_int(x, w.kernels.int_activation)
     together = np.full((x.shape[0], N_OUT), np.nan, np.float32)
-    w.kernels.matmul_int(w.rows, yq, yd, ya, together)
+    untiled_int.MATMUL_INT[qtype](w.rows, yq, yd, ya, together)
     one_by_one = dispatch.matmul(w, x[:1], "ggml")
     for t in range(1, x.shape[0]):
         one_by_one = np.vstack([one_by_one, dispatch.matmul(w, x[t : t + 1], "ggml")])

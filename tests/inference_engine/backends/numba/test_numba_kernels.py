@@ -170,11 +170,11 @@ def test_tiles_with_numba_gemm_match_libggml(qtype, rng, oracle):
 
 
 def test_blocked_q4_1_matches_the_dequantized_product(rng):
-    from inference_engine.backends.numba_kernels import blocked
+    from bench_compare import blocked_prefill
 
     w, rows = random_weight(T.Q4_1, N_OUT, N_IN, rng)
     wd = dequantized(T.Q4_1, rows)
     x = random_activation(rng, 7, N_IN)  # not a multiple of the 4-token tile
     xv, xs = activations.prepare(x, "f32", "q8_1", 32)
-    y = blocked.matmul_blocked_q4_1(w.rows, w.block_mins(), xv, xs)
+    y = blocked_prefill.matmul_blocked_q4_1(w.rows, w.block_mins(), xv, xs)
     assert summation_error(y, x.astype(np.float64) @ wd.T, wd, x) <= SUM_TOL

@@ -3,12 +3,14 @@
 For a pair of rows and four tokens at a time, each weight block is unpacked once (nibbles -> floats, times the
 block scale ``d``: exact, ``d`` is an f16 and the nibble 4 bits) and then used for all four tokens with two fused
 multiply-adds each, the same arithmetic per weight and token as BLAS's ``sgemm``. The block constants ``m`` are
-added afterwards with one small matmul over the block sums (``xs @ m.T``, :mod:`.gemm`). Eight 16-lane accumulators (2 rows x
+added afterwards with one small matmul over the block sums (``xs @ m.T``, :mod:`inference_engine.backends.numba_kernels.gemm`). Eight 16-lane accumulators (2 rows x
 4 tokens) stay in registers.
 
-It is kept because the choice between it and :func:`~.dispatch.matmul_by_tiles` is a measurement
+It is kept because the choice between it and :func:`~inference_engine.backends.numba_kernels.dispatch.matmul_by_tiles`
+is a measurement
 (``python -m bench_compare.kernel_bench --only prefill``), not an assumption; see :mod:`.dispatch` for the
-result and the choice made.
+result and the choice made. Measurement-only: the engine never calls it (it lives here, beside
+:mod:`bench_compare.kernel_bench`, for that reason).
 """
 
 from __future__ import annotations
