@@ -44,7 +44,7 @@ from bench_compare.options import OutputFile, table_default
 from bench_compare.results import git_info, machine_info, model_description, package_versions, provenance, utc_now
 from inference_engine import defaults
 from inference_engine.errors import GGUFParityError
-from inference_engine.gguf_file import open_gguf
+from inference_engine.gguf.file import open_gguf
 from inference_engine.registries import numerics_help
 from inference_engine.store.named_models import DEFAULT_MODEL, resolve_model
 from inference_engine.store.atomic import atomic_write_json

@@ -63,8 +63,8 @@ def generate(
     """Generate text after PROMPT with our engine (greedy by default); print timings at the end."""
     from inference_engine.engine import OurEngine
     from inference_engine.generate import generate as run_generation
-    from inference_engine.gguf_file import open_gguf
-    from inference_engine.gguf_validate import check_context, check_model, check_training_context
+    from inference_engine.gguf.file import open_gguf
+    from inference_engine.gguf.validate import check_context, check_model, check_training_context
     from inference_engine.store.named_models import resolve_model
     from inference_engine.models import check_runnable
     from inference_engine.sampling import Sampler

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from inference_engine.errors import GGUFParityError
-from inference_engine.gguf_file import open_gguf
+from inference_engine.gguf.file import open_gguf
 from inference_engine.store.named_models import resolve_model
 
 _LONG_ARRAY = 8  # metadata arrays longer than this (the vocabulary) are summarised, not printed

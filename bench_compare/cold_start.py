@@ -233,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
             if made and generate_timing.generate_only(made[-1]):  # prompts it can take as text
                 return generate_timing.workload_tokens(args.model, args.rss_prompt, args.rss_gen, args.seed)
             from bench_compare.measure import draw_tokens, pg_test, token_ids_for_model
-            from inference_engine.gguf_file import open_gguf
+            from inference_engine.gguf.file import open_gguf
             from inference_engine.store.named_models import resolve_model
 
             allowed = token_ids_for_model(open_gguf(resolve_model(args.model, progress=False)))

@@ -58,7 +58,7 @@ from bench_compare.timing import NS_PER_S, Clock
 from inference_engine import compile_notice
 from inference_engine.errors import GGUFParityError
 from inference_engine.generate import ForcedTokens, generate_step
-from inference_engine.gguf_file import open_gguf
+from inference_engine.gguf.file import open_gguf
 from inference_engine.store.named_models import resolve_model
 from inference_engine.protocol import EngineCapabilityError
 from validation.results import CompareResult

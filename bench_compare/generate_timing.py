@@ -189,7 +189,7 @@ def run_workload(engine: Any, prompt_ids: list[int], gen_ids: list[int]) -> None
 def workload_tokens(model: str, n_prompt: int, n_gen: int, seed: int) -> tuple[list[int], list[int]]:
     """:func:`text_safe_draw`'s tokens for the cold start's ``pp n_prompt + tg n_gen`` workload."""
     from bench_compare.measure import pg_test
-    from inference_engine.gguf_file import open_gguf
+    from inference_engine.gguf.file import open_gguf
     from inference_engine.store.named_models import resolve_model
 
     toks = text_safe_draw(open_gguf(resolve_model(model, progress=False)), seed)(pg_test(n_prompt, n_gen))

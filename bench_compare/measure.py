@@ -122,7 +122,7 @@ def normal_token_ids(token_types: Sequence[int] | None, n_vocab: int) -> np.ndar
 
 
 def token_ids_for_model(gguf_file, n_vocab: int | None = None) -> np.ndarray:
-    """:func:`normal_token_ids` for an opened :class:`~inference_engine.gguf_file.GGUFFile`."""
+    """:func:`normal_token_ids` for an opened :class:`~inference_engine.gguf.file.GGUFFile`."""
     field_ = gguf_file.reader.fields.get("tokenizer.ggml.token_type")
     types = None if field_ is None else np.asarray(field_.contents())
     if n_vocab is None:

@@ -25,7 +25,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from inference_engine.errors import GGUFParityError
 
 if TYPE_CHECKING:
-    from inference_engine.gguf_file import GGUFFile
+    from inference_engine.gguf.file import GGUFFile
 
 CHAT_TEMPLATE_KEY = "tokenizer.chat_template"
 

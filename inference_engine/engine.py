@@ -23,8 +23,8 @@ from inference_engine.backends import numerics as nx
 from inference_engine.backends.base import check_kv_type
 from inference_engine.defaults import REFERENCE
 from inference_engine.errors import GGUFParityError
-from inference_engine.gguf_file import GGUFFile, open_gguf
-from inference_engine.gguf_validate import check_context, check_model
+from inference_engine.gguf.file import GGUFFile, open_gguf
+from inference_engine.gguf.validate import check_context, check_model
 from inference_engine.kv_cache import KVCache
 from inference_engine.models import build_model, check_runnable
 from inference_engine.models.base import no_tap

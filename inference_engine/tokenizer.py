@@ -30,7 +30,7 @@ import numpy as np
 
 from inference_engine import tokenizer_cache
 from inference_engine.errors import GGUFParityError
-from inference_engine.gguf_file import open_gguf
+from inference_engine.gguf.file import open_gguf
 from inference_engine.tokenizer_corpus import load_builtin_corpus
 from inference_engine.tokenizer_subvocab import SubVocab, VocabIndex
 from inference_engine.tokenizer_vocab import (
@@ -45,7 +45,7 @@ from inference_engine.tokenizer_vocab import (
 )
 
 if TYPE_CHECKING:
-    from inference_engine.gguf_file import GGUFFile
+    from inference_engine.gguf.file import GGUFFile
     from inference_engine.tokenizer_bpe import ByteLevelBPE
     from inference_engine.tokenizer_spm import SentencePieceBPE
 
@@ -98,7 +98,7 @@ class GGUFTokenizer:
     @classmethod
     def from_gguf(cls, f: GGUFFile | str | os.PathLike, cache: bool = True,
                   cache_dir: os.PathLike | None = None) -> GGUFTokenizer:
-        """Build from an open :class:`~inference_engine.gguf_file.GGUFFile` (or a path to one).
+        """Build from an open :class:`~inference_engine.gguf.file.GGUFFile` (or a path to one).
 
         With ``cache`` (the default) a tokenizer built earlier from the same, unchanged file is read back from the
         tokenizer cache (:mod:`inference_engine.tokenizer_cache`) instead of being rebuilt; ids are identical.
@@ -110,7 +110,7 @@ class GGUFTokenizer:
                 return cls._from_cache_state(state)
         if isinstance(f, (str, os.PathLike)):
             f = open_gguf(f)
-        from inference_engine.gguf_validate import check_vocab
+        from inference_engine.gguf.validate import check_vocab
 
         check_vocab(f)  # token arrays of matching lengths, special ids inside the vocabulary
         tokenizer = cls(read_vocab(f.reader, str(f.path)))

@@ -256,7 +256,7 @@ def read_vocab(reader, path: str = "") -> GGUFVocab:
     try:
         texts = [t.decode("utf-8") for t in raw_texts]
     except UnicodeDecodeError as exc:
-        from inference_engine.gguf_validate import string_array_problem
+        from inference_engine.gguf.validate import string_array_problem
 
         reason = string_array_problem(reader, "tokenizer.ggml.tokens") or f"a token text is not valid UTF-8 ({exc})"
         raise GGUFParityError(f"{path}: {reason}") from None
@@ -279,7 +279,7 @@ def read_vocab(reader, path: str = "") -> GGUFVocab:
         try:
             merges = [m.decode("utf-8") for m in raw_merges]
         except UnicodeDecodeError as exc:
-            from inference_engine.gguf_validate import string_array_problem
+            from inference_engine.gguf.validate import string_array_problem
 
             reason = string_array_problem(reader, "tokenizer.ggml.merges") or f"a merge is not valid UTF-8 ({exc})"
             raise GGUFParityError(f"{path}: {reason}") from None

@@ -20,7 +20,7 @@ from typing import Mapping
 
 import numpy as np
 
-from inference_engine.gguf_file import GGUFFile, TensorInfo
+from inference_engine.gguf.file import GGUFFile, TensorInfo
 from validation.diff import split_name
 from validation.metrics import logit_metrics
 

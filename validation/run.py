@@ -208,7 +208,7 @@ def validate(options: ValidateOptions, ours_opener: Callable | None = None,
     fault-injected engine); by default this module's :func:`open_ours` / :func:`open_reference`.
     User mistakes raise :class:`GGUFParityError`, before any work is done where they can be seen early.
     """
-    from inference_engine.gguf_file import open_gguf
+    from inference_engine.gguf.file import open_gguf
     from inference_engine.store.named_models import resolve_model
 
     options.check()

@@ -288,7 +288,7 @@ class DumpEngine:
 
     def __init__(self, directory: str | Path, model: str | Path, *, n_ctx: int = 2048,
                  name_map: str | Path | None = None, label: str | None = None):
-        from inference_engine.gguf_file import open_gguf
+        from inference_engine.gguf.file import open_gguf
 
         self.directory = Path(directory)
         self.model_path = Path(model)

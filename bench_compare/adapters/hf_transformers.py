@@ -106,7 +106,7 @@ class HFTransformersEngine:
             raise GGUFParityError(f"--engine hf: unknown dtype '{dtype}'; supported: f32, bf16, f16")
         self.torch_dtype, self.precision = DTYPES[str(dtype).lower()]
         torch, transformers = _import_torch_transformers()
-        from inference_engine.gguf_file import open_gguf
+        from inference_engine.gguf.file import open_gguf
 
         self.path = Path(gguf_path)
         self.gguf = open_gguf(self.path)

@@ -216,8 +216,7 @@ class MistralRsEngine:
     def __init__(self, model_path: str | os.PathLike, *, n_threads: int | None = None, max_seqs: int | None = None,
                  prefix_cache_n: int = DEFAULT_PREFIX_CACHE_N, verbose: bool = False):
         mistralrs = _import_mistralrs()
-        from inference_engine.gguf_file import open_gguf
-        from inference_engine.gguf_validate import check_reference_file
+        from inference_engine.gguf.file import check_reference_file, open_gguf
         from inference_engine.tokenizer import GGUFTokenizer
 
         self._runner = None

@@ -255,7 +255,7 @@ class OpenAIHTTPEngine:
     def __init__(self, base_url: str, model: str | Path, *, model_name: str | None = None,
                  api_key: str | None = None, read_timeout: float = READ_TIMEOUT_S,
                  request_timeout: float = REQUEST_TIMEOUT_S, label: str | None = None):
-        from inference_engine.gguf_file import open_gguf
+        from inference_engine.gguf.file import open_gguf
         from inference_engine.store.named_models import resolve_model
         from inference_engine.tokenizer import GGUFTokenizer
 

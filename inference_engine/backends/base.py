@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from inference_engine.errors import GGUFParityError
-from inference_engine.gguf_file import TensorInfo
+from inference_engine.gguf.file import TensorInfo
 from inference_engine.registries import check_numerics
 
 KV_TYPES: tuple[str, ...] = ("f32", "f16")

@@ -40,7 +40,7 @@ from inference_engine.backends.mapped_pages import tensor_out_of_map
 from inference_engine.backends.mlx import metal
 from inference_engine.backends.mlx.weights import HostEmbeddingRows, matrix_form
 from inference_engine.errors import GGUFParityError
-from inference_engine.gguf_file import TensorInfo
+from inference_engine.gguf.file import TensorInfo
 
 SUPPORTED_NUMERICS = ("f32",)
 _KV_DTYPES = {"f32": mx.float32, "f16": mx.float16}

@@ -49,7 +49,7 @@ from inference_engine.backends.numba_kernels import decode_layer, ops
 from inference_engine.backends.numba_kernels import dispatch as kernels
 from inference_engine.backends.numpy_ref import NumpyBackend
 from inference_engine.errors import GGUFParityError
-from inference_engine.gguf_file import TensorInfo
+from inference_engine.gguf.file import TensorInfo
 from inference_engine.kv_cache import KVCache
 
 

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from inference_engine.backends.base import Backend
 from inference_engine.errors import GGUFParityError
-from inference_engine.gguf_file import (
+from inference_engine.gguf.file import (
     ARCHITECTURE_ALIASES,
     SUPPORTED_ARCHITECTURES,
     SUPPORTED_TENSOR_TYPES,
     GGUFFile,
     supported_type_names,
 )
-from inference_engine.gguf_validate import check_model
+from inference_engine.gguf.validate import check_model
 from inference_engine.models.base import Model
 from inference_engine.registries import Registry
 
@@ -52,7 +52,7 @@ def check_runnable(f: GGUFFile) -> None:
 
 def build_model(f: GGUFFile, backend: Backend) -> Model:
     """The model for ``f``'s architecture with every weight loaded through ``backend`` (the run policy, then
-    hyperparameters, shapes and vocabulary validated first: :func:`inference_engine.gguf_validate.check_model`)."""
+    hyperparameters, shapes and vocabulary validated first: :func:`inference_engine.gguf.validate.check_model`)."""
     check_runnable(f)
     check_model(f)
     return model_class(f.architecture)(f, backend)

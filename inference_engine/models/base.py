@@ -16,7 +16,7 @@ import numpy as np
 
 from inference_engine.backends.base import Array, Backend
 from inference_engine.errors import GGUFParityError
-from inference_engine.gguf_file import GGUFFile, TensorInfo
+from inference_engine.gguf.file import GGUFFile, TensorInfo
 from inference_engine.kv_cache import KVCache
 
 # ``x = tap(name, x)``: every named intermediate passes through the tap, and what the tap returns is what flows on.

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from inference_engine.gguf_file import GGUFFile
+from inference_engine.gguf.file import GGUFFile
 from inference_engine.kv_cache import KVCache
 from inference_engine.models.base import (HParams, Model, Tap, Weights, default_attention_scale, no_tap,
                                           sliding_window_layers)

@@ -35,7 +35,7 @@ import numpy as np
 from inference_engine.backends import numerics as nx
 from inference_engine.backends.base import Array, Backend
 from inference_engine.errors import GGUFParityError
-from inference_engine.gguf_file import GGUFFile
+from inference_engine.gguf.file import GGUFFile
 from inference_engine.models.base import HParams, Tap, Weights, _int
 from inference_engine.models.blocks import FeedForward
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from inference_engine.gguf_file import GGUFFile
+from inference_engine.gguf.file import GGUFFile
 from inference_engine.kv_cache import KVCache
 from inference_engine.models.base import HParams, Model, Tap, Weights, default_attention_scale, no_tap
 from inference_engine.models.blocks import Attention, FeedForward, PreNormLayer, fused_layer

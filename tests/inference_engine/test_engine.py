@@ -12,7 +12,7 @@ import pytest
 
 from inference_engine.engine import OurEngine, load_engine
 from inference_engine.errors import GGUFParityError
-from inference_engine.gguf_file import open_gguf
+from inference_engine.gguf.file import open_gguf
 from inference_engine.protocol import Engine
 
 ARCHS = ("llama", "qwen2", "qwen3", "gemma3")

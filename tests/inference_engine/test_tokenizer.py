@@ -33,7 +33,7 @@ from tokenizers import pre_tokenizers as tk_pre
 from tokenizers import trainers as tk_trainers
 
 from inference_engine.errors import GGUFParityError
-from inference_engine.gguf_file import open_gguf
+from inference_engine.gguf.file import open_gguf
 from inference_engine.tokenizer import GGUFTokenizer, StreamDecoder, load_builtin_corpus
 from inference_engine.tokenizer_bpe import PRE_TOKENIZERS
 from inference_engine.tokenizer_corpus import load_builtin_corpus_entries

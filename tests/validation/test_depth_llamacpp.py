@@ -69,7 +69,7 @@ def test_wrong_sliding_window_against_llamacpp_is_named(tiny_model):
 def test_mistral_style_window_on_llama_is_full_attention_as_in_llamacpp(tiny_model):
     """A llama file that stores ``attention.sliding_window`` (Mistral 7B v0.1's converter writes one): llama.cpp's
     llama graph ignores it, so past the window both sides attend to the whole context and every tensor agrees."""
-    from inference_engine.gguf_file import GGUFFile
+    from inference_engine.gguf.file import GGUFFile
 
     path = tiny_model("llama", "Q8_0", sliding_window=4)
     assert GGUFFile(path).arch_value("attention.sliding_window") == 4

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from validation_fakes import FakeEngine, Faults, TinyWeights, write_tiny_gguf
 
-from inference_engine.gguf_file import open_gguf
+from inference_engine.gguf.file import open_gguf
 from validation.logit_lens import LogitLens, lens_layers, logit_lens
 
 # The lens computes x * (1/sqrt(ms + eps)) * w in float64 and the fake x / sqrt(ms + eps) * w: the same value up to

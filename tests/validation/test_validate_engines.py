@@ -128,7 +128,7 @@ def test_permuted_weight_in_layer_1_is_named(tiny_model, one_text_corpus, arch, 
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_lens_reproduces_llamacpps_logits(tiny_model, arch):
-    from inference_engine.gguf_file import open_gguf
+    from inference_engine.gguf.file import open_gguf
     from validation.logit_lens import LogitLens
 
     path = tiny_model(arch, "F32")

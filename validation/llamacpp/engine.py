@@ -42,7 +42,7 @@ from llama_cpp import llama_cpp as ll
 from inference_engine.backends.numerics import set_ggml_simd
 from inference_engine.errors import GGUFParityError
 from inference_engine.store.digests import file_sha256
-from inference_engine.gguf_file import GGUF_MAGIC, GGUFFile, open_gguf
+from inference_engine.gguf.file import GGUF_MAGIC, GGUFFile, open_gguf
 from validation.ggml_ctypes import check_layout
 from validation.llamacpp.capture import GraphNode, GraphRecorder
 from validation.llamacpp.library import (

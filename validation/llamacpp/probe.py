@@ -2,7 +2,7 @@
 
 llama.cpp answers some malformed files with ``GGML_ASSERT`` (``abort()``, the whole process gone with exit 134)
 rather than an error return. :func:`ensure_loadable` therefore (1) runs our own validation first
-(:mod:`inference_engine.gguf_validate`: structure at open, hyperparameters and shapes in ``check_model``), which
+(:mod:`inference_engine.gguf.validate`: structure at open, hyperparameters and shapes in ``check_model``), which
 refuses every case known to abort, and (2) has a child process load the file with llama.cpp and decode one token.
 A child that dies becomes one line, ``llama.cpp aborted on this file: <its GGML_ASSERT line>``, exit 2.
 
@@ -106,7 +106,7 @@ def ensure_loadable(path: str | os.PathLike) -> None:
     path = Path(path)
     if is_known_good(path):
         return
-    from inference_engine.gguf_validate import check_reference_file
+    from inference_engine.gguf.file import check_reference_file
 
     check_reference_file(path)  # one line, exit 2, for everything we know llama.cpp would abort on
     if os.environ.get(PROBE_SWITCH_ENV, "on").lower() == "off":

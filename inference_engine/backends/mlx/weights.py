@@ -21,7 +21,7 @@ from gguf import GGMLQuantizationType as T
 from inference_engine.backends.mlx import metal
 from inference_engine.backends.mlx.transcode import AffineTensor, is_transcodable, transcode
 from inference_engine.errors import GGUFParityError
-from inference_engine.gguf_file import TensorInfo
+from inference_engine.gguf.file import TensorInfo
 
 
 def _rows(t: TensorInfo) -> np.ndarray:

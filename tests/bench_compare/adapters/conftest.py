@@ -18,7 +18,7 @@ def tiny_llama(tiny_model):
 def tiny_capture(tiny_llama):
     """``(model path, sha256, ids, {llama.cpp name: array})`` from our NumPy engine in f32 numerics."""
     from inference_engine.engine import OurEngine
-    from inference_engine.gguf_file import open_gguf
+    from inference_engine.gguf.file import open_gguf
 
     with OurEngine(str(tiny_llama), backend="numpy", numerics="f32") as engine:
         captured = engine.capture(PROMPT_IDS)

@@ -12,7 +12,7 @@ import pytest
 from bench_compare.adapters import dump
 from bench_compare.adapters.graph_names import ModelDims, expected_tensors
 from inference_engine.errors import GGUFParityError
-from inference_engine.gguf_file import open_gguf
+from inference_engine.gguf.file import open_gguf
 from inference_engine.protocol import EngineCapabilityError
 from validation.diff import diff_captures
 from validation.metrics import NMSE_MAX_F32

@@ -10,7 +10,7 @@ from fixtures.tiny_models import ARCHITECTURES
 
 from bench_compare.adapters.graph_names import ModelDims, drop_leading_ones, expected_tensors
 from inference_engine.errors import GGUFParityError
-from inference_engine.gguf_file import open_gguf
+from inference_engine.gguf.file import open_gguf
 
 IDS = [5, 9, 40, 77, 120]
 

@@ -23,7 +23,7 @@ def _our_dump(model, directory, against):
     """What a user's engine would do: run the request's ids (the reference's tokenization of the prompt) and
     write every tensor it computed."""
     from inference_engine.engine import OurEngine
-    from inference_engine.gguf_file import open_gguf
+    from inference_engine.gguf.file import open_gguf
     from validation.run import open_reference
 
     reference = open_reference(ValidateOptions(model=str(model), against=against), model)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from inference_engine.backends.numpy_ref import NumpyBackend
-from inference_engine.gguf_file import TensorInfo
+from inference_engine.gguf.file import TensorInfo
 from inference_engine.quants import dequantize_tensor
 
 

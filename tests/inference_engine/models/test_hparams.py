@@ -9,7 +9,7 @@ from fixtures.tiny_models import make_config, swa_layers
 
 from inference_engine.backends.numpy_ref import NumpyBackend
 from inference_engine.errors import GGUFParityError
-from inference_engine.gguf_file import open_gguf
+from inference_engine.gguf.file import open_gguf
 from inference_engine.models import ARCHITECTURES, build_model, model_class
 from inference_engine.models.gemma3 import Gemma3HParams, attention_scale
 from inference_engine.models.llama import LlamaModel
@@ -21,7 +21,7 @@ MATMUL_RTOL = 1e-5
 
 
 def test_registry_covers_every_supported_architecture():
-    from inference_engine.gguf_file import SUPPORTED_ARCHITECTURES
+    from inference_engine.gguf.file import SUPPORTED_ARCHITECTURES
 
     assert set(ARCHITECTURES) == set(SUPPORTED_ARCHITECTURES)
     with pytest.raises(GGUFParityError, match="unsupported architecture 'bloom'; supported: llama, qwen2"):

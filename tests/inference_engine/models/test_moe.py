@@ -13,7 +13,7 @@ import pytest
 from bench_compare.cli import main
 from inference_engine.engine import OurEngine
 from inference_engine.errors import GGUFParityError
-from inference_engine.gguf_file import open_gguf
+from inference_engine.gguf.file import open_gguf
 from validation.diff import diff_captures
 from validation.metrics import thresholds_for
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from inference_engine.gguf_file import TensorInfo
+from inference_engine.gguf.file import TensorInfo
 from inference_engine.quants import quant_for
 
 

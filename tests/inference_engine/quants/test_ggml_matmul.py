@@ -13,7 +13,7 @@ import pytest
 from gguf import GGMLQuantizationType as T
 
 from inference_engine.errors import GGUFParityError
-from inference_engine.gguf_file import TensorInfo
+from inference_engine.gguf.file import TensorInfo
 from inference_engine.quants import F32Matmul, GGMLMatmul, fake_quantize, prepare_matmul, quant_for
 from validation.ggml_oracle import llamacpp_has_amx
 from inference_engine.quants.matmul import llamacpp_activation_type

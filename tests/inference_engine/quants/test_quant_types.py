@@ -9,7 +9,7 @@ from gguf import GGMLQuantizationType as T
 from gguf import quants as gguf_quants
 
 from inference_engine.errors import GGUFParityError
-from inference_engine.gguf_file import SUPPORTED_TENSOR_TYPES, TensorInfo, open_gguf
+from inference_engine.gguf.file import SUPPORTED_TENSOR_TYPES, TensorInfo, open_gguf
 from inference_engine.quants import QuantType, dequantize_tensor, quant_for, supported_qtypes
 from inference_engine.quants.base import RANDOM_SCALE_RANGE
 from validation.ggml_oracle import ggml_type_symbol

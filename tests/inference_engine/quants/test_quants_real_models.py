@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from inference_engine.gguf_file import TensorInfo, open_gguf
+from inference_engine.gguf.file import TensorInfo, open_gguf
 from inference_engine.quants import GGMLMatmul, dequantize_tensor, fake_quantize, quant_for
 from inference_engine.store.named_models import fetch
 

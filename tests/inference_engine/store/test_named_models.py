@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from inference_engine.errors import GGUFParityError
-from inference_engine.gguf_file import open_gguf
+from inference_engine.gguf.file import open_gguf
 from inference_engine.store import named_models
 from inference_engine.store.folders import CACHE_ENV
 

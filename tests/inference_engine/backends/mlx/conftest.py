@@ -9,7 +9,7 @@ import pytest
 @pytest.fixture(scope="session")
 def real_gguf():
     """``real_gguf("gemma3-270m")`` -> the opened GGUFFile of a named real model, opened once per session."""
-    from inference_engine.gguf_file import open_gguf
+    from inference_engine.gguf.file import open_gguf
     from inference_engine.store.named_models import fetch
 
     opened = {}

@@ -14,7 +14,7 @@ from gguf import GGMLQuantizationType as T
 
 from inference_engine.backends import get_backend
 from inference_engine.errors import GGUFParityError
-from inference_engine.gguf_file import TensorInfo
+from inference_engine.gguf.file import TensorInfo
 from inference_engine.quants import quant_for
 
 mx = pytest.importorskip("mlx.core", reason="mlx is not installed (pip install 'gguf-parity[mlx]')")

@@ -22,7 +22,7 @@ import pytest
 from gguf import GGMLQuantizationType as T
 from gguf import quants as gguf_quants
 
-from inference_engine.gguf_file import TensorInfo
+from inference_engine.gguf.file import TensorInfo
 from inference_engine.quants import quant_for
 
 KERNEL_TYPES = (T.Q2_K, T.Q3_K, T.Q6_K)

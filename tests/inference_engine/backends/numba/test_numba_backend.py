@@ -181,7 +181,7 @@ def test_tiny_models_agree_with_the_numpy_backend(tiny_model, arch):
 
 
 def test_embed_is_ggml_dequantization(tiny_model):
-    from inference_engine.gguf_file import GGUFFile
+    from inference_engine.gguf.file import GGUFFile
     from inference_engine.quants import quant_for
 
     t = GGUFFile(tiny_model("llama", "Q6_K")).tensor("token_embd.weight")

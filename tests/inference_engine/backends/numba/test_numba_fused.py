@@ -11,7 +11,7 @@ from gguf import GGMLQuantizationType as T
 from inference_engine.backends.numba_cpu import NumbaBackend
 from inference_engine.backends.numba_kernels import dispatch
 from inference_engine.engine import OurEngine
-from inference_engine.gguf_file import TensorInfo
+from inference_engine.gguf.file import TensorInfo
 from inference_engine.quants import quant_for
 
 # Token counts that take each path: the one-token decode fast path, T mat-vecs, the tiles with a mat-vec remainder,

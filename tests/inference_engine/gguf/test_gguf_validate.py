@@ -1,4 +1,4 @@
-"""The validation pass over a GGUF (``inference_engine/gguf_validate.py``): every hostile case of issue 16 gives
+"""The validation pass over a GGUF (``inference_engine/gguf/validate.py``): every hostile case of issue 16 gives
 one line naming the key or tensor, as a GGUFParityError (exit 2), before any weight is read or llama.cpp sees it."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from gguf.constants import GGUFValueType as T
 from bench_compare.cli import main
 from inference_engine.engine import OurEngine
 from inference_engine.errors import GGUFParityError
-from inference_engine.gguf_file import open_gguf
-from inference_engine.gguf_validate import check_model, check_reference_file
+from inference_engine.gguf.file import check_reference_file, open_gguf
+from inference_engine.gguf.validate import check_model
 from inference_engine.tokenizer import GGUFTokenizer
 
 U32, I32, STR, ARR = T.UINT32, T.INT32, T.STRING, T.ARRAY

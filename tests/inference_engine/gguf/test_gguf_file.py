@@ -13,7 +13,7 @@ from gguf import GGML_QUANT_SIZES
 
 from bench_compare.cli import main
 from inference_engine.errors import GGUFParityError
-from inference_engine.gguf_file import SUPPORTED_TENSOR_TYPES, open_gguf
+from inference_engine.gguf.file import SUPPORTED_TENSOR_TYPES, open_gguf
 
 # kind of bad input -> words its message must contain (the problem, and the supported choices where there are some)
 EXPECTED_MESSAGE = {
@@ -140,7 +140,7 @@ def test_fast_reader_fields_equal_gguf_py(tiny_model):
     """Our one-pass metadata parser gives exactly what gguf-py's stock reader gives, tensors included."""
     from gguf import GGUFReader
 
-    from inference_engine.gguf_file import FastGGUFReader
+    from inference_engine.gguf.file import FastGGUFReader
 
     path = tiny_model("gemma3", "Q4_K", vocab="spm")
     stock, fast = GGUFReader(path), FastGGUFReader(path)
@@ -157,7 +157,7 @@ def test_string_arrays_are_offsets_read_on_demand(tiny_model):
     end, and by slice) gives the strings gguf-py gives."""
     from gguf import GGUFReader
 
-    from inference_engine.gguf_file import FastGGUFReader, StringArrayParts
+    from inference_engine.gguf.file import FastGGUFReader, StringArrayParts
 
     path = tiny_model("llama", vocab="gpt2")
     stock, fast = GGUFReader(path), FastGGUFReader(path)

@@ -22,8 +22,8 @@ from gguf import GGMLQuantizationType, GGUFReader, LlamaFileType
 from gguf.constants import GGUFValueType
 from gguf.gguf_reader import ReaderField
 
-from inference_engine import gguf_validate
 from inference_engine.errors import GGUFParityError
+from inference_engine.gguf import validate
 from inference_engine.store.digests import file_sha256
 
 GGUF_MAGIC = b"GGUF"
@@ -106,7 +106,7 @@ class FastGGUFReader(GGUFReader):
         remember_file_identity(self.data, identity)  # lets the numba backend read weights by name, safely
 
     def _build_tensors(self, start_offs, fields):
-        fields = gguf_validate.checked_tensor_fields(self, start_offs, fields, self.problems)
+        fields = validate.checked_tensor_fields(self, start_offs, fields, self.problems)
         super()._build_tensors(start_offs, fields)
 
     def _get_field_parts(self, orig_offs, raw_type):
@@ -217,7 +217,7 @@ def _field_value(field) -> Any:
     try:
         return field.contents()
     except UnicodeDecodeError:  # only a file opened with strict=False gets here: validation refuses it otherwise
-        return gguf_validate.lossy_contents(field)
+        return validate.lossy_contents(field)
 
 
 class GGUFFile:
@@ -235,14 +235,14 @@ class GGUFFile:
         _check_path(self.path)
         try:
             self.reader = FastGGUFReader(self.path, "r", problems=None if strict else self.problems)
-        except gguf_validate.StructureError as exc:
+        except validate.StructureError as exc:
             raise GGUFParityError(f"{self.path}: {exc}") from None
         except (ValueError, IndexError, OSError, KeyError, OverflowError, struct.error) as exc:  # truncation
             raise GGUFParityError(f"{self.path}: truncated or corrupt GGUF file ({_short(exc)})") from None
-        skip = gguf_validate.VOCAB_STRING_KEYS if strict else ()  # the tokenizer checks those as it decodes them
-        self.problems += gguf_validate.metadata_problems(self.reader, skip_strings=skip)
+        skip = validate.VOCAB_STRING_KEYS if strict else ()  # the tokenizer checks those as it decodes them
+        self.problems += validate.metadata_problems(self.reader, skip_strings=skip)
         if strict and self.problems:
-            gguf_validate.raise_first(self.path, self.problems)
+            validate.raise_first(self.path, self.problems)
         if not strict:
             self._open_lenient()
             return
@@ -283,7 +283,7 @@ class GGUFFile:
             self.tensors[t.name] = TensorInfo(t.name, qtype, shape, int(t.n_bytes), t.data)
         self.structure_problems = list(self.problems)  # what every reader of the file must refuse
         if self.architecture in SUPPORTED_ARCHITECTURES:
-            self.problems += gguf_validate.model_problems(self)[0]
+            self.problems += validate.model_problems(self)[0]
         # ``unsupported`` stays apart: a valid file our engine cannot run is not a broken file (llama.cpp may run it)
 
     # --- metadata -------------------------------------------------------------------------------------------
@@ -374,3 +374,12 @@ def _short(exc: BaseException) -> str:
 
 def open_gguf(path: str | os.PathLike, strict: bool = True) -> GGUFFile:
     return GGUFFile(path, strict)
+
+
+def check_reference_file(path: str | os.PathLike) -> None:
+    """What a file must pass before llama.cpp loads it: every structural, metadata and hyperparameter problem
+    refused in one line; an architecture or tensor type only our engine does not run is llama.cpp's to load."""
+    f = open_gguf(path, strict=False)
+    if f.structure_problems:
+        validate.raise_first(path, f.structure_problems)
+    validate.check_model(f, reference=True)

@@ -23,8 +23,8 @@ from hypothesis import strategies as st
 from bench_compare.cli import main
 from inference_engine.engine import OurEngine
 from inference_engine.errors import GGUFParityError
-from inference_engine.gguf_file import open_gguf
-from inference_engine.gguf_validate import check_model, check_reference_file
+from inference_engine.gguf.file import check_reference_file, open_gguf
+from inference_engine.gguf.validate import check_model
 
 # A few hundred mutations in a few seconds each run (derandomized: the same ones every run, so CI is stable).
 N_EXAMPLES = 300

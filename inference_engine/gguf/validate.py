@@ -22,7 +22,8 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any, Protocol
 
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
@@ -30,8 +31,21 @@ from gguf.constants import GGUFValueType
 
 from inference_engine.errors import GGUFParityError
 
-if TYPE_CHECKING:
-    from inference_engine.gguf_file import GGUFFile
+
+class GGUFFile(Protocol):
+    """What the model checks read of an open file: :class:`inference_engine.gguf.file.GGUFFile` (the checks never
+    open a file; the reader runs them, so this module does not import it)."""
+
+    path: Path
+    reader: Any
+    architecture: str
+    raw_architecture: str
+    tensors: dict[str, Any]
+
+    def metadata_value(self, key: str, default: Any = None) -> Any: ...
+
+    def arch_value(self, suffix: str, default: Any = None) -> Any: ...
+
 
 # ggml's GGML_MAX_DIMS: a tensor has 1 to 4 dimensions.
 MAX_DIMS = 4
@@ -623,17 +637,6 @@ def check_model(f: GGUFFile, reference: bool = False) -> ModelShape | None:
     if shape is None and not reference:
         raise GGUFParityError(f"{f.path}: the hyperparameters do not describe an attention model")
     return shape
-
-
-def check_reference_file(path: str | os.PathLike) -> None:
-    """What a file must pass before llama.cpp loads it: every structural, metadata and hyperparameter problem
-    refused in one line; an architecture or tensor type only our engine does not run is llama.cpp's to load."""
-    from inference_engine.gguf_file import open_gguf
-
-    f = open_gguf(path, strict=False)
-    if f.structure_problems:
-        raise_first(path, f.structure_problems)
-    check_model(f, reference=True)
 
 
 def raise_first(path: str | os.PathLike, problems: list[str]) -> None:
