@@ -115,7 +115,7 @@ def test_a_model_keeps_no_view_of_the_map_for_its_vectors(tmp_path, backend):
     view maps its neighbours' pages too (fault-around, large folios), which on Linux 6.18 brought 62 MiB of
     SmolLM2's weights back into RSS at its first token."""
     from inference_engine.backends import get_backend
-    from inference_engine.gguf_file import open_gguf
+    from inference_engine.gguf.file import open_gguf
     from inference_engine.quants import dequantize_tensor
     from tests.fixtures.tiny_models import write_tiny_model
 
