@@ -11,6 +11,7 @@ import sys
 
 import click
 
+from bench_compare.options import choose_platform_tricks
 from inference_engine import compile_notice
 from inference_engine.errors import CheckFailed, GGUFParityError
 from inference_engine.registries import Registry
@@ -63,8 +64,13 @@ class LazyGroup(click.Group):
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="gguf-parity")
-def cli() -> None:
+@click.option("--platform-tricks", type=click.Choice(["on", "off"]), default=None,
+              help="The Numba backend's process-wide tricks (inference_engine.platform: Numba start-up patches, "
+                   "glibc's malloc thresholds, LLVM's pages released); default: $GGUF_PARITY_PLATFORM_TRICKS, else "
+                   "on.")
+def cli(platform_tricks: str | None) -> None:
     """Is my engine computing what llama.cpp computes, and how fast is it next to llama.cpp?"""
+    choose_platform_tricks(platform_tricks)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -9,6 +9,7 @@ A bad value becomes a Click usage error, which ``bench_compare.cli.main`` prints
   directory is created for it.
 * :class:`ReportDir`: a report directory (``--report``, ``--out``): not a file, empty if it exists, inside an
   existing writable directory (the report directory itself is the only one created).
+* :func:`choose_platform_tricks`: ``bench-compare --platform-tricks on|off``, before any command runs.
 """
 
 from __future__ import annotations
@@ -143,3 +144,20 @@ class ReportDir(click.ParamType):
         if not os.access(target, os.W_OK | os.X_OK):
             self.fail(f"directory {target} is not writable", param, ctx)
         return path
+
+
+def choose_platform_tricks(switch: str | None) -> None:
+    """``--platform-tricks on|off`` (None: the variable decides): the choice goes into
+    ``GGUF_PARITY_PLATFORM_TRICKS``, so the cold-start children run with it too, and ``off`` is recorded now
+    (:func:`inference_engine.platform.configure` with ``enabled=False``: nothing applied, the Numba backend's own
+    call later returns that record). ``on`` applies nothing here: the tricks are applied when the Numba backend is
+    built, so a run with the NumPy backend or llama.cpp alone keeps the process as it is. A bad value of the
+    variable is refused here, before any work."""
+    from inference_engine import platform
+
+    if switch is None:
+        platform.switch_from_env()
+        return
+    os.environ[platform.ENV] = switch
+    if switch == "off":
+        platform.configure(enabled=False, by="--platform-tricks off")

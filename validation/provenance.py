@@ -3,9 +3,10 @@
 ``provenance()`` gives ``date`` (UTC), ``git`` (``{sha, dirty}`` of the checkout this package runs from), ``versions``
 (Python, our packages, llama-cpp-python and the ggml build inside it) and ``machine`` (platform, CPU model, logical
 and usable CPUs, memory, and the CPU's instruction set: ``cpu``, ``isa``, ``isa_flags``, ``cpu_isa`` from
-:func:`cpu_provenance`). Validation, compare and bench results all embed it (``validation.run``,
-``bench_compare.results``). It lives on the reference side so that both the harness and the validation library
-import it without a cycle (``bench_compare`` imports ``validation``, never the reverse).
+:func:`cpu_provenance`; and ``platform_tricks``, what :func:`inference_engine.platform.configure` applied).
+Validation, compare and bench results all embed it (``validation.run``, ``bench_compare.results``). It lives on the
+reference side so that both the harness and the validation library import it without a cycle (``bench_compare``
+imports ``validation``, never the reverse).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from inference_engine import platform as platform_tricks
 from inference_engine.errors import GGUFParityError
 from validation.ggml_libs import PLAIN_FIRST, load_library
 
@@ -27,8 +29,12 @@ _PACKAGES = ("gguf-parity", "numpy", "gguf", "llama-cpp-python", "numba", "mlx",
 
 
 def provenance() -> dict[str, Any]:
-    """``{date, git, versions, machine}``: the one provenance builder."""
-    return {"date": utc_now(), "git": git_info(), "versions": package_versions(), "machine": machine_info()}
+    """``{date, git, versions, machine}``: the one provenance builder. ``machine["platform_tricks"]`` says which of
+    the process-wide tricks (:mod:`inference_engine.platform`) were applied in this process when the result was
+    built: they apply to everything the process ran, llama.cpp included when ``compare`` runs it beside our Numba
+    backend."""
+    machine = {**machine_info(), "platform_tricks": platform_tricks.applied()}
+    return {"date": utc_now(), "git": git_info(), "versions": package_versions(), "machine": machine}
 
 
 def git_sha_label(git: dict[str, Any]) -> str | None:

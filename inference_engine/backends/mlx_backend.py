@@ -36,7 +36,7 @@ import numpy as np
 
 from inference_engine.backends import numerics as nx
 from inference_engine.backends.base import Backend, check_kv_type
-from inference_engine.backends.mapped_pages import tensor_out_of_map
+from inference_engine.platform.mapped_pages import tensor_out_of_map
 from inference_engine.backends.mlx import metal
 from inference_engine.backends.mlx.weights import HostEmbeddingRows, matrix_form
 from inference_engine.errors import GGUFParityError

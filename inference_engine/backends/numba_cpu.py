@@ -9,7 +9,7 @@ n_threads)`` imports this module and instantiates :class:`NumbaBackend`).
   ``ggml`` numerics decode through the integer-dot kernels (``numba_kernels.intdot``, llama.cpp's method and
   result) on CPUs where :func:`~.numba_kernels.dispatch.matvec_family` picks them. ``load_matrix`` copies each
   weight's bytes once out of the memory map into process memory (``copy_weights``; the kernels stream it ~1.4x
-  faster, see ``pack_matrix``) and gives the mapped pages back (:mod:`inference_engine.backends.mapped_pages`), so
+  faster, see ``pack_matrix``) and gives the mapped pages back (:mod:`inference_engine.platform.mapped_pages`), so
   one copy of the weights is resident; a tied output matrix shares the embedding's copy.
 - ``embed`` dequantizes only the looked-up rows with the same kernels (ggml's exact values).
 - ``rms_norm``, ``rope``, ``attention``, ``swiglu`` and ``geglu`` run the Numba kernels of
@@ -35,15 +35,8 @@ from typing import NamedTuple
 import numba
 import numpy as np
 
-from inference_engine.backends import library_pages, malloc_threshold, numba_startup
-
-numba_startup.defer_blas_probe()  # when Numba's registries load (a compilation), they skip importing scipy.linalg
-numba_startup.load_cached_kernels_lightly()  # a cached kernel loads without Numba's full context refresh
-numba_startup.cache_nrt_library()  # Numba's runtime loads as machine code kept on disk, not compiled each time
-numba_startup.defer_linking_bitcode()  # a cached kernel's bitcode is parsed only if new code links against it
-malloc_threshold.pin_mmap_threshold()  # LLVM's freed multi-MiB blocks go back to the OS, not stay in the heap
-library_pages.release_after_each_compilation()  # LLVM's pages that only loading and linking touch are unmapped
-
+from inference_engine import platform
+from inference_engine.backends import numba_kernels
 from inference_engine.backends import numerics as nx
 from inference_engine.backends.numba_kernels import decode_layer, ops
 from inference_engine.backends.numba_kernels import dispatch as kernels
@@ -60,6 +53,10 @@ class NumbaBackend(NumpyBackend):
     fuse_layers = True  # False: a decoded token runs each layer's ops one by one (decode_layer)
 
     def __init__(self, numerics: str = "f32", n_threads: int | None = None):
+        # Chosen: the process-wide tricks this backend's speed and memory were measured with (once per process,
+        # GGUF_PARITY_PLATFORM_TRICKS=off leaves them out), then the kernels' own guards (stale cache, Ctrl-C).
+        self.platform = platform.configure()
+        numba_kernels.prepare()
         super().__init__(numerics, n_threads)
         self.n_threads = set_threads(n_threads)
         self._matrices: dict[str, kernels.QMatrix] = {}

@@ -101,7 +101,7 @@ class FastGGUFReader(GGUFReader):
         self.problems = problems
         identity = os.stat(path)  # before mapping: a file replaced in between then reads as changed, never as same
         super().__init__(path, mode)
-        from inference_engine.backends.mapped_pages import remember_file_identity  # here: backends import us
+        from inference_engine.platform.mapped_pages import remember_file_identity  # here: backends import us
 
         remember_file_identity(self.data, identity)  # lets the numba backend read weights by name, safely
 

@@ -173,7 +173,7 @@ class Weights:
         """A small float32 tensor kept as NumPy on the host (e.g. ``rope_freqs``), or None when absent."""
         if not self.has(base):
             return None
-        from inference_engine.backends.mapped_pages import tensor_out_of_map
+        from inference_engine.platform.mapped_pages import tensor_out_of_map
         from inference_engine.quants import dequantize_tensor
 
         values = dequantize_tensor(tensor_out_of_map(self.f.tensor(self.name(base))))  # not a view of the map

@@ -28,12 +28,8 @@ modification time of the file defining each kernel only, while kernels inline he
 :mod:`.int8`: :mod:`.cache_stamp` drops the package's cached code whenever any of its sources changed.
 """
 
-from inference_engine.backends.numba_kernels.cache_stamp import drop_stale_cache
-
-drop_stale_cache()  # before any kernel is loaded from the cache (kernels load on their first call)
-
 from inference_engine import compile_notice
-from inference_engine.backends import numba_interrupts
+from inference_engine.backends.numba_kernels.cache_stamp import drop_stale_cache
 from inference_engine.backends.numba_kernels.dispatch import (
     KERNELS,
     MATVEC_MAX_TOKENS,
@@ -44,9 +40,7 @@ from inference_engine.backends.numba_kernels.dispatch import (
     pack_matrix,
     supported_types,
 )
-
-numba_interrupts.install()  # Ctrl-C during a kernel's compile ends the run (exit 130), see that module
-compile_notice.install_listener()  # a first run's compile is announced (the CLI prints it), see that module
+from inference_engine.platform import numba_interrupts
 
 __all__ = [
     "KERNELS",
@@ -56,5 +50,29 @@ __all__ = [
     "dequantize_rows",
     "matmul",
     "pack_matrix",
+    "prepare",
     "supported_types",
 ]
+
+_prepared = False
+
+
+def prepare() -> None:
+    """The kernels' guards, once per process, before any kernel runs: called by the Numba backend when it is built
+    (and by anything that calls the kernels without it), never at import. Unlike the platform's tricks they are not
+    switchable: they keep results and exit statuses right.
+
+    - :func:`.cache_stamp.drop_stale_cache`: a cache compiled from other sources than these is dropped (kernels
+      load from the cache on their first call, so this runs first).
+    - :func:`inference_engine.platform.numba_interrupts.install`: Ctrl-C during a kernel's compile ends the run
+      (exit 130), see that module.
+    - :func:`inference_engine.compile_notice.install_listener`: a first run's compile is announced (the CLI prints
+      it), see that module.
+    """
+    global _prepared
+    if _prepared:
+        return
+    drop_stale_cache()
+    numba_interrupts.install()
+    compile_notice.install_listener()
+    _prepared = True

@@ -1,4 +1,4 @@
-"""Drop Numba's cached machine code of this package when any of its sources changed.
+"""Drop Numba's cached machine code of this package when any of its sources changed (sub-packages included).
 
 Numba's cache (``@njit(cache=True)``: ``__pycache__/*.nbi`` index + ``*.nbc`` code) is keyed by the modification
 time and size of the one file defining a kernel. Our kernels inline helpers from other files of the package
@@ -19,15 +19,17 @@ CACHE_SUFFIXES = (".nbi", ".nbc")
 
 
 def sources_digest(package_dir: Path = PACKAGE_DIR) -> str:
-    """sha256 over the names and bytes of the package's ``*.py`` files, in name order."""
+    """sha256 over the paths (relative to the package) and bytes of the package's ``*.py`` files, its sub-packages'
+    included, in path order."""
     h = hashlib.sha256()
-    for path in sorted(package_dir.glob("*.py")):
-        h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    for path in sorted(package_dir.rglob("*.py")):
+        h.update(path.relative_to(package_dir).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
     return h.hexdigest()
 
 
 def drop_stale_cache(package_dir: Path = PACKAGE_DIR) -> bool:
-    """Remove ``__pycache__``'s Numba files when the sources differ from the stamp; True when files were dropped.
+    """Remove the Numba files of every ``__pycache__`` in the package when the sources differ from the stamp (kept
+    in the package's own ``__pycache__``); True when files were dropped.
 
     Never fails the import: an unwritable ``__pycache__`` (a read-only install, where Numba caches elsewhere and
     sources do not change in place) leaves everything as it is.
@@ -38,7 +40,7 @@ def drop_stale_cache(package_dir: Path = PACKAGE_DIR) -> bool:
     try:
         if stamp.is_file() and stamp.read_text().strip() == digest:
             return False
-        stale = [p for p in cache.glob("*") if p.suffix in CACHE_SUFFIXES] if cache.is_dir() else []
+        stale = [p for p in package_dir.rglob("__pycache__/*") if p.suffix in CACHE_SUFFIXES]
         for path in stale:
             path.unlink(missing_ok=True)
         cache.mkdir(exist_ok=True)

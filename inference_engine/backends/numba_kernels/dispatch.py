@@ -30,7 +30,7 @@ import numba
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
-from inference_engine.backends.mapped_pages import copy_out_of_map, drop_file_pages, weight_buffer
+from inference_engine.platform.mapped_pages import copy_out_of_map, drop_file_pages, weight_buffer
 from inference_engine.backends.numba_kernels import (
     activations,
     floats,

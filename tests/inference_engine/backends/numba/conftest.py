@@ -1,10 +1,19 @@
-"""Fixtures for the Numba kernel tests: a seeded generator, thread counts."""
+"""Fixtures for the Numba kernel tests: the kernels' guards, a seeded generator, thread counts."""
 
 from __future__ import annotations
 
 import numba
 import numpy as np
 import pytest
+
+
+@pytest.fixture(autouse=True, scope="session")
+def kernel_guards():
+    """The kernels' guards as the Numba backend applies them (a stale cache dropped first): these tests call the
+    kernels without a backend."""
+    from inference_engine.backends import numba_kernels
+
+    numba_kernels.prepare()
 
 
 @pytest.fixture

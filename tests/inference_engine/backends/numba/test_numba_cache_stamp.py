@@ -3,6 +3,7 @@ file that defines a kernel, not the helpers it inlines)."""
 
 from __future__ import annotations
 
+from inference_engine.backends import numba_kernels
 from inference_engine.backends.numba_kernels import cache_stamp
 
 
@@ -28,6 +29,23 @@ def test_an_edited_helper_drops_the_cached_kernels_once(tmp_path):
     assert not (cache / "kernel.k-1.py311.nbi").exists()
 
 
+def test_an_edited_helper_in_a_sub_package_drops_the_sub_packages_kernels_too(tmp_path):
+    cache = _package(tmp_path)
+    (tmp_path / "isa").mkdir()
+    (tmp_path / "isa" / "simd.py").write_text("def lanes(): return 8\n")
+    (tmp_path / "types").mkdir()
+    (tmp_path / "types" / "__pycache__").mkdir()
+    nested = tmp_path / "types" / "__pycache__" / "q4_0.matvec-1.py311.nbi"
+    nested.write_bytes(b"x")
+    assert cache_stamp.drop_stale_cache(tmp_path) is True
+    nested.write_bytes(b"x")
+    assert cache_stamp.drop_stale_cache(tmp_path) is False and nested.exists()
+    (tmp_path / "isa" / "simd.py").write_text("def lanes(): return 16\n")
+    assert cache_stamp.drop_stale_cache(tmp_path) is True
+    assert not nested.exists() and (cache / cache_stamp.STAMP_NAME).is_file()
+
+
 def test_the_real_package_is_stamped_with_its_sources():
+    numba_kernels.prepare()  # what the Numba backend runs when it is built (importing the package stamps nothing)
     stamp = cache_stamp.PACKAGE_DIR / "__pycache__" / cache_stamp.STAMP_NAME
     assert stamp.read_text().strip() == cache_stamp.sources_digest()

@@ -12,7 +12,7 @@ BLOCK_MIB = 8
 _CHILD = f"""
 import sys
 import numpy as np
-from inference_engine.backends.malloc_threshold import pin_mmap_threshold
+from inference_engine.platform.malloc_threshold import pin_mmap_threshold
 pinned = pin_mmap_threshold() if sys.argv[1] == "pin" else False
 for _ in range(3):
     block = np.ones({BLOCK_MIB} << 17)  # float64: {BLOCK_MIB} MiB, every page touched
@@ -40,7 +40,7 @@ def test_a_pinned_threshold_returns_freed_blocks():
 
 
 def test_pinning_is_idempotent():
-    from inference_engine.backends.malloc_threshold import pin_mmap_threshold
+    from inference_engine.platform.malloc_threshold import pin_mmap_threshold
 
     assert pin_mmap_threshold() == pin_mmap_threshold()
 
@@ -51,7 +51,7 @@ HEAP_BLOCK_MIB = 2
 _TRIM_CHILD = f"""
 import ctypes, resource, sys
 import numpy as np
-from inference_engine.backends import malloc_threshold
+from inference_engine.platform import malloc_threshold
 if sys.argv[1] == "pin":
     malloc_threshold.pin_mmap_threshold()
 else:  # the mmap threshold alone, as before the trim threshold was pinned (trimming from 128 KiB)
@@ -68,7 +68,7 @@ print(sum(faults[1:]))
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt and /proc are Linux's")
 def test_freed_heap_blocks_are_kept_for_the_next_layer():
-    from inference_engine.backends.malloc_threshold import TRIM_THRESHOLD, pin_mmap_threshold
+    from inference_engine.platform.malloc_threshold import TRIM_THRESHOLD, pin_mmap_threshold
 
     if not pin_mmap_threshold():
         pytest.skip("this C library is not glibc (no M_TRIM_THRESHOLD)")

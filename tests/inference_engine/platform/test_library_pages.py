@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from inference_engine.backends.library_pages import read_only_file_spans, still_mapped
+from inference_engine.platform.library_pages import read_only_file_spans, still_mapped
 
 SMAPS = """\
 7f0000000000-7f0000300000 r--p 00000000 08:01 123 /site-packages/llvmlite/binding/libllvmlite.so
@@ -40,7 +40,7 @@ def test_only_clean_read_only_mappings_of_the_library_are_chosen(tmp_path):
 
 _CHILD = """
 import numba, numpy as np
-from inference_engine.backends.library_pages import release_read_only_pages
+from inference_engine.platform.library_pages import release_read_only_pages
 def rss():
     return [int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmRSS:")][0]
 before = rss()
@@ -89,7 +89,7 @@ def test_remembered_spans_are_used_only_while_they_are_still_the_librarys(tmp_pa
 _COMPILING_CHILD = """
 import re, sys
 import numba, numpy as np
-from inference_engine.backends import library_pages
+from inference_engine.platform import library_pages
 def llvm_kib():
     inside, total = False, 0
     for line in open("/proc/self/smaps"):

@@ -8,7 +8,7 @@ import os
 import numpy as np
 import pytest
 
-from inference_engine.backends.mapped_pages import PAGE, copy_out_of_map, drop_file_pages, remember_file_identity
+from inference_engine.platform.mapped_pages import PAGE, copy_out_of_map, drop_file_pages, remember_file_identity
 
 N_PAGES = 256  # 1 MB of 4 KB pages: large enough to see in RSS, small enough to be quick
 
@@ -131,7 +131,7 @@ def test_a_model_keeps_no_view_of_the_map_for_its_vectors(tmp_path, backend):
 
 @pytest.mark.skipif(not hasattr(os, "preadv"), reason="no positional reads here: one thread reads")
 def test_a_big_copy_is_read_by_several_threads_with_the_same_bytes(mapped, monkeypatch):
-    from inference_engine.backends import mapped_pages
+    from inference_engine.platform import mapped_pages
 
     data, m = mapped
     monkeypatch.setattr(mapped_pages, "PARALLEL_READ_BYTES", 32 * PAGE)  # the 1 MB fixture: split in 4
@@ -162,7 +162,7 @@ def _vm_flags(arr: np.ndarray) -> list[str]:
 
 @pytest.mark.skipif(not hasattr(mmap, "MADV_NOHUGEPAGE"), reason="no MADV_NOHUGEPAGE on this platform")
 def test_a_big_weight_copy_lives_on_ordinary_pages_and_is_never_given_back_as_a_file_page(mapped):
-    from inference_engine.backends.mapped_pages import PLAIN_PAGES_BYTES, weight_buffer
+    from inference_engine.platform.mapped_pages import PLAIN_PAGES_BYTES, weight_buffer
 
     resident_kb()  # skips where there is no /proc
     big = weight_buffer((PLAIN_PAGES_BYTES // 256, 256), np.uint8)

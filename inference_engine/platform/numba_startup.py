@@ -118,7 +118,7 @@ def compile_nrt_functions(ctx):
     return library
 '''
 # Where the NRT's machine code is kept: beside the kernels' own cache (Numba's NUMBA_CACHE_DIR when set)
-KERNEL_CACHE_DIR = Path(__file__).resolve().parent / "numba_kernels" / "__pycache__"
+KERNEL_CACHE_DIR = Path(__file__).resolve().parent.parent / "backends" / "numba_kernels" / "__pycache__"
 
 
 class DeferredBlasCheck:
@@ -145,7 +145,7 @@ class _HoldBack(importlib.abc.MetaPathFinder):
 
     def find_spec(self, name, path=None, target=None):
         if threading.get_ident() == self.thread and (name == HELD_BACK or name.startswith(HELD_BACK + ".")):
-            raise ImportError(f"{name} is held back while Numba's registries load (inference_engine.backends."
+            raise ImportError(f"{name} is held back while Numba's registries load (inference_engine.platform."
                               "numba_startup)")
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from inference_engine.backends.numba_startup import DeferredBlasCheck
+from inference_engine.platform.numba_startup import DeferredBlasCheck
 
 REPO = Path(__file__).resolve().parents[4]
 
@@ -34,7 +34,7 @@ def test_the_deferred_check_runs_once_and_answers_what_the_check_answers():
 PROBE = """
 import json, sys
 import numpy as np
-import inference_engine.backends.numba_cpu  # defers the probe
+from inference_engine import platform; platform.configure()  # defers the probe
 from inference_engine.backends.numba_kernels import ops
 x = np.ones((1, 8), np.float32)
 out = np.empty_like(x)
@@ -74,7 +74,7 @@ def counted(self):
     refreshes.append(1)
     return _refresh(self)
 numba.core.base.BaseContext.refresh = counted
-import inference_engine.backends.numba_cpu  # installs the light loader
+from inference_engine import platform; platform.configure()  # installs the light loader
 import numba.core.caching
 from inference_engine.backends.numba_kernels import ops
 x = np.arange(1, 9, dtype=np.float32).reshape(1, 8)
@@ -118,7 +118,7 @@ def test_a_cached_kernel_loads_without_a_context_refresh_and_compiling_still_wor
 def test_the_light_loader_is_installed_once_and_only_over_the_expected_source(monkeypatch):
     from numba.core import caching
 
-    from inference_engine.backends import numba_startup
+    from inference_engine.platform import numba_startup
 
     def other(self, sig, target_context):  # a Numba whose method reads differently
         return None
@@ -145,7 +145,7 @@ def counted(self):
     finalized.append(self.name)
     return _finalize(self)
 codegen.CPUCodeLibrary.finalize = counted
-import inference_engine.backends.numba_cpu  # installs the kept NRT
+from inference_engine import platform; platform.configure()  # installs the kept NRT
 from numba.core.registry import cpu_target
 from numba.core.runtime import nrtdynmod, rtsys
 rtsys.initialize(cpu_target.target_context)
@@ -205,7 +205,7 @@ def test_a_cache_directory_that_cannot_be_written_compiles_the_nrt_every_time(tm
 def test_the_kept_nrt_is_installed_once_and_only_over_the_expected_source(monkeypatch):
     from numba.core.runtime import nrtdynmod
 
-    from inference_engine.backends import numba_startup
+    from inference_engine.platform import numba_startup
 
     def other(ctx):  # a Numba whose function reads differently
         return None
@@ -232,7 +232,7 @@ def counted(data, context=None):
 ll.parse_bitcode = counted
 import numba
 import numba.core.codegen as codegen
-import inference_engine.backends.numba_cpu  # installs the deferred bitcode
+from inference_engine import platform; platform.configure()  # installs the deferred bitcode
 from inference_engine.backends.numba_kernels import ops
 x = np.arange(1, 9, dtype=np.float32).reshape(1, 8)
 out = np.empty_like(x)
@@ -277,7 +277,7 @@ def test_object_symbols_are_the_global_definitions_of_the_object_numba_compiles(
     from numba.core.compiler_lock import global_compiler_lock
     from numba.core.registry import cpu_target
 
-    from inference_engine.backends.numba_startup import object_symbols
+    from inference_engine.platform.numba_startup import object_symbols
 
     ir = """
     @table = global [2 x i32] [i32 1, i32 2]
@@ -306,7 +306,7 @@ def test_object_symbols_are_the_global_definitions_of_the_object_numba_compiles(
 def test_the_deferred_bitcode_is_installed_once_and_only_over_the_expected_source(monkeypatch):
     from numba.core import codegen
 
-    from inference_engine.backends import numba_startup
+    from inference_engine.platform import numba_startup
 
     library = codegen.CPUCodeLibrary
 
