@@ -157,7 +157,7 @@ def _reader_pool():
 
 
 def tensor_out_of_map(t):
-    """A :class:`~inference_engine.gguf_file.TensorInfo` whose ``raw`` is a copy read from the file
+    """A :class:`~inference_engine.gguf.file.TensorInfo` whose ``raw`` is a copy read from the file
     (:func:`copy_out_of_map`), for small tensors kept for the model's lifetime (norm weights, biases).
 
     Read through the map instead, such a tensor keeps mapped far more than its own bytes: a page fault on a file
