@@ -77,7 +77,7 @@ def chat_template(f: GGUFFile) -> str:
 
 def special_token_texts(f: GGUFFile) -> dict[str, str]:
     """``bos_token`` / ``eos_token`` as the template sees them: the texts of the ids llama.cpp uses."""
-    from inference_engine.tokenizer_vocab import read_special_ids, string_array_item
+    from inference_engine.tokenizer.vocab import read_special_ids, string_array_item
 
     ids = read_special_ids(f.reader)
     return {

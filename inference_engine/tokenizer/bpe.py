@@ -6,7 +6,7 @@ text between them), byte-encodes each word with GPT-2's alphabet and merges symb
 a ``tokenizers`` pipeline: ``Split(regex, "isolated")`` steps, then ``ByteLevel`` without its own regex and a
 ``BPE`` model over the GGUF's vocabulary and merges. The regexes below are copied verbatim from llama.cpp (llama.cpp
 runs some through hand-written matchers in src/unicode.cpp that implement the same regex). The regexes run on the
-text "collapsed" to llama.cpp's own Unicode classes (:mod:`inference_engine.tokenizer_unicode`), so that characters
+text "collapsed" to llama.cpp's own Unicode classes (:mod:`inference_engine.tokenizer.unicode`), so that characters
 newer than the regex engine's Unicode tables split exactly as in llama.cpp.
 """
 
@@ -22,9 +22,9 @@ from tokenizers import models as tk_models
 from tokenizers import pre_tokenizers as tk_pre
 
 from inference_engine.errors import GGUFParityError
-from inference_engine.tokenizer_subvocab import SubVocab, substrings, used_merges
-from inference_engine.tokenizer_unicode import collapse
-from inference_engine.tokenizer_vocab import GGUFVocab
+from inference_engine.tokenizer.subvocab import SubVocab, substrings, used_merges
+from inference_engine.tokenizer.unicode import collapse
+from inference_engine.tokenizer.vocab import GGUFVocab
 
 
 @dataclass(frozen=True)
@@ -107,7 +107,7 @@ class ByteLevelBPE:
         """``files``: the ``vocab.json`` / ``merges.txt`` pair :meth:`hf_files` wrote for this vocabulary (the
         tokenizer cache), read by ``tokenizers`` itself; else the model is built from ``merge_pairs`` (default: the
         vocabulary's usable merges). ``sub`` (from the tokenizer cache, with ``merge_ids``): encode each text with a
-        model of only the tokens and merges it can use (:mod:`inference_engine.tokenizer_subvocab`); the whole model
+        model of only the tokens and merges it can use (:mod:`inference_engine.tokenizer.subvocab`); the whole model
         is then built only when a text is too long for that, and kept."""
         self.family = family
         # A byte-level character missing from the vocabulary stays a symbol in llama.cpp (so it blocks merges across

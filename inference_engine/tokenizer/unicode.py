@@ -10,7 +10,7 @@ non-ASCII code point is replaced by one stand-in per class (src/unicode.cpp, uni
 regexes split the collapsed text, and the splits are applied to the original text (same length in code points).
 
 The class table is ``inference_engine/data/llama_cpp_unicode_classes.json``, extracted from llama.cpp's
-unicode-data.cpp by ``python -m inference_engine.tokenizer_unicode path/to/unicode-data.cpp``.
+unicode-data.cpp by ``python -m inference_engine.tokenizer.unicode path/to/unicode-data.cpp``.
 """
 
 from __future__ import annotations
@@ -112,7 +112,7 @@ def extract_classes(unicode_data_cpp: str) -> dict:
 
 if __name__ == "__main__":  # regenerate the data file from a llama.cpp checkout
     if len(sys.argv) != 3:
-        sys.exit("usage: python -m inference_engine.tokenizer_unicode path/to/unicode-data.cpp out.json")
+        sys.exit("usage: python -m inference_engine.tokenizer.unicode path/to/unicode-data.cpp out.json")
     with open(sys.argv[2], "w", encoding="utf-8") as out:
         json.dump(extract_classes(sys.argv[1]), out, separators=(",", ":"))
         out.write("\n")

@@ -6,8 +6,8 @@
 1. special tokens are cut out of the text first, longest text first (``tokenizer_st_partition``): CONTROL and
    UNKNOWN tokens only when ``parse_special`` is set, USER_DEFINED tokens always;
 2. each remaining text fragment goes through the vocabulary's model: GPT-2 byte-level BPE with the pre-tokenizer
-   regexes ``tokenizer.ggml.pre`` selects (:mod:`inference_engine.tokenizer_bpe`), or SentencePiece BPE with byte
-   fallback (:mod:`inference_engine.tokenizer_spm`; spaces escaped as ``▁``, a space prefixed after BOS / a special
+   regexes ``tokenizer.ggml.pre`` selects (:mod:`inference_engine.tokenizer.bpe`), or SentencePiece BPE with byte
+   fallback (:mod:`inference_engine.tokenizer.spm`; spaces escaped as ``▁``, a space prefixed after BOS / a special
    token when ``add_space_prefix``);
 3. BOS (and EOS) are added as the GGUF's ``add_bos_token`` / ``add_eos_token`` say.
 
@@ -28,12 +28,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from inference_engine import tokenizer_cache
 from inference_engine.errors import GGUFParityError
 from inference_engine.gguf.file import open_gguf
-from inference_engine.tokenizer_corpus import load_builtin_corpus
-from inference_engine.tokenizer_subvocab import SubVocab, VocabIndex
-from inference_engine.tokenizer_vocab import (
+from inference_engine.tokenizer import cache as tokenizer_cache
+from inference_engine.tokenizer.corpus import load_builtin_corpus
+from inference_engine.tokenizer.subvocab import SubVocab, VocabIndex
+from inference_engine.tokenizer.vocab import (
     PARSE_SPECIAL_ONLY_ATTRS,
     SUPPORTED_TOKENIZER_MODELS,
     GGUFVocab,
@@ -46,8 +46,8 @@ from inference_engine.tokenizer_vocab import (
 
 if TYPE_CHECKING:
     from inference_engine.gguf.file import GGUFFile
-    from inference_engine.tokenizer_bpe import ByteLevelBPE
-    from inference_engine.tokenizer_spm import SentencePieceBPE
+    from inference_engine.tokenizer.bpe import ByteLevelBPE
+    from inference_engine.tokenizer.spm import SentencePieceBPE
 
 __all__ = ["SUPPORTED_TOKENIZER_MODELS", "GGUFTokenizer", "StreamDecoder", "load_builtin_corpus"]
 
@@ -77,14 +77,14 @@ class GGUFTokenizer:
         self._special = [(tid, text, int(vocab.attrs[tid])) for tid, text in special]
         # each model's library is imported only for its kind of vocabulary (``tokenizers`` or ``sentencepiece``)
         if vocab.model == "gpt2":
-            from inference_engine.tokenizer_bpe import ByteLevelBPE, pre_tokenizer_family
+            from inference_engine.tokenizer.bpe import ByteLevelBPE, pre_tokenizer_family
 
             family = pre_tokenizer_family(vocab.pre, vocab.path)
             self.pre_tokenizer = family.name
             self._model: ByteLevelBPE | SentencePieceBPE = ByteLevelBPE(vocab, family, merge_pairs, bpe_files, sub)
             default_add_bos = family.add_bos
         else:
-            from inference_engine.tokenizer_spm import SentencePieceBPE
+            from inference_engine.tokenizer.spm import SentencePieceBPE
 
             self.pre_tokenizer = "SPM"
             self._model = SentencePieceBPE(vocab, spm_proto, sub, spm_file)
@@ -101,7 +101,7 @@ class GGUFTokenizer:
         """Build from an open :class:`~inference_engine.gguf.file.GGUFFile` (or a path to one).
 
         With ``cache`` (the default) a tokenizer built earlier from the same, unchanged file is read back from the
-        tokenizer cache (:mod:`inference_engine.tokenizer_cache`) instead of being rebuilt; ids are identical.
+        tokenizer cache (:mod:`inference_engine.tokenizer.cache`) instead of being rebuilt; ids are identical.
         """
         path = Path(f) if isinstance(f, (str, os.PathLike)) else f.path
         if cache:
@@ -119,7 +119,7 @@ class GGUFTokenizer:
         return tokenizer
 
     def _cache_state(self) -> dict:
-        """What the tokenizer cache stores (:mod:`inference_engine.tokenizer_cache`; bytes entries become files)."""
+        """What the tokenizer cache stores (:mod:`inference_engine.tokenizer.cache`; bytes entries become files)."""
         v = self.vocab
         blob, ends = TokenTexts.pack(v.texts)
         hashes, hash_ids = VocabIndex.arrays(v.texts)
@@ -134,7 +134,7 @@ class GGUFTokenizer:
             "max_len": max(map(len, v.texts)),
         }
         if self.model == "gpt2":
-            from inference_engine.tokenizer_bpe import merge_id_triples
+            from inference_engine.tokenizer.bpe import merge_id_triples
 
             files = self._model.hf_files(v)
             if files is not None:

@@ -5,7 +5,7 @@ second (reading the arrays, llama.cpp's special-token rules, every token's piece
 llama.cpp's milliseconds. Everything that build derives from the file is stored here once and read back on the next
 start: a small JSON slot (flags, special ids, the special tokens' texts) with sidecar files, none of them pickles:
 the token texts, attributes and scores, a hash index of the texts and (BPE) the merges as id triples, as one ``.npz``
-(not a JSON list: 262,144 strings parsed into 40 MB of Python objects; :mod:`inference_engine.tokenizer_subvocab`
+(not a JSON list: 262,144 strings parsed into 40 MB of Python objects; :mod:`inference_engine.tokenizer.subvocab`
 builds each text's small model from these arrays), and the model the
 tokenizer runs, which its library reads itself: the SentencePiece ``ModelProto``, or for BPE the ``vocab.json`` /
 ``merges.txt`` pair that ``tokenizers`` loads in Rust (no Python tuple per merge).

@@ -22,8 +22,8 @@ from pathlib import Path
 import sentencepiece as spm
 
 from inference_engine.errors import GGUFParityError
-from inference_engine.tokenizer_subvocab import SubVocab, substrings
-from inference_engine.tokenizer_vocab import SPM_SPACE, GGUFVocab, TokenAttr
+from inference_engine.tokenizer.subvocab import SubVocab, substrings
+from inference_engine.tokenizer.vocab import SPM_SPACE, GGUFVocab, TokenAttr
 
 # sentencepiece_model.proto: SentencePiece.Type values and the enum ModelType.BPE
 _PIECE_NORMAL, _PIECE_UNKNOWN, _PIECE_BYTE = 1, 2, 6
@@ -80,7 +80,7 @@ class SentencePieceBPE:
                  proto_file: Path | None = None):
         """``proto``: the model built earlier from ``vocab``; ``proto_file``: the same in a file (the tokenizer
         cache). ``sub`` with ``proto_file`` (the tokenizer cache): encode each text with a model of only the pieces
-        it can use (:mod:`inference_engine.tokenizer_subvocab`); the whole model is then loaded only when a text is
+        it can use (:mod:`inference_engine.tokenizer.subvocab`); the whole model is then loaded only when a text is
         too long for that, and kept."""
         self._vocab = vocab
         self._sub = sub if proto_file is not None else None

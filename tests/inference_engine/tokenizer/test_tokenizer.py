@@ -35,9 +35,9 @@ from tokenizers import trainers as tk_trainers
 from inference_engine.errors import GGUFParityError
 from inference_engine.gguf.file import open_gguf
 from inference_engine.tokenizer import GGUFTokenizer, StreamDecoder, load_builtin_corpus
-from inference_engine.tokenizer_bpe import PRE_TOKENIZERS
-from inference_engine.tokenizer_corpus import load_builtin_corpus_entries
-from inference_engine.tokenizer_vocab import gpt2_byte_to_unicode
+from inference_engine.tokenizer.bpe import PRE_TOKENIZERS
+from inference_engine.tokenizer.corpus import load_builtin_corpus_entries
+from inference_engine.tokenizer.vocab import gpt2_byte_to_unicode
 
 CORPUS = load_builtin_corpus()
 # The kinds of text the corpus must cover (the brief's list); a test checks each has entries.

@@ -8,8 +8,8 @@ import shutil
 import pytest
 
 from inference_engine import tokenizer as tokenizer_module
-from inference_engine import tokenizer_cache
 from inference_engine.tokenizer import GGUFTokenizer, load_builtin_corpus
+from inference_engine.tokenizer import cache as tokenizer_cache
 
 TEXTS = load_builtin_corpus() + ["<|im_start|>user\nhi<|im_end|>", "<start_of_turn>model\n  x", ""]
 
@@ -90,7 +90,7 @@ def test_slots_are_bounded(tiny_model, cache, tmp_path, monkeypatch):
 
 
 def test_a_cache_hit_holds_packed_texts_and_reads_the_bpe_files(tiny_model, cache):
-    from inference_engine.tokenizer_vocab import LazyTextToId, TokenTexts
+    from inference_engine.tokenizer.vocab import LazyTextToId, TokenTexts
 
     path = tiny_model("llama", vocab="gpt2")
     built = GGUFTokenizer.from_gguf(path, cache_dir=cache)
@@ -107,7 +107,7 @@ def test_a_cache_hit_holds_packed_texts_and_reads_the_bpe_files(tiny_model, cach
 
 
 def test_merges_that_merges_txt_cannot_hold_are_kept_in_the_slot(tiny_model, cache, monkeypatch):
-    from inference_engine import tokenizer_bpe
+    from inference_engine.tokenizer import bpe as tokenizer_bpe
 
     monkeypatch.setattr(tokenizer_bpe, "_MERGES_TXT_SEPARATORS", (" ", "\n", "\r", "e"))  # as if "e" split lines
     path = tiny_model("llama", vocab="gpt2")
@@ -149,7 +149,7 @@ def test_a_cache_hit_encodes_short_texts_with_per_text_models(tiny_model, cache,
 
 @pytest.mark.parametrize("vocab", ["gpt2", "spm"])
 def test_a_text_too_long_for_a_per_text_model_builds_the_whole_model_once(tiny_model, cache, monkeypatch, vocab):
-    from inference_engine import tokenizer_subvocab
+    from inference_engine.tokenizer import subvocab as tokenizer_subvocab
 
     path = tiny_model("llama", vocab=vocab)
     built = GGUFTokenizer.from_gguf(path, cache_dir=cache)

@@ -1,4 +1,4 @@
-"""Per-text tokenizer models (inference_engine.tokenizer_subvocab): the hash index, substrings and merges they use."""
+"""Per-text tokenizer models (inference_engine.tokenizer.subvocab): the hash index, substrings and merges they use."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import hashlib
 
 import numpy as np
 
-from inference_engine import tokenizer_subvocab
-from inference_engine.tokenizer_subvocab import VocabIndex, substrings, used_merges
+from inference_engine.tokenizer import subvocab as tokenizer_subvocab
+from inference_engine.tokenizer.subvocab import VocabIndex, substrings, used_merges
 
 TEXTS = ["a", "b", "ab", "abc", "\u2581the", "é", "日本", "xyz"]
 
