@@ -19,7 +19,7 @@ import numpy as np
 from numba import njit, prange
 
 from inference_engine.backends.numba_kernels import gemm
-from inference_engine.backends.numba_kernels.simd import (
+from inference_engine.backends.numba_kernels.isa.simd import (
     band,
     bload,
     bshr,

@@ -46,7 +46,7 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 
 from bench_compare import blocked_prefill, untiled_int
-from inference_engine.backends.numba_kernels import activations
+from inference_engine.backends.numba_kernels.ops import activations
 from inference_engine.backends.numba_kernels import dispatch as mm
 from inference_engine.cpu_features import cpu_features
 from inference_engine.errors import GGUFParityError

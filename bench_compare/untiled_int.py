@@ -25,7 +25,7 @@ from inference_engine.backends.numba_kernels.intdot import (
     row_dot_q6_k,
     row_dot_q8_0,
 )
-from inference_engine.backends.numba_kernels.simd import rows_ahead
+from inference_engine.backends.numba_kernels.isa.simd import rows_ahead
 
 
 @njit(inline="always", cache=True)

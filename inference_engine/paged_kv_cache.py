@@ -280,7 +280,7 @@ class PagedBatch:
 
     def _attend_numba(self, b: Backend, il: int, q: Array, positions: np.ndarray, scale: float, window: int):
         """Every segment in one Numba call that reads K/V in the pool where they are (no gathered copies)."""
-        from inference_engine.backends.numba_kernels.paged_attention import paged_attention
+        from inference_engine.backends.numba_kernels.ops.paged_attention import paged_attention
 
         if self._seq_slots is None:
             bs = self.pool.block_size

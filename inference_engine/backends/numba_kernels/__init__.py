@@ -2,30 +2,34 @@
 
 Modules:
 
-- :mod:`.simd`: the explicit 16-lane vector vocabulary (Numba intrinsics emitting generic LLVM vector IR) that
-  every kernel is written in; why auto-vectorization was not enough is measured in its docstring.
+- :mod:`.isa`: the vector vocabulary every kernel is written in (Numba intrinsics emitting LLVM vector IR):
+  :mod:`.isa.simd` (16 float lanes; why auto-vectorization was not enough is measured in its docstring),
+  :mod:`.isa.int8` (32-byte integer vectors, ``dot4`` = ``vpmaddubsw`` + ``vpmaddwd`` / ``vpdpbusd`` / portable
+  IR), :mod:`.isa.zmm` (the AVX-512 VNNI steps).
 - :mod:`.floats` (F32, F16, BF16), :mod:`.q4` (Q4_0, Q4_1), :mod:`.q5` (Q5_0, Q5_1), :mod:`.q8_0`,
   :mod:`.k_quants` (Q2_K..Q6_K): per type a ``matvec_<type>(w, xv, xs, out)`` (one token, weights read once,
   rows split over threads) and a ``dequant_<type>(w, row0, out)`` (ggml's exact dequantization of rows).
-- :mod:`.int8` (32-byte integer vectors, ``dot4`` = ``vpmaddubsw`` + ``vpmaddwd`` / ``vpdpbusd`` / portable IR) and
-  :mod:`.intdot` (the ``ggml``-numerics integer-dot mat-vec of Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, bit-exact with
-  libggml's x86 ``vec_dot``).
+- :mod:`.intdot` (the ``ggml``-numerics integer-dot mat-vec of Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K,
+  bit-exact with libggml's x86 ``vec_dot``) and :mod:`.inttiles` (the same arithmetic, register-tiled for several
+  tokens).
 - :mod:`.decode_layer`: a decoded token through a whole pre-norm layer in one compiled call (the kernels above and
   :mod:`.ops`, called from compiled code).
-- :mod:`.activations`: the activation side of both numerics (``f32``; ``ggml``: Q8_0 / Q8_1 / Q8_K / F16 / BF16
-  quantizers bit-exact with libggml).
 - :mod:`.dispatch`: the dispatcher: :func:`pack_matrix` wraps a GGUF tensor, :func:`matmul` runs ``x @ W.T``
   (mat-vec per token for a few tokens, dequantized tiles times a GEMM beyond), :func:`dequantize_rows` serves
   embedding look-ups.
-- :mod:`.gemm` (a Numba float32 GEMM for the tiles) and :mod:`.blocked` (a fused blocked Q4_1 prefill kernel):
-  the measured alternatives for prefill.
-- :mod:`.ops`: RMSNorm, RoPE, attention (per row for decode, blocked for prefill), SwiGLU, GEGLU with the NumPy
-  reference's numerics; :mod:`.vexp`: ggml's vector ``expf`` on 16 lanes for SwiGLU and softmax.
+- :mod:`.gemm`: a Numba float32 GEMM for the tiles (the prefill alternatives kept for measuring only live in
+  ``bench_compare``: ``blocked_prefill``, ``untiled_int``).
+- :mod:`.ops`: RMSNorm, RoPE, SwiGLU, GEGLU (:mod:`.ops.elementwise`), attention (per row for decode, blocked for
+  prefill: :mod:`.ops.attention`; over a paged cache: :mod:`.ops.paged_attention`) with the NumPy reference's
+  numerics; :mod:`.ops.vexp`: ggml's vector ``expf`` on 16 lanes for SwiGLU and softmax; :mod:`.ops.activations`:
+  the activation side of both numerics (``f32``; ``ggml``: Q8_0 / Q8_1 / Q8_K / F16 / BF16 quantizers bit-exact
+  with libggml).
+- :mod:`.cache_stamp`: drops the package's cached machine code when any of its sources changed (below).
 
 Every kernel is ``@njit(cache=True)``: a second process loads the machine code from Numba's cache instead of
 compiling (``python -m bench_compare.kernel_bench --only compile`` measures both). Numba's cache tracks the
-modification time of the file defining each kernel only, while kernels inline helpers from :mod:`.simd` and
-:mod:`.int8`: :mod:`.cache_stamp` drops the package's cached code whenever any of its sources changed.
+modification time of the file defining each kernel only, while kernels inline helpers from :mod:`.isa.simd` and
+:mod:`.isa.int8`: :mod:`.cache_stamp` drops the package's cached code whenever any of its sources changed.
 """
 
 from inference_engine import compile_notice

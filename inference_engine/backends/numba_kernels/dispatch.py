@@ -30,9 +30,7 @@ import numba
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
-from inference_engine.platform.mapped_pages import copy_out_of_map, drop_file_pages, weight_buffer
 from inference_engine.backends.numba_kernels import (
-    activations,
     floats,
     gemm,
     intdot,
@@ -42,8 +40,10 @@ from inference_engine.backends.numba_kernels import (
     q5,
     q8_0,
 )
+from inference_engine.backends.numba_kernels.ops import activations
 from inference_engine.cpu_features import CPUFeatures, cpu_features
 from inference_engine.errors import GGUFParityError
+from inference_engine.platform.mapped_pages import copy_out_of_map, drop_file_pages, weight_buffer
 from inference_engine.registries import NUMERICS, Registry
 
 # Up to this many tokens, T mat-vec calls (each reading the weight once) beat dequantize-a-tile + GEMM, which pays

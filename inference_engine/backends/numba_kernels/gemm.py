@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from inference_engine.backends.numba_kernels.simd import vfma, vload, vsum, vzero
+from inference_engine.backends.numba_kernels.isa.simd import vfma, vload, vsum, vzero
 
 TOKEN_TILE = 8
 ROW_BLOCK = 32

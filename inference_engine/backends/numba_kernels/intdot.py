@@ -26,8 +26,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from inference_engine.backends.numba_kernels.activations import row_q8_0, row_q8_0_sum4, row_q8_1, row_q8_K
-from inference_engine.backends.numba_kernels.int8 import (
+from inference_engine.backends.numba_kernels.isa.int8 import (
     band8,
     bits32,
     bor8,
@@ -51,8 +50,8 @@ from inference_engine.backends.numba_kernels.int8 import (
     madd16,
     nibbles32,
 )
-from inference_engine.backends.numba_kernels.simd import fma32, load_f16, prefetch, rows_ahead, vzero
-from inference_engine.backends.numba_kernels.zmm import (
+from inference_engine.backends.numba_kernels.isa.simd import fma32, load_f16, prefetch, rows_ahead, vzero
+from inference_engine.backends.numba_kernels.isa.zmm import (
     ROWS,
     f16_pairs,
     f16_quad,
@@ -65,6 +64,7 @@ from inference_engine.backends.numba_kernels.zmm import (
     store_rows,
     store_rows_plus,
 )
+from inference_engine.backends.numba_kernels.ops.activations import row_q8_0, row_q8_0_sum4, row_q8_1, row_q8_K
 
 _F32 = np.float32
 QK_K = 256

@@ -34,7 +34,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from inference_engine.backends.numba_kernels.int8 import (
+from inference_engine.backends.numba_kernels.intdot import QK_K, bsum_pairs, byte, five_bits, k4_scales
+from inference_engine.backends.numba_kernels.isa.int8 import (
     band8,
     bor8,
     bshl8,
@@ -62,9 +63,8 @@ from inference_engine.backends.numba_kernels.int8 import (
     madd16,
     nibbles32,
 )
-from inference_engine.backends.numba_kernels.intdot import QK_K, bsum_pairs, byte, five_bits, k4_scales
-from inference_engine.backends.numba_kernels.simd import fma32, load_f16, vzero
-from inference_engine.backends.numba_kernels.zmm import (
+from inference_engine.backends.numba_kernels.isa.simd import fma32, load_f16, vzero
+from inference_engine.backends.numba_kernels.isa.zmm import (
     fma_tokens,
     fsum_token,
     has_zmm_vnni,

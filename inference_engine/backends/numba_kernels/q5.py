@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from inference_engine.backends.numba_kernels.simd import (
+from inference_engine.backends.numba_kernels.isa.simd import (
     band,
     bbits,
     bload,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from numba import njit, prange
 
-from inference_engine.backends.numba_kernels.simd import (
+from inference_engine.backends.numba_kernels.isa.simd import (
     bload,
     bto_f32_signed,
     load_f16,

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
 
-from inference_engine.backends.numba_kernels import activations as act
+from inference_engine.backends.numba_kernels.ops import activations as act
 
 K = 512  # two Q8_K super-blocks, sixteen Q8_0 blocks
 # f32 numerics: the block sums are 32 float32 additions in order; against a float64 sum they differ by float32

@@ -66,7 +66,7 @@ def test_a_prefill_quantizes_its_input_once_for_the_weights_it_meets(rng, monkey
     """Beyond FUSED_MAX_TOKENS each weight multiplies alone, but the integer kernels' quantized activation is made
     once per activation type (Q4_K and Q6_K both read Q8_K; Q8_0 its own), with each weight's bits unchanged."""
     from inference_engine.backends.numba_cpu import FUSED_MAX_TOKENS
-    from inference_engine.backends.numba_kernels import activations
+    from inference_engine.backends.numba_kernels.ops import activations
 
     backend = NumbaBackend("ggml", 2)
     ws = backend.load_matrices([tensor(rng, "q", T.Q4_K, 256, 256), tensor(rng, "k", T.Q4_K, 256, 256),

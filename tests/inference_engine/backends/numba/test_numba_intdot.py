@@ -15,7 +15,9 @@ from numba import njit
 from test_numba_kernels import SUM_TOL, dequantized, random_activation, random_weight, summation_error
 
 from bench_compare import untiled_int
-from inference_engine.backends.numba_kernels import activations, dispatch, int8
+from inference_engine.backends.numba_kernels import dispatch
+from inference_engine.backends.numba_kernels.isa import int8
+from inference_engine.backends.numba_kernels.ops import activations
 from inference_engine.cpu_features import CPUFeatures, cpu_features
 
 INT_TYPES = [t for t, k in dispatch.KERNELS.items() if k.matvec_int is not None]

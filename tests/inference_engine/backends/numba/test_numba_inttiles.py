@@ -14,7 +14,9 @@ from numba import njit
 from test_numba_intdot import AVX2, assert_matches_libggml
 from test_numba_kernels import dequantized, random_activation, random_weight
 
-from inference_engine.backends.numba_kernels import activations, dispatch, int8, intdot, inttiles
+from inference_engine.backends.numba_kernels import dispatch, intdot, inttiles
+from inference_engine.backends.numba_kernels.isa import int8
+from inference_engine.backends.numba_kernels.ops import activations
 
 TILED_TYPES = [t for t, k in dispatch.KERNELS.items() if k.matmul_tiled is not None]
 N_OUT, N_IN = 2 * inttiles.GROUP_ROWS + 5, 512  # two full row groups and a short one ending in a lone row

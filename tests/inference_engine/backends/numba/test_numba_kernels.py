@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
 
-from inference_engine.backends.numba_kernels import activations, dispatch
+from inference_engine.backends.numba_kernels import dispatch
+from inference_engine.backends.numba_kernels.ops import activations
 from inference_engine.errors import GGUFParityError
 from inference_engine.quants import quant_for
 

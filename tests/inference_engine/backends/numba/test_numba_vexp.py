@@ -13,9 +13,9 @@ import pytest
 from numba import njit
 
 from inference_engine.backends import numerics as nx
-from inference_engine.backends.numba_kernels.ops import expf_ggml
-from inference_engine.backends.numba_kernels.simd import vload, vstore
-from inference_engine.backends.numba_kernels.vexp import vexp_ggml_kj, vexp_ggml_scalef
+from inference_engine.backends.numba_kernels.isa.simd import vload, vstore
+from inference_engine.backends.numba_kernels.ops.elementwise import expf_ggml
+from inference_engine.backends.numba_kernels.ops.vexp import vexp_ggml_kj, vexp_ggml_scalef
 
 LN2 = float(np.log(2.0))
 # |n| = |round(x / ln2)| crosses 126 (two-factor scaling in the AVX2 / NEON form) and 192 (0 or inf): both sides

@@ -14,7 +14,8 @@ from gguf import GGMLQuantizationType as T
 from numba import njit
 from test_numba_intdot import X86, assert_int_matvec_is_libggml
 
-from inference_engine.backends.numba_kernels import intdot, zmm
+from inference_engine.backends.numba_kernels import intdot
+from inference_engine.backends.numba_kernels.isa import zmm
 from inference_engine.cpu_features import cpu_features
 
 N_IN = 576  # SmolLM2's width: 18 blocks a row

@@ -32,7 +32,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from inference_engine.backends.numba_kernels.simd import round_f16
+from inference_engine.backends.numba_kernels.isa.simd import round_f16
 
 _F32 = np.float32
 QK8 = 32  # Q8_0 / Q8_1 block

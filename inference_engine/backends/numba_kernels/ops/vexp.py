@@ -21,7 +21,7 @@ from llvmlite import ir
 from numba.core.errors import TypingError
 from numba.extending import intrinsic
 
-from inference_engine.backends.numba_kernels.simd import LANES, F32x16, _call_intrinsic
+from inference_engine.backends.numba_kernels.isa.simd import LANES, F32x16, _call_intrinsic
 
 _F32, _I32 = ir.FloatType(), ir.IntType(32)
 _VF = ir.VectorType(_F32, LANES)

@@ -35,8 +35,8 @@ from numba import types
 from numba.core.errors import TypingError
 from numba.extending import intrinsic, models, register_model
 
-from inference_engine.backends.numba_kernels.int8 import F32x8, _call, _ptr, _vconst, target_features
-from inference_engine.backends.numba_kernels.simd import F32x16
+from inference_engine.backends.numba_kernels.isa.int8 import F32x8, _call, _ptr, _vconst, target_features
+from inference_engine.backends.numba_kernels.isa.simd import F32x16
 
 _I8, _I16, _I32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
 _F32 = ir.FloatType()

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from numba import njit, prange
 
-from inference_engine.backends.numba_kernels.ops import _visible_range, attend_row
+from inference_engine.backends.numba_kernels.ops.attention import _visible_range, attend_row
 
 
 @njit(parallel=True, cache=True)
