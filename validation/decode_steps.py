@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from inference_engine.errors import GGUFParityError
-from inference_engine.protocol import Engine
+from inference_engine.protocol import Engine, capture_takes_force
 from validation.diff import diff_captures
 from validation.metrics import Thresholds, logit_metrics
 
@@ -78,12 +78,10 @@ class DepthPlan:
 
 def supports_steps(ours: Engine, reference: Engine) -> str | None:
     """Why decode-step validation cannot run on these engines (None when it can)."""
-    from validation.run import supports_teacher_forcing
-
     for side, engine in (("reference", reference), ("engine under test", ours)):
         if not callable(getattr(engine, "capture_next", None)):
             return f"the {side} ({getattr(engine, 'name', type(engine).__name__)}) has no capture_next()"
-    if not supports_teacher_forcing(ours):
+    if not capture_takes_force(ours):
         return "the engine under test cannot be teacher-forced (its capture() takes no force=)"
     return None
 

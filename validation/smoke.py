@@ -41,11 +41,7 @@ import numpy as np
 from inference_engine.generate import generate_step
 from inference_engine.protocol import Engine
 from inference_engine.sampling import greedy
-
-# Logit units. Between engines that agree to NMSE 1e-6 the logits differ by ~1e-3 * |logit| (rel_l2 = sqrt(NMSE)),
-# i.e. a few thousandths for logits of order 1-10; 0.05 is an order of magnitude above that, and far below the
-# typical top-1/top-2 gap of a confident prediction (whole logit units), so only genuine ties excuse a divergence.
-NEAR_TIE_MARGIN = 0.05
+from validation.free_running import NEAR_TIE_MARGIN, reference_gap_shift  # the drift rules, shared with validate
 
 
 @dataclass
@@ -125,12 +121,6 @@ def _divergence(step: int, tok_ours: int, tok_ref: int, logits_ref: np.ndarray, 
         "margin": margin,
         "near_tie": bool(margin < NEAR_TIE_MARGIN),
     }
-
-
-def reference_gap_shift(gap: float, variant_gaps: list[float]) -> tuple[float, bool]:
-    from validation.free_running import reference_gap_shift as rule  # that module imports this one
-
-    return rule(gap, variant_gaps)
 
 
 def _variants_on(variants: Mapping[str, Engine], prefix: list[int], tok_ref: int, tok_ours: int

@@ -21,6 +21,8 @@ import os
 
 import numpy as np
 
+from inference_engine.store.identity import file_identity
+
 PAGE = mmap.PAGESIZE
 # Bytes read per call when copying out of the file: few calls, and no large buffer besides the destination.
 READ_CHUNK = 16 << 20
@@ -50,11 +52,7 @@ def _mapping(arr: np.ndarray) -> mmap.mmap | None:
 def remember_file_identity(mm: np.memmap, st: os.stat_result) -> None:
     """Record on a ``numpy.memmap`` which file it maps (``st``: ``os.stat`` of the path, taken *before* mapping it),
     so that :func:`copy_out_of_map` reads by name only while the name still leads to that file."""
-    setattr(mm, IDENTITY_ATTR, _identity(st))
-
-
-def _identity(st: os.stat_result) -> tuple[int, int, int, int]:
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    setattr(mm, IDENTITY_ATTR, file_identity(mm.filename, st))
 
 
 def _file_position(arr: np.ndarray) -> tuple[str, int, tuple | None] | None:
@@ -100,7 +98,7 @@ def copy_out_of_map(arr: np.ndarray, out: np.ndarray | None = None) -> np.ndarra
     dest = memoryview(out.reshape(-1).view(np.uint8))
     try:
         with open(name, "rb", buffering=0) as fh:
-            if identity is not None and _identity(os.fstat(fh.fileno())) != identity:
+            if identity is not None and file_identity(name, os.fstat(fh.fileno())) != identity:
                 return _through_map(arr, out)
             done = _read_file_into(fh, position, dest)
     except OSError:

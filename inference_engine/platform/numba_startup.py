@@ -52,12 +52,13 @@ import importlib.abc
 import importlib.machinery
 import importlib.util
 import inspect
-import os
 import pickle
 import sys
 import textwrap
 import threading
 from pathlib import Path
+
+from inference_engine.store.atomic import atomic_write_bytes
 
 ARRAYMATH = "numba.np.arraymath"
 PROBE_LINE = "_HAVE_BLAS = _check_blas()"  # what this workaround relies on, checked in Numba's source first
@@ -317,16 +318,10 @@ def _read_kept_library(path: Path):
 def _keep_library(path: Path, state) -> None:
     """Write ``state`` with its digest to ``path`` atomically; a directory we cannot write leaves nothing."""
     payload = pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_bytes(hashlib.sha256(payload).digest() + payload)
-        tmp.replace(path)
+        atomic_write_bytes(path, hashlib.sha256(payload).digest() + payload, durable=False)
     except OSError:
-        try:
-            tmp.unlink(missing_ok=True)
-        except OSError:  # the directory itself is not there to hold it
-            pass
+        pass  # compiled again next time
 
 
 def defer_linking_bitcode() -> bool:

@@ -18,7 +18,6 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -40,6 +39,7 @@ from inference_engine.server.scheduler import (
 )
 from inference_engine.server.scheduler import Request as GenRequest
 from inference_engine.server.schemas import ChatCompletionRequest, CompletionRequest
+from inference_engine.server.served import ServedModel
 
 log = logging.getLogger("inference_engine.server")
 
@@ -61,19 +61,6 @@ def error_body(message: str, kind: str, param: str | None = None, code: str | No
 
 def error_response(e: APIError) -> JSONResponse:
     return JSONResponse(error_body(e.message, e.kind, e.param, e.code), status_code=e.status)
-
-
-@dataclass
-class ServedModel:
-    """What the API needs from the loaded model."""
-
-    model_id: str  # the name clients send as "model"
-    aliases: frozenset[str]
-    scheduler: Scheduler
-    tokenizer: object
-    gguf: object
-    n_ctx: int
-    created: int
 
 
 def create_app(served: ServedModel, metrics: ServerMetrics) -> FastAPI:

@@ -14,8 +14,8 @@ from inference_engine.server.scheduler import Delta, Finished
 from inference_engine.server.text import TokenLogprob
 
 if TYPE_CHECKING:
-    from inference_engine.server.app import ServedModel
     from inference_engine.server.schemas import ChatCompletionRequest, CompletionRequest
+    from inference_engine.server.served import ServedModel
 
 
 def _usage(f: Finished) -> dict:

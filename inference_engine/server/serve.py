@@ -43,11 +43,12 @@ class ServerConfig:
 
 def build_app(config: ServerConfig, progress: bool = False):
     """The FastAPI app for ``config`` (model loaded, scheduler ready; it starts with the app's lifespan)."""
-    from inference_engine.store.named_models import resolve_model
-    from inference_engine.server.app import ServedModel, create_app
+    from inference_engine.server.app import create_app
     from inference_engine.server.metrics import ServerMetrics
     from inference_engine.server.runner import BatchRunner
     from inference_engine.server.scheduler import Scheduler
+    from inference_engine.server.served import ServedModel
+    from inference_engine.store.named_models import resolve_model
     from inference_engine.tokenizer import GGUFTokenizer
 
     path = resolve_model(str(config.model), progress=progress)
