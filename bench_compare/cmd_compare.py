@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from bench_compare import compare_run, engines, generate_timing, report
+from bench_compare import compare_run, engines, generate_timing, intervals, report
 from inference_engine.store.atomic import atomic_write_json
 from bench_compare.cmd_bench import parse_positive_int
 from bench_compare.measure import DEFAULT_SEED
@@ -32,6 +32,17 @@ def _optional_int(text: str | None, flag: str, minimum: int) -> int | None:
     return None if text is None else parse_positive_int(text, flag, minimum)
 
 
+def _depths(text: str | None) -> tuple[int, ...] | None:
+    """-d: one depth (``512``) or a comma list (``4096,16384``), each >= 0; None when not given."""
+    if text is None:
+        return None
+    if "," not in text:
+        return (parse_positive_int(text, "-d", 0),)
+    from bench_compare.adapters.http_cli import parse_int_list
+
+    return tuple(parse_int_list(text, "-d", [], 0))
+
+
 @click.command("compare")
 @click.option("--model", "-m", "model", metavar="MODEL", default=DEFAULT_MODEL, show_default=True,
               help="Named model or .gguf path.")
@@ -45,10 +56,15 @@ def _optional_int(text: str | None, flag: str, minimum: int) -> int | None:
               help="Prompt size (default 512, llama-bench's; smaller only to fit the context or --budget).")
 @click.option("-n", "n_gen", metavar="N", default=None,
               help="Generated tokens (default 128, llama-bench's; smaller only to fit the context or --budget).")
-@click.option("-d", "n_depth", metavar="N", default=None,
-              help="Depth for the tg @ depth test (default 512, scaled; 0: none).")
+@click.option("-d", "n_depth", metavar="N[,N...]", default=None,
+              help="Depths: pp and tg run again at each, e.g. -d 4096,16384 (default 512, scaled; 0: none).")
 @click.option("-r", "reps", metavar="N", default=str(compare_run.DEFAULT_REPS), show_default=True,
-              help="Repetitions.")
+              help="Repetitions (the least, with --precision).")
+@click.option("--precision", metavar="PCT", default=None,
+              help="Repeat each test (paired, interleaved) until its ratio's 95% confidence interval is within "
+                   "+-PCT, e.g. 5%, or --max-reps is reached.")
+@click.option("--max-reps", metavar="N", default=str(compare_run.DEFAULT_MAX_REPS), show_default=True,
+              help="With --precision: the most repetitions per test.")
 @click.option("-t", "threads", metavar="N", default=None,
               help=f"Threads for both engines.{table_default(defaults.COMMANDS, 'threads')}")
 @click.option("--cold-reps", metavar="N", default=str(compare_run.DEFAULT_COLD_REPS), show_default=True,
@@ -77,9 +93,9 @@ def _optional_int(text: str | None, flag: str, minimum: int) -> int | None:
               help="HTTP engines only: requests each client sends per concurrency level.")
 @click.option("-c", "n_ctx", metavar="N", default="2048", show_default=True,
               help="HTTP engines only: context of the llama.cpp server / in-process reference.")
-def compare(model, backend, engine, engine_opts, numerics, n_prompt, n_gen, n_depth, reps, threads, cold_reps,
-            no_cold, quick, budget, prompt, seed, json_path, report_dir, progress, against, concurrency, warmup,
-            requests_per_client, n_ctx) -> None:
+def compare(model, backend, engine, engine_opts, numerics, n_prompt, n_gen, n_depth, reps, precision, max_reps,
+            threads, cold_reps, no_cold, quick, budget, prompt, seed, json_path, report_dir, progress, against,
+            concurrency, warmup, requests_per_client, n_ctx) -> None:
     """Benchmark our engine and llama.cpp side by side, interleaved: pp, tg, tg @ depth, hot and cold TTFT and
     peak RSS, with ratios (higher is better for ours). With --engine openai:URL: a serving benchmark over HTTP."""
     spec = engines.parse_engine_spec(engine, engines.parse_engine_opts(engine_opts)) if engine else None
@@ -89,14 +105,17 @@ def compare(model, backend, engine, engine_opts, numerics, n_prompt, n_gen, n_de
         return _http_compare(spec, against, model, threads, n_ctx, n_prompt, n_gen, n_depth, reps, concurrency, warmup,
                              requests_per_client, seed, json_path, report_dir, progress, quick)
     budget_s = None if budget is None else float(budget)
+    depths = _depths(n_depth)
     run = defaults.COMMANDS.resolve(backend=backend, numerics=numerics,
                                     threads=_optional_int(threads, "-t", 1))
     cfg = compare_run.CompareConfig(
         model=model, backend=run.backend, numerics=run.numerics, engine=engine,
         engine_opts=engines.parse_engine_opts(engine_opts),
         n_prompt=_optional_int(n_prompt, "-p", 1), n_gen=_optional_int(n_gen, "-n", 1),
-        n_depth=_optional_int(n_depth, "-d", 0),
+        n_depth=None if depths is None else max(depths), depths=depths if depths and len(depths) > 1 else None,
         reps=_reps(reps, quick),
+        precision=None if precision is None else intervals.parse_precision(precision),
+        max_reps=parse_positive_int(max_reps, "--max-reps", 2),
         cold_reps=parse_positive_int(cold_reps, "--cold-reps"),
         n_threads=run.threads, cold=not no_cold, quick=quick,
         seed=parse_positive_int(seed, "--seed", 0), budget_s=budget_s,
@@ -139,8 +158,11 @@ def compare(model, backend, engine, engine_opts, numerics, n_prompt, n_gen, n_de
         click.echo(f"note: {result['settings']['sizes_note']}")
     for line in generate_timing.timing_notes(result):  # an engine that only generates: whose clock timed what
         click.echo(f"note: {line}")
+    for line in result.get("noise", {}).get("warnings", []):  # bench_compare.noise: was the machine quiet?
+        click.echo(f"warning: {line}")
     click.echo("")
     click.echo(report.compare_table(result))
+    click.echo(report.verdict_line(result))
     phases = report.cold_phase_table(result)
     if phases:
         click.echo("\ncold start phases:\n" + phases)
@@ -184,4 +206,5 @@ def _http_compare(spec, against, model, threads, n_ctx, n_prompt, n_gen, n_depth
 def _partial_result(session: compare_run.CompareSession) -> dict:
     results = session.results()
     return CompareResult(ours=session.ours_name, reference=REFERENCE_ENGINE, results=[r.to_dict() for r in results],
-                         ratios=session.ratios()).to_dict()
+                         ratios=session.ratios(),
+                         ratio_intervals={t: i.to_dict() for t, i in session.intervals().items()}).to_dict()

@@ -1,7 +1,14 @@
 """``compare``: our engine and llama.cpp on the same model, the same random tokens, interleaved.
 
 Tests (llama-bench semantics, see :mod:`bench_compare.measure`): ``pp{P}``, ``tg{N}``, ``tg{N} @ d{D}``,
-``ttft hot``, then in fresh subprocesses ``ttft cold`` and ``peak rss``. Every repetition runs ours then llama.cpp
+``ttft hot``, then in fresh subprocesses ``ttft cold`` and ``peak rss``. Every depth (``-d``, one or a comma list
+as ``-d 4096,16384``; default 512) runs ``pp{P} @ d{D}`` and ``tg{N} @ d{D}``, as llama-bench's ``-d`` does; a depth
+is prefilled once per engine and extended or rewound between samples (:class:`~bench_compare.measure.DepthFill`),
+not once per sample.
+
+Every ratio comes with a confidence interval and a verdict (faster / slower / same within noise,
+:mod:`bench_compare.intervals`); ``--precision 5%`` adds paired repetitions to each hot test, up to ``--max-reps``,
+until its interval is that narrow. Every repetition runs ours then llama.cpp
 (A, B, A, B, ...) so that drift on a shared machine hits both, and the ratios (higher is better for ours) are the
 numbers to track, never the absolute times. The cold starts run after both hot engines are closed and released, in
 alternating order (A B, B A, A B, ...).
@@ -30,7 +37,8 @@ from typing import Any
 
 import numpy as np
 
-from bench_compare import cold_runner, engines, generate_timing, timing
+from bench_compare import cold_runner, engines, generate_timing, noise, timing
+from bench_compare.intervals import RatioInterval, interval_of, precise_enough
 from bench_compare.measure import (
     DEFAULT_N_BATCH,
     DEFAULT_SEED,
@@ -49,6 +57,7 @@ from bench_compare.measure import (
 from bench_compare.results import (
     REFERENCE_ENGINE,
     TestResult,
+    compute_intervals,
     compute_ratios,
     from_measurement,
     model_description,
@@ -64,6 +73,9 @@ from inference_engine.protocol import EngineCapabilityError
 from validation.results import CompareResult
 
 DEFAULT_REPS = 3
+# --precision's cap on repetitions per test: a 2-core VM's ~7% spread between repetitions needs ~10 pairs for +-5%
+# (t(9) = 2.26, 0.07 * 2.26 / sqrt(10) = 5%); 20 leaves room for a noisier machine without running for ever.
+DEFAULT_MAX_REPS = 20
 DEFAULT_COLD_REPS = 3
 # No time budget by default: llama-bench's sizes are what a compare is for (about two minutes on smollm2-135m on a
 # 2-core machine; minutes more on a 1.5B model). ``--budget`` asks for sizes that fit.
@@ -100,6 +112,12 @@ INTERPRETER_START_S = 0.5
 # few percent of a pp512's time; 2 decoded tokens take the one-token kernels (the first decode and a later one).
 WARMUP_PROMPT_TOKENS = 64
 WARMUP_DECODE_STEPS = 2
+# The warm-up repeats until two runs in a row agree within this fraction (a steady state: caches, page faults, the
+# CPU's clock settled), at most WARMUP_MAX_RUNS times. 10%: above the ~7% spread between repetitions measured on
+# this project's 2-core VMs, so a machine that is merely noisy is not warmed up for ever; a first run that compiles
+# or faults in the weights takes 2x-100x longer and is caught.
+WARMUP_STEADY_TOLERANCE = 0.10
+WARMUP_MAX_RUNS = 5
 
 
 @dataclass
@@ -108,6 +126,7 @@ class Sizes:
     n_gen: int
     n_depth: int
     how: str = "given"  # "given" | "default" | "auto-scaled" | "quick"
+    depths: tuple[int, ...] | None = None  # -d's list (None: n_depth alone)
     note: str = ""
     projected_s: float | None = None  # the probe's projection of the measured part (only with --budget)
 
@@ -123,7 +142,11 @@ class CompareConfig:
     n_prompt: int | None = None
     n_gen: int | None = None
     n_depth: int | None = None
+    # -d as a list (each depth run as pp and tg at depth); None: n_depth, or the sizes ladder's
+    depths: tuple[int, ...] | None = None
     reps: int = DEFAULT_REPS
+    precision: float | None = None  # --precision: relative half-width of each ratio's interval to reach
+    max_reps: int = DEFAULT_MAX_REPS
     cold_reps: int = DEFAULT_COLD_REPS
     n_threads: int | None = None
     cold: bool = True
@@ -132,6 +155,12 @@ class CompareConfig:
     prompt: str = DEFAULT_TTFT_PROMPT
     budget_s: float | None = DEFAULT_BUDGET_S
     n_batch: int = DEFAULT_N_BATCH
+
+    def depth_given(self) -> int | None:
+        """The depth the sizes ladder keeps: -d's deepest (a list is never scaled), else -d, else None."""
+        if self.depths is not None:
+            return max(self.depths, default=0)
+        return self.n_depth
 
     def engine_spec(self) -> engines.EngineSpec:
         """The engine compared with llama.cpp: ``--engine`` when given, else ours on ``--backend``."""
@@ -151,6 +180,11 @@ class CompareConfig:
                 raise GGUFParityError(f"{name} must be at least {low} for compare (got {value})")
         if self.reps < 1:
             raise GGUFParityError(f"-r must be at least 1 (got {self.reps})")
+        if self.precision is not None and self.max_reps < max(self.reps, 2):
+            raise GGUFParityError(f"--max-reps must be at least -r and at least 2 for --precision (got "
+                                  f"{self.max_reps})")
+        if self.depths is not None and any(d < 0 for d in self.depths):
+            raise GGUFParityError(f"-d takes depths of at least 0 (got {','.join(map(str, self.depths))})")
         if self.cold and self.cold_reps < 1:
             raise GGUFParityError(f"--cold-reps must be at least 1 (got {self.cold_reps})")
         if self.n_threads is not None and self.n_threads < 1:
@@ -166,9 +200,11 @@ def default_threads() -> int:
 
 
 def plan_tests(sizes: Sizes) -> list[TestSpec]:
+    """pp and tg at depth 0, then at-depth tests in increasing depth (each depth's cache extends the last one's)."""
     tests = [pp_test(sizes.n_prompt), tg_test(sizes.n_gen)]
-    if sizes.n_depth > 0:
-        tests.append(tg_test(sizes.n_gen, sizes.n_depth))
+    depths = sizes.depths if sizes.depths is not None else (sizes.n_depth,)
+    for depth in sorted({d for d in depths if d > 0}):
+        tests += [pp_test(sizes.n_prompt, depth), tg_test(sizes.n_gen, depth)]
     return tests
 
 
@@ -184,6 +220,7 @@ class EngineRates:
     startup_s: float
     decode_ctx_s: float = 0.0
     reset_s: float = 0.0
+    rewinds: bool = False  # the engine has ``rewind``: a depth is prefilled once, then kept between samples
 
     def prefill(self, n_tokens: int, n_batch: int = DEFAULT_N_BATCH) -> float:
         if n_tokens <= 0:
@@ -195,10 +232,11 @@ class EngineRates:
         """``n_tokens`` decode steps starting with ``context`` tokens in the cache."""
         return n_tokens * self.decode_s + self.decode_ctx_s * (n_tokens * context + n_tokens * (n_tokens - 1) / 2)
 
-    def sample(self, test: TestSpec, n_batch: int = DEFAULT_N_BATCH) -> float:
-        """Wall time of one :func:`bench_compare.measure.run_sample` of ``test`` (reset and depth included)."""
-        return (self.reset_s + self.prefill(test.n_depth, n_batch) + self.prefill(test.n_prompt, n_batch)
-                + self.generate(test.n_gen, test.n_depth + test.n_prompt))
+    def sample(self, test: TestSpec, n_batch: int = DEFAULT_N_BATCH, depth_filled: bool = False) -> float:
+        """Wall time of one :func:`bench_compare.measure.run_sample` of ``test`` (reset and depth included, unless
+        ``depth_filled``: a rewind to a depth the cache already holds costs neither)."""
+        fill = 0.0 if depth_filled else self.reset_s + self.prefill(test.n_depth, n_batch)
+        return fill + self.prefill(test.n_prompt, n_batch) + self.generate(test.n_gen, test.n_depth + test.n_prompt)
 
 
 def probe_rates(engine, allowed_ids: np.ndarray, seed: int, startup_s: float,
@@ -241,22 +279,32 @@ def probe_rates(engine, allowed_ids: np.ndarray, seed: int, startup_s: float,
     per_ctx = max(steps[PROBE_PREFILL_LARGE] - steps[PROBE_PREFILL_SMALL], 0.0) / span
     mean_ctx = PROBE_PREFILL_SMALL + (PROBE_DECODE - 1) / 2
     decode_s = max(steps[PROBE_PREFILL_SMALL] - per_ctx * mean_ctx, 0.0)
-    return EngineRates(per_call, per_token, decode_s, startup_s, decode_ctx_s=per_ctx, reset_s=reset_s)
+    return EngineRates(per_call, per_token, decode_s, startup_s, decode_ctx_s=per_ctx, reset_s=reset_s,
+                       rewinds=callable(getattr(engine, "rewind", None)))
 
 
 def project_seconds(rates: list[EngineRates], sizes: tuple[int, int, int], reps: int, ttft_tokens: int,
-                    cold_reps: int, n_batch: int = DEFAULT_N_BATCH, pause_s: float | None = None) -> float:
+                    cold_reps: int, n_batch: int = DEFAULT_N_BATCH, pause_s: float | None = None,
+                    depths: tuple[int, ...] | None = None) -> float:
     """Projected wall time of the measured part of a compare run with ``sizes``: exactly the work the
     :class:`~bench_compare.measure.Runner` does (per test a warm-up with one generated token, then ``reps``
     samples, on each engine), the engine-switch pauses, and the cold starts. No safety factor: the projection is
     for this machine as loaded as during the probe, and the run records it next to the time it took."""
     p, n, d = sizes
-    tests = plan_tests(Sizes(p, n, d)) + [ttft_hot_test(ttft_tokens)]
+    tests = plan_tests(Sizes(p, n, d, depths=depths)) + [ttft_hot_test(ttft_tokens)]
     pause_s = INTERLEAVE_PAUSE_S if pause_s is None else pause_s
     total = 0.0
     for r in rates:
+        filled = 0  # the depth this engine's cache holds (DepthFill: extended, rewound, reset at depth 0)
         for test in tests:
             warmup = TestSpec(test.kind, test.n_prompt, min(test.n_gen, 1), test.n_depth)  # warmup_tokens()
+            if r.rewinds and test.n_depth:
+                extend = test.n_depth - filled if 0 < filled <= test.n_depth else test.n_depth
+                total += (r.reset_s if extend == test.n_depth else 0.0) + r.prefill(extend, n_batch)
+                total += r.sample(warmup, n_batch, True) + reps * r.sample(test, n_batch, True)
+                filled = test.n_depth
+                continue
+            filled = 0
             total += r.sample(warmup, n_batch) + reps * r.sample(test, n_batch)
         rss = pg_test(p, n)  # the cold start's memory workload after the first token
         total += cold_reps * (INTERPRETER_START_S + r.startup_s + r.prefill(ttft_tokens, n_batch)
@@ -286,10 +334,18 @@ def size_candidates(ladder: tuple[tuple[int, int, int], ...]) -> list[tuple[int,
     return out
 
 
-def fit_context(max_ctx: int, ladder: tuple[tuple[int, int, int], ...] = SIZE_LADDER) -> Sizes:
+def context_needed(sizes: tuple[int, int, int], depths: tuple[int, ...] | None = None) -> int:
+    """Positions the largest test of ``sizes`` fills: the deepest depth (``depths``, else ``sizes``') plus the prompt
+    or generation run there."""
+    p, n, d = sizes
+    return max(d if depths is None else max(depths, default=0), 0) + max(p, n)
+
+
+def fit_context(max_ctx: int, ladder: tuple[tuple[int, int, int], ...] = SIZE_LADDER,
+                depths: tuple[int, ...] | None = None) -> Sizes:
     """The largest of :func:`size_candidates` whose tests fit the model's context (no time budget)."""
     top = ladder[0]
-    fitting = [s for s in size_candidates(ladder) if s[2] + s[1] <= max_ctx and s[0] <= max_ctx]
+    fitting = [s for s in size_candidates(ladder) if context_needed(s, depths) <= max_ctx]
     chosen = fitting[0] if fitting else ladder[-1]
     if chosen == top:
         return Sizes(*chosen, how="default")
@@ -299,15 +355,16 @@ def fit_context(max_ctx: int, ladder: tuple[tuple[int, int, int], ...] = SIZE_LA
 
 
 def choose_sizes(rates: list[EngineRates], reps: int, ttft_tokens: int, cold_reps: int, budget_s: float,
-                 max_ctx: int, ladder: tuple[tuple[int, int, int], ...] = SIZE_LADDER) -> Sizes:
+                 max_ctx: int, ladder: tuple[tuple[int, int, int], ...] = SIZE_LADDER,
+                 depths: tuple[int, ...] | None = None) -> Sizes:
     """The first (largest) of :func:`size_candidates` that fits the context and whose projected time fits
     ``budget_s``; the note says why larger sizes were passed over, with the projections."""
     top = ladder[0]
-    fitting = [s for s in size_candidates(ladder) if s[2] + s[1] <= max_ctx and s[0] <= max_ctx]
+    fitting = [s for s in size_candidates(ladder) if context_needed(s, depths) <= max_ctx]
     reasons = [] if top in fitting else [f"the model's context ({max_ctx} tokens)"]
     chosen, largest_projected = None, None
     for s in fitting:
-        projected = project_seconds(rates, s, reps, ttft_tokens, cold_reps)
+        projected = project_seconds(rates, s, reps, ttft_tokens, cold_reps, depths=depths)
         if projected <= budget_s:
             chosen = s
             break
@@ -317,7 +374,7 @@ def choose_sizes(rates: list[EngineRates], reps: int, ttft_tokens: int, cold_rep
                            f"{projected:.0f} s)")
     if chosen is None:
         chosen = fitting[-1] if fitting else ladder[-1]
-        projected = project_seconds(rates, chosen, reps, ttft_tokens, cold_reps)
+        projected = project_seconds(rates, chosen, reps, ttft_tokens, cold_reps, depths=depths)
         return Sizes(*chosen, how="auto-scaled", projected_s=projected, note=(
             f"even the smallest sizes (-p {chosen[0]} -n {chosen[1]} -d {chosen[2]}) are projected to take "
             f"{projected:.0f} s, over the {budget_s:.0f} s budget"))
@@ -338,6 +395,8 @@ class CompareSession:
     runner: Runner | None = None
     cold_runs: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     cold_done: bool = False
+    noise: dict[str, Any] = field(default_factory=dict)  # bench_compare.noise windows: "before", "during"
+    before_window: noise.Window | None = None  # open from the engines' loading to the end of the warm-up
     sizes: Sizes | None = None
     settings: dict[str, Any] = field(default_factory=dict)
     load_s: dict[str, float] = field(default_factory=dict)
@@ -352,6 +411,9 @@ class CompareSession:
 
     def ratios(self) -> dict[str, float]:
         return compute_ratios(self.results(), self.ours_name, REFERENCE_ENGINE)
+
+    def intervals(self) -> dict[str, RatioInterval]:
+        return compute_intervals(self.results(), self.ours_name, REFERENCE_ENGINE)
 
 
 ProgressHook = Callable[[str], None]  # called with a short description after each unit of work
@@ -378,12 +440,15 @@ def run_compare(cfg: CompareConfig, session: CompareSession, *, clock: Clock | N
     advance = advance or (lambda desc: None)
 
     # Context for the largest possible run; the engines are made once (weights loaded once, kept warm).
-    ladder_max = max(s[2] + s[1] for s in SIZE_LADDER + (QUICK_SIZES,))
-    want_ctx = max(ladder_max, (cfg.n_depth or 0) + (cfg.n_gen or 0), cfg.n_prompt or 0)
+    ladder_max = max(context_needed(s) for s in SIZE_LADDER + (QUICK_SIZES,))
+    # pp and tg at the deepest depth; sizes not given may take the ladder's largest
+    want_ctx = max(ladder_max, context_needed((cfg.n_prompt or SIZE_LADDER[0][0], cfg.n_gen or SIZE_LADDER[0][1],
+                                               cfg.depth_given() or 0)))
     n_ctx = min(_round_up(want_ctx + 8, 256), max_ctx)
 
     # llama.cpp's repacked-weight verdict (a child-process probe on a machine's first run) before any load is timed
     engines.llamacpp_extra_bufts(path)
+    session.before_window = noise.Window(name_processes=True)  # closed after the warm-up: loading is ours
     say(f"loading {ours_spec.name} and llama.cpp on {path.name} ({n_threads} threads)")
     made: dict[str, Any] = {}
     # a first run's kernel compile is announced through ``say`` (past the progress bar)
@@ -426,7 +491,7 @@ def _run_with_engines(cfg, session, made, gguf, path, n_threads, n_ctx, max_ctx,
     reps = cfg.reps
 
     compiled_before = compile_notice.kernels_compiled()
-    warm_up(made, allowed, cfg.seed, n_ctx, clock, cfg.n_batch)
+    warmup_runs = warm_up(made, allowed, cfg.seed, n_ctx, clock, cfg.n_batch)
     kernels_compiled = {"warmup": compile_notice.kernels_compiled() - compiled_before}
     sizes = _pick_sizes(cfg, made, allowed, session, ttft_tokens, cold_reps, max_ctx, clock, say)
     session.sizes = sizes
@@ -440,6 +505,8 @@ def _run_with_engines(cfg, session, made, gguf, path, n_threads, n_ctx, max_ctx,
     settings = {
         "n_threads": n_threads, "n_ctx": n_ctx, "reps": reps, "cold_reps": cold_reps, "seed": cfg.seed,
         "n_prompt": sizes.n_prompt, "n_gen": sizes.n_gen, "n_depth": sizes.n_depth, "sizes_chosen": sizes.how,
+        "depths": list(sizes.depths) if sizes.depths is not None else None,
+        "precision": cfg.precision, "max_reps": cfg.max_reps if cfg.precision is not None else None,
         "sizes_note": sizes.note, "prompt": cfg.prompt, "ttft_prompt_tokens": ttft_tokens, "quick": cfg.quick,
         "budget_s": cfg.budget_s, "projected_s": sizes.projected_s,
         "order": "interleaved per repetition: ours, llamacpp; cold starts after both engines are released, "
@@ -450,6 +517,7 @@ def _run_with_engines(cfg, session, made, gguf, path, n_threads, n_ctx, max_ctx,
             for spec in (ours_spec, ref_spec)
         },
         "load_s_in_process": session.load_s,
+        "warmup_runs": warmup_runs,  # per engine: until two runs in a row agreed (WARMUP_STEADY_TOLERANCE)
         "kernels_compiled": kernels_compiled,  # in this process: in the warm-up, and (never expected) measuring
     }
     session.settings = settings
@@ -460,8 +528,12 @@ def _run_with_engines(cfg, session, made, gguf, path, n_threads, n_ctx, max_ctx,
         settings["prompt_tokens"] = "random words of exact token counts (an engine that only generates takes text)"
     runner = Runner({ours_spec.name: ours, ref_spec.name: ref}, allowed, reps=reps, clock=clock,
                     n_batch=cfg.n_batch, seed=cfg.seed, pause_s=INTERLEAVE_PAUSE_S, draw=draw,
-                    on_progress=lambda label, test, what: advance(f"{test.name} {label}"))
+                    on_progress=lambda label, test, what: advance(f"{test.name} {label}"),
+                    until=_precise_enough(cfg.precision), max_reps=cfg.max_reps if cfg.precision else reps)
     session.runner = runner
+    if session.before_window is not None:
+        session.noise["before"] = _window_dict(session.before_window.close())
+    during = noise.Window(name_processes=True)
     started_ns = clock()
     for test in tests:
         runner.run(test)
@@ -484,22 +556,32 @@ def _run_with_engines(cfg, session, made, gguf, path, n_threads, n_ctx, max_ctx,
                 advance(f"cold start {spec.name}")
         session.cold_done = True
     settings["measured_s"] = (clock() - started_ns) / NS_PER_S  # next to projected_s: was the projection honest?
+    session.noise["during"] = _window_dict(during.close())
     kernels_compiled["measuring"] = compile_notice.kernels_compiled() - compiled_before - kernels_compiled["warmup"]
     return build_result(session, gguf)
 
 
 def warm_up(made: dict[str, Any], allowed: np.ndarray, seed: int, n_ctx: int, clock: Clock,
-            n_batch: int = DEFAULT_N_BATCH) -> None:
+            n_batch: int = DEFAULT_N_BATCH) -> dict[str, int]:
     """Each engine's first calls, untimed, before the probe, the progress bar and the measurements: a prefill of
-    :data:`WARMUP_PROMPT_TOKENS` and :data:`WARMUP_DECODE_STEPS` decoded tokens (first calls compile or allocate)."""
+    :data:`WARMUP_PROMPT_TOKENS` and :data:`WARMUP_DECODE_STEPS` decoded tokens (first calls compile or allocate),
+    repeated until two runs in a row agree within :data:`WARMUP_STEADY_TOLERANCE` (at most
+    :data:`WARMUP_MAX_RUNS`). Returns the runs each engine took."""
     n_prompt = max(1, min(WARMUP_PROMPT_TOKENS, n_ctx - WARMUP_DECODE_STEPS))
     test = pg_test(n_prompt, WARMUP_DECODE_STEPS)
     tokens = draw_tokens(test, allowed, seed)
-    for engine in made.values():
+    runs: dict[str, int] = {}
+    for name, engine in made.items():
+        times: list[int] = []
         try:
-            run_sample(engine, test, tokens, clock, n_batch)
+            while len(times) < WARMUP_MAX_RUNS:
+                times.append(run_sample(engine, test, tokens, clock, n_batch))
+                if len(times) >= 2 and abs(times[-1] - times[-2]) <= WARMUP_STEADY_TOLERANCE * times[-2]:
+                    break
         except EngineCapabilityError:  # an engine that only generates: the runner's warm-up requests serve it
             pass
+        runs[name] = len(times)
+    return runs
 
 
 def build_result(session: CompareSession, gguf) -> dict[str, Any]:
@@ -516,12 +598,21 @@ def build_result(session: CompareSession, gguf) -> dict[str, Any]:
         provenance=provenance(),
         results=[r.to_dict() for r in results],
         ratios=compute_ratios(results, session.ours_name, REFERENCE_ENGINE),
+        ratio_intervals={test: i.to_dict() for test, i in
+                         compute_intervals(results, session.ours_name, REFERENCE_ENGINE).items()},
         ratio_orientation="higher is better for ours: throughput ours/llamacpp, time and memory llamacpp/ours",
+        extra={"noise": {**session.noise, "warnings": noise.warnings(session.noise)}} if session.noise else {},
     ).to_dict()
 
 
 def _pick_sizes(cfg, made, allowed, session, ttft_tokens, cold_reps, max_ctx, clock, say) -> Sizes:
-    given = (cfg.n_prompt, cfg.n_gen, cfg.n_depth)
+    sizes = _pick_base_sizes(cfg, made, allowed, session, ttft_tokens, cold_reps, max_ctx, clock, say)
+    sizes.depths = cfg.depths
+    return sizes
+
+
+def _pick_base_sizes(cfg, made, allowed, session, ttft_tokens, cold_reps, max_ctx, clock, say) -> Sizes:
+    given = (cfg.n_prompt, cfg.n_gen, cfg.depth_given())
     if cfg.quick:
         p, n, d = (g if g is not None else q for g, q in zip(given, QUICK_SIZES))
         return Sizes(p, n, d, how="quick", note=f"--quick: -p {p} -n {n} -d {d} -r {cfg.reps}, cold runs "
@@ -531,22 +622,39 @@ def _pick_sizes(cfg, made, allowed, session, ttft_tokens, cold_reps, max_ctx, cl
     # Sizes the user gave are kept; only the others move down the ladder.
     ladder = tuple(tuple(g if g is not None else s for g, s in zip(given, step)) for step in SIZE_LADDER)
     if cfg.budget_s is None:
-        return fit_context(max_ctx, ladder)
+        return fit_context(max_ctx, ladder, cfg.depths)
     for name, engine in made.items():
         if generate_timing.generate_only(engine):
             raise GGUFParityError(f"--budget probes prefill and decode calls, which {name} does not offer (it only "
                                   "generates); give -p, -n and -d instead")
     say(f"probing each engine's costs to fit the {cfg.budget_s:.0f} s budget")
     rates = [probe_rates(engine, allowed, cfg.seed, session.load_s[name], clock) for name, engine in made.items()]
-    return choose_sizes(rates, cfg.reps, ttft_tokens, cold_reps, cfg.budget_s, max_ctx, ladder)
+    return choose_sizes(rates, cfg.reps, ttft_tokens, cold_reps, cfg.budget_s, max_ctx, ladder, cfg.depths)
 
 
 def _check_sizes_fit(cfg: CompareConfig, max_ctx: int) -> None:
-    need = max((cfg.n_depth or 0) + (cfg.n_gen or 0), cfg.n_prompt or 0)
+    depth = cfg.depth_given() or 0
+    need = context_needed((cfg.n_prompt or 0, cfg.n_gen or 0, depth))
     if need > max_ctx:
         raise GGUFParityError(
-            f"depth {cfg.n_depth or 0} + gen {cfg.n_gen or 0} (or prompt {cfg.n_prompt or 0}) needs {need} tokens of "
-            f"context but the model's context length is {max_ctx}")
+            f"depth {depth} + prompt {cfg.n_prompt or 0} or gen {cfg.n_gen or 0} needs {need} tokens of context "
+            f"but the model's context length is {max_ctx}")
+
+
+def _window_dict(window) -> dict[str, Any] | None:
+    return None if window is None else window.to_dict()
+
+
+def _precise_enough(precision: float | None) -> Callable[[list], bool] | None:
+    """``--precision``: a test is done once the interval of ours / llama.cpp (its first two engines) is that narrow."""
+    if precision is None:
+        return None
+
+    def enough(measurements: list) -> bool:
+        ours, ref = measurements[0], measurements[1]
+        return precise_enough(interval_of(ours.samples, ref.samples, ours.higher_is_better), precision)
+
+    return enough
 
 
 def _round_up(x: int, m: int) -> int:

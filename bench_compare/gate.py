@@ -4,6 +4,10 @@ Only numbers that are meaningful across machines and runs are gated: the speed *
 the same run (never absolute times, which move with the machine and its load) and validation metrics
 (KL divergence, top-1 agreement, worst per-tensor NMSE).
 
+A ratio with a confidence interval (``ratio_intervals``, :mod:`bench_compare.intervals`) regresses only when the
+whole interval lies below the limit; a ratio whose point is below the limit but whose interval reaches it is
+reported as "within noise" and does not fail the gate (rerun with more repetitions, ``--precision``, to decide).
+
 A baseline is a JSON object with ``ratios`` ``{test: ratio}`` and/or ``validation`` ``{metric: value}``; a
 compare result or a validation result is also accepted as a baseline (its ratios or metrics are used), and
 ``bench-compare report --write-baseline`` writes one from results.
@@ -48,6 +52,14 @@ class Check:
     higher_is_better: bool
     limit: float
     regressed: bool
+    low: float | None = None  # the current ratio's confidence interval, where the result has one
+    high: float | None = None
+
+    @property
+    def within_noise(self) -> bool:
+        """The point is past the limit but the interval reaches back over it: not a regression at this confidence."""
+        point_regressed = not (self.current >= self.limit) if self.higher_is_better else not (self.current <= self.limit)
+        return point_regressed and not self.regressed
 
     @property
     def change_pct(self) -> float:
@@ -131,6 +143,7 @@ def check(results: list[dict[str, Any]], baseline: dict[str, Any], max_regressio
     for r in results:
         if r["_kind"] not in GATED_KINDS:
             continue
+        intervals = r.get("ratio_intervals") or {}
         if r["_kind"] in RATIO_KINDS:
             current = {k: (v, True) for k, v in ratios_of(r).items() if v is not None}
             base = baseline.get("ratios", {})
@@ -144,13 +157,16 @@ def check(results: list[dict[str, Any]], baseline: dict[str, Any], max_regressio
             if metric not in base:
                 continue
             b = float(base[metric])
+            interval = intervals.get(metric) or {}
+            low, high = interval.get("low"), interval.get("high")
             if higher:
                 limit = b * (1 - frac)
-                regressed = not (value >= limit)  # NaN counts as a regression
+                # NaN counts as a regression; with an interval, only when all of it is below the limit
+                regressed = not ((high if high is not None else value) >= limit)
             else:
                 limit = b * (1 + frac) + ABSOLUTE_NOISE_FLOOR
                 regressed = not (value <= limit)
-            checks.append(Check(r["_source"], metric, b, float(value), higher, limit, regressed))
+            checks.append(Check(r["_source"], metric, b, float(value), higher, limit, regressed, low, high))
     if not checks:
         have = sorted({k for r in results if r["_kind"] in GATED_KINDS
                        for k in (ratios_of(r) if r["_kind"] in RATIO_KINDS else validation_metrics(r))})
@@ -165,8 +181,11 @@ def gate_markdown(checks: list[Check], max_regression_pct: float, baseline_path:
     rows = []
     for c in checks:
         direction = "higher" if c.higher_is_better else "lower"
-        rows.append([f"`{c.metric}`", f"{c.baseline:.4g}", f"{c.current:.4g}", f"{c.change_pct:+.1f}%",
-                     f"{direction} is better", "**REGRESSED**" if c.regressed else "ok"])
+        current = f"{c.current:.4g}" + (f" ({c.low:.3g}-{c.high:.3g})" if c.low is not None and c.high is not None
+                                         else "")
+        status = "**REGRESSED**" if c.regressed else "within noise" if c.within_noise else "ok"
+        rows.append([f"`{c.metric}`", f"{c.baseline:.4g}", current, f"{c.change_pct:+.1f}%",
+                     f"{direction} is better", status])
     failed = sum(c.regressed for c in checks)
     head = (f"## Regression gate\n\nBaseline `{baseline_path}`, allowed regression {max_regression_pct:g}%: "
             f"{'**FAILED** (' + str(failed) + ' regressed)' if failed else 'passed'}.\n")

@@ -9,7 +9,8 @@ The tests follow llama-bench (tools/llama-bench/llama-bench.cpp in the vendored 
 * ``ttft hot``  weights loaded and warm, fresh KV cache: from the tokenized prompt to the first greedy token
   (prefill + argmax), in milliseconds.
 
-Every test is warmed up once, then repeated; the :class:`Runner` can interleave several engines per repetition
+Every test is warmed up once, then repeated (``reps`` times, or with ``until`` more rounds up to ``max_reps``
+until the caller's precision target is met); the :class:`Runner` can interleave several engines per repetition
 (A, B, A, B, ...) so that machine drift hits all of them alike, with an optional untimed pause at each switch
 (an engine's idle worker threads may still spin: NumPy's OpenBLAS burns ~30 ms of CPU after a call here).
 The clock is injected (``timing.Clock``) so the arithmetic is tested with a fake clock. Results accumulate as
@@ -142,27 +143,68 @@ class TestTokens:
 
 def draw_tokens(test: TestSpec, allowed_ids: np.ndarray, seed: int = DEFAULT_SEED) -> TestTokens:
     """The random tokens of one test: a pure function of (test sizes, seed, vocabulary), so every engine and
-    every repetition gets exactly the same ones."""
+    every repetition gets exactly the same ones. The depth tokens come from a stream of their own, so a shorter
+    depth is a prefix of a longer one (a cache filled to 4096 extends to 16384: :class:`DepthFill`)."""
     rng = np.random.default_rng([seed, test.n_depth, test.n_prompt, test.n_gen])
-    depth = rng.choice(allowed_ids, size=test.n_depth).tolist()
+    depth = np.random.default_rng([seed, DEPTH_STREAM]).choice(allowed_ids, size=test.n_depth).tolist()
     prompt = rng.choice(allowed_ids, size=test.n_prompt).tolist()
     gen = rng.choice(allowed_ids, size=test.n_gen).tolist()
     return TestTokens([int(t) for t in depth], [int(t) for t in prompt], [int(t) for t in gen])
 
 
+DEPTH_STREAM = 0x64657074  # "dept": the depth tokens' own random stream (any fixed number apart from the sizes)
+
+
 # --- one sample -------------------------------------------------------------------------------------------------
+@dataclass
+class DepthFill:
+    """The depth tokens one engine's KV cache holds at positions ``0..len(tokens)-1``, so that a depth is prefilled
+    once per engine and depth instead of once per sample (a 16384-token depth takes minutes to prefill on a CPU).
+
+    Before a sample at depth, :meth:`prepare` rewinds the cache to the longest prefix it shares with the sample's
+    depth tokens (``engine.rewind``, the protocol's optional method: exact, the cache then holds what a fresh
+    prefill of that prefix leaves) and prefills the rest, untimed; an engine without ``rewind``, or one that refuses
+    it, is reset and prefilled in full, as llama-bench does before every repetition."""
+
+    tokens: list[int] = field(default_factory=list)
+    rewinds: int = 0
+    full_fills: int = 0
+
+    def prepare(self, engine: Engine, depth: list[int], n_batch: int) -> None:
+        keep = 0
+        for a, b in zip(self.tokens, depth):
+            if a != b:
+                break
+            keep += 1
+        rewind = getattr(engine, "rewind", None)
+        self.tokens = []  # until the cache holds ``depth`` (an interrupted prefill leaves nothing to trust)
+        if keep and callable(rewind) and rewind(keep):
+            self.rewinds += 1
+        else:
+            keep = 0
+            engine.reset()
+            self.full_fills += 1 if depth else 0
+        prefill_chunked(engine, depth[keep:], n_batch)  # untimed
+        self.tokens = list(depth)
+
+
 def run_sample(
     engine: Engine,
     test: TestSpec,
     tokens: TestTokens,
     clock: Clock | None = None,
     n_batch: int = DEFAULT_N_BATCH,
+    fill: DepthFill | None = None,
 ) -> int:
-    """One timed repetition of ``test`` on ``engine``; returns nanoseconds. Cache reset and depth are untimed."""
+    """One timed repetition of ``test`` on ``engine``; returns nanoseconds. Cache reset and depth are untimed (with
+    ``fill``, the depth the engine's cache already holds is kept rather than prefilled again)."""
     clock = clock or timing.DEFAULT_CLOCK
-    engine.reset()
-    if tokens.depth:
-        prefill_chunked(engine, tokens.depth, n_batch)  # untimed
+    if fill is not None:
+        fill.prepare(engine, tokens.depth, n_batch)
+    else:
+        engine.reset()
+        if tokens.depth:
+            prefill_chunked(engine, tokens.depth, n_batch)  # untimed
     if test.kind == KIND_TTFT_HOT:
         start = clock()
         next(generate_step(engine, tokens.prompt, greedy, n_batch=n_batch, reset=False, n_past=len(tokens.depth)))
@@ -247,9 +289,13 @@ class Runner:
         pause_s: float = 0.0,
         sleep: Callable[[float], None] = time.sleep,
         draw: Callable[[TestSpec], TestTokens] | None = None,
+        until: Callable[[list[Measurement]], bool] | None = None,
+        max_reps: int | None = None,
     ):
         if reps < 1:
             raise GGUFParityError(f"repetitions must be at least 1 (got {reps})")
+        if max_reps is not None and max_reps < reps:
+            raise GGUFParityError(f"the most repetitions ({max_reps}) must be at least -r ({reps})")
         if n_batch < 1:
             raise GGUFParityError(f"batch size must be at least 1 (got {n_batch})")
         self.engines = engines
@@ -264,7 +310,12 @@ class Runner:
         self.sleep = sleep
         # the tokens of a test (default: llama-bench's random ids; generate_timing.text_safe_draw for text engines)
         self.draw = draw or (lambda test: draw_tokens(test, self.allowed_ids, self.seed))
+        # adaptive repetitions: after ``reps`` rounds, more rounds (up to ``max_reps``) until ``until(this test's
+        # measurements)`` says the result is precise enough
+        self.until = until
+        self.max_reps = max_reps if max_reps is not None else reps
         self.measurements: list[Measurement] = []
+        self.fills: dict[str, DepthFill] = {}  # per engine: the depth its cache holds (kept between samples)
         self._last_engine: str | None = None
 
     def check_fits(self, test: TestSpec) -> None:
@@ -287,11 +338,15 @@ class Runner:
                 self._switch_to(label)
                 self._sample(m, engine, test, warmup_tokens(test, tokens))
                 self._progress(label, test, "warmup")
-        for _ in range(self.reps):
+        done = 0
+        while done < self.reps or (self.until is not None and done < self.max_reps and not self.until(current)):
+            for m in current:
+                m.reps_planned = max(m.reps_planned, done + 1)  # an extra round is planned before it starts
             for m, (label, engine) in zip(current, self.engines.items()):
                 self._switch_to(label)
                 m.samples_ns.append(self._sample(m, engine, test, tokens))
                 self._progress(label, test, "sample")
+            done += 1
         return current
 
     def _sample(self, m: Measurement, engine: Engine, test: TestSpec, tokens: TestTokens) -> int:
@@ -301,7 +356,8 @@ class Runner:
         if generate_timing.generate_only(engine):
             ns, m.timing = generate_timing.run_generate_sample(engine, test, tokens, self.clock)
             return ns
-        return run_sample(engine, test, tokens, self.clock, self.n_batch)
+        fill = self.fills.setdefault(m.engine, DepthFill())
+        return run_sample(engine, test, tokens, self.clock, self.n_batch, fill)
 
     def _switch_to(self, label: str) -> None:
         """Pause (untimed) when another engine ran last, so its idle worker threads stop spinning first."""

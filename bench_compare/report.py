@@ -21,6 +21,8 @@ Plots use matplotlib's Agg canvas directly (no pyplot, no display needed); a val
 
 from __future__ import annotations
 
+import collections
+
 import json
 import math
 from collections.abc import Iterable
@@ -170,9 +172,22 @@ def compare_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
             if not r.get("complete", True):
                 by_test[r["test"]]["partial"] = True
     ratios = result.get("ratios", {})
+    intervals = result.get("ratio_intervals") or {}
     for test in order:
         by_test[test]["ratio"] = ratios.get(test)
+        by_test[test]["interval"] = intervals.get(test)
     return [by_test[t] for t in order]
+
+
+def interval_cells(interval: dict[str, Any] | None) -> list[str]:
+    """The ``95% CI`` and ``verdict`` cells of a ratio (``-`` for an older result without intervals)."""
+    if not interval:
+        return ["-", "-"]
+    if interval.get("low") is None or interval.get("high") is None:
+        return [f"n={interval.get('n', 1)}", interval.get("verdict", "unknown")]
+    verdict = interval["verdict"]
+    return [f"{interval['low']:.2f}-{interval['high']:.2f}",
+            "same within noise" if verdict == "same" else verdict]
 
 
 def compare_table(result: dict[str, Any]) -> str:
@@ -186,10 +201,32 @@ def compare_table(result: dict[str, Any]) -> str:
             format_value(row["ours"], row["unit"]),
             format_value(row["reference"], row["unit"]),
             "-" if ratio is None or math.isnan(ratio) else f"{ratio:.2f}",
+            *interval_cells(row["interval"]),
         ])
     machine = result.get("machine")
     first = f"test ({cpu_isa_label(machine)})" if machine else "test"  # the CPU and its ISA head every table
-    return markdown_table([first, ours, engine_title(ref), "ratio"], rows)
+    confidence = next((i.get("confidence") for i in (result.get("ratio_intervals") or {}).values()), None)
+    ci = f"{confidence * 100:.0f}% CI" if confidence else "CI"
+    return markdown_table([first, ours, engine_title(ref), "ratio", ci, "verdict"], rows, "lrrrrl")
+
+
+RATIO_EXPLAINED = (
+    "Medians; ratio is oriented so that higher is better for ours (throughput ours/llama.cpp, time and memory "
+    "llama.cpp/ours), measured in the same run: the geometric mean of the repetitions' paired ratios, with its "
+    "confidence interval (Student t on the log-ratios); \"same within noise\" when the interval contains 1.")
+
+
+def verdict_line(result: dict[str, Any]) -> str:
+    """``at 95% confidence: 2 faster, 1 slower, 3 same within noise`` (the ratios' verdicts, counted)."""
+    intervals = result.get("ratio_intervals") or {}
+    if not intervals:
+        return "no confidence intervals (older result)"
+    counts = collections.Counter(i.get("verdict") for i in intervals.values())
+    confidence = next(iter(intervals.values())).get("confidence", 0.95)
+    parts = [f"{counts[v]} {label}" for v, label in (("faster", "faster"), ("slower", "slower"),
+                                                     ("same", "same within noise"), ("unknown", "single pair"))
+             if counts[v]]
+    return f"at {confidence * 100:.0f}% confidence: {', '.join(parts)}"
 
 
 def cold_phase_table(result: dict[str, Any]) -> str | None:
@@ -233,26 +270,36 @@ def compare_summary_line(result: dict[str, Any]) -> str:
 
 # --- plots ------------------------------------------------------------------------------------------------------
 def ratio_chart_png(result: dict[str, Any]) -> bytes:
-    """Bars from the parity line (1) to each ours/llama.cpp ratio on a log axis: right is better for ours, left
-    worse, and 0.5x and 2x are the same distance from parity."""
+    """Bars from the parity line (1) to each ours/llama.cpp ratio on a log axis, with the ratio's confidence
+    interval as a whisker: right is better for ours, left worse, and 0.5x and 2x are the same distance from parity;
+    grey where the interval contains 1 (same within noise)."""
     ratios = {k: v for k, v in result.get("ratios", {}).items() if v is not None and math.isfinite(v) and v > 0}
+    intervals = result.get("ratio_intervals") or {}
     names = list(ratios)[::-1]
     fig = new_figure(7.0, 0.5 * max(len(names), 1) + 1.2, layout=None)
     ax = fig.add_subplot(1, 1, 1)
     values = [ratios[n] for n in names]
-    colors = ["#2a9d8f" if v >= 1 else "#e76f51" for v in values]
+    verdicts = [(intervals.get(n) or {}).get("verdict") for n in names]
+    colors = ["#9a9a9a" if verdict == "same" else "#2a9d8f" if v >= 1 else "#e76f51"
+              for v, verdict in zip(values, verdicts)]
     ax.set_xscale("log")
     ax.barh(names, [v - 1.0 for v in values], left=1.0, color=colors)
+    lows, highs = [], []
+    for i, n in enumerate(names):
+        interval = intervals.get(n) or {}
+        if interval.get("low") is not None and interval.get("high") is not None:
+            ax.plot([interval["low"], interval["high"]], [i, i], color="black", linewidth=1.2)
+            lows.append(interval["low"])
+            highs.append(interval["high"])
     ax.axvline(1.0, color="black", linewidth=1)
     for i, v in enumerate(values):
-        ax.text(v, i, f" {v:.2f} ", va="center", ha="left" if v >= 1 else "right", fontsize=9)
-    ax.set_xlabel(f"{result.get('ours', 'ours')} / llama.cpp (log scale; right of 1 is better for ours)")
+        ax.text(v, i + 0.3, f" {v:.2f} ", va="center", ha="left" if v >= 1 else "right", fontsize=9)
+    ax.set_xlabel(f"{result.get('ours', 'ours')} / llama.cpp (log scale; right of 1 is better for ours; "
+                  "whiskers: confidence interval)")
     ax.set_title(f"{result.get('model', {}).get('filename', '')}: ratio to llama.cpp")
     if values:
-        ax.set_xlim(min(min(values), 1.0) / 2.0, max(max(values), 1.0) * 2.0)
+        ax.set_xlim(min(min(values + lows), 1.0) / 2.0, max(max(values + highs), 1.0) * 2.0)
     return png_bytes(fig)
-
-
 
 
 # --- the report -------------------------------------------------------------------------------------------------
@@ -284,8 +331,9 @@ def render_report(results: list[dict[str, Any]], images: dict[int, dict[str, Any
             note = r.get("settings", {}).get("sizes_note")
             if note:
                 lines += [f"> {note}", ""]
-            lines += ["Medians; ratio is oriented so that higher is better for ours (throughput ours/llama.cpp, "
-                      "time and memory llama.cpp/ours), measured in the same run.", "", compare_table(r), ""]
+            for warning in (r.get("noise") or {}).get("warnings", []):
+                lines += [f"> **Warning:** {warning}", ""]
+            lines += [RATIO_EXPLAINED, "", compare_table(r), "", verdict_line(r) + ".", ""]
             if "ratios" in images.get(i, {}):
                 lines += [f"![ratios to llama.cpp]({images[i]['ratios']})", ""]
             phases = cold_phase_table(r)
@@ -396,6 +444,8 @@ def history_row(r: dict[str, Any]) -> dict[str, Any]:
                     "cpu": cpu_isa_label(r.get("machine") or {})})
         for test, ratio in r.get("ratios", {}).items():
             row[f"ratio:{test}"] = ratio
+        for test, interval in (r.get("ratio_intervals") or {}).items():
+            row[f"ratio_low:{test}"], row[f"ratio_high:{test}"] = interval.get("low"), interval.get("high")
         for res in r.get("results", []):
             row[f"{res['engine']}:{res['test']} [{res['unit']}]"] = res["median"]
     elif r["_kind"] == KIND_HTTP_COMPARE:

@@ -3,7 +3,9 @@
 Every result JSON says what ran and where: git sha (and whether the tree was dirty), UTC date, package versions
 (llama-cpp-python and the ggml build it carries included), machine, the model file (name, size, sha256,
 architecture, quantization) and every setting. ``ratios`` are oriented so that *higher is better for ours*:
-throughput ours / llama.cpp, time and memory llama.cpp / ours.
+throughput ours / llama.cpp, time and memory llama.cpp / ours; each is the geometric mean of the per-repetition
+ratios of the paired samples, and ``ratio_intervals`` holds its confidence interval and verdict
+(:mod:`bench_compare.intervals`). A test with no pairs falls back to the ratio of the medians.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from bench_compare.intervals import DEFAULT_CONFIDENCE, RatioInterval, interval_of
 from bench_compare.measure import Measurement
 from bench_compare.timing import Stats, summarize
 from validation.provenance import (  # noqa: F401  (re-exported: the harness reads them from here)
@@ -85,16 +88,31 @@ def ratio_of(ours: TestResult, reference: TestResult) -> float:
     return b / a if a else float("nan")
 
 
-def compute_ratios(results: Iterable[TestResult], ours: str, reference: str = REFERENCE_ENGINE) -> dict[str, float]:
+def paired_results(results: Iterable[TestResult], ours: str,
+                   reference: str = REFERENCE_ENGINE) -> list[tuple[TestResult, TestResult]]:
+    """(ours, reference) per test that both engines ran, in the order of the results."""
     by_key = {(r.test, r.engine): r for r in results if r.samples}
-    ratios: dict[str, float] = {}
-    for (test, engine), r in by_key.items():
-        if engine != ours:
-            continue
-        ref = by_key.get((test, reference))
-        if ref is not None:
-            ratios[test] = ratio_of(r, ref)
-    return ratios
+    return [(r, by_key[(test, reference)]) for (test, engine), r in by_key.items()
+            if engine == ours and (test, reference) in by_key]
+
+
+def compute_intervals(results: Iterable[TestResult], ours: str, reference: str = REFERENCE_ENGINE,
+                      confidence: float = DEFAULT_CONFIDENCE) -> dict[str, RatioInterval]:
+    """Each test's paired ratio with its interval and verdict (tests with no complete pair are left out)."""
+    out: dict[str, RatioInterval] = {}
+    for a, b in paired_results(results, ours, reference):
+        interval = interval_of(a.samples, b.samples, a.higher_is_better, confidence)
+        if interval is not None:
+            out[a.test] = interval
+    return out
+
+
+def compute_ratios(results: Iterable[TestResult], ours: str, reference: str = REFERENCE_ENGINE) -> dict[str, float]:
+    """Each test's ratio: the paired geometric mean of :func:`compute_intervals`, else the ratio of medians."""
+    results = list(results)
+    intervals = compute_intervals(results, ours, reference)
+    return {a.test: intervals[a.test].ratio if a.test in intervals else ratio_of(a, b)
+            for a, b in paired_results(results, ours, reference)}
 
 
 # --- metadata (the provenance builder lives in validation.provenance) -------------------------------------------

@@ -130,6 +130,11 @@ class OurEngine:
     def reset(self) -> None:
         self.cache.reset()
 
+    def rewind(self, n_past: int) -> bool:
+        """Keep the cache's first ``n_past`` positions as they were computed and forget the rest (the optional
+        ``rewind`` of the Engine protocol); False when fewer are filled."""
+        return self.cache.truncate(n_past)
+
     def prefill(self, ids: list[int]) -> np.ndarray:
         """Append ``ids`` in one batched pass; logits ``(n_vocab,)`` of the last position."""
         logits = self._run(self._check_ids(ids, "prompt"))

@@ -51,3 +51,11 @@ class KVCache:
     def reset(self) -> None:
         """Forget every position; the buffers are reused (stale slots are never read: attention stops at kv_len)."""
         self.n_past = 0
+
+    def truncate(self, n_past: int) -> bool:
+        """Keep the first ``n_past`` positions and forget the rest (exact: slot ``j`` holds position ``j``, and
+        nothing is evicted); False, changing nothing, when fewer than ``n_past`` are filled."""
+        if not 0 <= n_past <= self.n_past:
+            return False
+        self.n_past = n_past
+        return True

@@ -28,6 +28,11 @@ Capture sessions (optional, for decode steps and long prompts at depth: ``valida
 ``capture_reset()`` empties a capture session's cache and ``capture_next(ids, names=None[, force=None])`` appends
 ``ids`` to it as one batch (one micro-batch for llama.cpp), returning that batch's tensors as ``capture`` does. Both
 our engine and llama.cpp's adapter offer them; an engine without them is reported as not supporting depth checks.
+
+Rewinding (optional, for benchmarks at depth): ``rewind(n_past) -> bool`` keeps the cache's first ``n_past``
+positions as they were computed and forgets the rest, and returns False (changing nothing) where it cannot;
+``bench-compare`` then prefills a long depth once per engine instead of once per sample, and falls back to a reset and
+a full prefill for an engine without it.
 """
 
 from __future__ import annotations

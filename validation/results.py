@@ -101,6 +101,8 @@ class CompareResult(Result):
     settings: dict[str, Any] = field(default_factory=dict)
     results: list[dict[str, Any]] = field(default_factory=list)
     ratios: dict[str, float] = field(default_factory=dict)
+    # per test: {ratio, low, high, n, confidence, verdict, method} (bench_compare.intervals); absent in older files
+    ratio_intervals: dict[str, dict[str, Any]] = field(default_factory=dict)
     ratio_orientation: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
 

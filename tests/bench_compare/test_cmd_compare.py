@@ -33,8 +33,12 @@ def test_compare_json_and_report(capsys, fake_engines, model, tmp_path):
     result = json.loads(json_path.read_text())
     assert result["kind"] == "gguf-parity-compare" and result["ours"] == "ours:numpy"
     tests = [(r["test"], r["engine"]) for r in result["results"]]
-    assert tests == [(t, e) for t in ("pp16", "tg4", "tg4 @ d8", "ttft hot") for e in ("ours:numpy", "llamacpp")]
-    assert result["ratios"] == {"pp16": 0.5, "tg4": 0.5, "tg4 @ d8": 0.5, "ttft hot": 0.5}
+    names = ("pp16", "tg4", "pp16 @ d8", "tg4 @ d8", "ttft hot")  # llama-bench's -d: pp and tg at the depth
+    assert tests == [(t, e) for t in names for e in ("ours:numpy", "llamacpp")]
+    assert result["ratios"] == {name: 0.5 for name in names}
+    # a fake clock has no noise: every pair's ratio is 0.5, so the interval is the point and the verdict certain
+    pp16 = result["ratio_intervals"]["pp16"]
+    assert (pp16["ratio"], pp16["low"], pp16["high"], pp16["n"], pp16["verdict"]) == (0.5, 0.5, 0.5, 3, "slower")
     pp = result["results"][0]
     assert pp["unit"] == "t/s" and pp["samples"] == [1e9 * 16 / 16500] * 3 and pp["median"] == 1e9 * 16 / 16500
     assert {"median", "p95", "min", "max", "stddev", "samples", "samples_ns"} <= set(pp)
@@ -47,9 +51,9 @@ def test_compare_json_and_report(capsys, fake_engines, model, tmp_path):
     assert s["engines"]["ours:numpy"]["type_k"] == s["engines"]["ours:numpy"]["type_v"] == "f16"  # the same cache
     # interleaved: after both warm-ups, ours then llama.cpp, per repetition
     prefills = [name for (name, call, n) in fake_engines.calls if call == "prefill" and n == 16]
-    assert prefills == ["ours:numpy", "llamacpp"] * 4
+    assert prefills == ["ours:numpy", "llamacpp"] * 8  # pp16, then pp16 @ d8
     # stdout table and report folder
-    assert "| pp16 |" in out and "| 0.50 |" in out
+    assert "| pp16 |" in out and "| 0.50 | 0.50-0.50 | slower |" in out
     assert (report_dir / "report.md").is_file() and (report_dir / "compare.json").is_file()
     assert (report_dir / "ratios.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert all(e.closed for e in fake_engines.engines.values())
@@ -209,10 +213,14 @@ def test_default_sizes_are_llama_bench_s_without_a_probe(capsys, fake_engines, t
 
 def test_the_projection_counts_every_call_the_runner_makes():
     # one engine, 1 s per prefill call, 0 per token, 1 s per decode, 1 s per reset, 1 rep, no cold runs:
-    # pp: 2 x (reset + call); tg8: warm-up reset + 1 step, then reset + 8 steps; tg8 @ d4: reset + depth call + 1
-    # step, then reset + depth call + 8 steps; ttft: 2 x (reset + call)
+    # pp: 2 x (reset + call); tg8: warm-up reset + 1 step, then reset + 8 steps; pp16 @ d4: 2 x (reset + depth call
+    # + call); tg8 @ d4: reset + depth call + 1 step, then reset + depth call + 8 steps; ttft: 2 x (reset + call)
     rates = [EngineRates(prefill_call_s=1.0, prefill_token_s=0.0, decode_s=1.0, startup_s=0.0, reset_s=1.0)]
-    assert project_seconds(rates, (16, 8, 4), reps=1, ttft_tokens=10, cold_reps=0) == 4 + 11 + 13 + 4
+    assert project_seconds(rates, (16, 8, 4), reps=1, ttft_tokens=10, cold_reps=0) == 4 + 11 + 6 + 13 + 4
+    # an engine that rewinds fills the depth once (reset + depth call), then pp16 @ d4 is 2 calls and tg8 @ d4 1 + 8
+    # steps on the cache it keeps
+    rates[0].rewinds = True
+    assert project_seconds(rates, (16, 8, 4), reps=1, ttft_tokens=10, cold_reps=0) == 4 + 11 + (2 + 2) + 9 + 4
 
 
 def test_results_and_reports_name_the_cpu_and_its_instruction_set(capsys, fake_engines, model, tmp_path):
@@ -296,9 +304,11 @@ def test_a_first_run_compile_is_announced_and_kept_out_of_the_samples(capsys, co
     assert pp["samples"] == [1e9 * 16 / 16500] * 3  # the compile is in no sample
     assert result["settings"]["kernels_compiled"] == {"warmup": 1, "measuring": 0}
     assert result["settings"]["measured_s"] < COMPILE_NS / 1e9  # nor in the measured part
-    # the warm-up (64 tokens, then 2 decoded) ran first, on both engines, before any test's own warm-up
-    assert [c for c in compiling_ours.calls if c[1] == "prefill"][:2] == [("ours:numba", "prefill", 64),
-                                                                          ("llamacpp", "prefill", 64)]
+    # the warm-up (64 tokens, then 2 decoded) ran first, on both engines, before any test's own warm-up, until two
+    # runs in a row agreed: ours compiled in its first, so its second and third agree; llama.cpp's first two agree
+    assert [c for c in compiling_ours.calls if c[1] == "prefill"][:5] == [("ours:numba", "prefill", 64)] * 3 + [
+        ("llamacpp", "prefill", 64)] * 2
+    assert result["settings"]["warmup_runs"] == {"ours:numba": 3, "llamacpp": 2}
 
 
 @pytest.mark.parametrize("budget", [None, 1000.0])

@@ -221,3 +221,84 @@ def test_ttft_with_different_tokenizations_runs_each_engine_on_its_own_ids(clock
     ma, mb = measure_ttft_hot(Runner({"a": a, "b": b}, ALLOWED, reps=1, clock=clock), "x y")
     assert (ma.engine, ma.test.n_prompt, ma.samples_ns) == ("a", 3, [prefill_ns(3)])
     assert (mb.engine, mb.test.n_prompt, mb.samples_ns) == ("b", 4, [prefill_ns(4)])
+
+
+# --- depth kept between samples, adaptive repetitions ------------------------------------------------------------
+class RewindingFake(FakeEngine):
+    """A fake with the protocol's optional ``rewind``: keeps the first n cached tokens."""
+
+    def rewind(self, n_past: int) -> bool:
+        if n_past > len(self.cache):
+            return False
+        del self.cache[n_past:]
+        self.log.append((self.name, "rewind", n_past))
+        return True
+
+
+def test_a_depth_is_prefilled_once_per_engine_when_it_rewinds(clock):
+    engine = RewindingFake("a", clock)
+    runner = Runner({"a": engine}, ALLOWED, reps=3, clock=clock)
+    [tg] = runner.run(tg_test(4, n_depth=8))
+    [pp] = runner.run(pp_test(16, n_depth=8))
+    [deeper] = runner.run(tg_test(4, n_depth=24))
+    assert tg.samples_ns == [decodes_ns(8, 4)] * 3  # the same samples as on a fresh cache filled to depth 8
+    assert pp.samples_ns == [prefill_ns(16)] * 3
+    assert deeper.samples_ns == [decodes_ns(24, 4)] * 3
+    prefills = [n for (_, call, n) in engine.log if call == "prefill"]
+    # depth 8 once; pp16's 4 prompts; depth 24 extends the 8 it holds by 16 tokens (d24's tokens start with d8's)
+    assert prefills == [8] + [16] * 4 + [16]
+    assert [n for (_, call, n) in engine.log if call == "rewind"] == [8] * 3 + [8] * 4 + [8] + [24] * 3
+    assert runner.fills["a"].full_fills == 1
+
+
+def test_an_engine_without_rewind_is_reset_and_prefilled_for_every_sample(clock):
+    engine = make(clock)
+    Runner({"a": engine}, ALLOWED, reps=3, clock=clock).run(tg_test(4, n_depth=8))
+    assert [n for (_, call, n) in engine.log if call == "prefill"] == [8] * 4
+
+
+class NoisyFake(FakeEngine):
+    """Every call's cost scaled by the next factor of a repeating cycle (a machine whose speed wanders)."""
+
+    factors: tuple = (1.0,)
+
+    def _cost(self, ns: float) -> None:
+        self.calls = getattr(self, "calls", 0) + 1
+        super()._cost(ns * self.factors[self.calls % len(self.factors)])
+
+
+def _precise(target):
+    from bench_compare.intervals import interval_of, precise_enough
+
+    return lambda ms: precise_enough(interval_of(ms[0].samples, ms[1].samples, True), target)
+
+
+def test_precision_adds_paired_rounds_until_the_interval_is_narrow_enough(clock):
+    a, b = NoisyFake("a", clock), FakeEngine("b", clock)
+    a.factors = (1.0, 1.1, 0.93, 1.05, 0.97)
+    runner = Runner({"a": a, "b": b}, ALLOWED, reps=3, clock=clock, until=_precise(0.03), max_reps=40)
+    ma, mb = runner.run(pp_test(16))
+    assert 3 < len(ma.samples_ns) == len(mb.samples_ns) < 40
+    assert ma.complete and mb.complete
+    assert _precise(0.03)([ma, mb]) and not _precise(0.03)([_first(ma, len(ma.samples_ns) - 1), mb])
+
+
+def _first(m, n):
+    from bench_compare.measure import Measurement
+
+    return Measurement(m.test, m.engine, m.samples_ns[:n], reps_planned=n)
+
+
+def test_precision_stops_at_max_reps_and_at_reps_when_there_is_no_noise(clock):
+    a, b = NoisyFake("a", clock), FakeEngine("b", clock)
+    a.factors = (1.0, 1.5, 0.6)
+    ma, _ = Runner({"a": a, "b": b}, ALLOWED, reps=2, clock=clock, until=_precise(0.001), max_reps=6).run(pp_test(8))
+    assert len(ma.samples_ns) == 6
+    quiet = Runner({"a": make(clock, "a"), "b": make(clock, "b")}, ALLOWED, reps=3, clock=clock,
+                   until=_precise(0.001), max_reps=6)
+    assert len(quiet.run(pp_test(8))[0].samples_ns) == 3  # identical samples: the interval has no width
+
+
+def test_max_reps_below_reps_is_refused(clock):
+    with pytest.raises(GGUFParityError, match="most repetitions"):
+        Runner({"a": make(clock)}, ALLOWED, reps=5, clock=clock, max_reps=3)

@@ -110,6 +110,23 @@ def test_gate_passes_against_itself_and_fails_on_regression(capsys, tmp_path):
     assert code == 0
 
 
+def test_the_gate_uses_the_interval_not_the_point(capsys, tmp_path):
+    """A ratio 20% under its baseline fails a 10% gate only when its whole interval is under the limit."""
+    base = write(tmp_path, "base.json", compare_result(pp_ratio=0.5))
+    noisy = compare_result(pp_ratio=0.40)
+    noisy["ratio_intervals"] = {"pp64": {"ratio": 0.40, "low": 0.30, "high": 0.47, "n": 3, "confidence": 0.95,
+                                         "verdict": "slower", "method": "paired log-ratio, Student t"}}
+    code, out, err = run(capsys, write(tmp_path, "noisy.json", noisy), "--out", str(tmp_path / "a"), "--baseline",
+                         base, "--max-regression", "10")
+    assert code == 0, err  # the limit is 0.45, and the interval reaches 0.47
+    md = (tmp_path / "a" / "report.md").read_text()
+    assert "| `pp64` | 0.5 | 0.4 (0.3-0.47) | -20.0% | higher is better | within noise |" in md
+    noisy["ratio_intervals"]["pp64"]["high"] = 0.44
+    code, _, err = run(capsys, write(tmp_path, "sure.json", noisy), "--out", str(tmp_path / "b"), "--baseline",
+                       base, "--max-regression", "10")
+    assert code == 1 and "regression: pp64 = 0.4, baseline 0.5" in err
+
+
 def test_gate_on_validation_metrics(capsys, tmp_path):
     base = write(tmp_path, "vb.json", validation_result(kld_mean=1e-4))
     worse = write(tmp_path, "vw.json", validation_result(kld_mean=2e-4))

@@ -77,6 +77,21 @@ def test_reset_starts_over(tiny_model):
     assert np.array_equal(engine.prefill(ids), first)
 
 
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])  # gemma3: sliding-window layers keep every position too
+def test_rewind_leaves_the_cache_as_a_fresh_prefill_of_the_prefix(tiny_model, arch):
+    engine = OurEngine(tiny_model(arch), n_ctx=32)
+    ids = random_ids(engine, 12, seed=3)
+    engine.reset()
+    engine.prefill(ids[:7])
+    fresh = engine.prefill(ids[7:])  # the same two batches as below (a batch's size may change its rounding)
+    engine.reset()
+    engine.prefill(ids[:7])
+    engine.prefill(random_ids(engine, 9, seed=4))  # what a sample appends after its depth
+    assert engine.rewind(7) and engine.n_past == 7
+    assert np.array_equal(engine.prefill(ids[7:]), fresh)
+    assert not engine.rewind(13) and engine.n_past == 12  # more than it holds: refused, nothing changed
+
+
 def test_engine_follows_the_protocol(tiny_model):
     path = tiny_model("llama", "Q8_0")
     engine = OurEngine(path, numerics="ggml", n_ctx=32, n_threads=1)

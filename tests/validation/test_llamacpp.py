@@ -164,6 +164,27 @@ def test_bad_settings(tmp_path, kwargs, pattern):
         LlamaCppEngine(tmp_path / "whatever.gguf", **kwargs)
 
 
+def test_rewind_leaves_the_cache_as_a_fresh_prefill_of_the_prefix(tiny_model):
+    with LlamaCppEngine(tiny_model("llama"), n_ctx=64, n_threads=1) as engine:
+        ids = [(7 * i) % 200 + 20 for i in range(12)]
+        engine.reset()
+        engine.prefill(ids[:7])
+        fresh = engine.prefill(ids[7:])
+        engine.reset()
+        engine.prefill(ids[:7] + [(11 * i) % 150 + 30 for i in range(9)])
+        assert engine.rewind(7) and engine.n_past == 7
+        # the freed cells are refilled in order, so llama.cpp computes exactly what a fresh prefill computes
+        np.testing.assert_array_equal(engine.prefill(ids[7:]), fresh)
+        assert not engine.rewind(13) and engine.n_past == 12
+
+
+def test_rewind_is_refused_on_a_sliding_window_model(tiny_model):
+    """llama.cpp's sliding-window cache evicts positions that a rewound cache would need back."""
+    with LlamaCppEngine(tiny_model("gemma3"), n_ctx=64, n_threads=1) as engine:
+        engine.prefill([20 + i for i in range(10)])
+        assert not engine.rewind(4) and engine.n_past == 10
+
+
 # --- SmolLM2 (llama architecture) --------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def smollm2_path():

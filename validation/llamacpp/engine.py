@@ -335,6 +335,18 @@ class LlamaCppEngine:
         ll.llama_memory_clear(ll.llama_get_memory(self._ctx), True)
         self._n_past = 0
 
+    def rewind(self, n_past: int) -> bool:
+        """Keep the first ``n_past`` positions (``llama_memory_seq_rm`` of the rest): the optional ``rewind`` of the
+        Engine protocol. Refused (False, then the caller resets and prefills) where the result would not be what a
+        fresh prefill leaves: a sliding-window model's cache has evicted positions a rewind would need back."""
+        self._require_open()
+        if not 0 <= n_past <= self._n_past or ll.llama_model_n_swa(self._model) > 0:
+            return False
+        if not ll.llama_memory_seq_rm(ll.llama_get_memory(self._ctx), 0, n_past, -1):
+            return False
+        self._n_past = n_past
+        return True
+
     def prefill(self, ids: list[int]) -> np.ndarray:
         """Append ``ids`` in chunks of ``n_batch``; only the very last position asks for logits."""
         self._require_open()
