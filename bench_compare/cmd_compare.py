@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from bench_compare import compare_run, engines, generate_timing, intervals, report
+from bench_compare import bandwidth, compare_run, engines, generate_timing, intervals, report
 from inference_engine.store.atomic import atomic_write_json
 from bench_compare.cmd_bench import parse_positive_int
 from bench_compare.measure import DEFAULT_SEED
@@ -163,6 +163,9 @@ def compare(model, backend, engine, engine_opts, numerics, n_prompt, n_gen, n_de
     click.echo("")
     click.echo(report.compare_table(result))
     click.echo(report.verdict_line(result))
+    wall = bandwidth.memory_wall_lines(result)
+    if wall:
+        click.echo("\n" + "\n".join(wall))
     phases = report.cold_phase_table(result)
     if phases:
         click.echo("\ncold start phases:\n" + phases)

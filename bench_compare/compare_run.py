@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from bench_compare import cold_runner, engines, generate_timing, noise, timing
+from bench_compare import bandwidth, cold_runner, engines, generate_timing, noise, timing
 from bench_compare.intervals import RatioInterval, interval_of, precise_enough
 from bench_compare.measure import (
     DEFAULT_N_BATCH,
@@ -397,6 +397,7 @@ class CompareSession:
     cold_done: bool = False
     noise: dict[str, Any] = field(default_factory=dict)  # bench_compare.noise windows: "before", "during"
     before_window: noise.Window | None = None  # open from the engines' loading to the end of the warm-up
+    bandwidth: dict[str, Any] | None = None  # bench_compare.bandwidth.read_bandwidth at the run's thread count
     sizes: Sizes | None = None
     settings: dict[str, Any] = field(default_factory=dict)
     load_s: dict[str, float] = field(default_factory=dict)
@@ -448,6 +449,8 @@ def run_compare(cfg: CompareConfig, session: CompareSession, *, clock: Clock | N
 
     # llama.cpp's repacked-weight verdict (a child-process probe on a machine's first run) before any load is timed
     engines.llamacpp_extra_bufts(path)
+    # the machine's read bandwidth at this thread count (measured once per machine, on a machine without our engines)
+    session.bandwidth = bandwidth.read_bandwidth(n_threads)
     session.before_window = noise.Window(name_processes=True)  # closed after the warm-up: loading is ours
     say(f"loading {ours_spec.name} and llama.cpp on {path.name} ({n_threads} threads)")
     made: dict[str, Any] = {}
@@ -601,8 +604,19 @@ def build_result(session: CompareSession, gguf) -> dict[str, Any]:
         ratio_intervals={test: i.to_dict() for test, i in
                          compute_intervals(results, session.ours_name, REFERENCE_ENGINE).items()},
         ratio_orientation="higher is better for ours: throughput ours/llamacpp, time and memory llamacpp/ours",
-        extra={"noise": {**session.noise, "warnings": noise.warnings(session.noise)}} if session.noise else {},
+        extra=_extra(session, results, gguf),
     ).to_dict()
+
+
+def _extra(session: CompareSession, results: list[TestResult], gguf) -> dict[str, Any]:
+    """The result's records beside the measurements: the machine's noise, and the memory wall."""
+    out: dict[str, Any] = {}
+    if session.noise:
+        out["noise"] = {**session.noise, "warnings": noise.warnings(session.noise)}
+    if session.bandwidth:
+        out["memory_wall"] = bandwidth.memory_wall([r.to_dict() for r in results],
+                                                   bandwidth.weight_bytes_per_token(gguf), session.bandwidth)
+    return out
 
 
 def _pick_sizes(cfg, made, allowed, session, ttft_tokens, cold_reps, max_ctx, clock, say) -> Sizes:

@@ -20,7 +20,8 @@ Sections (``--only`` picks some):
 
 Every run first prints the CPU, its SIMD label (:mod:`inference_engine.cpu_features`), the ggml-numerics mat-vec
 family chosen for it (``int8`` / ``float``, :func:`~inference_engine.backends.numba_kernels.dispatch.matvec_family`)
-and the machine's measured read bandwidth (a NumPy sum over a large array on 1 and on ``--threads`` threads), and
+and the machine's read bandwidth (:mod:`bench_compare.bandwidth`: a NumPy sum over a large array on 1 and on
+``--threads`` threads, measured once per machine and kept in the cache), and
 the ``types`` table gives each kernel's GB/s as a fraction of it (``of_bw``): how close each kernel gets to the
 memory limit that bounds decode.
 
@@ -35,10 +36,8 @@ import os
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable
 from functools import partial
 
 import numba
@@ -46,6 +45,7 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 
 from bench_compare import blocked_prefill, untiled_int
+from bench_compare.bandwidth import BANDWIDTH_BYTES, best_of, read_bandwidth
 from inference_engine.backends.numba_kernels.ops import activations
 from inference_engine.backends.numba_kernels import dispatch as mm
 from inference_engine.cpu_features import cpu_features
@@ -72,39 +72,6 @@ PREFILL_TOKENS = (2, 4, 8, 16, 64, 512)
 # OpenBLAS worker threads keep spinning for a while after a call; measuring a Numba path right after a BLAS one
 # would time the two pools fighting (which the tiles_blas figures on more than one thread show on their own).
 BLAS_SETTLE_S = 0.3
-
-
-def best_of(fn: Callable[[], object], repeat: int, clock: Callable[[], float] = time.perf_counter) -> float:
-    fn()  # compile / page in
-    best = float("inf")
-    for _ in range(repeat):
-        t0 = clock()
-        fn()
-        best = min(best, clock() - t0)
-    return best
-
-
-# Bytes summed per read-bandwidth measurement: far beyond any last-level cache (a few tens of MB).
-BANDWIDTH_BYTES = 256 << 20
-
-
-def read_bandwidth(threads: int, repeat: int) -> float:
-    """GB/s of a NumPy sum over ``BANDWIDTH_BYTES`` of int64, split over ``threads`` Python threads (NumPy's
-    reductions release the GIL); the best of ``repeat`` runs.
-
-    Integers, not float32: NumPy's float sum is pairwise and was compute-bound on a Sapphire Rapids test machine
-    (7.8 GB/s on one thread while our Q8_0 kernel read 18), so it understated the memory limit."""
-    data = np.ones(BANDWIDTH_BYTES // 8, np.int64)
-    parts = np.array_split(data, threads)
-
-    def run():
-        workers = [threading.Thread(target=np.sum, args=(p,)) for p in parts]
-        for w in workers:
-            w.start()
-        for w in workers:
-            w.join()
-
-    return data.nbytes / best_of(run, repeat) / 1e9
 
 
 # --- weights -----------------------------------------------------------------------------------------------------
@@ -489,8 +456,9 @@ def main(argv: list[str] | None = None) -> int:
         f"(set OPENBLAS_NUM_THREADS={args.threads} before starting to match)"
     )
     cpu = cpu_features()
-    bw1 = read_bandwidth(1, args.repeat)
-    args.bandwidth = read_bandwidth(args.threads, args.repeat) if args.threads > 1 else bw1
+    # measured once per machine and thread count, then kept in the cache (bench_compare.bandwidth)
+    bw1 = read_bandwidth(1)["gb_per_s"]
+    args.bandwidth = read_bandwidth(args.threads)["gb_per_s"] if args.threads > 1 else bw1
     print(
         f"CPU: {cpu.name} ({cpu.machine}), SIMD {cpu.label} [{' '.join(cpu.isa)}]; ggml-numerics mat-vec: "
         f"{mm.matvec_family()} kernels\nread bandwidth (NumPy sum of {BANDWIDTH_BYTES >> 20} MB): {bw1:.1f} GB/s on "

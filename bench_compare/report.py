@@ -210,6 +210,21 @@ def compare_table(result: dict[str, Any]) -> str:
     return markdown_table([first, ours, engine_title(ref), "ratio", ci, "verdict"], rows, "lrrrrl")
 
 
+def memory_wall_table(result: dict[str, Any]) -> str | None:
+    """Per decode test and engine: weight bytes streamed per second and the fraction of the machine's measured read
+    bandwidth (bench_compare.bandwidth), under a line naming that bandwidth."""
+    wall = result.get("memory_wall")
+    if not wall or not wall.get("tests"):
+        return None
+    rows = [[test, engine_title(engine), f"{v['gb_per_s']:.1f}",
+             "-" if v.get("fraction") is None else f"{v['fraction'] * 100:.0f}%"]
+            for test, engines_ in wall["tests"].items() for engine, v in engines_.items()]
+    head = (f"Read bandwidth {wall['read_gb_per_s']:.1f} GB/s on {wall['threads']} threads ({wall['method']}, measured "
+            f"{wall['bandwidth_measured'][:10]}); {wall['weight_bytes_per_token'] / 1e6:.0f} MB of weights per "
+            "decoded token.")
+    return head + "\n\n" + markdown_table(["test", "engine", "weights GB/s", "of the wall"], rows, "llrr")
+
+
 RATIO_EXPLAINED = (
     "Medians; ratio is oriented so that higher is better for ours (throughput ours/llama.cpp, time and memory "
     "llama.cpp/ours), measured in the same run: the geometric mean of the repetitions' paired ratios, with its "
@@ -334,6 +349,9 @@ def render_report(results: list[dict[str, Any]], images: dict[int, dict[str, Any
             for warning in (r.get("noise") or {}).get("warnings", []):
                 lines += [f"> **Warning:** {warning}", ""]
             lines += [RATIO_EXPLAINED, "", compare_table(r), "", verdict_line(r) + ".", ""]
+            wall = memory_wall_table(r)
+            if wall:
+                lines += ["### Memory wall", "", wall, ""]
             if "ratios" in images.get(i, {}):
                 lines += [f"![ratios to llama.cpp]({images[i]['ratios']})", ""]
             phases = cold_phase_table(r)
