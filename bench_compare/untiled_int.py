@@ -14,18 +14,16 @@ from __future__ import annotations
 from gguf import GGMLQuantizationType as T
 from numba import njit, prange
 
-from inference_engine.backends.numba_kernels.intdot import (
-    bsum_pairs,
-    pair_q4_0,
-    pair_q4_1,
-    pair_q5_0,
-    pair_q5_1,
-    row_dot_q4_k,
-    row_dot_q5_k,
-    row_dot_q6_k,
-    row_dot_q8_0,
-)
+from inference_engine.backends.numba_kernels.intdot import bsum_pairs
 from inference_engine.backends.numba_kernels.isa.simd import rows_ahead
+from inference_engine.backends.numba_kernels.types.q4_0 import pair_q4_0
+from inference_engine.backends.numba_kernels.types.q4_1 import pair_q4_1
+from inference_engine.backends.numba_kernels.types.q4_k import row_dot_q4_k
+from inference_engine.backends.numba_kernels.types.q5_0 import pair_q5_0
+from inference_engine.backends.numba_kernels.types.q5_1 import pair_q5_1
+from inference_engine.backends.numba_kernels.types.q5_k import row_dot_q5_k
+from inference_engine.backends.numba_kernels.types.q6_k import row_dot_q6_k
+from inference_engine.backends.numba_kernels.types.q8_0 import row_dot_q8_0
 
 
 @njit(inline="always", cache=True)

@@ -6,12 +6,14 @@ Modules:
   :mod:`.isa.simd` (16 float lanes; why auto-vectorization was not enough is measured in its docstring),
   :mod:`.isa.int8` (32-byte integer vectors, ``dot4`` = ``vpmaddubsw`` + ``vpmaddwd`` / ``vpdpbusd`` / portable
   IR), :mod:`.isa.zmm` (the AVX-512 VNNI steps).
-- :mod:`.floats` (F32, F16, BF16), :mod:`.q4` (Q4_0, Q4_1), :mod:`.q5` (Q5_0, Q5_1), :mod:`.q8_0`,
-  :mod:`.k_quants` (Q2_K..Q6_K): per type a ``matvec_<type>(w, xv, xs, out)`` (one token, weights read once,
-  rows split over threads) and a ``dequant_<type>(w, row0, out)`` (ggml's exact dequantization of rows).
-- :mod:`.intdot` (the ``ggml``-numerics integer-dot mat-vec of Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K,
-  bit-exact with libggml's x86 ``vec_dot``) and :mod:`.inttiles` (the same arithmetic, register-tiled for several
-  tokens).
+- :mod:`.types`: one module per tensor type (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K) with all of
+  its kernels: a ``matvec_float_<type>(w, xv, xs, out)`` (one token, weights read once, rows split over threads)
+  and a ``dequant_<type>(w, row0, out)`` (ggml's exact dequantization of rows); for the types ggml's x86 code
+  multiplies in integers (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K) the ``ggml``-numerics integer-dot
+  mat-vec ``matvec_int_<type>(w, yq, yd, ya, out)`` bit-exact with libggml's ``vec_dot``, the one-token
+  ``token_<type>`` and the register-tiled ``tiled_<type>``; and its entry in the kernel table
+  (:data:`.types.KERNELS`, entries of :class:`.kernel_entry.Kernels`). Helpers several types share:
+  :mod:`.float_blocks`, :mod:`.intdot`, :mod:`.inttiles`.
 - :mod:`.decode_layer`: a decoded token through a whole pre-norm layer in one compiled call (the kernels above and
   :mod:`.ops`, called from compiled code).
 - :mod:`.dispatch`: the dispatcher: :func:`pack_matrix` wraps a GGUF tensor, :func:`matmul` runs ``x @ W.T``

@@ -1,6 +1,6 @@
 """``y = x @ W.T`` for a GGUF weight with the Numba kernels: one fused mat-vec per token, or tiles + a GEMM.
 
-- **Decode (few tokens)**: one ``matvec_<type>`` call per token. It reads each weight byte once, from the GGUF
+- **Decode (few tokens)**: one ``matvec_float_<type>`` call per token. It reads each weight byte once, from the GGUF
   blocks as they are in the file, and multiplies as it unpacks: no dequantized copy of the weight ever exists.
   In ``ggml`` numerics, where :func:`matvec_family` says ``int8``, the integer-dot kernels of :mod:`.intdot` run
   instead (the activation quantized once per token; llama.cpp's x86 result bit for bit), faster than the float
@@ -23,28 +23,20 @@ back.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numba
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
-from inference_engine.backends.numba_kernels import (
-    floats,
-    gemm,
-    intdot,
-    inttiles,
-    k_quants,
-    q4,
-    q5,
-    q8_0,
-)
+from inference_engine.backends.numba_kernels import gemm, inttiles
+from inference_engine.backends.numba_kernels.kernel_entry import Kernels
 from inference_engine.backends.numba_kernels.ops import activations
+from inference_engine.backends.numba_kernels.types import KERNELS
 from inference_engine.cpu_features import CPUFeatures, cpu_features
 from inference_engine.errors import GGUFParityError
 from inference_engine.platform.mapped_pages import copy_out_of_map, drop_file_pages, weight_buffer
-from inference_engine.registries import NUMERICS, Registry
+from inference_engine.registries import NUMERICS
 
 # Up to this many tokens, T mat-vec calls (each reading the weight once) beat dequantize-a-tile + GEMM, which pays
 # one full dequantization pass however few tokens there are: they cross between 4 and 8 tokens on SmolLM2's and
@@ -61,50 +53,6 @@ TILE_GEMM = "auto"
 # within a few MB (the Gemma 3 output matrix is 262144 rows; dequantized at once it would be 671 MB).
 TILE_BYTES = 8 << 20
 
-
-@dataclass(frozen=True)
-class Kernels:
-    """Everything the dispatcher needs to know about one tensor type."""
-
-    matvec: Callable  # (w uint8 (N, row_bytes), xv f32 (K,), xs f32 (K/sub,), out f32 (N,)) -> None
-    dequant: Callable  # (w, row0, out f32 (rows, K)) -> None: ggml's dequantize_row for rows row0..
-    vec_dot_type: str  # the activation type ggml quantizes to for this weight (activations.prepare)
-    sub: int  # sub-block length of the constant terms (xs), 0 if none
-    # ggml numerics, few tokens: the integer-dot mat-vec (intdot: (w, yq, yd, ya, out)) and the quantized
-    # activation it reads (activations.quantize_int); None where only the float kernels exist.
-    matvec_int: Callable | None = None
-    int_activation: str = ""
-    matmul_tiled: Callable | None = None  # the register-tiled T-token kernel (inttiles.tiled_*, same arguments)
-    matvec_token: Callable | None = None  # one float32 token: quantize + matvec_int in one call ((w, x, out))
-
-
-# tensor type -> its kernels (a type missing here is refused at load time, naming the ones that are present)
-KERNELS: Registry[Kernels] = Registry("tensor type", {
-    T.F32: Kernels(floats.matvec_f32, floats.dequant_f32, "f32", 0),
-    T.F16: Kernels(floats.matvec_f16, floats.dequant_f16, "f16", 0),
-    T.BF16: Kernels(floats.matvec_bf16, floats.dequant_bf16, "bf16", 0),
-    T.Q4_0: Kernels(q4.matvec_q4_0, q4.dequant_q4_0, "q8_0", 32, intdot.matvec_q4_0, "q8_0_sum4",
-                    inttiles.tiled_q4_0, intdot.token_q4_0),
-    T.Q4_1: Kernels(q4.matvec_q4_1, q4.dequant_q4_1, "q8_1", 32, intdot.matvec_q4_1, "q8_1",
-                    inttiles.tiled_q4_1, intdot.token_q4_1),
-    T.Q5_0: Kernels(q5.matvec_q5_0, q5.dequant_q5_0, "q8_0", 32, intdot.matvec_q5_0, "q8_0_sum4",
-                    inttiles.tiled_q5_0, intdot.token_q5_0),
-    T.Q5_1: Kernels(q5.matvec_q5_1, q5.dequant_q5_1, "q8_1", 32, intdot.matvec_q5_1, "q8_1",
-                    inttiles.tiled_q5_1, intdot.token_q5_1),
-    T.Q8_0: Kernels(q8_0.matvec_q8_0, q8_0.dequant_q8_0, "q8_0", 0, intdot.matvec_q8_0, "q8_0",
-                    inttiles.tiled_q8_0, intdot.token_q8_0),
-    T.Q2_K: Kernels(k_quants.matvec_q2_k, k_quants.dequant_q2_k, "q8_K", 16),
-    T.Q3_K: Kernels(k_quants.matvec_q3_k, k_quants.dequant_q3_k, "q8_K", 16),
-    T.Q4_K: Kernels(k_quants.matvec_q4_k, k_quants.dequant_q4_k, "q8_K", 32,
-                    intdot.matvec_q4_k, "q8_K", inttiles.tiled_q4_k,
-                    intdot.token_q4_k),
-    T.Q5_K: Kernels(k_quants.matvec_q5_k, k_quants.dequant_q5_k, "q8_K", 32,
-                    intdot.matvec_q5_k, "q8_K", inttiles.tiled_q5_k,
-                    intdot.token_q5_k),
-    T.Q6_K: Kernels(k_quants.matvec_q6_k, k_quants.dequant_q6_k, "q8_K", 16,
-                    intdot.matvec_q6_k, "q8_K", inttiles.tiled_q6_k,
-                    intdot.token_q6_k),
-}, base=Kernels, normalize=lambda qtype: T(int(qtype)), unknown="no numba kernel for", listing="supported", quote=False)
 
 # Byte offset of the block min ``m`` (f16) and block size in bytes, for the ggml correction of Q4_1 / Q5_1.
 _BLOCK_MIN = {T.Q4_1: (2, 20), T.Q5_1: (2, 24)}

@@ -14,8 +14,8 @@ from gguf import GGMLQuantizationType as T
 from numba import njit
 from test_numba_intdot import X86, assert_int_matvec_is_libggml
 
-from inference_engine.backends.numba_kernels import intdot
 from inference_engine.backends.numba_kernels.isa import zmm
+from inference_engine.backends.numba_kernels.types import q8_0
 from inference_engine.cpu_features import cpu_features
 
 N_IN = 576  # SmolLM2's width: 18 blocks a row
@@ -69,7 +69,7 @@ def test_quad_integer_steps_on_every_lowering(lowering, rng, monkeypatch):
         y = rng.integers(-127, 128, 32).astype(np.int8).view(np.uint8)
         y[:2] = [0x81, 0x7F]
         corr = (-128 * y.view(np.int8).astype(np.int32).reshape(8, 4).sum(1)).astype(np.int32)
-        np.testing.assert_array_equal(corr, intdot.q8_corrections(y))
+        np.testing.assert_array_equal(corr, q8_0.q8_corrections(y))
         out = np.empty(64, np.int32)
         dots(*rows, y, corr, out)
         np.testing.assert_array_equal(out, _reference_dots(rows, y))
