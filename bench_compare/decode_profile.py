@@ -1,20 +1,42 @@
-"""Where one decode step's time goes: ``python -m bench_compare.decode_profile MODEL [--backend numba] [-t 2]``.
+"""Where a decode step's (or a prefill's) time goes, op by op: ``python -m bench_compare.decode_profile MODEL``.
 
-Wraps every op of the engine's backend with a timer, runs warm decode steps and prints milliseconds per token per op,
-calls per token and microseconds per call; what is left over is the Python glue of the forward pass, also given per
-layer. Where the backend runs a whole layer as one op (``decode_layer``), that op is what it times; ``--unfused``
-turns that off, so the layer's ops are timed one by one (their Python between them included). A diagnostic for backend authors (timers add ~1 us per call), not a benchmark: speed is measured against
-llama.cpp with ``bench-compare compare``.
+Wraps every op of the engine's backend with a timer, runs warm decode steps (or, with ``--prefill N``, one prefill
+of N tokens after an untimed one) and prints per op: milliseconds per token, calls per token, microseconds per call,
+and the rate it ran at, GB/s of bytes it read (weights, K/V, activations) and GFLOP/s; what is left over is the
+Python glue of the forward pass, also given per layer. Where the backend runs a whole layer as one op
+(``decode_layer``), that op is what it times; ``--unfused`` turns that off, so the layer's ops are timed one by one.
+
+``--trace FILE`` writes the timeline as Chrome trace JSON (open it in https://ui.perfetto.dev or chrome://tracing):
+one complete event per op call, nested in one event per layer and one per decode step, each op's ``args`` holding its
+layer, the weights it read, its bytes and FLOPs.
+
+Bytes and FLOPs are estimates from shapes, not counters: a matmul reads its weight matrix's bytes (as stored in the
+GGUF) plus its input and output, and does ``2 * tokens * rows * cols`` FLOPs; attention reads the cached K/V up to
+the position (F16: 2 bytes an element) and does ``2 * tokens * heads * positions * (d_k + d_v)``; a fused layer is
+the sum of its layer's matrices and its attention; element-wise ops read and write their arrays. A diagnostic for
+backend authors (timers add ~1 us per call), not a benchmark: speed is measured against llama.cpp with
+``bench-compare compare``.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
+import inspect
+import json
+import re
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
 
+import numpy as np
+
+from inference_engine.backends import get_backend_class
 from inference_engine.backends.base import Backend
 from inference_engine.engine import load_engine
+from inference_engine.store.atomic import atomic_write_text
 
 # every op the forward pass calls per token: the abstract ones plus matmul_many (a fused run's one call),
 # decode_attention (a token's RoPE through attention in one call) and decode_layer (a whole layer in one call), where
@@ -23,23 +45,182 @@ PROFILED_OPS = sorted(
     (Backend.__abstractmethods__ | {"matmul_many", "decode_attention", "decode_layer"})
     - {"load_matrix", "load_vector", "load_embedding", "kv_alloc"}
 )
+LOADERS = ("load_matrix", "load_matrices", "load_vector", "load_embedding")
+KV_ELEMENT_BYTES = 2  # the F16 K/V cache compare and llama.cpp use
+LAYER_NAME = re.compile(r"^blk\.(\d+)\.")
 
 
-def profile_decode(engine, prompt: str = "The capital of France is", steps: int = 30, warmup: int = 3,
-                   fuse_layers: bool = True) -> dict:
-    """Per-op timings of ``steps`` decode steps after ``warmup`` untimed ones (the backend's ops are wrapped);
-    ``fuse_layers=False`` runs each layer's ops one by one on a backend that would fuse them."""
-    totals: dict[str, float] = collections.defaultdict(float)
-    calls: collections.Counter = collections.Counter()
-    backend = engine.backend
-    if not fuse_layers:
-        backend.fuse_layers = False  # the numba backend's switch; a backend without fused layers has none to turn off
-    depth = [0]  # an op called from inside another (the base matmul_many calls matmul) counts for the outer one
+@dataclass
+class WeightMap:
+    """What each prepared weight is: the backend's handle (by identity) -> the GGUF tensor it was made from."""
 
+    by_id: dict[int, Any] = field(default_factory=dict)
+    keep: list[Any] = field(default_factory=list)  # the handles, so that their ids stay theirs
+
+    def add(self, handle: Any, info: Any) -> None:
+        self.by_id[id(handle)] = info
+        self.keep.append(handle)
+
+    def find(self, value: Any) -> list[Any]:
+        """The tensors among ``value`` (a handle, or a list / tuple of them)."""
+        if isinstance(value, (list, tuple)):
+            return [t for v in value for t in self.find(v)]
+        info = self.by_id.get(id(value))
+        return [info] if info is not None else []
+
+
+@contextlib.contextmanager
+def recording_weights(backend_cls: type[Backend]) -> Iterator[WeightMap]:
+    """While the engine loads: every handle the backend's loaders return, mapped to its tensor."""
+    weights = WeightMap()
+    saved = {name: cls_attr for name in LOADERS if (cls_attr := backend_cls.__dict__.get(name)) is not None}
+    originals = {name: getattr(backend_cls, name) for name in LOADERS}
+
+    def wrap(name: str):
+        inner = originals[name]
+
+        def loader(self, t, *args, **kwargs):
+            out = inner(self, t, *args, **kwargs)
+            if name == "load_matrices":
+                if isinstance(out, (list, tuple)) and len(out) == len(t):
+                    for handle, info in zip(out, t):
+                        weights.add(handle, info)
+            else:
+                weights.add(out, t)
+            return out
+
+        return loader
+
+    for name in LOADERS:
+        setattr(backend_cls, name, wrap(name))
+    try:
+        yield weights
+    finally:
+        for name in LOADERS:
+            if name in saved:
+                setattr(backend_cls, name, saved[name])
+            else:
+                delattr(backend_cls, name)
+
+
+@dataclass
+class Cost:
+    bytes: int = 0
+    flops: int = 0
+    layer: int | str | None = None
+    weights: list[str] = field(default_factory=list)
+
+
+def _arrays(values) -> list[Any]:
+    return [v for v in values if hasattr(v, "nbytes") and hasattr(v, "shape")]
+
+
+def _tokens(x: Any) -> int:
+    shape = getattr(x, "shape", ())
+    return int(shape[0]) if len(shape) >= 2 else 1
+
+
+class CostModel:
+    """Estimates an op call's bytes, FLOPs and layer from its arguments (see the module docstring)."""
+
+    def __init__(self, engine, weights: WeightMap):
+        self.weights = weights
+        self.hp = engine.model.hp
+        self.last_layer: int | str | None = None
+        self.layer_tensors: dict[int, list[Any]] = collections.defaultdict(list)
+        for t in engine.gguf.tensors.values():
+            m = LAYER_NAME.match(t.name)
+            if m:
+                self.layer_tensors[int(m.group(1))].append(t)
+
+    def attention_cost(self, tokens: int, positions: int) -> tuple[int, int]:
+        hp = self.hp
+        kv_bytes = positions * hp.n_head_kv * (hp.head_dim_k + hp.head_dim_v) * KV_ELEMENT_BYTES
+        flops = 2 * tokens * hp.n_head * positions * (hp.head_dim_k + hp.head_dim_v)
+        return kv_bytes, flops
+
+    def estimate(self, op: str, named: dict[str, Any], out: Any) -> Cost:
+        """``named``: the call's arguments by parameter name (``il``, ``positions``, ``x``, ``q``, ``k``, ...)."""
+        try:
+            cost = self._estimate(op, named, out)
+        except (IndexError, TypeError, ValueError, AttributeError):  # an op whose arguments changed shape: no cost
+            cost = Cost()
+        # an op that names no layer (an add, an attention over given arrays) is in the layer of the op before it
+        if cost.layer is None:
+            cost.layer = self.last_layer
+        self.last_layer = cost.layer
+        return cost
+
+    def _estimate(self, op: str, named: dict[str, Any], out: Any) -> Cost:
+        values = list(named.values())
+        found = [t for v in values for t in self.weights.find(v)]
+        cost = Cost(weights=[t.name for t in found])
+        layers = {int(m.group(1)) for t in found if (m := LAYER_NAME.match(t.name))}
+        il = named.get("il")
+        if isinstance(il, (int, np.integer)):
+            cost.layer = int(il)
+        elif len(layers) == 1:
+            cost.layer = layers.pop()
+        elif found and all(not LAYER_NAME.match(t.name) for t in found):
+            cost.layer = "output" if any(t.name.startswith("output") for t in found) else "embd"
+        activations = sum(int(a.nbytes) for a in _arrays(values) if id(a) not in self.weights.by_id)
+        activations += sum(int(a.nbytes) for a in _arrays(out if isinstance(out, (list, tuple)) else [out]))
+        if op == "decode_layer":
+            positions = int(np.asarray(named["positions"]).reshape(-1)[0]) + 1
+            matrices = [t for t in self.layer_tensors.get(cost.layer, []) if len(t.shape) >= 2]
+            kv_bytes, attn_flops = self.attention_cost(1, positions)
+            cost.weights = [t.name for t in self.layer_tensors.get(cost.layer, [])]
+            cost.bytes = sum(t.n_bytes for t in self.layer_tensors.get(cost.layer, [])) + kv_bytes + activations
+            cost.flops = 2 * sum(t.n_elements for t in matrices) + attn_flops
+        elif op == "decode_attention":
+            positions = int(np.asarray(named["positions"]).reshape(-1)[0]) + 1
+            kv_bytes, cost.flops = self.attention_cost(1, positions)
+            cost.bytes = kv_bytes + activations
+        elif op == "attention":
+            q, k = named["q"], named["k"]
+            kv_bytes, cost.flops = self.attention_cost(_tokens(q), int(k.shape[0]))
+            cost.bytes = activations  # the K/V views are among the arrays
+        elif op in ("matmul", "matmul_many", "embed"):
+            x = named["ids"] if op == "embed" else named["x"]
+            n = _tokens(x) if op != "embed" else len(np.asarray(x).reshape(-1))
+            if op == "embed":  # rows of the table, not the table
+                cost.bytes = activations + sum(t.n_bytes // max(t.shape[0], 1) * n for t in found)
+            else:
+                cost.bytes = sum(t.n_bytes for t in found) + activations
+                cost.flops = sum(2 * n * t.n_elements for t in found)
+        else:
+            size = sum(int(np.prod(a.shape)) for a in _arrays(values))
+            cost.bytes, cost.flops = activations, size
+        return cost
+
+
+@dataclass
+class Profile:
+    """Per op totals, and every call as a timeline event (start and duration in seconds from the profile's start)."""
+
+    totals: dict[str, float] = field(default_factory=lambda: collections.defaultdict(float))
+    calls: collections.Counter = field(default_factory=collections.Counter)
+    bytes: dict[str, int] = field(default_factory=lambda: collections.defaultdict(int))
+    flops: dict[str, int] = field(default_factory=lambda: collections.defaultdict(int))
+    events: list[dict[str, Any]] = field(default_factory=list)
+    recording: bool = False
+
+    def clear(self) -> None:
+        self.totals.clear()
+        self.calls.clear()
+        self.bytes.clear()
+        self.flops.clear()
+        self.events.clear()
+
+
+def instrument(backend, costs: CostModel, profile: Profile, origin: list[float]) -> None:
+    """Wrap every op in :data:`PROFILED_OPS` on ``backend`` (an op called from inside another counts for the outer)."""
+    depth = [0]
     for op in PROFILED_OPS:
         inner = getattr(backend, op)
+        signature = inspect.signature(inner)
 
-        def timed(*args, _inner=inner, _op=op, **kwargs):
+        def timed(*args, _inner=inner, _op=op, _signature=signature, **kwargs):
             if depth[0]:
                 return _inner(*args, **kwargs)
             depth[0] += 1
@@ -48,28 +229,112 @@ def profile_decode(engine, prompt: str = "The capital of France is", steps: int 
                 out = _inner(*args, **kwargs)
             finally:
                 depth[0] -= 1
-            totals[_op] += time.perf_counter() - start
-            calls[_op] += 1
+            seconds = time.perf_counter() - start
+            if profile.recording:
+                try:
+                    named = _signature.bind(*args, **kwargs).arguments
+                except TypeError:
+                    named = {}
+                cost = costs.estimate(_op, named, out)
+                profile.totals[_op] += seconds
+                profile.calls[_op] += 1
+                profile.bytes[_op] += cost.bytes
+                profile.flops[_op] += cost.flops
+                profile.events.append({"op": _op, "start": start - origin[0], "seconds": seconds,
+                                       "layer": cost.layer, "bytes": cost.bytes, "flops": cost.flops,
+                                       "weights": cost.weights})
             return out
 
         setattr(backend, op, timed)
+
+
+def profile_engine(engine, weights: WeightMap | None = None, prompt: str = "The capital of France is",
+                   steps: int = 30, warmup: int = 3, fuse_layers: bool = True, prefill: int = 0) -> dict:
+    """Per-op timings of ``steps`` decode steps after ``warmup`` untimed ones, or with ``prefill`` > 0 of one prefill
+    of that many tokens after an untimed one (the backend's ops are wrapped); ``fuse_layers=False`` runs each layer's
+    ops one by one on a backend that would fuse them. ``weights`` (:func:`recording_weights` around the engine's
+    load) names the weights each op reads; without it matmuls count only their activations."""
+    backend = engine.backend
+    if not fuse_layers:
+        backend.fuse_layers = False  # the numba backend's switch; a backend without fused layers has none to turn off
+    profile = Profile()
+    origin = [time.perf_counter()]
+    instrument(backend, CostModel(engine, weights or WeightMap()), profile, origin)
     ids = engine.tokenize(prompt)
-    engine.reset()
-    engine.prefill(ids)
-    for _ in range(warmup):
-        engine.decode(ids[-1])
-    totals.clear()
-    calls.clear()
-    start = time.perf_counter()
-    for _ in range(steps):
-        engine.decode(ids[-1])
-    step_s = (time.perf_counter() - start) / steps
-    ops = {op: {"ms_per_token": totals[op] / steps * 1e3, "calls_per_token": calls[op] / steps,
-                "us_per_call": totals[op] / calls[op] * 1e6} for op in totals}
-    glue_s = step_s - sum(totals.values()) / steps
+    steps_run: list[tuple[float, float]] = []
+    if prefill:
+        tokens = [ids[i % len(ids)] for i in range(prefill)]
+        engine.reset()
+        engine.prefill(tokens)  # untimed: first calls of a size compile or allocate
+        engine.reset()
+        profile.recording = True
+        origin[0] = start = time.perf_counter()
+        engine.prefill(tokens)
+        end = time.perf_counter()
+        steps_run.append((0.0, end - start))
+        per, unit = prefill, "prefill"
+    else:
+        engine.reset()
+        engine.prefill(ids)
+        for _ in range(warmup):
+            engine.decode(ids[-1])
+        profile.recording = True
+        origin[0] = time.perf_counter()
+        for _ in range(steps):
+            s = time.perf_counter()
+            engine.decode(ids[-1])
+            steps_run.append((s - origin[0], time.perf_counter() - s))
+        per, unit = steps, "decode"
+    profile.recording = False
+    total_s = sum(d for _, d in steps_run)
+    step_s = total_s / per
+    ops = {op: {"ms_per_token": profile.totals[op] / per * 1e3, "calls_per_token": profile.calls[op] / per,
+                "us_per_call": profile.totals[op] / profile.calls[op] * 1e6,
+                "gb_per_s": profile.bytes[op] / profile.totals[op] / 1e9 if profile.totals[op] else 0.0,
+                "gflop_per_s": profile.flops[op] / profile.totals[op] / 1e9 if profile.totals[op] else 0.0}
+           for op in profile.totals}
+    glue_s = step_s - sum(profile.totals.values()) / per
     n_layer = engine.model.hp.n_layer
-    return {"step_ms": step_s * 1e3, "tokens_per_s": 1.0 / step_s, "n_layer": n_layer, "ops": ops,
-            "glue_ms_per_token": glue_s * 1e3, "glue_us_per_layer": glue_s / n_layer * 1e6}
+    return {"mode": unit, "tokens": per, "step_ms": step_s * 1e3, "tokens_per_s": 1.0 / step_s, "n_layer": n_layer,
+            "ops": ops, "glue_ms_per_token": glue_s * 1e3, "glue_us_per_layer": glue_s / n_layer * 1e6,
+            "events": profile.events, "steps": steps_run}
+
+
+def profile_decode(engine, prompt: str = "The capital of France is", steps: int = 30, warmup: int = 3,
+                   fuse_layers: bool = True) -> dict:
+    """:func:`profile_engine` of decode steps (kept for callers of the decode-only profile)."""
+    return profile_engine(engine, prompt=prompt, steps=steps, warmup=warmup, fuse_layers=fuse_layers)
+
+
+def chrome_trace(p: dict, title: str) -> dict:
+    """The profile as Chrome trace JSON (``traceEvents``, microseconds): per step (or the prefill) one event, in it
+    one event per layer (from its first op to its last), in that one event per op call with its costs in ``args``."""
+    events: list[dict[str, Any]] = [
+        {"name": "process_name", "ph": "M", "pid": 1, "tid": 1, "args": {"name": title}},
+        {"name": "thread_name", "ph": "M", "pid": 1, "tid": 1, "args": {"name": "forward pass"}},
+    ]
+    for i, (start, seconds) in enumerate(p["steps"]):
+        name = f"{p['mode']} step {i}" if p["mode"] == "decode" else f"prefill of {p['tokens']} tokens"
+        events.append({"name": name, "cat": "step", "ph": "X", "pid": 1, "tid": 1, "ts": start * 1e6,
+                       "dur": seconds * 1e6})
+    spans: list[list[Any]] = []  # [layer, start, end] of consecutive ops of one layer
+    for e in p["events"]:
+        if spans and spans[-1][0] == e["layer"] and e["layer"] is not None:
+            spans[-1][2] = e["start"] + e["seconds"]
+        else:
+            spans.append([e["layer"], e["start"], e["start"] + e["seconds"]])
+    for layer, start, end in spans:
+        if layer is None:
+            continue
+        label = f"layer {layer}" if isinstance(layer, int) else str(layer)
+        events.append({"name": label, "cat": "layer", "ph": "X", "pid": 1, "tid": 1, "ts": start * 1e6,
+                       "dur": (end - start) * 1e6})
+    for e in p["events"]:
+        events.append({"name": e["op"], "cat": "op", "ph": "X", "pid": 1, "tid": 1, "ts": e["start"] * 1e6,
+                       "dur": e["seconds"] * 1e6,
+                       "args": {"layer": e["layer"], "bytes": e["bytes"], "flops": e["flops"],
+                                "weights": e["weights"]}})
+    return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": {"title": title}}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -79,16 +344,28 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--numerics", default="f32")
     parser.add_argument("-t", "--threads", type=int, default=None)
     parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--prefill", type=int, default=0, metavar="N",
+                        help="profile one prefill of N tokens instead of decode steps")
     parser.add_argument("--unfused", action="store_true", help="time a layer's ops one by one, not as one fused op")
+    parser.add_argument("--trace", metavar="FILE", default=None, help="write Chrome trace JSON (Perfetto) here")
     args = parser.parse_args(argv)
-    engine = load_engine(args.model, backend=args.backend, numerics=args.numerics, n_threads=args.threads)
-    p = profile_decode(engine, steps=args.steps, fuse_layers=not args.unfused)
-    print(f"decode step {p['step_ms']:.2f} ms ({p['tokens_per_s']:.1f} tok/s), {p['n_layer']} layers, "
+    if args.steps < 1 or args.prefill < 0:
+        parser.error("--steps must be at least 1 and --prefill at least 0")
+    with recording_weights(get_backend_class(args.backend)) as weights:
+        engine = load_engine(args.model, backend=args.backend, numerics=args.numerics, n_threads=args.threads)
+    p = profile_engine(engine, weights, steps=args.steps, fuse_layers=not args.unfused, prefill=args.prefill)
+    what = f"prefill of {args.prefill} tokens" if args.prefill else "decode step"
+    print(f"{what} {p['step_ms']:.3f} ms per token ({p['tokens_per_s']:.1f} tok/s), {p['n_layer']} layers, "
           f"backend {args.backend}, numerics {args.numerics}, threads {args.threads or 'default'}")
-    print(f"  {'op':<12}{'ms/token':>10}{'calls':>8}{'us/call':>10}")
+    print(f"  {'op':<16}{'ms/token':>10}{'calls':>8}{'us/call':>10}{'GB/s':>8}{'GFLOP/s':>9}")
     for op, row in sorted(p["ops"].items(), key=lambda kv: -kv[1]["ms_per_token"]):
-        print(f"  {op:<12}{row['ms_per_token']:>10.3f}{row['calls_per_token']:>8.0f}{row['us_per_call']:>10.1f}")
-    print(f"  {'python glue':<12}{p['glue_ms_per_token']:>10.3f}   ({p['glue_us_per_layer']:.1f} us per layer)")
+        print(f"  {op:<16}{row['ms_per_token']:>10.3f}{row['calls_per_token']:>8.1f}{row['us_per_call']:>10.1f}"
+              f"{row['gb_per_s']:>8.1f}{row['gflop_per_s']:>9.1f}")
+    print(f"  {'python glue':<16}{p['glue_ms_per_token']:>10.3f}   ({p['glue_us_per_layer']:.1f} us per layer)")
+    if args.trace:
+        title = f"{engine.gguf.path.name} {what}, {args.backend} {args.numerics}"
+        atomic_write_text(args.trace, json.dumps(chrome_trace(p, title)))
+        print(f"trace: {args.trace} (open in https://ui.perfetto.dev)")
 
 
 if __name__ == "__main__":
