@@ -41,6 +41,7 @@ from bench_compare import bandwidth, cold_runner, engines, generate_timing, nois
 from bench_compare.intervals import RatioInterval, interval_of, precise_enough
 from bench_compare.measure import (
     DEFAULT_N_BATCH,
+    KIND_PP,
     DEFAULT_SEED,
     DEFAULT_TTFT_PROMPT,
     Runner,
@@ -498,9 +499,15 @@ def _run_with_engines(cfg, session, made, gguf, path, n_threads, n_ctx, max_ctx,
     kernels_compiled = {"warmup": compile_notice.kernels_compiled() - compiled_before}
     sizes = _pick_sizes(cfg, made, allowed, session, ttft_tokens, cold_reps, max_ctx, clock, say)
     session.sizes = sizes
+    tests = plan_tests(sizes)
+    generating = [name for name, engine in made.items() if generate_timing.generate_only(engine)]
+    if generating and any(t.kind == KIND_PP and t.n_depth for t in tests):
+        # a request cannot hold a depth untimed before a timed prompt (generate_timing.check_test): tg @ depth only
+        tests = [t for t in tests if not (t.kind == KIND_PP and t.n_depth)]
+        skipped = f"pp at depth skipped: {', '.join(generating)} only generates (tg at depth is measured)"
+        sizes.note = f"{sizes.note}; {skipped}" if sizes.note else skipped
     if sizes.note:
         say(sizes.note)
-    tests = plan_tests(sizes)
     units = (len(tests) + 1) * 2 * (reps + 1) + 2 * cold_reps
     if progress is not None:
         progress(units)

@@ -28,17 +28,17 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from bench_compare.measure import (
+from bench_compare.timing import NS_PER_S, Clock
+from bench_compare.workload import (
+    DEFAULT_SEED,
     KIND_PG,
     KIND_PP,
     KIND_TG,
     KIND_TTFT_HOT,
-    DEFAULT_SEED,
     TestSpec,
     TestTokens,
     draw_tokens,
 )
-from bench_compare.timing import NS_PER_S, Clock
 from inference_engine.errors import GGUFParityError
 from inference_engine.protocol import EngineCapabilityError, engine_capabilities
 
@@ -149,7 +149,7 @@ def text_safe_draw(gguf, seed: int = DEFAULT_SEED) -> Callable[[TestSpec], TestT
     included where the model adds one), generated tokens llama-bench's random ids. A pure function of (test sizes,
     seed, vocabulary)."""
     from bench_compare.adapters.http_bench import PromptMaker
-    from bench_compare.measure import token_ids_for_model
+    from bench_compare.workload import token_ids_for_model
     from inference_engine.tokenizer import GGUFTokenizer
 
     tokenizer = GGUFTokenizer.from_gguf(gguf)
@@ -188,7 +188,7 @@ def run_workload(engine: Any, prompt_ids: list[int], gen_ids: list[int]) -> None
 
 def workload_tokens(model: str, n_prompt: int, n_gen: int, seed: int) -> tuple[list[int], list[int]]:
     """:func:`text_safe_draw`'s tokens for the cold start's ``pp n_prompt + tg n_gen`` workload."""
-    from bench_compare.measure import pg_test
+    from bench_compare.workload import pg_test
     from inference_engine.gguf.file import open_gguf
     from inference_engine.store.named_models import resolve_model
 
