@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -49,6 +49,40 @@ def check_kv_type(kv_type: str) -> str:
     if kv_type not in KV_TYPES:
         raise GGUFParityError(f"unknown KV cache type '{kv_type}'; supported: {', '.join(KV_TYPES)}")
     return kv_type
+
+
+class FusedLayerPlan(NamedTuple):
+    """A pre-norm decoder layer as its model hands it to :meth:`Backend.decode_layer`: the layer's weights as this
+    backend prepared them and every number its ops take, built once per model
+    (:meth:`~inference_engine.models.decoder.DecoderModel.fused_plan`), so that a backend never reads a model's
+    attributes. The ops, in order: RMSNorm by ``attn_norm``; Q, K, V (``qkv``) plus their biases; per-head RMSNorm
+    of Q and K (``qk_norm``); RoPE (``rope``: :meth:`Backend.rope`'s keyword arguments), Q times ``q_scale``,
+    attention with ``kq_scale`` within ``sliding_window`` (0: all) over the cache; the output projection plus its
+    bias; RMSNorm by ``post_attention_norm``; the residual add; RMSNorm by ``ffn_norm``; gate and up
+    (``ffn_gate_up``), ``activation`` (``swiglu`` | ``geglu``), the down projection; RMSNorm by ``post_ffw_norm``;
+    the residual add. A ``None`` weight is one the layer does not have."""
+
+    attn_norm: Array
+    qkv: tuple[Any, Any, Any]  # Q, K, V projections, in the order they multiply the normed input
+    qkv_bias: tuple[Array | None, Array | None, Array | None]
+    qk_norm: tuple[Array | None, Array | None]  # per-head RMSNorm weights of Q and K (qwen3, gemma3)
+    attn_output: Any
+    attn_output_bias: Array | None
+    post_attention_norm: Array | None  # gemma3's sandwich norms
+    ffn_norm: Array
+    ffn_gate_up: tuple[Any, Any]
+    ffn_down: Any
+    post_ffw_norm: Array | None
+    activation: str
+    rope: dict
+    kq_scale: float
+    q_scale: float | None
+    sliding_window: int
+    rms_eps: float
+    n_head: int
+    n_head_kv: int
+    head_dim_k: int
+    head_dim_v: int
 
 
 class Backend(ABC):
@@ -171,30 +205,14 @@ class Backend(ABC):
         model's decode step the per-call costs of those five ops are a measurable part of the token."""
         return None
 
-    def decode_layer(
-        self,
-        layer: Any,
-        hp: Any,
-        x: Array,
-        il: int,
-        positions: np.ndarray,
-        cache: Any,
-        rope: dict,
-        kq_scale: float,
-        q_scale: float | None = None,
-        sliding_window: int = 0,
-        activation: str = "swiglu",
-    ) -> Array | None:
-        """A decoded token through a whole pre-norm decoder layer as one op, where the backend has one: ``layer`` a
-        :class:`~inference_engine.models.blocks.PreNormLayer` or a layer with the same weights plus
-        ``post_attention_norm`` / ``post_ffw_norm`` (gemma3), ``hp`` its model's hyperparameters, ``x (1, n_embd)``
-        the residual stream before it; returns the stream after it, the same values as the model's ops one by one
-        (RMSNorm, the Q/K/V projections and biases, the per-head Q/K norms, :meth:`decode_attention` with ``rope``,
-        ``kq_scale``, ``q_scale`` and ``sliding_window``, the output projection, the post-attention norm, the residual
-        add, RMSNorm, the gated feed-forward with ``activation`` (``swiglu`` or ``geglu``), the post-FFN norm, the
-        residual add). The llama, qwen2, qwen3 and gemma3 layer loops ask this for a single token that nothing taps;
-        ``None`` (the default, and whenever a backend cannot fuse this layer) makes them run the ops. For a small
-        model's decode step the calls between those ops cost more than the arithmetic in them."""
+    def decode_layer(self, plan: FusedLayerPlan, x: Array, il: int, positions: np.ndarray, cache: Any) -> Array | None:
+        """A decoded token through a whole pre-norm decoder layer as one op, where the backend has one: ``plan`` the
+        layer as its model describes it (:class:`FusedLayerPlan`), ``x (1, n_embd)`` the residual stream before it,
+        ``il`` its index in ``cache``; returns the stream after it, the same values as the model's ops one by one
+        (those :class:`FusedLayerPlan` lists, attention through :meth:`decode_attention`). A decoder model asks this
+        for a single token that nothing taps, for each layer it has a plan for (dense pre-norm layers: llama, qwen2,
+        qwen3, gemma3); ``None`` (the default, and whenever a backend cannot fuse this layer) makes it run the ops.
+        For a small model's decode step the calls between those ops cost more than the arithmetic in them."""
         return None
 
     @abstractmethod

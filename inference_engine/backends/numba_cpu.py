@@ -19,8 +19,9 @@ n_threads)`` imports this module and instantiates :class:`NumbaBackend`).
   ``PARALLEL_ROWS`` tokens on (prefill) the element-wise ops split rows over threads.
 - ``decode_attention`` (one untapped token): RoPE on q and k, the query scale, the cache write and attention in one
   compiled call (``ops.rope_attention``), the same bits as those ops one by one.
-- ``decode_layer`` (one untapped token through a llama / qwen2 / qwen3 / gemma3 layer): the whole layer, the same
-  kernels called from one compiled function (``numba_kernels.decode_layer.prenorm_layer``), the same bits as the ops.
+- ``decode_layer`` (one untapped token through a llama / qwen2 / qwen3 / gemma3 layer, as the model's
+  :class:`~inference_engine.backends.base.FusedLayerPlan` describes it): the whole layer, the same kernels called
+  from one compiled function (``numba_kernels.decode_layer.prenorm_layer``), the same bits as the ops.
 - ``add``, ``scale``, the RoPE angle cache and the KV cache are inherited from the NumPy reference.
 
 ``n_threads`` sets Numba's thread count (``numba.set_num_threads``) for every kernel; it cannot exceed the number
@@ -38,6 +39,7 @@ import numpy as np
 from inference_engine import platform
 from inference_engine.backends import numba_kernels
 from inference_engine.backends import numerics as nx
+from inference_engine.backends.base import FusedLayerPlan
 from inference_engine.backends.numba_kernels import decode_layer, ops
 from inference_engine.backends.numba_kernels import dispatch as kernels
 from inference_engine.backends.numpy_ref import NumpyBackend
@@ -62,7 +64,7 @@ class NumbaBackend(NumpyBackend):
         self._matrices: dict[str, kernels.QMatrix] = {}
         self._fused: dict[int, kernels.FusedMatrices] = {}  # id of a fused run's first part -> the run
         self._runs: dict[tuple[int, ...], tuple] = {}  # ids of matmul_many's weights -> its runs (_fused_runs)
-        self._layer_plans: dict[int, tuple] = {}  # id of a layer -> (the layer, its _LayerPlan or None)
+        self._layer_plans: dict[int, tuple] = {}  # id of a FusedLayerPlan -> (the plan, its _LayerArguments or None)
         self.description = (
             f"Numba {numba.__version__} fused quantized kernels on {self.n_threads} threads, "
             f"NumPy {np.__version__} elsewhere, {numerics} numerics"
@@ -218,63 +220,62 @@ class NumbaBackend(NumpyBackend):
         )
         return out
 
-    def decode_layer(self, layer, hp, x, il, positions, cache, rope, kq_scale, q_scale=None, sliding_window=0,
-                     activation="swiglu"):
+    def decode_layer(self, plan: FusedLayerPlan, x, il, positions, cache):
         """:func:`~.numba_kernels.decode_layer.prenorm_layer`: the whole layer in one compiled call, for a
         :class:`~inference_engine.kv_cache.KVCache` of this backend's arrays, where every projection has a one-token
         integer kernel (ggml numerics on an int8 CPU) and the layer is one that kernel computes
-        (:meth:`_layer_plan`)."""
-        if not self.fuse_layers or type(cache) is not KVCache or x.shape[0] != 1 or activation not in _ACTIVATIONS:
+        (:meth:`_kernel_arguments`, packed once per plan)."""
+        if not self.fuse_layers or type(cache) is not KVCache or x.shape[0] != 1:
             return None
-        entry = self._layer_plans.get(id(layer))
-        if entry is None or entry[0] is not layer:
-            entry = self._layer_plans[id(layer)] = (layer, self._layer_plan(layer, hp))  # holding layer keeps its id
-        plan = entry[1]
+        entry = self._layer_plans.get(id(plan))
+        if entry is None or entry[0] is not plan:
+            entry = self._layer_plans[id(plan)] = (plan, self._kernel_arguments(plan))  # holding plan keeps its id
+        args = entry[1]
         k_buf, v_buf = cache.k[il], cache.v[il]
         flags = self._attention_flags(k_buf.dtype, v_buf.dtype)
-        if plan is None or flags is None or not 0 <= int(positions[0]) < k_buf.shape[0]:
+        if args is None or flags is None or not 0 <= int(positions[0]) < k_buf.shape[0]:
             return None  # the ops one by one (and their errors)
+        rope = plan.rope
         cos, sin = self._rope_angles(positions, rope["n_dims"], rope["freq_base"], rope.get("freq_scale", 1.0),
                                      rope.get("freq_factors"))
         return decode_layer.prenorm_layer(
-            _f32(x), *plan.attention, cos, sin, int(rope["n_dims"]), bool(rope["neox"]),
+            _f32(x), *args.attention, cos, sin, int(rope["n_dims"]), bool(rope["neox"]),
             k_buf.view(np.uint8).reshape(k_buf.shape[0], -1), v_buf.view(np.uint8).reshape(v_buf.shape[0], -1),
-            int(positions[0]), _F32(kq_scale), _F32(1.0 if q_scale is None else q_scale), int(sliding_window), *flags,
-            *plan.ffn_in, activation == "geglu", nx.gelu_f16_table(), nx.SIMD_WIDTH[nx.ggml_simd()], *plan.ffn_out)
+            int(positions[0]), *args.scales, *flags,
+            *args.ffn_in, args.geglu, nx.gelu_f16_table(), nx.SIMD_WIDTH[nx.ggml_simd()], *args.ffn_out)
 
-    def _layer_plan(self, layer, hp) -> _LayerPlan | None:
-        """The weights of ``layer`` as :func:`~.numba_kernels.decode_layer.prenorm_layer` takes them, or None where
-        it does not compute that layer as the ops do: f32 numerics or a CPU without the integer kernels, a weight
-        type without a one-token kernel, Q/K/V or gate/up in more than two runs, only some of the Q/K/V biases or
-        only one of the Q/K norms, a feed-forward that is not a dense gated one. A layer with ``post_attention_norm``
-        and ``post_ffw_norm`` (gemma3) has them applied after its attention and its feed-forward."""
-        attn, ffn = layer.attn, layer.ffn
-        if self.numerics != "ggml" or kernels.matvec_family() != "int8" or not hasattr(ffn, "ffn_down"):
+    def _kernel_arguments(self, plan: FusedLayerPlan) -> _LayerArguments | None:
+        """``plan`` as :func:`~.numba_kernels.decode_layer.prenorm_layer` takes it, or None where it does not compute
+        that layer as the ops do: f32 numerics or a CPU without the integer kernels, an activation it has no kernel
+        for, a weight type without a one-token kernel, Q/K/V or gate/up in more than two runs, only some of the Q/K/V
+        biases or only one of the Q/K norms, shapes the model's own reshapes would refuse."""
+        if self.numerics != "ggml" or kernels.matvec_family() != "int8" or plan.activation not in _ACTIVATIONS:
             return None
-        q, k, v = attn.qkv.attn_q, attn.qkv.attn_k, attn.qkv.attn_v
-        shapes = (hp.n_head * hp.head_dim_k, hp.n_head_kv * hp.head_dim_k, hp.n_head_kv * hp.head_dim_v)
-        if (q.n_out, k.n_out, v.n_out) != shapes or ffn.ffn_gate.n_out != ffn.ffn_up.n_out:
+        (q, k, v), (gate, up) = plan.qkv, plan.ffn_gate_up
+        shapes = (plan.n_head * plan.head_dim_k, plan.n_head_kv * plan.head_dim_k, plan.n_head_kv * plan.head_dim_v)
+        if (q.n_out, k.n_out, v.n_out) != shapes or gate.n_out != up.n_out:
             return None  # shapes the model's own reshapes refuse: let them
-        qkv, o, gate_up, down = (self._token_runs((q, k, v)), self._token_runs((attn.attn_output,)),
-                                 self._token_runs((ffn.ffn_gate, ffn.ffn_up)), self._token_runs((ffn.ffn_down,)))
-        biases = (attn.qkv.attn_q_bias, attn.qkv.attn_k_bias, attn.qkv.attn_v_bias)
-        norms = (attn.attn_q_norm, attn.attn_k_norm)
-        if None in (qkv, o, gate_up, down) or len({b is None for b in biases}) > 1:
+        qkv, o, gate_up, down = (self._token_runs(plan.qkv), self._token_runs((plan.attn_output,)),
+                                 self._token_runs(plan.ffn_gate_up), self._token_runs((plan.ffn_down,)))
+        if None in (qkv, o, gate_up, down) or len({b is None for b in plan.qkv_bias}) > 1:
             return None
-        if len({n is None for n in norms}) > 1:
+        if len({n is None for n in plan.qk_norm}) > 1:
             return None
+        biases, (q_norm, k_norm) = plan.qkv_bias, plan.qk_norm
         qkv_bias = _NO_WEIGHT if biases[0] is None else np.concatenate([_f32(b).reshape(-1) for b in biases])
-        q_norm, k_norm = (_NO_WEIGHT, _NO_WEIGHT) if norms[0] is None else (_f32(norms[0]), _f32(norms[1]))
-        o_bias = _NO_WEIGHT if attn.attn_output_bias is None else _f32(attn.attn_output_bias).reshape(-1)
-        post_attn_norm, post_ffn_norm = (_optional_vector(getattr(layer, name, None))
-                                         for name in ("post_attention_norm", "post_ffw_norm"))
+        q_norm, k_norm = (_NO_WEIGHT, _NO_WEIGHT) if q_norm is None else (_f32(q_norm), _f32(k_norm))
+        o_bias = _optional_vector(plan.attn_output_bias)
         o_types, o_rows, _ = o
         down_types, down_rows, _ = down
-        return _LayerPlan(
-            attention=(_F32(hp.rms_eps), _f32(layer.attn_norm), *qkv, qkv_bias, q_norm, k_norm, hp.n_head,
-                       hp.n_head_kv, hp.head_dim_k, hp.head_dim_v),
-            ffn_in=(int(o_types[0]), o_rows, o_bias, post_attn_norm, _f32(layer.ffn_norm), *gate_up),
-            ffn_out=(int(down_types[0]), down_rows, post_ffn_norm),
+        return _LayerArguments(
+            attention=(_F32(plan.rms_eps), _f32(plan.attn_norm), *qkv, qkv_bias, q_norm, k_norm, plan.n_head,
+                       plan.n_head_kv, plan.head_dim_k, plan.head_dim_v),
+            scales=(_F32(plan.kq_scale), _F32(1.0 if plan.q_scale is None else plan.q_scale),
+                    int(plan.sliding_window)),
+            ffn_in=(int(o_types[0]), o_rows, o_bias, _optional_vector(plan.post_attention_norm),
+                    _f32(plan.ffn_norm), *gate_up),
+            geglu=plan.activation == "geglu",
+            ffn_out=(int(down_types[0]), down_rows, _optional_vector(plan.post_ffw_norm)),
         )
 
     def _token_runs(self, ws) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
@@ -309,11 +310,13 @@ class NumbaBackend(NumpyBackend):
         return out
 
 
-class _LayerPlan(NamedTuple):
-    """A layer's own arguments to ``decode_layer.prenorm_layer``, in the three runs between the per-call ones."""
+class _LayerArguments(NamedTuple):
+    """A layer's own arguments to ``decode_layer.prenorm_layer``, in the runs between the per-call ones."""
 
-    attention: tuple  # before the RoPE angles, the cache and the attention's numbers
-    ffn_in: tuple  # after them: the output projection and post-attention norm, the FFN norm, gate and up
+    attention: tuple  # before the RoPE angles and the cache
+    scales: tuple  # after the cache's position: the attention's scale, the query scale, the sliding window
+    ffn_in: tuple  # after the attention flags: the output projection and post-attention norm, the FFN norm, gate, up
+    geglu: bool  # the activation: ggml's GEGLU, else SwiGLU
     ffn_out: tuple  # after the activation's numbers: the down projection and the post-FFN norm
 
 

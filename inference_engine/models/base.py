@@ -63,6 +63,11 @@ class HParams:
     rope_freq_scale: float  # 1 / rope.scaling.factor (linear scaling), default 1
     n_ctx_train: int
 
+    @classmethod
+    def from_gguf(cls, f: GGUFFile) -> HParams:
+        """The hyperparameters of ``f``: the common ones (an architecture with keys of its own overrides this)."""
+        return cls(**cls.common(f))
+
     @staticmethod
     def common(f: GGUFFile) -> dict[str, Any]:
         """The common fields from a GGUF file, as keyword arguments for an architecture's dataclass."""

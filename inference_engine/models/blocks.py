@@ -1,8 +1,8 @@
 """The attention and feed-forward blocks most architectures share, tapping under llama.cpp's names as they go.
 
-An architecture file loads its weights into these blocks and calls them inside its own layer loop, so the file reads
-top to bottom (norms, residual adds, what is tapped where) and shows only what differs from its neighbours (mlx-lm's
-small blocks; transformers' "diff against llama"). Each block is the graph of llama.cpp's ``build_attn`` /
+An architecture file loads its weights into these blocks and says what differs (:class:`LayerSettings`); the layer
+loop is :mod:`inference_engine.models.decoder`'s, once, so the file reads top to bottom and shows only what differs
+from its neighbours (mlx-lm's small blocks; transformers' "diff against llama"). Each block is the graph of llama.cpp's ``build_attn`` /
 ``build_ffn`` for the variants llama.cpp has:
 
 * :class:`Attention`: Q/K/V projections (optional biases), optional per-head RMSNorm on Q and K before RoPE (qwen3,
@@ -14,9 +14,10 @@ small blocks; transformers' "diff against llama"). Each block is the graph of ll
   as one op (the same values); a backend without it runs the ops one by one.
 * :class:`FeedForward`: gated feed-forward, ``ffn_up``, ``ffn_gate``, the gated activation (``ffn_swiglu`` /
   ``ffn_geglu``), ``ffn_down`` as ``ffn_out``.
-* :func:`fused_layer`: a decode step nobody taps first asks the backend's
-  :meth:`~inference_engine.backends.base.Backend.decode_layer` for the whole layer as one op (the same values);
-  a backend without it (or a layer it does not fuse) returns None and the layer loop runs the blocks.
+* :class:`PreNormLayer`: the pre-norm decoder layer around them (norms, residual adds, gemma's sandwich norms), the
+  one layer loop body of every architecture but phi3, with its :class:`LayerSettings`; and, for a backend's fused
+  decode op, the layer as a :class:`~inference_engine.backends.base.FusedLayerPlan` (:meth:`PreNormLayer.
+  fused_plan`).
 
 The mixture-of-experts feed-forward (router, top-k experts, shared expert) is :mod:`inference_engine.models.moe`.
 """
@@ -28,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from inference_engine.backends.base import Array, Backend
+from inference_engine.backends.base import Array, Backend, FusedLayerPlan
 from inference_engine.kv_cache import KVCache
 from inference_engine.models.base import HParams, QKVWeights, Tap, Weights, no_tap, project_qkv, self_attention
 
@@ -134,23 +135,98 @@ class FeedForward:
         return tap(f"{out_name}-{il}", h)
 
 
+@dataclass(frozen=True)
+class LayerSettings:
+    """What one layer's call takes besides its weights, fixed per layer (the model computes them once): RoPE's
+    keyword arguments, the attention's scale, the query's scale (gemma), the sliding window (0: none), the
+    attention-score soft cap (gemma2; 0: none), the gated activation, and the graph names that differ by
+    architecture (``attn_out`` tapped: llama; ``ffn_post_norm-<il>`` tapped: gemma3, not gemma2's unlayered one)."""
+
+    rope: dict
+    kq_scale: float
+    q_scale: float | None = None
+    sliding_window: int = 0
+    softcap: float = 0.0
+    activation: str = "swiglu"
+    tap_attn_out: bool = False
+    tap_ffn_post_norm: bool = True
+
+
 @dataclass
 class PreNormLayer:
-    """A pre-norm decoder layer's weights (llama, qwen2, qwen3, ...): ``attn_norm``, attention, ``ffn_norm``, FFN."""
+    """A pre-norm decoder layer (llama, qwen2, qwen3, gemma2/3, the MoE files): ``attn_norm``, attention, the residual
+    add, ``ffn_norm``, the feed-forward, the residual add; gemma's sandwich norms (``post_attention_norm``,
+    ``post_ffw_norm``) where the file has them. ``__call__`` is the layer, tapping under llama.cpp's names."""
 
     attn_norm: Array
     attn: Attention
     ffn_norm: Array
-    ffn: FeedForward
+    ffn: Any  # FeedForward; None in an MoE layer (moe.MoELayer), whose feed_forward is the experts
+    post_attention_norm: Array | None = None
+    post_ffw_norm: Array | None = None
 
+    @classmethod
+    def load(cls, w: Weights, il: int, qk_norm: bool = False, output_bias: bool = True,
+             sandwich: bool = False) -> PreNormLayer:
+        """Layer ``il``: ``qk_norm`` (per-head Q/K norms) and ``output_bias`` as :meth:`Attention.load`;
+        ``sandwich``: gemma's ``post_attention_norm`` and ``post_ffw_norm``."""
+        attn_norm = w.vector("attn_norm", il)
+        attn = Attention.load(w, il, qk_norm=qk_norm, output_bias=output_bias)
+        post_attention_norm = w.vector("post_attention_norm", il) if sandwich else None
+        ffn_norm = w.vector("ffn_norm", il)
+        ffn = FeedForward.load(w, il)
+        post_ffw_norm = w.vector("post_ffw_norm", il) if sandwich else None
+        return cls(attn_norm, attn, ffn_norm, ffn, post_attention_norm, post_ffw_norm)
 
-def fused_layer(b: Backend, layer: Any, hp: HParams, x: Array, il: int, positions: np.ndarray, cache: KVCache,
-                tap: Tap, rope: dict, kq_scale: float, q_scale: float | None = None, sliding_window: int = 0,
-                activation: str = "swiglu") -> Array | None:
-    """A layer (attention and gated feed-forward weights as :class:`Attention` and :class:`FeedForward`) for one token
-    nobody taps (a decode step) as the backend's one op (:meth:`~inference_engine.backends.base.Backend.
-    decode_layer`): the residual stream after the layer, or None where the backend has no such op for it (the caller
-    then runs the layer's ops one by one). The arguments are those the layer's attention block gets."""
-    if tap is not no_tap or x.shape[0] != 1:
-        return None
-    return b.decode_layer(layer, hp, x, il, positions, cache, rope, kq_scale, q_scale, sliding_window, activation)
+    def __call__(self, b: Backend, hp: HParams, x: Array, il: int, positions: np.ndarray, cache: KVCache, tap: Tap,
+                 s: LayerSettings, last: bool) -> Array:
+        """The residual stream ``x (T, n_embd)`` through the layer; ``last``: keep only the last row from the
+        attention's residual add on (llama.cpp's ``inp_out_ids`` in the last layer when only one row's logits are
+        wanted)."""
+        h = b.rms_norm(x, self.attn_norm, hp.rms_eps)  # (T, n_embd)
+        h = tap(f"attn_norm-{il}", h)
+        attn = self.attn(b, hp, h, il, positions, cache, tap, s.rope, s.kq_scale, q_scale=s.q_scale,
+                         sliding_window=s.sliding_window, tap_attn_out=s.tap_attn_out,
+                         softcap=s.softcap)  # (T, n_embd): [Qcur_normed, Kcur_normed,] Qcur..kqv_out[, attn_out]
+        if last:
+            attn, x = attn[-1:], x[-1:]  # only the output row goes on: (1, n_embd)
+        if self.post_attention_norm is None:
+            x = b.add(attn, x)  # (T, n_embd)
+            x = tap(f"ffn_inp-{il}", x)
+        else:  # gemma: the attention output normed before its residual add, which llama.cpp calls sa_out
+            attn = b.rms_norm(attn, self.post_attention_norm, hp.rms_eps)  # (T, n_embd)
+            attn = tap(f"attn_post_norm-{il}", attn)
+            x = b.add(attn, x)  # (T, n_embd)
+            x = tap(f"sa_out-{il}", x)
+
+        h = b.rms_norm(x, self.ffn_norm, hp.rms_eps)  # (T, n_embd)
+        h = tap(f"ffn_norm-{il}", h)
+        h = self.feed_forward(b, h, il, tap, s)  # (T, n_embd): ffn_up..ffn_out (or the experts')
+        if self.post_ffw_norm is not None:
+            h = b.rms_norm(h, self.post_ffw_norm, hp.rms_eps)  # (T, n_embd)
+            if s.tap_ffn_post_norm:
+                h = tap(f"ffn_post_norm-{il}", h)
+
+        x = b.add(h, x)  # (T, n_embd)
+        return tap(f"l_out-{il}", x)
+
+    def feed_forward(self, b: Backend, h: Array, il: int, tap: Tap, s: LayerSettings) -> Array:
+        """The normed ``h (T, n_embd)`` through the feed-forward: ``(T, n_embd)``."""
+        return self.ffn(b, h, il, tap, s.activation)
+
+    def fused_plan(self, hp: HParams, s: LayerSettings) -> FusedLayerPlan | None:
+        """This layer as a backend's fused decode op takes it (:meth:`~inference_engine.backends.base.Backend.
+        decode_layer`), or None where the layer is not one (a feed-forward other than a dense gated one; a soft-capped
+        attention)."""
+        if not isinstance(self.ffn, FeedForward) or s.softcap:
+            return None
+        a, f = self.attn, self.ffn
+        return FusedLayerPlan(
+            attn_norm=self.attn_norm, qkv=(a.qkv.attn_q, a.qkv.attn_k, a.qkv.attn_v),
+            qkv_bias=(a.qkv.attn_q_bias, a.qkv.attn_k_bias, a.qkv.attn_v_bias), qk_norm=(a.attn_q_norm, a.attn_k_norm),
+            attn_output=a.attn_output, attn_output_bias=a.attn_output_bias,
+            post_attention_norm=self.post_attention_norm, ffn_norm=self.ffn_norm, ffn_gate_up=(f.ffn_gate, f.ffn_up),
+            ffn_down=f.ffn_down, post_ffw_norm=self.post_ffw_norm, activation=s.activation, rope=s.rope,
+            kq_scale=s.kq_scale, q_scale=s.q_scale, sliding_window=s.sliding_window, rms_eps=hp.rms_eps,
+            n_head=hp.n_head, n_head_kv=hp.n_head_kv, head_dim_k=hp.head_dim_k, head_dim_v=hp.head_dim_v,
+        )

@@ -19,15 +19,13 @@ before attention with scale 1 (``1/sqrt(head_dim)``; the 46-layer 27B uses ``n_e
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
 from inference_engine.gguf.file import GGUFFile
-from inference_engine.kv_cache import KVCache
-from inference_engine.models.base import (HParams, Model, Tap, Weights, default_attention_scale, no_tap,
-                                          sliding_window_layers)
-from inference_engine.models.blocks import Attention, FeedForward
+from inference_engine.models.base import HParams, Weights, default_attention_scale, sliding_window_layers
+from inference_engine.models.blocks import LayerSettings, PreNormLayer
+from inference_engine.models.decoder import DecoderModel
 
 SWA_PATTERN = 2  # load_swa_pattern(ml, 2)
 DEFAULT_SLIDING_WINDOW = 4096  # hparams.n_swa = 4096, "default value of gemma 2"
@@ -66,76 +64,24 @@ class Gemma2HParams(HParams):
         )
 
 
-@dataclass
-class Gemma2Layer:
-    attn_norm: Any
-    attn: Attention
-    post_attention_norm: Any
-    ffn_norm: Any
-    ffn: FeedForward
-    post_ffw_norm: Any
-
-
-class Gemma2Model(Model):
+class Gemma2Model(DecoderModel):
     hparams_class = Gemma2HParams
+    scale_embeddings = True  # inp_scaled
 
-    def load(self, w: Weights) -> None:
-        self.token_embd = w.embedding()
-        self.layers = [
-            Gemma2Layer(
-                attn_norm=w.vector("attn_norm", il),
-                attn=Attention.load(w, il, output_bias=False),
-                post_attention_norm=w.vector("post_attention_norm", il),
-                ffn_norm=w.vector("ffn_norm", il),
-                ffn=FeedForward.load(w, il),
-                post_ffw_norm=w.vector("post_ffw_norm", il),
-            )
-            for il in range(self.hp.n_layer)
-        ]
-        self.output_norm = w.vector("output_norm")
-        self.output = w.output()
+    def load_layer(self, w: Weights, il: int) -> PreNormLayer:
+        return PreNormLayer.load(w, il, output_bias=False, sandwich=True)
 
     def rope_for_layer(self, il: int) -> dict:
         hp = self.hp
-        base = hp.rope_freq_base_swa if hp.swa_layers[il] else hp.rope_freq_base
-        return {"n_dims": hp.n_rot, "freq_base": base, "neox": True, "freq_scale": hp.rope_freq_scale}
+        return {**self.rope(), "freq_base": hp.rope_freq_base_swa if hp.swa_layers[il] else hp.rope_freq_base}
 
-    def forward(self, ids, positions, cache: KVCache, tap: Tap = no_tap, all_logits: bool = False):
-        b, hp = self.backend, self.hp
+    def layer_settings(self, il: int) -> LayerSettings:
+        # Qcur, Kcur, Vcur, Q scaled by f_attention_scale, soft-capped scores, kqv_out (no attn_out name),
+        # attn_post_norm, sa_out; GEGLU: ffn_up..ffn_geglu..ffn_out; llama.cpp's unlayered ffn_post_norm untapped
+        hp = self.hp
+        return LayerSettings(rope=self.rope_for_layer(il), kq_scale=1.0, q_scale=hp.attention_scale,
+                             sliding_window=hp.sliding_window if hp.swa_layers[il] else 0, softcap=hp.attn_softcap,
+                             activation="geglu", tap_ffn_post_norm=False)
 
-        x = b.embed(self.token_embd, ids)  # (T, n_embd)
-        x = tap("embd", x)
-        x = b.scale(x, hp.embedding_scale)  # (T, n_embd)
-        x = tap("inp_scaled", x)
-
-        for il, layer in enumerate(self.layers):
-            window = hp.sliding_window if hp.swa_layers[il] else 0
-
-            h = b.rms_norm(x, layer.attn_norm, hp.rms_eps)  # (T, n_embd)
-            h = tap(f"attn_norm-{il}", h)
-            # Qcur, Kcur, Vcur, Q scaled by f_attention_scale, soft-capped scores, kqv_out; no attn_out name
-            attn = layer.attn(b, hp, h, il, positions, cache, tap, self.rope_for_layer(il), 1.0,
-                              q_scale=hp.attention_scale, sliding_window=window, tap_attn_out=False,
-                              softcap=hp.attn_softcap)  # (T, n_embd)
-
-            if il == hp.n_layer - 1 and not all_logits:
-                attn, x = attn[-1:], x[-1:]  # only the output row goes on: (1, n_embd)
-            attn = b.rms_norm(attn, layer.post_attention_norm, hp.rms_eps)  # (T, n_embd)
-            attn = tap(f"attn_post_norm-{il}", attn)
-            x = b.add(attn, x)  # (T, n_embd)
-            x = tap(f"sa_out-{il}", x)
-
-            h = b.rms_norm(x, layer.ffn_norm, hp.rms_eps)  # (T, n_embd)
-            h = tap(f"ffn_norm-{il}", h)
-            h = layer.ffn(b, h, il, tap, "geglu")  # (T, n_embd): ffn_up..ffn_geglu..ffn_out
-            h = b.rms_norm(h, layer.post_ffw_norm, hp.rms_eps)  # (T, n_embd): llama.cpp's unlayered ffn_post_norm
-
-            x = b.add(h, x)  # (T, n_embd)
-            x = tap(f"l_out-{il}", x)
-
-        x = b.rms_norm(x, self.output_norm, hp.rms_eps)  # (rows, n_embd)
-        x = tap("result_norm", x)
-        logits = b.matmul(self.output, x)  # (rows, n_vocab)
-        logits = b.softcap(logits, hp.final_softcap)  # (rows, n_vocab)
-        logits = tap("result_output", logits)
-        return logits
+    def logits(self, x):
+        return self.backend.softcap(super().logits(x), self.hp.final_softcap)  # (rows, n_vocab)

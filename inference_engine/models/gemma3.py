@@ -19,16 +19,14 @@ What differs from Llama, each as llama.cpp does it:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
 from inference_engine.errors import GGUFParityError
 from inference_engine.gguf.file import GGUFFile
-from inference_engine.kv_cache import KVCache
-from inference_engine.models.base import (HParams, Model, Tap, Weights, default_attention_scale, no_tap,
-                                          sliding_window_layers)
-from inference_engine.models.blocks import Attention, FeedForward, fused_layer
+from inference_engine.models.base import HParams, Weights, default_attention_scale, sliding_window_layers
+from inference_engine.models.blocks import LayerSettings, PreNormLayer
+from inference_engine.models.decoder import DecoderModel
 
 DEFAULT_SWA_PATTERN = 6  # load_swa_pattern(ml, 6) in llama_model_gemma3::load_arch_hparams
 DEFAULT_ROPE_FREQ_BASE_SWA = 10000.0  # llama_hparams::rope_freq_base_train_swa default
@@ -68,84 +66,23 @@ class Gemma3HParams(HParams):
         )
 
 
-@dataclass
-class Gemma3Layer:
-    attn_norm: Any
-    attn: Attention  # with per-head Q/K norms
-    post_attention_norm: Any
-    ffn_norm: Any
-    ffn: FeedForward
-    post_ffw_norm: Any
-
-
-class Gemma3Model(Model):
+class Gemma3Model(DecoderModel):
     hparams_class = Gemma3HParams
+    scale_embeddings = True  # inp_scaled
 
-    def load(self, w: Weights) -> None:
-        self.token_embd = w.embedding()
-        self.layers = [
-            Gemma3Layer(
-                attn_norm=w.vector("attn_norm", il),
-                attn=Attention.load(w, il, qk_norm=True, output_bias=False),
-                post_attention_norm=w.vector("post_attention_norm", il),
-                ffn_norm=w.vector("ffn_norm", il),
-                ffn=FeedForward.load(w, il),
-                post_ffw_norm=w.vector("post_ffw_norm", il),
-            )
-            for il in range(self.hp.n_layer)
-        ]
-        self.output_norm = w.vector("output_norm")
-        self.output = w.output()
+    def load_layer(self, w: Weights, il: int) -> PreNormLayer:
+        return PreNormLayer.load(w, il, qk_norm=True, output_bias=False, sandwich=True)
 
     def rope_for_layer(self, il: int) -> dict:
         """RoPE settings of layer ``il`` (``llama_model::get_rope_freq_base / _scale``)."""
         hp = self.hp
         if hp.swa_layers[il]:
             return {"n_dims": hp.n_rot, "freq_base": hp.rope_freq_base_swa, "neox": True, "freq_scale": 1.0}
-        return {"n_dims": hp.n_rot, "freq_base": hp.rope_freq_base, "neox": True, "freq_scale": hp.rope_freq_scale}
+        return self.rope()
 
-    def forward(self, ids, positions, cache: KVCache, tap: Tap = no_tap, all_logits: bool = False):
-        b, hp = self.backend, self.hp
-
-        x = b.embed(self.token_embd, ids)  # (T, n_embd)
-        x = tap("embd", x)
-        x = b.scale(x, hp.embedding_scale)  # (T, n_embd)
-        x = tap("inp_scaled", x)
-
-        for il, layer in enumerate(self.layers):
-            rope = self.rope_for_layer(il)
-            window = hp.sliding_window if hp.swa_layers[il] else 0
-            fused = fused_layer(b, layer, hp, x, il, positions, cache, tap, rope, 1.0, q_scale=hp.attention_scale,
-                                sliding_window=window, activation="geglu")
-            if fused is not None:  # a decode step nobody taps, the whole layer as one backend op
-                x = fused  # (1, n_embd): l_out
-                continue
-
-            h = b.rms_norm(x, layer.attn_norm, hp.rms_eps)  # (T, n_embd)
-            h = tap(f"attn_norm-{il}", h)
-
-            # Qcur_normed, Kcur_normed, Qcur, Kcur, Vcur, Q scaled by f_attention_scale, kqv_out; no attn_out name
-            attn = layer.attn(b, hp, h, il, positions, cache, tap, rope, 1.0, q_scale=hp.attention_scale,
-                              sliding_window=window, tap_attn_out=False)  # (T, n_embd)
-
-            if il == hp.n_layer - 1 and not all_logits:
-                attn, x = attn[-1:], x[-1:]  # only the output row goes on: (1, n_embd)
-            attn = b.rms_norm(attn, layer.post_attention_norm, hp.rms_eps)  # (T, n_embd)
-            attn = tap(f"attn_post_norm-{il}", attn)
-            x = b.add(attn, x)  # (T, n_embd)
-            x = tap(f"sa_out-{il}", x)
-
-            h = b.rms_norm(x, layer.ffn_norm, hp.rms_eps)  # (T, n_embd)
-            h = tap(f"ffn_norm-{il}", h)
-            h = layer.ffn(b, h, il, tap, "geglu")  # (T, n_embd): ffn_up..ffn_geglu..ffn_out
-            h = b.rms_norm(h, layer.post_ffw_norm, hp.rms_eps)  # (T, n_embd)
-            h = tap(f"ffn_post_norm-{il}", h)
-
-            x = b.add(h, x)  # (T, n_embd)
-            x = tap(f"l_out-{il}", x)
-
-        x = b.rms_norm(x, self.output_norm, hp.rms_eps)  # (rows, n_embd)
-        x = tap("result_norm", x)
-        logits = b.matmul(self.output, x)  # (rows, n_vocab)
-        logits = tap("result_output", logits)
-        return logits
+    def layer_settings(self, il: int) -> LayerSettings:
+        # Qcur_normed, Kcur_normed, Qcur, Kcur, Vcur, Q scaled by f_attention_scale, kqv_out (no attn_out name),
+        # attn_post_norm, sa_out; GEGLU: ffn_up..ffn_geglu..ffn_out, ffn_post_norm
+        hp = self.hp
+        return LayerSettings(rope=self.rope_for_layer(il), kq_scale=1.0, q_scale=hp.attention_scale,
+                             sliding_window=hp.sliding_window if hp.swa_layers[il] else 0, activation="geglu")

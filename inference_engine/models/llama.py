@@ -12,75 +12,24 @@ reference defines the right answer (tested past the window against llama.cpp in 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from inference_engine.gguf.file import GGUFFile
-from inference_engine.kv_cache import KVCache
-from inference_engine.models.base import HParams, Model, Tap, Weights, default_attention_scale, no_tap
-from inference_engine.models.blocks import Attention, FeedForward, PreNormLayer, fused_layer
+from inference_engine.models.base import HParams, Weights, default_attention_scale
+from inference_engine.models.blocks import LayerSettings, PreNormLayer
+from inference_engine.models.decoder import DecoderModel
 
 
-@dataclass(frozen=True)
-class LlamaHParams(HParams):
-    @classmethod
-    def from_gguf(cls, f: GGUFFile) -> LlamaHParams:
-        return cls(**HParams.common(f))
-
-
-class LlamaModel(Model):
-    hparams_class = LlamaHParams
+class LlamaModel(DecoderModel):
+    hparams_class = HParams
 
     def load(self, w: Weights) -> None:
-        self.token_embd = w.embedding()
         self.rope_freqs = w.host_vector("rope_freqs")
-        self.layers = [
-            PreNormLayer(
-                attn_norm=w.vector("attn_norm", il),
-                attn=Attention.load(w, il),
-                ffn_norm=w.vector("ffn_norm", il),
-                ffn=FeedForward.load(w, il),
-            )
-            for il in range(self.hp.n_layer)
-        ]
-        self.output_norm = w.vector("output_norm")
-        self.output = w.output()
+        super().load(w)
+
+    def load_layer(self, w: Weights, il: int) -> PreNormLayer:
+        return PreNormLayer.load(w, il)  # Q/K/V and attn_output biases where the file has them
 
     def rope(self) -> dict:
-        hp = self.hp
-        return {"n_dims": hp.n_rot, "freq_base": hp.rope_freq_base, "neox": False, "freq_scale": hp.rope_freq_scale,
-                "freq_factors": self.rope_freqs}
+        return {**super().rope(), "neox": False, "freq_factors": self.rope_freqs}  # NORM pairs, Llama 3's factors
 
-    def forward(self, ids, positions, cache: KVCache, tap: Tap = no_tap, all_logits: bool = False):
-        b, hp = self.backend, self.hp
-        kq_scale = default_attention_scale(hp.head_dim_k)
-        rope = self.rope()
-
-        x = b.embed(self.token_embd, ids)  # (T, n_embd)
-        x = tap("embd", x)
-
-        for il, layer in enumerate(self.layers):
-            fused = fused_layer(b, layer, hp, x, il, positions, cache, tap, rope, kq_scale)
-            if fused is not None:  # a decode step nobody taps, the whole layer as one backend op
-                x = fused  # (1, n_embd): l_out
-                continue
-            h = b.rms_norm(x, layer.attn_norm, hp.rms_eps)  # (T, n_embd)
-            h = tap(f"attn_norm-{il}", h)
-            attn = layer.attn(b, hp, h, il, positions, cache, tap, rope, kq_scale)  # (T, n_embd): Qcur..attn_out
-
-            if il == hp.n_layer - 1 and not all_logits:
-                attn, x = attn[-1:], x[-1:]  # only the output row goes on: (1, n_embd)
-            x = b.add(attn, x)  # (T, n_embd)
-            x = tap(f"ffn_inp-{il}", x)
-
-            h = b.rms_norm(x, layer.ffn_norm, hp.rms_eps)  # (T, n_embd)
-            h = tap(f"ffn_norm-{il}", h)
-            h = layer.ffn(b, h, il, tap, "swiglu")  # (T, n_embd): ffn_up..ffn_out
-
-            x = b.add(h, x)  # (T, n_embd)
-            x = tap(f"l_out-{il}", x)
-
-        x = b.rms_norm(x, self.output_norm, hp.rms_eps)  # (rows, n_embd)
-        x = tap("result_norm", x)
-        logits = b.matmul(self.output, x)  # (rows, n_vocab)
-        logits = tap("result_output", logits)
-        return logits
+    def layer_settings(self, il: int) -> LayerSettings:
+        # Qcur, Kcur, Vcur, kqv_out, attn_out; SwiGLU: ffn_up, ffn_gate, ffn_swiglu, ffn_out
+        return LayerSettings(rope=self.rope(), kq_scale=default_attention_scale(self.hp.head_dim_k), tap_attn_out=True)

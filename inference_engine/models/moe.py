@@ -37,7 +37,7 @@ from inference_engine.backends.base import Array, Backend
 from inference_engine.errors import GGUFParityError
 from inference_engine.gguf.file import GGUFFile
 from inference_engine.models.base import HParams, Tap, Weights, _int
-from inference_engine.models.blocks import FeedForward
+from inference_engine.models.blocks import Attention, FeedForward, LayerSettings, PreNormLayer
 
 # build_moe_ffn: "Avoid division by zero, clamp to smallest number representable by F16" (2**-14).
 WEIGHTS_SUM_MIN = np.float32(6.103515625e-5)
@@ -188,3 +188,32 @@ class SharedExpert:
         gate = _host_tap(b, tap, f"ffn_shexp_gate-{il}", sigmoid)
         out = (np.asarray(b.to_numpy(y), dtype=np.float32) * gate).astype(np.float32)  # (T, n_embd)
         return tap(f"ffn_shexp_out-{il}", b.from_numpy(out))
+
+
+@dataclass
+class MoELayer(PreNormLayer):
+    """A pre-norm layer whose feed-forward is the experts (``moe``) and, in qwen2moe, a shared expert (``shexp``):
+    ``ffn_out`` is their sum there; qwen3moe's ``ffn_moe_out`` goes straight into the residual."""
+
+    moe: MoEFeedForward | None = None
+    shexp: SharedExpert | None = None
+
+    @classmethod
+    def load_moe(cls, w: Weights, il: int, n_expert_used: int, normalize_weights: bool, qk_norm: bool = False,
+                 shared: bool = False) -> MoELayer:
+        return cls(
+            attn_norm=w.vector("attn_norm", il),
+            attn=Attention.load(w, il, qk_norm=qk_norm, output_bias=False),
+            ffn_norm=w.vector("ffn_norm", il),
+            ffn=None,
+            moe=MoEFeedForward.load(w, il, n_expert_used, normalize_weights=normalize_weights),
+            shexp=SharedExpert.load(w, il) if shared else None,
+        )
+
+    def feed_forward(self, b: Backend, h: Array, il: int, tap: Tap, s: LayerSettings) -> Array:
+        moe = self.moe(b, h, il, tap)  # (T, n_embd): ffn_moe_logits..ffn_moe_out
+        if self.shexp is None:
+            return moe
+        shared = self.shexp(b, h, il, tap)  # (T, n_embd): ffn_up..ffn_shexp_out
+        h = b.add(moe, shared)  # (T, n_embd)
+        return tap(f"ffn_out-{il}", h)

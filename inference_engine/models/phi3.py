@@ -21,20 +21,21 @@ from typing import Any
 
 import numpy as np
 
+from inference_engine.backends.base import Array, Backend
 from inference_engine.errors import GGUFParityError
 from inference_engine.gguf.file import GGUFFile
 from inference_engine.kv_cache import KVCache
 from inference_engine.models.base import (
     HParams,
-    Model,
     QKVWeights,
     Tap,
     Weights,
     default_attention_scale,
-    no_tap,
     project_qkv,
     self_attention,
 )
+from inference_engine.models.blocks import LayerSettings
+from inference_engine.models.decoder import DecoderModel
 
 
 @dataclass(frozen=True)
@@ -59,92 +60,82 @@ class Phi3Layer:
     ffn_up: Any  # (2 * n_ff, n_embd): gate rows, then up rows
     ffn_down: Any
 
+    @classmethod
+    def load(cls, w: Weights, il: int) -> Phi3Layer:
+        fused = w.has("attn_qkv", il)
+        return cls(
+            attn_norm=w.vector("attn_norm", il),
+            attn_qkv=w.matrix("attn_qkv", il) if fused else None,
+            qkv=None if fused else QKVWeights.load(w, il),
+            attn_output=w.matrix("attn_output", il),
+            attn_output_bias=w.optional_vector("attn_output", il, "bias"),
+            ffn_norm=w.vector("ffn_norm", il),
+            ffn_up=w.matrix("ffn_up", il),
+            ffn_down=w.matrix("ffn_down", il),
+        )
 
-class Phi3Model(Model):
-    hparams_class = Phi3HParams
-
-    def load(self, w: Weights) -> None:
-        self.token_embd = w.embedding()
-        self.layers = []
-        for il in range(self.hp.n_layer):
-            fused = w.has("attn_qkv", il)
-            self.layers.append(Phi3Layer(
-                attn_norm=w.vector("attn_norm", il),
-                attn_qkv=w.matrix("attn_qkv", il) if fused else None,
-                qkv=None if fused else QKVWeights.load(w, il),
-                attn_output=w.matrix("attn_output", il),
-                attn_output_bias=w.optional_vector("attn_output", il, "bias"),
-                ffn_norm=w.vector("ffn_norm", il),
-                ffn_up=w.matrix("ffn_up", il),
-                ffn_down=w.matrix("ffn_down", il),
-            ))
-        self.output_norm = w.vector("output_norm")
-        self.output = w.output()
-
-    def qkv(self, layer: Phi3Layer, h, il: int, tap: Tap):
+    def project_qkv(self, b: Backend, hp: HParams, h: Array, il: int, tap: Tap):
         """Q, K, V per head from the fused matrix (split as llama.cpp's views) or the separate ones."""
-        b, hp = self.backend, self.hp
-        if layer.attn_qkv is None:
-            return project_qkv(b, layer.qkv, h, hp)
+        if self.attn_qkv is None:
+            return project_qkv(b, self.qkv, h, hp)
         T = h.shape[0]
         q_dim, kv_dim = hp.n_head * hp.head_dim_k, hp.n_head_kv * hp.head_dim_k
-        qkv = b.matmul(layer.attn_qkv, h)  # (T, q_dim + 2 * kv_dim)
+        qkv = b.matmul(self.attn_qkv, h)  # (T, q_dim + 2 * kv_dim)
         qkv = tap(f"wqkv-{il}", qkv)
         q = qkv[:, :q_dim].reshape(T, hp.n_head, hp.head_dim_k)
         k = qkv[:, q_dim:q_dim + kv_dim].reshape(T, hp.n_head_kv, hp.head_dim_k)
         v = qkv[:, q_dim + kv_dim:].reshape(T, hp.n_head_kv, hp.head_dim_v)
         return q, k, v
 
-    def forward(self, ids, positions, cache: KVCache, tap: Tap = no_tap, all_logits: bool = False):
-        b, hp = self.backend, self.hp
-        q_scale = default_attention_scale(hp.head_dim_k)
-        rope = {"n_dims": hp.n_rot, "freq_base": hp.rope_freq_base, "neox": True, "freq_scale": hp.rope_freq_scale}
-        n_ff = hp.n_ff
+    def __call__(self, b: Backend, hp: HParams, x: Array, il: int, positions: np.ndarray, cache: KVCache, tap: Tap,
+                 s: LayerSettings, last: bool) -> Array:
+        """The residual stream ``x (T, n_embd)`` through the layer, as :class:`~inference_engine.models.blocks.
+        PreNormLayer`'s call."""
+        h = b.rms_norm(x, self.attn_norm, hp.rms_eps)  # (T, n_embd)
+        h = tap(f"attn_norm-{il}", h)
 
-        x = b.embed(self.token_embd, ids)  # (T, n_embd)
-        x = tap("embd", x)
+        q, k, v = self.project_qkv(b, hp, h, il, tap)  # (T, n_head, d), (T, n_head_kv, d), (T, n_head_kv, d)
+        q = b.rope(np.ascontiguousarray(q) if isinstance(q, np.ndarray) else q, positions, **s.rope)
+        k = b.rope(np.ascontiguousarray(k) if isinstance(k, np.ndarray) else k, positions, **s.rope)
+        v = np.ascontiguousarray(v) if isinstance(v, np.ndarray) else v
+        k = tap(f"Kcur-{il}", k)
+        v = tap(f"Vcur-{il}", v)
+        q = b.scale(q, s.q_scale)  # (T, n_head, d): llama.cpp names the scaled Q "Qcur" again
+        q = tap(f"Qcur-{il}", q)
 
-        for il, layer in enumerate(self.layers):
-            h = b.rms_norm(x, layer.attn_norm, hp.rms_eps)  # (T, n_embd)
-            h = tap(f"attn_norm-{il}", h)
+        attn = self_attention(b, cache, il, q, k, v, positions, s.kq_scale)  # (T, n_head * d)
+        attn = tap(f"kqv_out-{il}", attn)
+        attn = b.matmul(self.attn_output, attn)  # (T, n_embd)
+        if self.attn_output_bias is not None:
+            attn = b.add(attn, self.attn_output_bias)
 
-            q, k, v = self.qkv(layer, h, il, tap)  # (T, n_head, d), (T, n_head_kv, d), (T, n_head_kv, d)
-            q = b.rope(np.ascontiguousarray(q) if isinstance(q, np.ndarray) else q, positions, **rope)
-            k = b.rope(np.ascontiguousarray(k) if isinstance(k, np.ndarray) else k, positions, **rope)
-            v = np.ascontiguousarray(v) if isinstance(v, np.ndarray) else v
-            k = tap(f"Kcur-{il}", k)
-            v = tap(f"Vcur-{il}", v)
-            q = b.scale(q, q_scale)  # (T, n_head, d): llama.cpp names the scaled Q "Qcur" again
-            q = tap(f"Qcur-{il}", q)
+        if last:
+            attn, x = attn[-1:], x[-1:]  # only the output row goes on: (1, n_embd)
+        x = b.add(attn, x)  # (T, n_embd)
 
-            attn = self_attention(b, cache, il, q, k, v, positions, 1.0)  # (T, n_head * d)
-            attn = tap(f"kqv_out-{il}", attn)
-            attn = b.matmul(layer.attn_output, attn)  # (T, n_embd)
-            if layer.attn_output_bias is not None:
-                attn = b.add(attn, layer.attn_output_bias)
+        h = b.rms_norm(x, self.ffn_norm, hp.rms_eps)  # (T, n_embd)
+        h = tap(f"ffn_norm-{il}", h)
+        up = b.matmul(self.ffn_up, h)  # (T, 2 * n_ff): gate half, then up half
+        up = tap(f"ffn_up-{il}", up)
+        gate, up = _halves(up, hp.n_ff)
+        h = b.swiglu(gate, up)  # (T, n_ff)
+        h = tap(f"ffn_swiglu-{il}", h)
+        h = b.matmul(self.ffn_down, h)  # (T, n_embd)
+        h = tap(f"ffn_out-{il}", h)
 
-            if il == hp.n_layer - 1 and not all_logits:
-                attn, x = attn[-1:], x[-1:]  # only the output row goes on: (1, n_embd)
-            x = b.add(attn, x)  # (T, n_embd)
+        x = b.add(h, x)  # (T, n_embd)
+        return tap(f"l_out-{il}", x)
 
-            h = b.rms_norm(x, layer.ffn_norm, hp.rms_eps)  # (T, n_embd)
-            h = tap(f"ffn_norm-{il}", h)
-            up = b.matmul(layer.ffn_up, h)  # (T, 2 * n_ff): gate half, then up half
-            up = tap(f"ffn_up-{il}", up)
-            gate, up = _halves(up, n_ff)
-            h = b.swiglu(gate, up)  # (T, n_ff)
-            h = tap(f"ffn_swiglu-{il}", h)
-            h = b.matmul(layer.ffn_down, h)  # (T, n_embd)
-            h = tap(f"ffn_out-{il}", h)
 
-            x = b.add(h, x)  # (T, n_embd)
-            x = tap(f"l_out-{il}", x)
+class Phi3Model(DecoderModel):
+    hparams_class = Phi3HParams
 
-        x = b.rms_norm(x, self.output_norm, hp.rms_eps)  # (rows, n_embd)
-        x = tap("result_norm", x)
-        logits = b.matmul(self.output, x)  # (rows, n_vocab)
-        logits = tap("result_output", logits)
-        return logits
+    def load_layer(self, w: Weights, il: int) -> Phi3Layer:
+        return Phi3Layer.load(w, il)
+
+    def layer_settings(self, il: int) -> LayerSettings:
+        # Q scaled by 1/sqrt(head_dim) after RoPE, attention with scale 1
+        return LayerSettings(rope=self.rope(), kq_scale=1.0, q_scale=default_attention_scale(self.hp.head_dim_k))
 
 
 def _halves(x, n: int):

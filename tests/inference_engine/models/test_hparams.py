@@ -13,7 +13,7 @@ from inference_engine.gguf.file import open_gguf
 from inference_engine.models import ARCHITECTURES, build_model, model_class
 from inference_engine.models.gemma3 import Gemma3HParams, attention_scale
 from inference_engine.models.llama import LlamaModel
-from inference_engine.models.qwen3 import Qwen3HParams
+from inference_engine.models.qwen3 import Qwen3Model
 
 # The LM head through the backend vs a plain NumPy product of the same float32 numbers: same BLAS, maybe another
 # summation order.
@@ -36,7 +36,7 @@ def test_build_model_picks_the_architecture(tiny_model, arch):
 
 
 def test_qwen3_head_dim_comes_from_key_length(tiny_model):
-    hp = Qwen3HParams.from_gguf(open_gguf(tiny_model("qwen3")))
+    hp = Qwen3Model.hparams_class.from_gguf(open_gguf(tiny_model("qwen3")))
     config = make_config("qwen3")
     assert hp.head_dim_k == config.head_dim == 128 != config.n_embd // config.n_head
     assert hp.n_rot == 128 and hp.rope_freq_base == 1_000_000.0
