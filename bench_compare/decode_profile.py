@@ -13,7 +13,8 @@ layer, the weights it read, its bytes and FLOPs.
 Bytes and FLOPs are estimates from shapes, not counters: a matmul reads its weight matrix's bytes (as stored in the
 GGUF) plus its input and output, and does ``2 * tokens * rows * cols`` FLOPs; attention reads the cached K/V up to
 the position (F16: 2 bytes an element) and does ``2 * tokens * heads * positions * (d_k + d_v)``; a fused layer is
-the sum of its layer's matrices and its attention; element-wise ops read and write their arrays. A diagnostic for
+the sum of its layer's matrices and its attention; element-wise ops read and write their arrays (the K/V cache is F16, as
+in compare). ``--depth N`` fills the cache with N tokens first: where the time goes at long context. A diagnostic for
 backend authors (timers add ~1 us per call), not a benchmark: speed is measured against llama.cpp with
 ``bench-compare compare``.
 """
@@ -249,11 +250,13 @@ def instrument(backend, costs: CostModel, profile: Profile, origin: list[float])
 
 
 def profile_engine(engine, weights: WeightMap | None = None, prompt: str = "The capital of France is",
-                   steps: int = 30, warmup: int = 3, fuse_layers: bool = True, prefill: int = 0) -> dict:
+                   steps: int = 30, warmup: int = 3, fuse_layers: bool = True, prefill: int = 0,
+                   depth: int = 0) -> dict:
     """Per-op timings of ``steps`` decode steps after ``warmup`` untimed ones, or with ``prefill`` > 0 of one prefill
     of that many tokens after an untimed one (the backend's ops are wrapped); ``fuse_layers=False`` runs each layer's
     ops one by one on a backend that would fuse them. ``weights`` (:func:`recording_weights` around the engine's
-    load) names the weights each op reads; without it matmuls count only their activations."""
+    load) names the weights each op reads; without it matmuls count only their activations. ``depth``: that many
+    tokens in the cache (untimed) before the timed decode steps or prefill, for where the time goes at long context."""
     backend = engine.backend
     if not fuse_layers:
         backend.fuse_layers = False  # the numba backend's switch; a backend without fused layers has none to turn off
@@ -261,12 +264,19 @@ def profile_engine(engine, weights: WeightMap | None = None, prompt: str = "The 
     origin = [time.perf_counter()]
     instrument(backend, CostModel(engine, weights or WeightMap()), profile, origin)
     ids = engine.tokenize(prompt)
+    filler = [ids[i % len(ids)] for i in range(depth)]
+
+    def fill() -> None:
+        engine.reset()
+        for start in range(0, depth, 512):  # in llama-bench's n_batch chunks
+            engine.prefill(filler[start:start + 512])
+
     steps_run: list[tuple[float, float]] = []
     if prefill:
         tokens = [ids[i % len(ids)] for i in range(prefill)]
-        engine.reset()
+        fill()
         engine.prefill(tokens)  # untimed: first calls of a size compile or allocate
-        engine.reset()
+        fill()
         profile.recording = True
         origin[0] = start = time.perf_counter()
         engine.prefill(tokens)
@@ -274,7 +284,7 @@ def profile_engine(engine, weights: WeightMap | None = None, prompt: str = "The 
         steps_run.append((0.0, end - start))
         per, unit = prefill, "prefill"
     else:
-        engine.reset()
+        fill()
         engine.prefill(ids)
         for _ in range(warmup):
             engine.decode(ids[-1])
@@ -346,15 +356,22 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--prefill", type=int, default=0, metavar="N",
                         help="profile one prefill of N tokens instead of decode steps")
+    parser.add_argument("--depth", type=int, default=0, metavar="N",
+                        help="tokens in the cache before the profiled steps (where the time goes at long context)")
     parser.add_argument("--unfused", action="store_true", help="time a layer's ops one by one, not as one fused op")
     parser.add_argument("--trace", metavar="FILE", default=None, help="write Chrome trace JSON (Perfetto) here")
     args = parser.parse_args(argv)
-    if args.steps < 1 or args.prefill < 0:
-        parser.error("--steps must be at least 1 and --prefill at least 0")
+    if args.steps < 1 or args.prefill < 0 or args.depth < 0:
+        parser.error("--steps must be at least 1, --prefill and --depth at least 0")
+    n_ctx = max(2048, args.depth + max(args.prefill, 64 + args.steps + 8))
     with recording_weights(get_backend_class(args.backend)) as weights:
-        engine = load_engine(args.model, backend=args.backend, numerics=args.numerics, n_threads=args.threads)
-    p = profile_engine(engine, weights, steps=args.steps, fuse_layers=not args.unfused, prefill=args.prefill)
+        engine = load_engine(args.model, backend=args.backend, numerics=args.numerics, n_threads=args.threads,
+                             n_ctx=n_ctx, kv_type="f16")
+    p = profile_engine(engine, weights, steps=args.steps, fuse_layers=not args.unfused, prefill=args.prefill,
+                       depth=args.depth)
     what = f"prefill of {args.prefill} tokens" if args.prefill else "decode step"
+    if args.depth:
+        what += f" at depth {args.depth}"
     print(f"{what} {p['step_ms']:.3f} ms per token ({p['tokens_per_s']:.1f} tok/s), {p['n_layer']} layers, "
           f"backend {args.backend}, numerics {args.numerics}, threads {args.threads or 'default'}")
     print(f"  {'op':<16}{'ms/token':>10}{'calls':>8}{'us/call':>10}{'GB/s':>8}{'GFLOP/s':>9}")

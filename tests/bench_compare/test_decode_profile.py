@@ -101,3 +101,15 @@ def test_a_fused_layer_reads_its_layers_weights(tiny_model):
     weights = sum(t.n_bytes for t in engine.gguf.tensors.values() if t.name.startswith("blk.1."))
     assert weights < layer1["bytes"] < weights + 65536  # its weights, its K/V up to the position, its activations
     assert all(name.startswith("blk.1.") for name in layer1["weights"])
+
+
+def test_at_depth_attention_reads_the_longer_cache(tiny_model):
+    _, shallow = _profiled(tiny_model, steps=1)
+    _, deep = _profiled(tiny_model, steps=1, depth=40)
+
+    def attention_flops(p):
+        return next(e["flops"] for e in p["events"] if e["op"] == "attention" and e["layer"] == 0)
+
+    # the same head sizes over 40 more positions: (40 + prompt + 1 warm-up step + this step) instead of (prompt + 2)
+    n_prompt = len(OurEngine(tiny_model("llama", "Q8_0"), n_ctx=8).tokenize("hello"))
+    assert attention_flops(deep) * (n_prompt + 2) == attention_flops(shallow) * (40 + n_prompt + 2)
