@@ -30,6 +30,7 @@ COMMANDS: dict[str, str] = {
     "report": "bench_compare.cmd_report:report",
     "engines": "bench_compare.cmd_engines:engines",
     "serve": "bench_compare.cmd_serve:serve",
+    "sweep": "bench_compare.cmd_sweep:sweep",
 }
 
 COMMAND_HELP: dict[str, str] = {
@@ -42,6 +43,7 @@ COMMAND_HELP: dict[str, str] = {
     "report": "Merge result JSONs into a report; gate regressions.",
     "engines": "List every engine --engine accepts (ours, llama.cpp, plugins).",
     "serve": "Serve our engine over an OpenAI-compatible HTTP API.",
+    "sweep": "Run a matrix of commands on this machine or a Ray cluster.",
 }
 
 COMMAND_REGISTRY: Registry[click.Command] = Registry("command", COMMANDS, base=click.Command)

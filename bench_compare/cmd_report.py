@@ -1,4 +1,5 @@
-"""``bench-compare report RESULT.json... [--out DIR] [--history FILE] [--baseline FILE --max-regression PCT]``."""
+"""``bench-compare report RESULT.json...|SWEEP_DIR [--out DIR] [--history FILE] [--baseline FILE --max-regression
+PCT]``: a sweep directory (``bench-compare sweep``) is reported through :mod:`bench_compare.sweep.report`."""
 
 from __future__ import annotations
 
@@ -37,33 +38,42 @@ def parse_percent(text: str) -> float:
 
 
 @click.command("report")
-@click.argument("results", nargs=-1, required=True, metavar="RESULT.json...")
+@click.argument("results", nargs=-1, required=True, metavar="RESULT.json...|SWEEP_DIR")
 @click.option("--out", "out_dir", default=None, type=ReportDir(empty=False), metavar="DIR",
               help="Report directory (default reports/report-<UTC time>).")
 @click.option("--history", "history", default=None, type=OutputFile(), metavar="FILE",
               help="CSV file to append one row per result to.")
-@click.option("--baseline", "baseline", default=None, metavar="FILE", help="Baseline JSON to gate against.")
+@click.option("--baseline", "baseline", default=None, metavar="FILE",
+              help="Baseline JSON to gate against (for a sweep: also a baseline sweep directory, cell by cell).")
 @click.option("--max-regression", "max_regression", default=None, metavar="PCT",
               help=f"Allowed regression in percent (default {DEFAULT_MAX_REGRESSION_PCT:g}); needs --baseline.")
 @click.option("--write-baseline", "write_baseline", default=None, type=OutputFile(), metavar="FILE",
               help="Also write a baseline JSON (ratios / validation metrics) from these results.")
 def report_cmd(results: tuple[str, ...], out_dir: str | None, history: str | None, baseline: str | None,
                max_regression: str | None, write_baseline: str | None) -> None:
-    """Merge compare / validation / bench RESULT JSONs into one Markdown report with plots; optionally append them
-    to a history CSV and fail (exit 1) when a ratio to llama.cpp or a validation metric got worse than the baseline
-    by more than --max-regression percent."""
+    """Merge compare / validation / bench RESULT JSONs (or a sweep directory's cells, with the machines side by
+    side) into one Markdown report with plots; optionally append them to a history CSV and fail (exit 1) when a
+    ratio to llama.cpp or a validation metric got worse than the baseline by more than --max-regression percent."""
     if max_regression is not None and baseline is None:
         raise GGUFParityError("--max-regression needs --baseline FILE")
     pct = parse_percent(max_regression) if max_regression is not None else DEFAULT_MAX_REGRESSION_PCT
-    loaded = [report_lib.load_result(p) for p in results]
-    checks = None
-    gate_section = None
-    if baseline is not None:
-        base = gate.load_baseline(baseline)
-        checks = gate.check(loaded, base, pct)
-        gate_section = gate.gate_markdown(checks, pct, baseline)
-    out = Path(out_dir) if out_dir else Path("reports") / f"report-{utc_now().replace(':', '').replace('-', '')}"
-    path = report_lib.write_report(loaded, out, gate_section)
+    sweep = _sweep_dir(results)
+    if sweep is not None:  # a sweep directory: its cells' results, the merged report in SWEEP_DIR/report
+        from bench_compare.sweep import report as sweep_report
+
+        data = sweep_report.load_sweep(sweep)
+        loaded = data.results
+        checks = sweep_report.gate_sweep(data, baseline, pct) if baseline is not None else None
+    else:
+        loaded = [report_lib.load_result(p) for p in results]
+        checks = gate.check(loaded, gate.load_baseline(baseline), pct) if baseline is not None else None
+    gate_section = gate.gate_markdown(checks, pct, baseline) if checks is not None else None
+    if sweep is not None:
+        path = sweep_report.write_sweep_report(data, Path(out_dir) if out_dir else Path(sweep) / "report",
+                                               gate_section)
+    else:
+        out = Path(out_dir) if out_dir else Path("reports") / f"report-{utc_now().replace(':', '').replace('-', '')}"
+        path = report_lib.write_report(loaded, out, gate_section)
     click.echo(f"report: {path}")
     if history:
         click.echo(f"history: {report_lib.append_history(history, loaded)}")
@@ -78,6 +88,21 @@ def report_cmd(results: tuple[str, ...], out_dir: str | None, history: str | Non
         if bad:
             raise GateFailed(f"FAILED: {len(bad)} of {len(checks)} metrics regressed by more than {pct:g}%")
         click.echo(f"gate: passed ({len(checks)} metrics within {pct:g}% of the baseline)")
+
+
+def _sweep_dir(results: tuple[str, ...]) -> str | None:
+    """The sweep directory among the arguments (it must come alone), or None."""
+    dirs = [p for p in results if Path(p).is_dir()]
+    if not dirs:
+        return None
+    if len(results) != 1:
+        raise GGUFParityError(f"{dirs[0]}: a sweep directory is reported on its own, not with other results")
+    from bench_compare.sweep.store import is_sweep_dir
+
+    if not is_sweep_dir(dirs[0]):
+        raise GGUFParityError(f"{dirs[0]}: a directory without sweep.json; give result JSON files or a sweep "
+                              "directory (bench-compare sweep writes one)")
+    return dirs[0]
 
 
 report = report_cmd

@@ -1,0 +1,103 @@
+"""One cell = one fresh process running an existing ``bench-compare`` command; its own typed JSON is the result.
+
+:func:`run_cell` runs wherever the executor put it (this process for the local executor, a Ray worker on the chosen
+node for Ray) and returns an *outcome*: the result JSON the command wrote, or the error and the tail of its log. It
+never raises for a failing command, so one crash cannot take the sweep down. The child writes its JSON into a
+private temporary directory; on Linux it is killed if the process that started it dies (a Ray worker on a node that
+went away: the parent-death signal, :func:`exec_dying_with_parent`), so an orphan never measures on beside the next
+cell.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+from bench_compare.sweep.matrix import Cell
+
+LOG_TAIL_LINES = 40
+LOG_KEPT_CHARS = 200_000  # the whole log up to this size is kept next to the cell's record
+
+
+PR_SET_PDEATHSIG = 1
+
+
+def command_line(cell: Cell, json_path: str, report_dir: str) -> list[str]:
+    """The cell's process: ``bench-compare <command> ...`` under this Python; on Linux started through
+    :func:`exec_dying_with_parent` (``python -m bench_compare.sweep.cell_run PARENT_PID -- ARGS``), which asks the
+    kernel to kill it when its parent dies and then becomes the command (no ``preexec_fn``: Ray workers run threads)."""
+    args = cell.argv(json_path, report_dir)
+    if sys.platform.startswith("linux"):
+        return [sys.executable, "-m", "bench_compare.sweep.cell_run", str(os.getpid()), "--", *args]
+    return [sys.executable, "-m", "bench_compare.cli", *args]
+
+
+def exec_dying_with_parent(parent_pid: int, args: list[str]) -> None:  # pragma: no cover - replaces the process
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # kept across exec
+    if os.getppid() != parent_pid:  # the parent died before the request took effect
+        os._exit(1)
+    os.execv(sys.executable, [sys.executable, "-m", "bench_compare.cli", *args])
+
+
+def log_tail(text: str, lines: int = LOG_TAIL_LINES) -> str:
+    return "\n".join(text.rstrip().splitlines()[-lines:])
+
+
+def run_cell(cell_dict: dict[str, Any], node: dict[str, Any], timeout_s: float | None = None) -> dict[str, Any]:
+    """Run one cell in a fresh process; ``node`` (``{id, labels}``) is recorded with the outcome."""
+    cell = Cell.from_dict(cell_dict)
+    started = time.time()
+    with tempfile.TemporaryDirectory(prefix="bench-sweep-") as tmp:
+        json_path = os.path.join(tmp, "result.json")
+        argv = command_line(cell, json_path, os.path.join(tmp, "report"))
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                text=True, errors="replace", env=env)
+        error = None
+        try:
+            log, _ = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            log, _ = proc.communicate()
+            error = f"timed out after {timeout_s:g} s"
+        except BaseException:  # Ctrl-C: stop the child, keep nothing of this cell
+            with contextlib.suppress(OSError):
+                proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            raise
+        result = None
+        if error is None and proc.returncode != 0:
+            error = f"exit code {proc.returncode}: {_last_error_line(log)}"
+        if error is None:
+            try:
+                with open(json_path, encoding="utf-8") as fh:
+                    result = json.load(fh)
+            except (OSError, json.JSONDecodeError) as exc:
+                error = f"the command wrote no readable result JSON ({exc.__class__.__name__})"
+    return {"status": "failed" if error else "done", "result": result, "error": error,
+            "log": log[-LOG_KEPT_CHARS:], "log_tail": log_tail(log), "returncode": proc.returncode,
+            "argv": ["bench-compare", *cell.argv("RESULT.json")], "started": started, "ended": time.time(),
+            "node": node}
+
+
+def _last_error_line(log: str) -> str:
+    lines = [line for line in log.strip().splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith("error:")]
+    return (errors or lines or ["(no output)"])[-1].strip()[:300]
+
+
+if __name__ == "__main__":  # python -m bench_compare.sweep.cell_run PARENT_PID -- ARGS (see command_line)
+    exec_dying_with_parent(int(sys.argv[1]), sys.argv[3:])

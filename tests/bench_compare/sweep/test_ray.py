@@ -1,0 +1,177 @@
+"""The Ray executor on a simulated 3-node cluster on this machine (``ray.cluster_utils.Cluster``): labelled cells
+run only on matching nodes and never two at once on one node, a half-finished sweep resumes, a node killed
+mid-cell has its cell retried on another matching node or recorded failed with nothing else lost, and the merged
+report puts the machines side by side. The sweep runs as a user runs it: ``bench-compare sweep --ray-address``."""
+
+from __future__ import annotations
+
+import itertools
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+from sweep_helpers import BENCH_ARGS, COMPARE_ARGS, records, write_sweep
+
+from bench_compare.sweep.machine import BENCH_SLOT, matches
+
+ray = pytest.importorskip("ray")
+psutil = pytest.importorskip("psutil")
+from ray.cluster_utils import Cluster
+
+NODES = {
+    "a": {"cpu": "sim-a", "isa": "avx2", "cores": "1", "gpu": "true", "gpu-name": "sim-gpu"},
+    "b": {"cpu": "sim-b", "isa": "avx512", "cores": "1", "gpu": "false"},
+    "c": {"cpu": "sim-c", "isa": "avx2", "cores": "1", "gpu": "false"},
+}
+SWEEP = """
+name = "ray"
+models = ["{model}"]
+engines = ["ours:numpy"]
+threads = [1]
+machines = [{{ isa = "avx2" }}, {{ isa = "avx512" }}, {{ gpu = true }}, {{ gpu = false }}, {{ isa = "neon" }}]
+[commands.bench]
+args = {bench}
+[commands.compare]
+args = {compare}
+"""
+LONG_BENCH = '["-p", "16", "-n", "128", "-r", "40"]'  # several seconds: long enough to be killed mid-cell
+
+
+def add_node(cluster: Cluster, labels: dict[str, str]):
+    return cluster.add_node(num_cpus=1, resources={BENCH_SLOT: 1}, labels=labels)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    c = Cluster(initialize_head=True, connect=False,
+                head_node_args={"num_cpus": 0, "include_dashboard": False})  # the head runs no cell
+    nodes = {name: add_node(c, labels) for name, labels in NODES.items()}
+    yield c, nodes
+    c.shutdown()
+
+
+def sweep(path, out, address, *extra, timeout=300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "bench_compare.cli", "sweep", str(path), "--out", str(out),
+                           "--ray-address", address, *extra], capture_output=True, text=True, check=False, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def ray_sweep(cluster, tmp_path_factory, sweep_model):
+    c, _ = cluster
+    folder = tmp_path_factory.mktemp("ray_sweep")
+    path = write_sweep(folder, SWEEP.format(model=sweep_model, bench=BENCH_ARGS, compare=COMPARE_ARGS))
+    run = sweep(path, folder / "out", c.address)
+    return path, folder / "out", run
+
+
+def test_labelled_cells_run_only_on_matching_nodes_one_at_a_time(ray_sweep):
+    _, out, run = ray_sweep
+    assert run.returncode == 0, run.stderr
+    recs = records(out)
+    done = [r for r in recs.values() if r["status"] == "done"]
+    assert len(recs) == 10 and len(done) == 8
+    for r in done:
+        assert matches(r["cell"]["machine"], r["node"]["labels"]), r
+        assert r["node"]["labels"] in NODES.values()
+    assert {r["node"]["labels"]["cpu"] for r in done} >= {"sim-a", "sim-b"}  # gpu=true, isa=avx512: one node each
+    by_node: dict[str, list[tuple[float, float]]] = {}
+    for r in done:
+        by_node.setdefault(r["node"]["id"], []).append((r["started"], r["ended"]))
+    for spans in by_node.values():
+        spans.sort()
+        assert all(later[0] >= earlier[1] for earlier, later in itertools.pairwise(spans)), spans  # never two at once
+    unmatched = [r for r in recs.values() if r["status"] == "unmatched"]
+    assert {r["cell"]["machine"]["isa"] for r in unmatched} == {"neon"}
+    assert all(r["error"] == "no node of the cluster carries isa=neon" for r in unmatched)
+
+
+def test_the_merged_report_puts_the_machines_side_by_side(ray_sweep, tmp_path):
+    _, out, _ = ray_sweep
+    assert (out / "report" / "report.md").is_file()
+    report = subprocess.run([sys.executable, "-m", "bench_compare.cli", "report", str(out), "--out",
+                             str(tmp_path / "rep")], capture_output=True, text=True, check=False, timeout=120)
+    assert report.returncode == 0, report.stderr
+    text = (tmp_path / "rep" / "report.md").read_text()
+    machines = {"sim-a avx2, 1 cores, sim-gpu", "sim-b avx512, 1 cores, no GPU"}
+    assert all(f"### {m}" in text for m in machines)  # the compare ratios per machine
+    heat = text.split("### pp8", 1)[1].split("![", 1)[0]
+    assert all(m in heat.splitlines()[2] for m in machines)  # models x machines
+    assert "10 cells, 8 done, 2 unmatched" in text
+    assert (tmp_path / "rep" / "heatmap-tg4.png").stat().st_size > 1000
+
+
+def test_a_half_finished_sweep_resumes_without_rerunning_finished_cells(ray_sweep, cluster):
+    path, out, _ = ray_sweep
+    before = records(out)
+    lost = sorted(k for k, r in before.items() if r["status"] == "done")[:2]
+    for key in lost:  # as if the sweep had stopped before these two
+        shutil.rmtree(out / "cells" / key)
+    run = sweep(path, out, cluster[0].address, "--no-report")
+    assert run.returncode == 0, run.stderr
+    assert "10 cells, 6 already done, 4 to run" in run.stderr
+    after = records(out)
+    assert all(after[k] == r for k, r in before.items() if r["status"] == "done" and k not in lost)
+    assert all(after[k]["status"] == "done" and after[k]["started"] > before[k]["ended"] for k in lost)
+
+
+def _cell_processes(needle: str):
+    """The running cell processes whose command line holds ``needle``, each with the pids of its ancestors."""
+    for proc in psutil.process_iter(["cmdline"]):
+        cmd = " ".join(proc.info["cmdline"] or [])
+        if "bench_compare.cli bench " in cmd and needle in cmd:  # a cell, not the sweep's driver
+            try:
+                yield proc, [p.pid for p in proc.parents()]
+            except psutil.NoSuchProcess:
+                continue
+
+
+def _raylet_pid(node) -> int:
+    return node.all_processes["raylet"][0].process.pid
+
+
+def _kill_node_running(c: Cluster, candidates: dict, needle: str, deadline: float):
+    """Wait until a cell with ``needle`` runs on one of ``candidates``, then kill that node; its name, the process."""
+    while time.time() < deadline:
+        for proc, parents in _cell_processes(needle):
+            for name, node in candidates.items():
+                if _raylet_pid(node) in parents:
+                    c.remove_node(node, allow_graceful=False)
+                    return name, proc
+        time.sleep(0.2)
+    raise AssertionError(f"no cell process with {needle!r} appeared on {', '.join(candidates)}")
+
+
+def test_a_node_killed_mid_cell_retries_on_another_matching_node_or_fails_alone(cluster, tmp_path, sweep_model):
+    c, _ = cluster
+    pool = {"d": add_node(c, {"cpu": "sim-d", "pool": "doomed"}), "e": add_node(c, {"cpu": "sim-e", "pool": "doomed"}),
+            "f": add_node(c, {"cpu": "sim-f", "pool": "lonely"})}
+    body = f"""
+models = ["{sweep_model}"]
+engines = ["ours:numpy"]
+threads = [1]
+machines = [{{ pool = "doomed" }}, {{ pool = "lonely" }}]
+[commands.compare]
+args = {COMPARE_ARGS}
+[commands.bench]
+args = {LONG_BENCH}
+"""
+    path, out = write_sweep(tmp_path, body), tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "bench_compare.cli", "sweep", str(path), "--out", str(out),
+                             "--ray-address", c.address], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 180
+    killed, victim = _kill_node_running(c, {"d": pool["d"], "e": pool["e"]}, "-r 40", deadline)
+    _, lonely_victim = _kill_node_running(c, {"f": pool["f"]}, "-r 40", deadline)
+    _, err = proc.communicate(timeout=240)
+    assert proc.returncode == 1, err  # one cell failed; the sweep went on
+    recs = {(r["cell"]["command"], r["cell"]["machine"]["pool"]): r for r in records(out).values()}
+    retried = recs[("bench", "doomed")]
+    assert retried["status"] == "done", retried
+    assert retried["node"]["labels"]["cpu"] == {"d": "sim-e", "e": "sim-d"}[killed]  # the other matching node
+    failed = recs[("bench", "lonely")]
+    assert failed["status"] == "failed" and "no live node carries pool=lonely any more" in failed["error"]
+    assert not (out / "cells" / failed["key"] / "result.json").exists()
+    assert recs[("compare", "doomed")]["status"] == "done" and recs[("compare", "lonely")]["status"] == "done"
+    for p in (victim, lonely_victim):  # the killed nodes' cell processes died with them: no orphan writes later
+        assert not p.is_running() or p.status() == psutil.STATUS_ZOMBIE
