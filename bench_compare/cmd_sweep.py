@@ -69,9 +69,11 @@ def sweep(file: str, out: str | None, dry_run: bool, ray_address: str | None, fo
     if ray_address is not None and not ray_address.strip():
         raise GGUFParityError("--ray-address must be auto or ray://HOST:PORT")
     if ray_address:
-        from bench_compare.sweep.ray_executor import import_ray
+        from bench_compare.sweep.ray_executor import connect_cluster, import_ray
 
-        import_ray()  # Ray missing: one line now, before anything is written
+        import_ray()  # Ray missing, or no cluster at the address: one line now, before anything is written
+        if not dry_run:
+            connect_cluster(ray_address)
     cells, dropped = matrix.cells(spec, _machines(spec, ray_address))
     if dry_run:
         for line in dry_run_table(cells, store, force):

@@ -63,11 +63,16 @@ def connect(ray, address: str) -> bool:
     return True
 
 
+def connect_cluster(address: str) -> None:
+    """Connect to the cluster now (a wrong address is one line before anything is written); :func:`run_ray` then
+    uses this connection."""
+    connect(import_ray(), address)
+
+
 def cluster_machines(address: str) -> list[dict[str, str]]:
     """The machine labels of the cluster's bench nodes (connecting, and staying connected for :func:`run_ray`)."""
-    ray = import_ray()
-    connect(ray, address)
-    return bench_nodes(ray)
+    connect_cluster(address)
+    return bench_nodes(import_ray())
 
 
 def run_ray(cells: list[Cell], store: SweepStore, echo: Callable[[str], None], address: str = "auto",

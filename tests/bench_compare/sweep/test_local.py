@@ -144,3 +144,24 @@ def test_bad_sweep_input_is_one_line_exit_2(capsys, tmp_path):
     path = write_sweep(tmp_path, "models = ['m']\n[commands.bench]\n", "ok.toml")
     code, _, err = run_cli(capsys, "sweep", path, "--out", tmp_path / "file")
     assert code == 2 and "is a file" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_cell_past_its_timeout_is_stopped_and_recorded_failed(capsys, tmp_path, sweep_model):
+    path = write_sweep(tmp_path, f'models = ["{sweep_model}"]\nengines = ["ours:numpy"]\n[commands.bench]\n'
+                                 'args = ["-p", "16", "-n", "256", "-r", "200"]\n')
+    code, _, err = run_cli(capsys, "sweep", path, "--out", tmp_path / "out", "--cell-timeout", "1", "--no-report")
+    assert code == 1 and "1 of 1 cells failed" in err
+    (rec,) = records(tmp_path / "out").values()
+    assert rec["status"] == "failed" and rec["error"] == "timed out after 1 s" and rec["ended"] - rec["started"] < 30
+
+
+def test_no_cluster_at_the_address_is_one_line_before_anything_is_written(tmp_path, sweep_model):
+    pytest.importorskip("ray")
+    path = write_sweep(tmp_path, f'models = ["{sweep_model}"]\n[commands.bench]\n')
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    run = subprocess.run(sweep_cmd(path, "--out", tmp_path / "out", "--ray-address", "auto"), capture_output=True,
+                         text=True, check=False, timeout=120, env=env,
+                         cwd=tmp_path)
+    assert run.returncode == 2 and len(run.stderr.strip().splitlines()) == 1, run.stderr
+    assert run.stderr.startswith("error: --ray-address auto: cannot connect to a Ray cluster")
+    assert not (tmp_path / "out").exists()

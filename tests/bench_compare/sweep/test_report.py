@@ -112,3 +112,11 @@ def test_a_directory_that_is_not_a_sweep_is_one_line(capsys, tmp_path, sweep_dir
     result = next((sweep_dir / "cells").glob("*/result.json"))
     code, _, err = run_cli(capsys, "report", sweep_dir, result)
     assert code == 2 and "a sweep directory is reported on its own" in err
+
+
+def test_history_gets_a_row_per_finished_cell(capsys, sweep_dir, tmp_path):
+    history = tmp_path / "history.csv"
+    code, out, err = run_cli(capsys, "report", sweep_dir, "--out", tmp_path / "rep", "--history", history)
+    assert code == 0, err
+    rows = history.read_text().strip().splitlines()
+    assert len(rows) == 1 + len(records(sweep_dir)) and f"history: {history}" in out
