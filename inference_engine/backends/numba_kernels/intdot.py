@@ -26,7 +26,7 @@ Q6_K        int16 ``bsums``             ``acc += (d_y d) * (sum_k sc_k dot4(q_k,
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import njit, prange
 
 from inference_engine.backends.numba_kernels.isa.int8 import (
     bits32,
@@ -35,7 +35,7 @@ from inference_engine.backends.numba_kernels.isa.int8 import (
     load_u32,
     nibbles32,
 )
-from inference_engine.backends.numba_kernels.isa.simd import prefetch
+from inference_engine.backends.numba_kernels.isa.simd import prefetch, rows_ahead
 
 _F32 = np.float32
 _KMASK1, _KMASK2, _KMASK3 = np.uint32(0x3F3F3F3F), np.uint32(0x0F0F0F0F), np.uint32(0x03030303)
@@ -106,3 +106,25 @@ def bsum_pairs_into(bsums, out):
 # from here (Numba runs a parallel callee's loop on its pool). Written out per type, as the kernels above are.
 
 
+# --- the mat-vec loops, one per shape: each type's ``matvec_int_<type>`` is one of them with its row arithmetic ------
+# Inlined (``inline="always"``) into the type's own ``@njit(parallel=True, cache=True)`` kernel with its ``pair_<type>``
+# / ``row_dot_<type>`` as a constant there: the same machine code as the loop written out per type (checked), and each
+# kernel keeps its own file in Numba's cache (which keeps nothing for a function taking a compiled one as argument).
+@njit(inline="always", cache=True)
+def pairs_matvec(pair, w, yq, yd, ya, out):
+    """Two rows per iteration (``pair``: a type's ``pair_<type>``, which shares the activation loads between them)."""
+    n = out.shape[0]
+    ahead = rows_ahead(w)
+    for g in prange((n + 1) // 2):
+        r0 = 2 * g
+        r1 = min(r0 + 1, n - 1)
+        out[r0], out[r1] = pair(w[r0], w[r1], w[min(r0 + ahead, n - 1)], w[min(r1 + ahead, n - 1)], yq, yd, ya)
+
+
+@njit(inline="always", cache=True)
+def rows_matvec(row_dot, w, yq, yd, ys, out):
+    """One row at a time (``row_dot``: a type's ``row_dot_<type>``; see ``types.q8_0.matvec_int_q8_0`` for why)."""
+    n = out.shape[0]
+    ahead = rows_ahead(w)
+    for r in prange(n):
+        out[r] = row_dot(w[r], w[min(r + ahead, n - 1)], yq, yd, ys)

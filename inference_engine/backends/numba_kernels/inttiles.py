@@ -33,7 +33,7 @@ for 1536 inputs), every row pair of the group. Each weight byte comes from memor
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import njit, prange
 
 from inference_engine.backends.numba_kernels.intdot import byte
 from inference_engine.backends.numba_kernels.isa.int8 import (
@@ -132,3 +132,16 @@ def token_pairs(yq):
     return out
 
 
+# --- the tile loop of the 32-weight types: each one's ``tiled_<type>`` is this loop with its ``tile_<type>`` ----------
+@njit(inline="always", cache=True)
+def tiled_pairs(tile, w, yq, yd, ya, out):
+    """Row pairs x 4-token tiles, rows in groups of ``GROUP_ROWS`` split over threads (``tile``: a type's
+    ``tile_<type>``). Inlined into each type's ``@njit(parallel=True, cache=True)`` kernel, as :mod:`.intdot`'s
+    mat-vec loops are."""
+    n_tok, n = out.shape
+    for g in prange((n + GROUP_ROWS - 1) // GROUP_ROWS):
+        for t in range(0, n_tok, TILE_TOKENS):
+            t1, t2, t3 = min(t + 1, n_tok - 1), min(t + 2, n_tok - 1), min(t + 3, n_tok - 1)
+            for r0 in range(g * GROUP_ROWS, min(g * GROUP_ROWS + GROUP_ROWS, n), 2):
+                r1 = min(r0 + 1, n - 1)
+                store_tile(out, r0, r1, t, t1, t2, t3, tile(w[r0], w[r1], yq, yd, ya, t, t1, t2, t3))

@@ -2,6 +2,13 @@
 docstring, the float mat-vec and dequantization, and where ggml numerics have them the integer-dot row / pair
 arithmetic, the one-token mat-vec and the register-tiled kernel) and ends with its entry in the kernel table.
 
+The kernels of a type ``<t>``: ``matvec_float_<t>(w, xv, xs, out)``, the float mat-vec (the activation in float32,
+``xs`` its block sums), and ``dequant_<t>(w, row0, out)``, ggml's dequantization of rows; where ggml numerics
+multiply in integers (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K) also ``matvec_int_<t>(w, yq, yd, ya, out)``,
+the integer-dot mat-vec (the activation quantized once per token; libggml's x86 ``vec_dot`` bit for bit),
+``token_<t>(w, x, out)`` (quantize and multiply one float32 token in one call) and ``tiled_<t>`` (the register-tiled
+kernel for several tokens, the mat-vec's outputs).
+
 Helpers shared by several types live beside this package: :mod:`..float_blocks` (the float path's block
 unpacking), :mod:`..intdot` (the integer-dot path's), :mod:`..inttiles` (the register tiles'), and :mod:`..isa`
 (the vector vocabulary).

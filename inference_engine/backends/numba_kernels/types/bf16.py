@@ -1,30 +1,11 @@
-"""BF16: the tensor type's Numba kernels, all in this file.
-
-Layout (ggml-common.h; byte offsets):
+"""BF16: all of the type's Numba kernels, and its kernel-table entry (:data:`KERNELS`). Layout (ggml-common.h):
 BF16 weights: 2 bytes a value, the high half of a float32.
-
-Kernels: the float mat-vec (``matvec_float_bf16(w, xv, xs, out)``: the activation in float32, ``xs`` its block sums)
-and ggml's dequantization (``dequant_bf16``). :data:`KERNELS` is the type's entry in the kernel table
-(:data:`..types.KERNELS`).
 """
-
-from __future__ import annotations
 
 from gguf import GGMLQuantizationType as T
 from numba import njit, prange
 
-from inference_engine.backends.numba_kernels.isa.simd import (
-    load_bf16,
-    prefetch,
-    rows_ahead,
-    vadd,
-    vfma,
-    vload,
-    vload_bf16,
-    vstore,
-    vsum,
-    vzero,
-)
+from inference_engine.backends.numba_kernels.isa import simd
 from inference_engine.backends.numba_kernels.kernel_entry import Kernels
 
 
@@ -32,26 +13,26 @@ from inference_engine.backends.numba_kernels.kernel_entry import Kernels
 @njit(inline="always", cache=True)
 def row_dot_bf16(row, ahead, xv):
     k = xv.shape[0]
-    a, b = vzero(), vzero()
+    a, b = simd.vzero(), simd.vzero()
     e = 0
     while e + 32 <= k:
-        prefetch(ahead, 2 * e)
-        a = vfma(vload_bf16(row, 2 * e), vload(xv, e), a)
-        b = vfma(vload_bf16(row, 2 * e + 32), vload(xv, e + 16), b)
+        simd.prefetch(ahead, 2 * e)
+        a = simd.vfma(simd.vload_bf16(row, 2 * e), simd.vload(xv, e), a)
+        b = simd.vfma(simd.vload_bf16(row, 2 * e + 32), simd.vload(xv, e + 16), b)
         e += 32
     if e + 16 <= k:
-        a = vfma(vload_bf16(row, 2 * e), vload(xv, e), a)
+        a = simd.vfma(simd.vload_bf16(row, 2 * e), simd.vload(xv, e), a)
         e += 16
-    t = vsum(vadd(a, b))
+    t = simd.vsum(simd.vadd(a, b))
     for i in range(e, k):
-        t += load_bf16(row, 2 * i) * xv[i]
+        t += simd.load_bf16(row, 2 * i) * xv[i]
     return t
 
 
 @njit(parallel=True, fastmath=True, cache=True)
 def matvec_float_bf16(w, xv, xs, out):
     n = out.shape[0]
-    ahead = rows_ahead(w)
+    ahead = simd.rows_ahead(w)
     for r in prange(n):
         out[r] = row_dot_bf16(w[r], w[min(r + ahead, n - 1)], xv)
 
@@ -63,10 +44,10 @@ def dequant_bf16(w, row0, out):
         row, dst = w[row0 + r], out[r]
         e = 0
         while e + 16 <= k:
-            vstore(dst, e, vload_bf16(row, 2 * e))
+            simd.vstore(dst, e, simd.vload_bf16(row, 2 * e))
             e += 16
         for i in range(e, k):
-            dst[i] = load_bf16(row, 2 * i)
+            dst[i] = simd.load_bf16(row, 2 * i)
 
 
 QTYPE = T.BF16

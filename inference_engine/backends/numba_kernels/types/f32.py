@@ -1,29 +1,11 @@
-"""F32: the tensor type's Numba kernels, all in this file.
-
-Layout (ggml-common.h; byte offsets):
+"""F32: all of the type's Numba kernels, and its kernel-table entry (:data:`KERNELS`). Layout (ggml-common.h):
 F32 weights: 4 bytes a value, element ``e`` at byte ``4e``.
-
-Kernels: the float mat-vec (``matvec_float_f32(w, xv, xs, out)``: the activation in float32, ``xs`` its block sums)
-and ggml's dequantization (``dequant_f32``). :data:`KERNELS` is the type's entry in the kernel table
-(:data:`..types.KERNELS`).
 """
-
-from __future__ import annotations
 
 from gguf import GGMLQuantizationType as T
 from numba import njit, prange
 
-from inference_engine.backends.numba_kernels.isa.simd import (
-    load_f32,
-    prefetch,
-    rows_ahead,
-    vadd,
-    vfma,
-    vload,
-    vload_f32,
-    vsum,
-    vzero,
-)
+from inference_engine.backends.numba_kernels.isa import simd
 from inference_engine.backends.numba_kernels.kernel_entry import Kernels
 
 
@@ -31,27 +13,27 @@ from inference_engine.backends.numba_kernels.kernel_entry import Kernels
 @njit(inline="always", cache=True)
 def row_dot_f32(row, ahead, xv):
     k = xv.shape[0]
-    a, b = vzero(), vzero()
+    a, b = simd.vzero(), simd.vzero()
     e = 0
     while e + 32 <= k:
-        prefetch(ahead, 4 * e)
-        prefetch(ahead, 4 * e + 64)
-        a = vfma(vload_f32(row, 4 * e), vload(xv, e), a)
-        b = vfma(vload_f32(row, 4 * e + 64), vload(xv, e + 16), b)
+        simd.prefetch(ahead, 4 * e)
+        simd.prefetch(ahead, 4 * e + 64)
+        a = simd.vfma(simd.vload_f32(row, 4 * e), simd.vload(xv, e), a)
+        b = simd.vfma(simd.vload_f32(row, 4 * e + 64), simd.vload(xv, e + 16), b)
         e += 32
     if e + 16 <= k:
-        a = vfma(vload_f32(row, 4 * e), vload(xv, e), a)
+        a = simd.vfma(simd.vload_f32(row, 4 * e), simd.vload(xv, e), a)
         e += 16
-    t = vsum(vadd(a, b))
+    t = simd.vsum(simd.vadd(a, b))
     for i in range(e, k):
-        t += load_f32(row, 4 * i) * xv[i]
+        t += simd.load_f32(row, 4 * i) * xv[i]
     return t
 
 
 @njit(parallel=True, fastmath=True, cache=True)
 def matvec_float_f32(w, xv, xs, out):
     n = out.shape[0]
-    ahead = rows_ahead(w)
+    ahead = simd.rows_ahead(w)
     for r in prange(n):
         out[r] = row_dot_f32(w[r], w[min(r + ahead, n - 1)], xv)
 
@@ -62,7 +44,7 @@ def dequant_f32(w, row0, out):
     for r in prange(out.shape[0]):
         row, dst = w[row0 + r], out[r]
         for i in range(k):
-            dst[i] = load_f32(row, 4 * i)
+            dst[i] = simd.load_f32(row, 4 * i)
 
 
 QTYPE = T.F32

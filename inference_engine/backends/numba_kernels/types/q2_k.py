@@ -1,38 +1,14 @@
-"""Q2_K: the tensor type's Numba kernels, all in this file.
-
-Layout (ggml-common.h; byte offsets):
+"""Q2_K: all of the type's Numba kernels, and its kernel-table entry (:data:`KERNELS`). Layout (ggml-common.h):
 Q2_K (84 bytes, 256 weights): ``scales[16] @0`` (lo 4 bits: sc, hi 4 bits: m) ``| qs[64] @16 | d @80 | dmin @82``;
 ``e = 128n + 32j + l``: ``u = (qs[32n + l] >> 2j) & 3``, sub-block ``8n + 2j + l//16``; ``w = d*sc*u - dmin*m``.
-
-Kernels: the float mat-vec (``matvec_float_q2_k(w, xv, xs, out)``: the activation in float32, ``xs`` its block sums)
-and ggml's dequantization (``dequant_q2_k``). :data:`KERNELS` is the type's entry in the kernel table
-(:data:`..types.KERNELS`).
 """
-
-from __future__ import annotations
 
 import numpy as np
 from gguf import GGMLQuantizationType as T
 from numba import njit, prange
 
-from inference_engine.backends.numba_kernels.float_blocks import QK_K, prefetch_lines
-from inference_engine.backends.numba_kernels.isa.simd import (
-    band,
-    bload,
-    bshr,
-    bto_f32,
-    load_f16,
-    rows_ahead,
-    vfma,
-    vlane,
-    vload,
-    vmul,
-    vsplat,
-    vstore,
-    vsub,
-    vsum,
-    vzero,
-)
+from inference_engine.backends.numba_kernels import float_blocks
+from inference_engine.backends.numba_kernels.isa import simd
 from inference_engine.backends.numba_kernels.kernel_entry import Kernels
 
 _F32 = np.float32
@@ -41,51 +17,51 @@ _F32 = np.float32
 # --- float mat-vec and dequantization (from k_quants.py) ------------------------------------------------------------
 @njit(inline="always", cache=True)
 def q2_k_superblock(row, o, xv, xs, x0, acc, c):
-    b = bload(row, o)
-    scales = vmul(vsplat(load_f16(row, o + 80)), bto_f32(band(b, 15)))
-    c = vfma(vmul(vsplat(load_f16(row, o + 82)), bto_f32(bshr(b, 4))), vload(xs, x0 // 16), c)
+    b = simd.bload(row, o)
+    scales = simd.vmul(simd.vsplat(simd.load_f16(row, o + 80)), simd.bto_f32(simd.band(b, 15)))
+    c = simd.vfma(simd.vmul(simd.vsplat(simd.load_f16(row, o + 82)), simd.bto_f32(simd.bshr(b, 4))), simd.vload(xs, x0 // 16), c)
     for n in range(2):
         for j in range(4):
             for h in range(2):
                 k = 8 * n + 2 * j + h
-                u = bto_f32(band(bshr(bload(row, o + 16 + 32 * n + 16 * h), 2 * j), 3))
-                acc = vfma(vlane(scales, k), vmul(u, vload(xv, x0 + 16 * k)), acc)
+                u = simd.bto_f32(simd.band(simd.bshr(simd.bload(row, o + 16 + 32 * n + 16 * h), 2 * j), 3))
+                acc = simd.vfma(simd.vlane(scales, k), simd.vmul(u, simd.vload(xv, x0 + 16 * k)), acc)
     return acc, c
 
 
 @njit(parallel=True, fastmath=True, cache=True)
 def matvec_float_q2_k(w, xv, xs, out):
-    n, nsb = out.shape[0], xv.shape[0] // QK_K
-    ahead = rows_ahead(w)
+    n, nsb = out.shape[0], xv.shape[0] // float_blocks.QK_K
+    ahead = simd.rows_ahead(w)
     for g in prange((n + 1) // 2):
         r0 = 2 * g
         r1 = min(r0 + 1, n - 1)
         p0, p1 = w[min(r0 + ahead, n - 1)], w[min(r1 + ahead, n - 1)]
-        a0, a1, c0, c1 = vzero(), vzero(), vzero(), vzero()
+        a0, a1, c0, c1 = simd.vzero(), simd.vzero(), simd.vzero(), simd.vzero()
         for i in range(nsb):
-            prefetch_lines(p0, p1, 84 * i, 84)
-            a0, c0 = q2_k_superblock(w[r0], 84 * i, xv, xs, QK_K * i, a0, c0)
-            a1, c1 = q2_k_superblock(w[r1], 84 * i, xv, xs, QK_K * i, a1, c1)
-        out[r0] = vsum(a0) - vsum(c0)
-        out[r1] = vsum(a1) - vsum(c1)
+            float_blocks.prefetch_lines(p0, p1, 84 * i, 84)
+            a0, c0 = q2_k_superblock(w[r0], 84 * i, xv, xs, float_blocks.QK_K * i, a0, c0)
+            a1, c1 = q2_k_superblock(w[r1], 84 * i, xv, xs, float_blocks.QK_K * i, a1, c1)
+        out[r0] = simd.vsum(a0) - simd.vsum(c0)
+        out[r1] = simd.vsum(a1) - simd.vsum(c1)
 
 
 @njit(parallel=True, cache=True)
 def dequant_q2_k(w, row0, out):
-    nsb = out.shape[1] // QK_K
+    nsb = out.shape[1] // float_blocks.QK_K
     for r in prange(out.shape[0]):
         row, dst = w[row0 + r], out[r]
         for i in range(nsb):
-            o, y = 84 * i, QK_K * i
-            d, dmin = load_f16(row, o + 80), load_f16(row, o + 82)
+            o, y = 84 * i, float_blocks.QK_K * i
+            d, dmin = simd.load_f16(row, o + 80), simd.load_f16(row, o + 82)
             for n in range(2):
                 for j in range(4):
                     for h in range(2):
                         k = 8 * n + 2 * j + h
                         sc = row[o + k]
-                        dl, ml = vsplat(d * _F32(sc & 15)), vsplat(dmin * _F32(sc >> 4))
-                        u = bto_f32(band(bshr(bload(row, o + 16 + 32 * n + 16 * h), 2 * j), 3))
-                        vstore(dst, y + 16 * k, vsub(vmul(dl, u), ml))
+                        dl, ml = simd.vsplat(d * _F32(sc & 15)), simd.vsplat(dmin * _F32(sc >> 4))
+                        u = simd.bto_f32(simd.band(simd.bshr(simd.bload(row, o + 16 + 32 * n + 16 * h), 2 * j), 3))
+                        simd.vstore(dst, y + 16 * k, simd.vsub(simd.vmul(dl, u), ml))
 
 
 QTYPE = T.Q2_K

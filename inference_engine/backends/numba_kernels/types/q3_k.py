@@ -1,43 +1,15 @@
-"""Q3_K: the tensor type's Numba kernels, all in this file.
-
-Layout (ggml-common.h; byte offsets):
+"""Q3_K: all of the type's Numba kernels, and its kernel-table entry (:data:`KERNELS`). Layout (ggml-common.h):
 Q3_K (110 bytes, 256 weights): ``hmask[32] @0 | qs[64] @32 | scales[12] @96`` (16 x 6 bits, minus 32) ``| d @108``;
 ``e = 128n + 32j + l``: ``u = ((qs[32n + l] >> 2j) & 3) | (bit (4n + j) of hmask[l]) << 2``, sub-block ``8n + 2j +
 l//16``; ``w = d*sc*(u - 4)``.
-
-Kernels: the float mat-vec (``matvec_float_q3_k(w, xv, xs, out)``: the activation in float32, ``xs`` its block sums)
-and ggml's dequantization (``dequant_q3_k``). :data:`KERNELS` is the type's entry in the kernel table
-(:data:`..types.KERNELS`).
 """
-
-from __future__ import annotations
 
 import numpy as np
 from gguf import GGMLQuantizationType as T
 from numba import njit, prange
 
-from inference_engine.backends.numba_kernels.float_blocks import QK_K, prefetch_lines
-from inference_engine.backends.numba_kernels.isa.simd import (
-    band,
-    bload,
-    bor,
-    bshl,
-    bshr,
-    bshr_lanes,
-    bshuffle,
-    bto_f32,
-    load_f16,
-    rows_ahead,
-    vfma,
-    vlane,
-    vload,
-    vmul,
-    vsplat,
-    vstore,
-    vsub,
-    vsum,
-    vzero,
-)
+from inference_engine.backends.numba_kernels import float_blocks
+from inference_engine.backends.numba_kernels.isa import simd
 from inference_engine.backends.numba_kernels.kernel_entry import Kernels
 
 _F32 = np.float32
@@ -55,60 +27,60 @@ def scale_q3_k(row, off, k):
 @njit(inline="always", cache=True)
 def q3_k_scales(row, off, d):
     """Q3_K: the 16 ``d * (sc_k - 32)`` from the 12 scale bytes at ``off`` (reads off-2 .. off+14)."""
-    b = bload(row, off - 2)  # scale byte i is b[i + 2]; starting 2 early keeps the load inside the block
-    low = band(bshr_lanes(bshuffle(b, "2345 6789 2345 6789"), "0000 0000 4444 4444"), 15)
-    high = band(bshr_lanes(bshuffle(b, "abcd abcd abcd abcd"), "0000 2222 4444 6666"), 3)
-    return vmul(vsplat(d), vsub(bto_f32(bor(low, bshl(high, 4))), vsplat(_F32(32.0))))
+    b = simd.bload(row, off - 2)  # scale byte i is b[i + 2]; starting 2 early keeps the load inside the block
+    low = simd.band(simd.bshr_lanes(simd.bshuffle(b, "2345 6789 2345 6789"), "0000 0000 4444 4444"), 15)
+    high = simd.band(simd.bshr_lanes(simd.bshuffle(b, "abcd abcd abcd abcd"), "0000 2222 4444 6666"), 3)
+    return simd.vmul(simd.vsplat(d), simd.vsub(simd.bto_f32(simd.bor(low, simd.bshl(high, 4))), simd.vsplat(_F32(32.0))))
 
 
 @njit(inline="always", cache=True)
 def q3_k_superblock(row, o, xv, xs, x0, acc, c):
-    scales = q3_k_scales(row, o + 96, load_f16(row, o + 108))
-    c = vfma(scales, vload(xs, x0 // 16), c)
+    scales = q3_k_scales(row, o + 96, simd.load_f16(row, o + 108))
+    c = simd.vfma(scales, simd.vload(xs, x0 // 16), c)
     for n in range(2):
         for j in range(4):
             for h in range(2):
                 k = 8 * n + 2 * j + h
-                low = band(bshr(bload(row, o + 32 + 32 * n + 16 * h), 2 * j), 3)
-                high = bshl(band(bshr(bload(row, o + 16 * h), 4 * n + j), 1), 2)
-                acc = vfma(vlane(scales, k), vmul(bto_f32(bor(low, high)), vload(xv, x0 + 16 * k)), acc)
+                low = simd.band(simd.bshr(simd.bload(row, o + 32 + 32 * n + 16 * h), 2 * j), 3)
+                high = simd.bshl(simd.band(simd.bshr(simd.bload(row, o + 16 * h), 4 * n + j), 1), 2)
+                acc = simd.vfma(simd.vlane(scales, k), simd.vmul(simd.bto_f32(simd.bor(low, high)), simd.vload(xv, x0 + 16 * k)), acc)
     return acc, c
 
 
 @njit(parallel=True, fastmath=True, cache=True)
 def matvec_float_q3_k(w, xv, xs, out):
-    n, nsb = out.shape[0], xv.shape[0] // QK_K
-    ahead = rows_ahead(w)
+    n, nsb = out.shape[0], xv.shape[0] // float_blocks.QK_K
+    ahead = simd.rows_ahead(w)
     for g in prange((n + 1) // 2):
         r0 = 2 * g
         r1 = min(r0 + 1, n - 1)
         p0, p1 = w[min(r0 + ahead, n - 1)], w[min(r1 + ahead, n - 1)]
-        a0, a1, c0, c1 = vzero(), vzero(), vzero(), vzero()
+        a0, a1, c0, c1 = simd.vzero(), simd.vzero(), simd.vzero(), simd.vzero()
         for i in range(nsb):
-            prefetch_lines(p0, p1, 110 * i, 110)
-            a0, c0 = q3_k_superblock(w[r0], 110 * i, xv, xs, QK_K * i, a0, c0)
-            a1, c1 = q3_k_superblock(w[r1], 110 * i, xv, xs, QK_K * i, a1, c1)
-        out[r0] = vsum(a0) - _F32(4.0) * vsum(c0)
-        out[r1] = vsum(a1) - _F32(4.0) * vsum(c1)
+            float_blocks.prefetch_lines(p0, p1, 110 * i, 110)
+            a0, c0 = q3_k_superblock(w[r0], 110 * i, xv, xs, float_blocks.QK_K * i, a0, c0)
+            a1, c1 = q3_k_superblock(w[r1], 110 * i, xv, xs, float_blocks.QK_K * i, a1, c1)
+        out[r0] = simd.vsum(a0) - _F32(4.0) * simd.vsum(c0)
+        out[r1] = simd.vsum(a1) - _F32(4.0) * simd.vsum(c1)
 
 
 @njit(parallel=True, cache=True)
 def dequant_q3_k(w, row0, out):
-    nsb = out.shape[1] // QK_K
+    nsb = out.shape[1] // float_blocks.QK_K
     for r in prange(out.shape[0]):
         row, dst = w[row0 + r], out[r]
         for i in range(nsb):
-            o, y = 110 * i, QK_K * i
-            d = load_f16(row, o + 108)
+            o, y = 110 * i, float_blocks.QK_K * i
+            d = simd.load_f16(row, o + 108)
             for n in range(2):
                 for j in range(4):
                     for h in range(2):
                         k = 8 * n + 2 * j + h
-                        dl = vsplat(d * _F32(scale_q3_k(row, o + 96, k)))
-                        low = band(bshr(bload(row, o + 32 + 32 * n + 16 * h), 2 * j), 3)
-                        high = bshl(band(bshr(bload(row, o + 16 * h), 4 * n + j), 1), 2)
-                        q = vsub(bto_f32(bor(low, high)), vsplat(_F32(4.0)))
-                        vstore(dst, y + 16 * k, vmul(dl, q))
+                        dl = simd.vsplat(d * _F32(scale_q3_k(row, o + 96, k)))
+                        low = simd.band(simd.bshr(simd.bload(row, o + 32 + 32 * n + 16 * h), 2 * j), 3)
+                        high = simd.bshl(simd.band(simd.bshr(simd.bload(row, o + 16 * h), 4 * n + j), 1), 2)
+                        q = simd.vsub(simd.bto_f32(simd.bor(low, high)), simd.vsplat(_F32(4.0)))
+                        simd.vstore(dst, y + 16 * k, simd.vmul(dl, q))
 
 
 QTYPE = T.Q3_K

@@ -1,54 +1,15 @@
-"""Q4_1: the tensor type's Numba kernels, all in this file.
-
-Layout (ggml-common.h; byte offsets):
+"""Q4_1: all of the type's Numba kernels, and its kernel-table entry (:data:`KERNELS`). Layout (ggml-common.h):
 Q4_1 (20 bytes, 32 weights): ``| d f16 | m f16 | qs[16] |``; ``w[j] = d * lo(qs[j]) + m``, ``w[j+16] = d * hi(qs[j])
 + m``.
-
-Kernels: the float mat-vec (``matvec_float_q4_1(w, xv, xs, out)``: the activation in float32, ``xs`` its block sums)
-and ggml's dequantization (``dequant_q4_1``); the integer-dot mat-vec (``matvec_int_q4_1(w, yq, yd, ya, out)``: the
-activation quantized once per token, libggml's x86 ``vec_dot`` bit for bit; ``token_q4_1`` quantizes and multiplies
-in one call), and the register-tiled kernel for several tokens (``tiled_q4_1``, the same outputs). :data:`KERNELS`
-is the type's entry in the kernel table (:data:`..types.KERNELS`).
 """
-
-from __future__ import annotations
 
 import numpy as np
 from gguf import GGMLQuantizationType as T
 from numba import njit, prange
 
-from inference_engine.backends.numba_kernels.float_blocks import nibble_dot
-from inference_engine.backends.numba_kernels.intdot import prefetch_span
-from inference_engine.backends.numba_kernels.inttiles import GROUP_ROWS, TILE_TOKENS, close_min, step_min, store_tile
-from inference_engine.backends.numba_kernels.isa.int8 import dot4, fma_int, fsum, fzero, load32, nibbles32
-from inference_engine.backends.numba_kernels.isa.simd import (
-    band,
-    bload,
-    bshr,
-    bto_f32,
-    fma32,
-    load_f16,
-    prefetch,
-    rows_ahead,
-    vadd,
-    vfma,
-    vload,
-    vmul,
-    vsplat,
-    vstore,
-    vsum,
-    vzero,
-)
-from inference_engine.backends.numba_kernels.isa.zmm import (
-    ROWS,
-    f16_pairs,
-    fma_lanes,
-    fma_splat8,
-    has_zmm_vnni,
-    nibble_dots,
-    row_scales,
-    store_rows_plus,
-)
+from inference_engine.backends.numba_kernels import float_blocks, intdot, inttiles
+from inference_engine.backends.numba_kernels.inttiles import tiled_pairs
+from inference_engine.backends.numba_kernels.isa import int8, simd, zmm
 from inference_engine.backends.numba_kernels.kernel_entry import Kernels
 from inference_engine.backends.numba_kernels.ops.activations import row_q8_1
 
@@ -59,25 +20,25 @@ _F32 = np.float32
 @njit(parallel=True, fastmath=True, cache=True)
 def matvec_float_q4_1(w, xv, xs, out):
     n, nb = out.shape[0], xs.shape[0]
-    ahead = rows_ahead(w)
+    ahead = simd.rows_ahead(w)
     for g in prange((n + 1) // 2):
         r0 = 2 * g
         r1 = min(r0 + 1, n - 1)
         w0, w1 = w[r0], w[r1]
         p0, p1 = w[min(r0 + ahead, n - 1)], w[min(r1 + ahead, n - 1)]
-        a0, a1 = vzero(), vzero()
+        a0, a1 = simd.vzero(), simd.vzero()
         c0, c1 = _F32(0.0), _F32(0.0)
         for b in range(nb):
             o = 20 * b
-            prefetch(p0, o)
-            prefetch(p1, o)
-            xl, xh = vload(xv, 32 * b), vload(xv, 32 * b + 16)
-            a0 = vfma(vsplat(load_f16(w0, o)), nibble_dot(w0, o + 4, xl, xh), a0)
-            a1 = vfma(vsplat(load_f16(w1, o)), nibble_dot(w1, o + 4, xl, xh), a1)
-            c0 += load_f16(w0, o + 2) * xs[b]
-            c1 += load_f16(w1, o + 2) * xs[b]
-        out[r0] = vsum(a0) + c0
-        out[r1] = vsum(a1) + c1
+            simd.prefetch(p0, o)
+            simd.prefetch(p1, o)
+            xl, xh = simd.vload(xv, 32 * b), simd.vload(xv, 32 * b + 16)
+            a0 = simd.vfma(simd.vsplat(simd.load_f16(w0, o)), float_blocks.nibble_dot(w0, o + 4, xl, xh), a0)
+            a1 = simd.vfma(simd.vsplat(simd.load_f16(w1, o)), float_blocks.nibble_dot(w1, o + 4, xl, xh), a1)
+            c0 += simd.load_f16(w0, o + 2) * xs[b]
+            c1 += simd.load_f16(w1, o + 2) * xs[b]
+        out[r0] = simd.vsum(a0) + c0
+        out[r1] = simd.vsum(a1) + c1
 
 
 @njit(parallel=True, cache=True)
@@ -88,60 +49,60 @@ def dequant_q4_1(w, row0, out):
         row, dst = w[row0 + i], out[i]
         for b in range(nb):
             o = 20 * b
-            d, m = vsplat(load_f16(row, o)), vsplat(load_f16(row, o + 2))
-            q = bload(row, o + 4)
-            vstore(dst, 32 * b, vadd(vmul(bto_f32(band(q, 15)), d), m))
-            vstore(dst, 32 * b + 16, vadd(vmul(bto_f32(bshr(q, 4)), d), m))
+            d, m = simd.vsplat(simd.load_f16(row, o)), simd.vsplat(simd.load_f16(row, o + 2))
+            q = simd.bload(row, o + 4)
+            simd.vstore(dst, 32 * b, simd.vadd(simd.vmul(simd.bto_f32(simd.band(q, 15)), d), m))
+            simd.vstore(dst, 32 * b + 16, simd.vadd(simd.vmul(simd.bto_f32(simd.bshr(q, 4)), d), m))
 
 
 # --- integer-dot mat-vec (ggml numerics, one token) (from intdot.py) ------------------------------------------------
 @njit(inline="always", cache=True)
 def pair_q4_1(w0, w1, p0, p1, yq, yd, ya):
     nb = yd.shape[0]
-    a0, a1 = fzero(), fzero()
+    a0, a1 = int8.fzero(), int8.fzero()
     c0, c1 = _F32(0.0), _F32(0.0)
     for b in range(nb):
         o = 20 * b
-        prefetch(p0, o)
-        prefetch(p1, o)
-        y = load32(yq, 32 * b)
-        a0 = fma_int(load_f16(w0, o) * yd[b], dot4(nibbles32(w0, o + 4), y), a0)
-        a1 = fma_int(load_f16(w1, o) * yd[b], dot4(nibbles32(w1, o + 4), y), a1)
-        c0 = fma32(load_f16(w0, o + 2), ya[b], c0)
-        c1 = fma32(load_f16(w1, o + 2), ya[b], c1)
-    return fsum(a0) + c0, fsum(a1) + c1
+        simd.prefetch(p0, o)
+        simd.prefetch(p1, o)
+        y = int8.load32(yq, 32 * b)
+        a0 = int8.fma_int(simd.load_f16(w0, o) * yd[b], int8.dot4(int8.nibbles32(w0, o + 4), y), a0)
+        a1 = int8.fma_int(simd.load_f16(w1, o) * yd[b], int8.dot4(int8.nibbles32(w1, o + 4), y), a1)
+        c0 = simd.fma32(simd.load_f16(w0, o + 2), ya[b], c0)
+        c1 = simd.fma32(simd.load_f16(w1, o + 2), ya[b], c1)
+    return int8.fsum(a0) + c0, int8.fsum(a1) + c1
 
 
 @njit(inline="always", cache=True)
 def quad_q4_1(w0, w1, w2, w3, p0, yq, yd, ya):
     """Four Q4_1 rows on 512-bit vectors (:mod:`.zmm`): their ``lo`` / ``hi`` lane sums and ``m * s`` terms.
     ``p0``: the first of the four rows to prefetch (they follow it in memory: 80 bytes a block)."""
-    lo, hi, c = vzero(), vzero(), fzero()
+    lo, hi, c = simd.vzero(), simd.vzero(), int8.fzero()
     for b in range(yd.shape[0]):
         o = 20 * b
-        prefetch_span(p0, 80 * b, 80)
-        dm = f16_pairs(w0, w1, w2, w3, o)
-        d = row_scales(dm, yd[b])
-        qlo, qhi = nibble_dots(w0, w1, w2, w3, o + 4, yq, 32 * b)
-        lo = fma_lanes(d, qlo, lo)
-        hi = fma_lanes(d, qhi, hi)
-        c = fma_splat8(dm, ya[b], c)
+        intdot.prefetch_span(p0, 80 * b, 80)
+        dm = zmm.f16_pairs(w0, w1, w2, w3, o)
+        d = zmm.row_scales(dm, yd[b])
+        qlo, qhi = zmm.nibble_dots(w0, w1, w2, w3, o + 4, yq, 32 * b)
+        lo = zmm.fma_lanes(d, qlo, lo)
+        hi = zmm.fma_lanes(d, qhi, hi)
+        c = zmm.fma_splat8(dm, ya[b], c)
     return lo, hi, c
 
 
 @njit(parallel=True, cache=True)
 def matvec_int_q4_1(w, yq, yd, ya, out):
     n = out.shape[0]
-    if has_zmm_vnni() and n >= ROWS:
+    if zmm.has_zmm_vnni() and n >= zmm.ROWS:
         # four rows a step; the last step ends at row n - 1 (rows it shares with the one before get the same values)
-        ahead = rows_ahead(w)
-        for g in prange((n + ROWS - 1) // ROWS):
-            r = min(ROWS * g, n - ROWS)
-            p = w[min(r + ahead, n - ROWS)]
+        ahead = simd.rows_ahead(w)
+        for g in prange((n + zmm.ROWS - 1) // zmm.ROWS):
+            r = min(zmm.ROWS * g, n - zmm.ROWS)
+            p = w[min(r + ahead, n - zmm.ROWS)]
             lo, hi, c = quad_q4_1(w[r], w[r + 1], w[r + 2], w[r + 3], p, yq, yd, ya)
-            store_rows_plus(out, r, lo, hi, c)
+            zmm.store_rows_plus(out, r, lo, hi, c)
         return
-    ahead = rows_ahead(w)
+    ahead = simd.rows_ahead(w)
     for g in prange((n + 1) // 2):
         r0 = 2 * g
         r1 = min(r0 + 1, n - 1)
@@ -160,30 +121,24 @@ def tile_q4_1(w0, w1, yq, yd, ya, t0, t1, t2, t3):
     y0, y1, y2, y3 = yq[t0], yq[t1], yq[t2], yq[t3]
     d0, d1, d2, d3 = yd[t0], yd[t1], yd[t2], yd[t3]
     s0, s1, s2, s3 = ya[t0], ya[t1], ya[t2], ya[t3]
-    z = (fzero(), _F32(0.0))
+    z = (int8.fzero(), _F32(0.0))
     a00, a01, a02, a03, a10, a11, a12, a13 = z, z, z, z, z, z, z, z
     for b in range(d0.shape[0]):
         o = 20 * b
-        x0, x1 = nibbles32(w0, o + 4), nibbles32(w1, o + 4)
-        f0, f1 = load_f16(w0, o), load_f16(w1, o)
-        m0, m1 = load_f16(w0, o + 2), load_f16(w1, o + 2)
-        a00, a10 = step_min(x0, x1, f0, f1, m0, m1, y0, d0, s0, b, a00, a10)
-        a01, a11 = step_min(x0, x1, f0, f1, m0, m1, y1, d1, s1, b, a01, a11)
-        a02, a12 = step_min(x0, x1, f0, f1, m0, m1, y2, d2, s2, b, a02, a12)
-        a03, a13 = step_min(x0, x1, f0, f1, m0, m1, y3, d3, s3, b, a03, a13)
-    return (close_min(a00), close_min(a01), close_min(a02), close_min(a03),
-            close_min(a10), close_min(a11), close_min(a12), close_min(a13))
+        x0, x1 = int8.nibbles32(w0, o + 4), int8.nibbles32(w1, o + 4)
+        f0, f1 = simd.load_f16(w0, o), simd.load_f16(w1, o)
+        m0, m1 = simd.load_f16(w0, o + 2), simd.load_f16(w1, o + 2)
+        a00, a10 = inttiles.step_min(x0, x1, f0, f1, m0, m1, y0, d0, s0, b, a00, a10)
+        a01, a11 = inttiles.step_min(x0, x1, f0, f1, m0, m1, y1, d1, s1, b, a01, a11)
+        a02, a12 = inttiles.step_min(x0, x1, f0, f1, m0, m1, y2, d2, s2, b, a02, a12)
+        a03, a13 = inttiles.step_min(x0, x1, f0, f1, m0, m1, y3, d3, s3, b, a03, a13)
+    return (inttiles.close_min(a00), inttiles.close_min(a01), inttiles.close_min(a02), inttiles.close_min(a03),
+            inttiles.close_min(a10), inttiles.close_min(a11), inttiles.close_min(a12), inttiles.close_min(a13))
 
 
 @njit(parallel=True, cache=True)
 def tiled_q4_1(w, yq, yd, ya, out):
-    n_tok, n = out.shape
-    for g in prange((n + GROUP_ROWS - 1) // GROUP_ROWS):
-        for t in range(0, n_tok, TILE_TOKENS):
-            t1, t2, t3 = min(t + 1, n_tok - 1), min(t + 2, n_tok - 1), min(t + 3, n_tok - 1)
-            for r0 in range(g * GROUP_ROWS, min(g * GROUP_ROWS + GROUP_ROWS, n), 2):
-                r1 = min(r0 + 1, n - 1)
-                store_tile(out, r0, r1, t, t1, t2, t3, tile_q4_1(w[r0], w[r1], yq, yd, ya, t, t1, t2, t3))
+    tiled_pairs(tile_q4_1, w, yq, yd, ya, out)
 
 
 QTYPE = T.Q4_1

@@ -1,85 +1,16 @@
-"""Q4_K: the tensor type's Numba kernels, all in this file.
-
-Layout (ggml-common.h; byte offsets):
+"""Q4_K: all of the type's Numba kernels, and its kernel-table entry (:data:`KERNELS`). Layout (ggml-common.h):
 Q4_K (144 bytes, 256 weights): ``d @0 | dmin @2 | scales[12] @4`` (8 x (6-bit sc, 6-bit m)) ``| qs[128] @16``;
 ``e = 64j + l`` (l < 32): ``u = lo(qs[32j + l])``, sub-block ``2j``; ``e = 64j + 32 + l``: the high nibble, ``2j +
 1``; ``w = d*sc*u - dmin*m``.
-
-Kernels: the float mat-vec (``matvec_float_q4_k(w, xv, xs, out)``: the activation in float32, ``xs`` its block sums)
-and ggml's dequantization (``dequant_q4_k``); the integer-dot mat-vec (``matvec_int_q4_k(w, yq, yd, ya, out)``: the
-activation quantized once per token, libggml's x86 ``vec_dot`` bit for bit; ``token_q4_k`` quantizes and multiplies
-in one call), and the register-tiled kernel for several tokens (``tiled_q4_k``, the same outputs). :data:`KERNELS`
-is the type's entry in the kernel table (:data:`..types.KERNELS`).
 """
-
-from __future__ import annotations
 
 import numpy as np
 from gguf import GGMLQuantizationType as T
 from numba import njit, prange
 
-from inference_engine.backends.numba_kernels.float_blocks import QK_K, k4_scales_mins, prefetch_lines, scale_min_k4
-from inference_engine.backends.numba_kernels.intdot import (
-    bsum_pairs,
-    bsum_pairs_into,
-    byte,
-    k4_scales,
-    prefetch_span,
-)
-from inference_engine.backends.numba_kernels.inttiles import (
-    GROUP_ROWS,
-    TILE8_TOKENS,
-    TILE_TOKENS,
-    dot_pair,
-    store4,
-    store_tile,
-    sub_scales,
-    token_pairs,
-)
-from inference_engine.backends.numba_kernels.isa.int8 import (
-    band8,
-    bshr8,
-    dot4_scaled,
-    fadd8,
-    flane,
-    fload8,
-    fma_int,
-    fma_intv,
-    fscale,
-    fsum,
-    fzero,
-    iadd,
-    izero,
-    kmin_pairs,
-    kmin_tokens,
-    load32,
-)
-from inference_engine.backends.numba_kernels.isa.simd import (
-    band,
-    bload,
-    bshr,
-    bto_f32,
-    load_f16,
-    rows_ahead,
-    vfma,
-    vlane,
-    vload,
-    vload_high8,
-    vmul,
-    vsplat,
-    vstore,
-    vsub,
-    vsum,
-    vzero,
-)
-from inference_engine.backends.numba_kernels.isa.zmm import (
-    fma_tokens,
-    fsum_token,
-    has_zmm_vnni,
-    izero16,
-    nibbles_both,
-    scaled_dots,
-)
+from inference_engine.backends.numba_kernels import float_blocks, intdot, inttiles
+from inference_engine.backends.numba_kernels.intdot import rows_matvec
+from inference_engine.backends.numba_kernels.isa import int8, simd, zmm
 from inference_engine.backends.numba_kernels.kernel_entry import Kernels
 from inference_engine.backends.numba_kernels.ops.activations import row_q8_K
 
@@ -89,67 +20,67 @@ _F32 = np.float32
 # --- float mat-vec and dequantization (from k_quants.py) ------------------------------------------------------------
 @njit(inline="always", cache=True)
 def q4_k_superblock(row, o, xv, xs, x0, acc, c):
-    sm = k4_scales_mins(row, o + 4, load_f16(row, o), load_f16(row, o + 2))
-    c = vfma(sm, vload_high8(xs, x0 // 32), c)
+    sm = float_blocks.k4_scales_mins(row, o + 4, simd.load_f16(row, o), simd.load_f16(row, o + 2))
+    c = simd.vfma(sm, simd.vload_high8(xs, x0 // 32), c)
     for j in range(4):
-        q0, q1 = bload(row, o + 16 + 32 * j), bload(row, o + 32 + 32 * j)
+        q0, q1 = simd.bload(row, o + 16 + 32 * j), simd.bload(row, o + 32 + 32 * j)
         e = x0 + 64 * j
-        lo = vfma(bto_f32(band(q1, 15)), vload(xv, e + 16), vmul(bto_f32(band(q0, 15)), vload(xv, e)))
-        hi = vfma(bto_f32(bshr(q1, 4)), vload(xv, e + 48), vmul(bto_f32(bshr(q0, 4)), vload(xv, e + 32)))
-        acc = vfma(vlane(sm, 2 * j), lo, acc)
-        acc = vfma(vlane(sm, 2 * j + 1), hi, acc)
+        lo = simd.vfma(simd.bto_f32(simd.band(q1, 15)), simd.vload(xv, e + 16), simd.vmul(simd.bto_f32(simd.band(q0, 15)), simd.vload(xv, e)))
+        hi = simd.vfma(simd.bto_f32(simd.bshr(q1, 4)), simd.vload(xv, e + 48), simd.vmul(simd.bto_f32(simd.bshr(q0, 4)), simd.vload(xv, e + 32)))
+        acc = simd.vfma(simd.vlane(sm, 2 * j), lo, acc)
+        acc = simd.vfma(simd.vlane(sm, 2 * j + 1), hi, acc)
     return acc, c
 
 
 @njit(parallel=True, fastmath=True, cache=True)
 def matvec_float_q4_k(w, xv, xs, out):
-    n, nsb = out.shape[0], xv.shape[0] // QK_K
-    ahead = rows_ahead(w)
+    n, nsb = out.shape[0], xv.shape[0] // float_blocks.QK_K
+    ahead = simd.rows_ahead(w)
     for g in prange((n + 1) // 2):
         r0 = 2 * g
         r1 = min(r0 + 1, n - 1)
         p0, p1 = w[min(r0 + ahead, n - 1)], w[min(r1 + ahead, n - 1)]
-        a0, a1, c0, c1 = vzero(), vzero(), vzero(), vzero()
+        a0, a1, c0, c1 = simd.vzero(), simd.vzero(), simd.vzero(), simd.vzero()
         for i in range(nsb):
-            prefetch_lines(p0, p1, 144 * i, 144)
-            a0, c0 = q4_k_superblock(w[r0], 144 * i, xv, xs, QK_K * i, a0, c0)
-            a1, c1 = q4_k_superblock(w[r1], 144 * i, xv, xs, QK_K * i, a1, c1)
-        out[r0] = vsum(a0) - vsum(c0)
-        out[r1] = vsum(a1) - vsum(c1)
+            float_blocks.prefetch_lines(p0, p1, 144 * i, 144)
+            a0, c0 = q4_k_superblock(w[r0], 144 * i, xv, xs, float_blocks.QK_K * i, a0, c0)
+            a1, c1 = q4_k_superblock(w[r1], 144 * i, xv, xs, float_blocks.QK_K * i, a1, c1)
+        out[r0] = simd.vsum(a0) - simd.vsum(c0)
+        out[r1] = simd.vsum(a1) - simd.vsum(c1)
 
 
 @njit(parallel=True, cache=True)
 def dequant_q4_k(w, row0, out):
-    nsb = out.shape[1] // QK_K
+    nsb = out.shape[1] // float_blocks.QK_K
     for r in prange(out.shape[0]):
         row, dst = w[row0 + r], out[r]
         for i in range(nsb):
-            o, y = 144 * i, QK_K * i
-            d, dmin = load_f16(row, o), load_f16(row, o + 2)
+            o, y = 144 * i, float_blocks.QK_K * i
+            d, dmin = simd.load_f16(row, o), simd.load_f16(row, o + 2)
             for j in range(4):
-                sc_a, mn_a = scale_min_k4(row, o + 4, 2 * j)
-                sc_b, mn_b = scale_min_k4(row, o + 4, 2 * j + 1)
-                d1, m1 = vsplat(d * _F32(sc_a)), vsplat(dmin * _F32(mn_a))
-                d2, m2 = vsplat(d * _F32(sc_b)), vsplat(dmin * _F32(mn_b))
-                q0, q1 = bload(row, o + 16 + 32 * j), bload(row, o + 32 + 32 * j)
+                sc_a, mn_a = float_blocks.scale_min_k4(row, o + 4, 2 * j)
+                sc_b, mn_b = float_blocks.scale_min_k4(row, o + 4, 2 * j + 1)
+                d1, m1 = simd.vsplat(d * _F32(sc_a)), simd.vsplat(dmin * _F32(mn_a))
+                d2, m2 = simd.vsplat(d * _F32(sc_b)), simd.vsplat(dmin * _F32(mn_b))
+                q0, q1 = simd.bload(row, o + 16 + 32 * j), simd.bload(row, o + 32 + 32 * j)
                 e = y + 64 * j
-                vstore(dst, e, vsub(vmul(d1, bto_f32(band(q0, 15))), m1))
-                vstore(dst, e + 16, vsub(vmul(d1, bto_f32(band(q1, 15))), m1))
-                vstore(dst, e + 32, vsub(vmul(d2, bto_f32(bshr(q0, 4))), m2))
-                vstore(dst, e + 48, vsub(vmul(d2, bto_f32(bshr(q1, 4))), m2))
+                simd.vstore(dst, e, simd.vsub(simd.vmul(d1, simd.bto_f32(simd.band(q0, 15))), m1))
+                simd.vstore(dst, e + 16, simd.vsub(simd.vmul(d1, simd.bto_f32(simd.band(q1, 15))), m1))
+                simd.vstore(dst, e + 32, simd.vsub(simd.vmul(d2, simd.bto_f32(simd.bshr(q0, 4))), m2))
+                simd.vstore(dst, e + 48, simd.vsub(simd.vmul(d2, simd.bto_f32(simd.bshr(q1, 4))), m2))
 
 
 # --- integer-dot mat-vec (ggml numerics, one token) (from intdot.py) ------------------------------------------------
 @njit(inline="always", cache=True)
 def q4_k_sumi(row, o, yq, e, t0, t1):
-    sumi = izero()
+    sumi = int8.izero()
     for j in range(4):
-        q = load32(row, o + 16 + 32 * j)
+        q = int8.load32(row, o + 16 + 32 * j)
         word = t0 if j < 2 else t1
-        sl, sh = byte(word, (2 * j) % 4), byte(word, (2 * j + 1) % 4)
-        lo = dot4_scaled(band8(q, 15), load32(yq, e + 64 * j), sl, sl)
-        hi = dot4_scaled(band8(bshr8(q, 4), 15), load32(yq, e + 64 * j + 32), sh, sh)
-        sumi = iadd(sumi, iadd(lo, hi))
+        sl, sh = intdot.byte(word, (2 * j) % 4), intdot.byte(word, (2 * j + 1) % 4)
+        lo = int8.dot4_scaled(int8.band8(q, 15), int8.load32(yq, e + 64 * j), sl, sl)
+        hi = int8.dot4_scaled(int8.band8(int8.bshr8(q, 4), 15), int8.load32(yq, e + 64 * j + 32), sh, sh)
+        sumi = int8.iadd(sumi, int8.iadd(lo, hi))
     return sumi
 
 
@@ -159,24 +90,21 @@ def row_dot_q4_k(w0, p0, yq, yd, ys):
     come from one ``vpmaddwd`` (:func:`.int8.kmin_pairs`, ggml's ``madd(mins, hadd(bsums))``) and accumulate per lane
     in ``m0`` (lanes 4..7 stay +0, so ``fsum`` gives ggml's ``(m0 + m2) + (m1 + m3)``). Against the same integers
     made with scalars per row: 1.3-1.5x the GB/s on Qwen2.5-1.5B's Q4_K matrices (2 threads, AVX2 EPYC)."""
-    a0, m0 = fzero(), fzero()
+    a0, m0 = int8.fzero(), int8.fzero()
     for i in range(yd.shape[0]):
         o = 144 * i
-        prefetch_span(p0, o, 144)
-        t00, t01, t02, t03 = k4_scales(w0, o + 4)
-        m0 = fma_int(-yd[i] * load_f16(w0, o + 2), kmin_pairs(ys, 8 * i, t02, t03), m0)
-        a0 = fma_int(yd[i] * load_f16(w0, o), q4_k_sumi(w0, o, yq, QK_K * i, t00, t01), a0)
-    return fsum(a0) + fsum(m0)
+        intdot.prefetch_span(p0, o, 144)
+        t00, t01, t02, t03 = intdot.k4_scales(w0, o + 4)
+        m0 = int8.fma_int(-yd[i] * simd.load_f16(w0, o + 2), int8.kmin_pairs(ys, 8 * i, t02, t03), m0)
+        a0 = int8.fma_int(yd[i] * simd.load_f16(w0, o), q4_k_sumi(w0, o, yq, float_blocks.QK_K * i, t00, t01), a0)
+    return int8.fsum(a0) + int8.fsum(m0)
 
 
 @njit(parallel=True, cache=True)
 def matvec_int_q4_k(w, yq, yd, ya, out):
-    n = out.shape[0]
-    ahead = rows_ahead(w)
     ys = np.empty(ya.shape[0] // 2, np.int16)
-    bsum_pairs_into(ya, ys)
-    for r in prange(n):  # one row at a time, as matvec_int_q8_0
-        out[r] = row_dot_q4_k(w[r], w[min(r + ahead, n - 1)], yq, yd, ys)
+    intdot.bsum_pairs_into(ya, ys)
+    rows_matvec(row_dot_q4_k, w, yq, yd, ys, out)  # one row at a time, as matvec_int_q8_0
 
 
 @njit(cache=True)
@@ -188,8 +116,8 @@ def token_q4_k(w, x, out):
 # --- register-tiled integer-dot kernels (ggml numerics, several tokens) (from inttiles.py) --------------------------
 @njit(inline="always", cache=True)
 def q4_k_quants(row, o, j):
-    q = load32(row, o + 16 + 32 * j)
-    return band8(q, 15), band8(bshr8(q, 4), 15)
+    q = int8.load32(row, o + 16 + 32 * j)
+    return int8.band8(q, 15), int8.band8(int8.bshr8(q, 4), 15)
 
 
 @njit(inline="always", cache=True)
@@ -197,25 +125,25 @@ def close_q4_k(row, o, ydi, ys, i, t_mlo, t_mhi, sumi, st):
     """row_dot_q4_k's per-super-block float steps for one output; state (acc, macc): ``macc`` holds row_dot_q4_k's
     four min accumulators m0..m3 in lanes 0..3 (lanes 4..7 stay +0, so ``fsum(macc)`` is its
     ``(m0 + m2) + (m1 + m3)``), updated by the same one-rounding ``fma(dmin, s_k, m_k)`` per lane."""
-    dmin = -ydi * load_f16(row, o + 2)
-    return fma_int(ydi * load_f16(row, o), sumi, st[0]), fma_int(dmin, kmin_pairs(ys, 8 * i, t_mlo, t_mhi), st[1])
+    dmin = -ydi * simd.load_f16(row, o + 2)
+    return int8.fma_int(ydi * simd.load_f16(row, o), sumi, st[0]), int8.fma_int(dmin, int8.kmin_pairs(ys, 8 * i, t_mlo, t_mhi), st[1])
 
 
 @njit(inline="always", cache=True)
 def final_q4_k(st):
-    return fsum(st[0]) + fsum(st[1])
+    return int8.fsum(st[0]) + int8.fsum(st[1])
 
 
 @njit(inline="always", cache=True)
 def row_q4_k(row, o, e, y0, y1, y2, y3, u_lo, u_hi):
     """One row's integer sums of super-block at ``o`` (activations from element ``e``) with 4 tokens."""
-    i0, i1, i2, i3 = izero(), izero(), izero(), izero()
+    i0, i1, i2, i3 = int8.izero(), int8.izero(), int8.izero(), int8.izero()
     for j in range(4):
         lo, hi = q4_k_quants(row, o, j)
-        sl, sh = sub_scales(u_lo, u_hi, j)
+        sl, sh = inttiles.sub_scales(u_lo, u_hi, j)
         ej = e + 64 * j
-        i0, i1 = iadd(i0, dot_pair(lo, hi, y0, ej, sl, sh)), iadd(i1, dot_pair(lo, hi, y1, ej, sl, sh))
-        i2, i3 = iadd(i2, dot_pair(lo, hi, y2, ej, sl, sh)), iadd(i3, dot_pair(lo, hi, y3, ej, sl, sh))
+        i0, i1 = int8.iadd(i0, inttiles.dot_pair(lo, hi, y0, ej, sl, sh)), int8.iadd(i1, inttiles.dot_pair(lo, hi, y1, ej, sl, sh))
+        i2, i3 = int8.iadd(i2, inttiles.dot_pair(lo, hi, y2, ej, sl, sh)), int8.iadd(i3, inttiles.dot_pair(lo, hi, y3, ej, sl, sh))
     return i0, i1, i2, i3
 
 
@@ -225,11 +153,11 @@ def row_tile_q4_k(w, yq, yd, ya, t0, t1, t2, t3):
     y0, y1, y2, y3 = yq[t0], yq[t1], yq[t2], yq[t3]
     d0, d1, d2, d3 = yd[t0], yd[t1], yd[t2], yd[t3]
     s0, s1, s2, s3 = ya[t0], ya[t1], ya[t2], ya[t3]
-    a0, a1, a2, a3 = (fzero(), fzero()), (fzero(), fzero()), (fzero(), fzero()), (fzero(), fzero())
+    a0, a1, a2, a3 = (int8.fzero(), int8.fzero()), (int8.fzero(), int8.fzero()), (int8.fzero(), int8.fzero()), (int8.fzero(), int8.fzero())
     for i in range(d0.shape[0]):
         o = 144 * i
-        u0, u1, u2, u3 = k4_scales(w, o + 4)
-        i0, i1, i2, i3 = row_q4_k(w, o, QK_K * i, y0, y1, y2, y3, u0, u1)
+        u0, u1, u2, u3 = intdot.k4_scales(w, o + 4)
+        i0, i1, i2, i3 = row_q4_k(w, o, float_blocks.QK_K * i, y0, y1, y2, y3, u0, u1)
         a0 = close_q4_k(w, o, d0[i], s0, i, u2, u3, i0, a0)
         a1 = close_q4_k(w, o, d1[i], s1, i, u2, u3, i1, a1)
         a2 = close_q4_k(w, o, d2[i], s2, i, u2, u3, i2, a2)
@@ -286,64 +214,64 @@ def row8_q4_k(w, yq, yd8, ya8, t, out, r):
     g = t // 8
     yd, ys = yd8[g], ya8[g]
     pairs = yq.shape[1] // yd.shape[0] // 64  # 4 sub-block pairs per super-block, a count LLVM does not see
-    a0, a1, a2, a3, a4, a5, a6, a7 = fzero(), fzero(), fzero(), fzero(), fzero(), fzero(), fzero(), fzero()
-    m0, m1, m2, m3 = fzero(), fzero(), fzero(), fzero()
+    a0, a1, a2, a3, a4, a5, a6, a7 = int8.fzero(), int8.fzero(), int8.fzero(), int8.fzero(), int8.fzero(), int8.fzero(), int8.fzero(), int8.fzero()
+    m0, m1, m2, m3 = int8.fzero(), int8.fzero(), int8.fzero(), int8.fzero()
     for i in range(yd.shape[0]):
         o = 144 * i
-        u0, u1, u2, u3 = k4_scales(w, o + 4)
+        u0, u1, u2, u3 = intdot.k4_scales(w, o + 4)
         sc = np.uint64(u0) | (np.uint64(u1) << np.uint64(32))
-        i0, i1, i2, i3, i4, i5, i6, i7 = izero(), izero(), izero(), izero(), izero(), izero(), izero(), izero()
+        i0, i1, i2, i3, i4, i5, i6, i7 = int8.izero(), int8.izero(), int8.izero(), int8.izero(), int8.izero(), int8.izero(), int8.izero(), int8.izero()
         for j in range(pairs):
             lo, hi = q4_k_quants(w, o, j)
             sl = np.int32((sc >> np.uint64(16 * j)) & np.uint64(0xFF))
             sh = np.int32((sc >> np.uint64(16 * j + 8)) & np.uint64(0xFF))
-            e = QK_K * i + 64 * j
-            i0, i1 = iadd(i0, dot_pair(lo, hi, y0, e, sl, sh)), iadd(i1, dot_pair(lo, hi, y1, e, sl, sh))
-            i2, i3 = iadd(i2, dot_pair(lo, hi, y2, e, sl, sh)), iadd(i3, dot_pair(lo, hi, y3, e, sl, sh))
-            i4, i5 = iadd(i4, dot_pair(lo, hi, y4, e, sl, sh)), iadd(i5, dot_pair(lo, hi, y5, e, sl, sh))
-            i6, i7 = iadd(i6, dot_pair(lo, hi, y6, e, sl, sh)), iadd(i7, dot_pair(lo, hi, y7, e, sl, sh))
-        ydi = fload8(yd[i], 0)
-        dv = fscale(ydi, load_f16(w, o))
-        a0, a1 = fma_int(flane(dv, 0), i0, a0), fma_int(flane(dv, 1), i1, a1)
-        a2, a3 = fma_int(flane(dv, 2), i2, a2), fma_int(flane(dv, 3), i3, a3)
-        a4, a5 = fma_int(flane(dv, 4), i4, a4), fma_int(flane(dv, 5), i5, a5)
-        a6, a7 = fma_int(flane(dv, 6), i6, a6), fma_int(flane(dv, 7), i7, a7)
-        dmin = fscale(ydi, -load_f16(w, o + 2))
+            e = float_blocks.QK_K * i + 64 * j
+            i0, i1 = int8.iadd(i0, inttiles.dot_pair(lo, hi, y0, e, sl, sh)), int8.iadd(i1, inttiles.dot_pair(lo, hi, y1, e, sl, sh))
+            i2, i3 = int8.iadd(i2, inttiles.dot_pair(lo, hi, y2, e, sl, sh)), int8.iadd(i3, inttiles.dot_pair(lo, hi, y3, e, sl, sh))
+            i4, i5 = int8.iadd(i4, inttiles.dot_pair(lo, hi, y4, e, sl, sh)), int8.iadd(i5, inttiles.dot_pair(lo, hi, y5, e, sl, sh))
+            i6, i7 = int8.iadd(i6, inttiles.dot_pair(lo, hi, y6, e, sl, sh)), int8.iadd(i7, inttiles.dot_pair(lo, hi, y7, e, sl, sh))
+        ydi = int8.fload8(yd[i], 0)
+        dv = int8.fscale(ydi, simd.load_f16(w, o))
+        a0, a1 = int8.fma_int(int8.flane(dv, 0), i0, a0), int8.fma_int(int8.flane(dv, 1), i1, a1)
+        a2, a3 = int8.fma_int(int8.flane(dv, 2), i2, a2), int8.fma_int(int8.flane(dv, 3), i3, a3)
+        a4, a5 = int8.fma_int(int8.flane(dv, 4), i4, a4), int8.fma_int(int8.flane(dv, 5), i5, a5)
+        a6, a7 = int8.fma_int(int8.flane(dv, 6), i6, a6), int8.fma_int(int8.flane(dv, 7), i7, a7)
+        dmin = int8.fscale(ydi, -simd.load_f16(w, o + 2))
         ysi = ys[i]
-        m0 = fma_intv(dmin, kmin_tokens(ysi, 0, u2, u3, 0), m0)
-        m1 = fma_intv(dmin, kmin_tokens(ysi, 16, u2, u3, 1), m1)
-        m2 = fma_intv(dmin, kmin_tokens(ysi, 32, u2, u3, 2), m2)
-        m3 = fma_intv(dmin, kmin_tokens(ysi, 48, u2, u3, 3), m3)
-    mins = fadd8(fadd8(m0, m2), fadd8(m1, m3))
-    store4(out, r, t, fsum(a0) + flane(mins, 0), fsum(a1) + flane(mins, 1), fsum(a2) + flane(mins, 2),
-           fsum(a3) + flane(mins, 3))
-    store4(out, r, t + 4, fsum(a4) + flane(mins, 4), fsum(a5) + flane(mins, 5), fsum(a6) + flane(mins, 6),
-           fsum(a7) + flane(mins, 7))
+        m0 = int8.fma_intv(dmin, int8.kmin_tokens(ysi, 0, u2, u3, 0), m0)
+        m1 = int8.fma_intv(dmin, int8.kmin_tokens(ysi, 16, u2, u3, 1), m1)
+        m2 = int8.fma_intv(dmin, int8.kmin_tokens(ysi, 32, u2, u3, 2), m2)
+        m3 = int8.fma_intv(dmin, int8.kmin_tokens(ysi, 48, u2, u3, 3), m3)
+    mins = int8.fadd8(int8.fadd8(m0, m2), int8.fadd8(m1, m3))
+    inttiles.store4(out, r, t, int8.fsum(a0) + int8.flane(mins, 0), int8.fsum(a1) + int8.flane(mins, 1), int8.fsum(a2) + int8.flane(mins, 2),
+           int8.fsum(a3) + int8.flane(mins, 3))
+    inttiles.store4(out, r, t + 4, int8.fsum(a4) + int8.flane(mins, 4), int8.fsum(a5) + int8.flane(mins, 5), int8.fsum(a6) + int8.flane(mins, 6),
+           int8.fsum(a7) + int8.flane(mins, 7))
 
 
 @njit(inline="always", cache=True)
 def close8z_q4_k(w, o, i, yd, ys, u2, u3, i0, i1, i2, i3, a, m):
     """Super-block ``i``'s float steps for 8 tokens (:func:`row8_q4_k`'s, two tokens per vector): ``a`` the 4 pair
     accumulators, ``m`` the 4 min accumulators (one token per lane), both updated."""
-    ydi = fload8(yd[i], 0)
-    dv = fscale(ydi, load_f16(w, o))
-    a = (fma_tokens(flane(dv, 0), flane(dv, 1), i0, a[0]), fma_tokens(flane(dv, 2), flane(dv, 3), i1, a[1]),
-         fma_tokens(flane(dv, 4), flane(dv, 5), i2, a[2]), fma_tokens(flane(dv, 6), flane(dv, 7), i3, a[3]))
-    dmin = fscale(ydi, -load_f16(w, o + 2))
+    ydi = int8.fload8(yd[i], 0)
+    dv = int8.fscale(ydi, simd.load_f16(w, o))
+    a = (zmm.fma_tokens(int8.flane(dv, 0), int8.flane(dv, 1), i0, a[0]), zmm.fma_tokens(int8.flane(dv, 2), int8.flane(dv, 3), i1, a[1]),
+         zmm.fma_tokens(int8.flane(dv, 4), int8.flane(dv, 5), i2, a[2]), zmm.fma_tokens(int8.flane(dv, 6), int8.flane(dv, 7), i3, a[3]))
+    dmin = int8.fscale(ydi, -simd.load_f16(w, o + 2))
     ysi = ys[i]
-    m = (fma_intv(dmin, kmin_tokens(ysi, 0, u2, u3, 0), m[0]), fma_intv(dmin, kmin_tokens(ysi, 16, u2, u3, 1), m[1]),
-         fma_intv(dmin, kmin_tokens(ysi, 32, u2, u3, 2), m[2]), fma_intv(dmin, kmin_tokens(ysi, 48, u2, u3, 3), m[3]))
+    m = (int8.fma_intv(dmin, int8.kmin_tokens(ysi, 0, u2, u3, 0), m[0]), int8.fma_intv(dmin, int8.kmin_tokens(ysi, 16, u2, u3, 1), m[1]),
+         int8.fma_intv(dmin, int8.kmin_tokens(ysi, 32, u2, u3, 2), m[2]), int8.fma_intv(dmin, int8.kmin_tokens(ysi, 48, u2, u3, 3), m[3]))
     return a, m
 
 
 @njit(inline="always", cache=True)
 def store8z_q4_k(out, r, t, a, m):
     """The 8 outputs of tokens ``t .. t + 7`` of row ``r`` from :func:`close8z_q4_k`'s accumulators."""
-    mins = fadd8(fadd8(m[0], m[2]), fadd8(m[1], m[3]))
-    store4(out, r, t, fsum_token(a[0], 0) + flane(mins, 0), fsum_token(a[0], 1) + flane(mins, 1),
-           fsum_token(a[1], 0) + flane(mins, 2), fsum_token(a[1], 1) + flane(mins, 3))
-    store4(out, r, t + 4, fsum_token(a[2], 0) + flane(mins, 4), fsum_token(a[2], 1) + flane(mins, 5),
-           fsum_token(a[3], 0) + flane(mins, 6), fsum_token(a[3], 1) + flane(mins, 7))
+    mins = int8.fadd8(int8.fadd8(m[0], m[2]), int8.fadd8(m[1], m[3]))
+    inttiles.store4(out, r, t, zmm.fsum_token(a[0], 0) + int8.flane(mins, 0), zmm.fsum_token(a[0], 1) + int8.flane(mins, 1),
+           zmm.fsum_token(a[1], 0) + int8.flane(mins, 2), zmm.fsum_token(a[1], 1) + int8.flane(mins, 3))
+    inttiles.store4(out, r, t + 4, zmm.fsum_token(a[2], 0) + int8.flane(mins, 4), zmm.fsum_token(a[2], 1) + int8.flane(mins, 5),
+           zmm.fsum_token(a[3], 0) + int8.flane(mins, 6), zmm.fsum_token(a[3], 1) + int8.flane(mins, 7))
 
 
 @njit(inline="always", cache=True)
@@ -357,7 +285,7 @@ def sub_pair_scales(sc, j):
 def dots_q4_k(acc, lo, hi, y, e, sl, sh):
     """One token pair's scaled dot products with a Q4_K sub-block pair (scales ``sl``, ``sh``, activations at
     ``e``)."""
-    return scaled_dots(scaled_dots(acc, lo, y, e, sl), hi, y, e + 64, sh)
+    return zmm.scaled_dots(zmm.scaled_dots(acc, lo, y, e, sl), hi, y, e + 64, sh)
 
 
 @njit(cache=True)
@@ -368,16 +296,16 @@ def row8z_q4_k(w, yq2, yd8, ya8, t, out, r):
     y0, y1, y2, y3 = yq2[p], yq2[p + 1], yq2[p + 2], yq2[p + 3]
     yd, ys = yd8[t // 8], ya8[t // 8]
     pairs = yq2.shape[1] // 2 // yd.shape[0] // 64  # 4 sub-block pairs per super-block, a count LLVM does not see
-    a, m = (vzero(), vzero(), vzero(), vzero()), (fzero(), fzero(), fzero(), fzero())
+    a, m = (simd.vzero(), simd.vzero(), simd.vzero(), simd.vzero()), (int8.fzero(), int8.fzero(), int8.fzero(), int8.fzero())
     for i in range(yd.shape[0]):
         o = 144 * i
-        u0, u1, u2, u3 = k4_scales(w, o + 4)
+        u0, u1, u2, u3 = intdot.k4_scales(w, o + 4)
         sc = np.uint64(u0) | (np.uint64(u1) << np.uint64(32))
-        i0, i1, i2, i3 = izero16(), izero16(), izero16(), izero16()
+        i0, i1, i2, i3 = zmm.izero16(), zmm.izero16(), zmm.izero16(), zmm.izero16()
         for j in range(pairs):
-            lo, hi = nibbles_both(w, o + 16 + 32 * j)
+            lo, hi = zmm.nibbles_both(w, o + 16 + 32 * j)
             sl, sh = sub_pair_scales(sc, j)
-            e = 2 * (QK_K * i + 64 * j)
+            e = 2 * (float_blocks.QK_K * i + 64 * j)
             i0, i1 = dots_q4_k(i0, lo, hi, y0, e, sl, sh), dots_q4_k(i1, lo, hi, y1, e, sl, sh)
             i2, i3 = dots_q4_k(i2, lo, hi, y2, e, sl, sh), dots_q4_k(i3, lo, hi, y3, e, sl, sh)
         a, m = close8z_q4_k(w, o, i, yd, ys, u2, u3, i0, i1, i2, i3, a, m)
@@ -394,18 +322,18 @@ def row16z_q4_k(w, yq2, yd8, ya8, t, out, r):
     y4, y5, y6, y7 = yq2[p + 4], yq2[p + 5], yq2[p + 6], yq2[p + 7]
     yd, ys, yd_, ys_ = yd8[t // 8], ya8[t // 8], yd8[t // 8 + 1], ya8[t // 8 + 1]
     pairs = yq2.shape[1] // 2 // yd.shape[0] // 64
-    a, m = (vzero(), vzero(), vzero(), vzero()), (fzero(), fzero(), fzero(), fzero())
-    a_, m_ = (vzero(), vzero(), vzero(), vzero()), (fzero(), fzero(), fzero(), fzero())
+    a, m = (simd.vzero(), simd.vzero(), simd.vzero(), simd.vzero()), (int8.fzero(), int8.fzero(), int8.fzero(), int8.fzero())
+    a_, m_ = (simd.vzero(), simd.vzero(), simd.vzero(), simd.vzero()), (int8.fzero(), int8.fzero(), int8.fzero(), int8.fzero())
     for i in range(yd.shape[0]):
         o = 144 * i
-        u0, u1, u2, u3 = k4_scales(w, o + 4)
+        u0, u1, u2, u3 = intdot.k4_scales(w, o + 4)
         sc = np.uint64(u0) | (np.uint64(u1) << np.uint64(32))
-        i0, i1, i2, i3 = izero16(), izero16(), izero16(), izero16()
-        i4, i5, i6, i7 = izero16(), izero16(), izero16(), izero16()
+        i0, i1, i2, i3 = zmm.izero16(), zmm.izero16(), zmm.izero16(), zmm.izero16()
+        i4, i5, i6, i7 = zmm.izero16(), zmm.izero16(), zmm.izero16(), zmm.izero16()
         for j in range(pairs):
-            lo, hi = nibbles_both(w, o + 16 + 32 * j)
+            lo, hi = zmm.nibbles_both(w, o + 16 + 32 * j)
             sl, sh = sub_pair_scales(sc, j)
-            e = 2 * (QK_K * i + 64 * j)
+            e = 2 * (float_blocks.QK_K * i + 64 * j)
             i0, i1 = dots_q4_k(i0, lo, hi, y0, e, sl, sh), dots_q4_k(i1, lo, hi, y1, e, sl, sh)
             i2, i3 = dots_q4_k(i2, lo, hi, y2, e, sl, sh), dots_q4_k(i3, lo, hi, y3, e, sl, sh)
             i4, i5 = dots_q4_k(i4, lo, hi, y4, e, sl, sh), dots_q4_k(i5, lo, hi, y5, e, sl, sh)
@@ -421,32 +349,32 @@ def group_q4_k(w, yq, yd, ya, yd8, ya8, yq2, out, lo, hi):
     """Rows ``lo .. hi`` x every token: blocks of 8 tokens by :func:`row8z_q4_k` where ``yq2`` holds the token pairs
     (AVX-512 VNNI), else by :func:`row8_q4_k`; the rest by 4-token tiles."""
     n_tok, n = out.shape
-    full = n_tok - n_tok % TILE8_TOKENS
+    full = n_tok - n_tok % inttiles.TILE8_TOKENS
     full16 = n_tok - n_tok % 16 if yq2.shape[0] else 0
     for t in range(0, full16, 16):
         for r in range(lo, hi):
             row16z_q4_k(w[r], yq2, yd8, ya8, t, out, r)
-    for t in range(full16, full, TILE8_TOKENS):
+    for t in range(full16, full, inttiles.TILE8_TOKENS):
         for r in range(lo, hi):
             if yq2.shape[0]:
                 row8z_q4_k(w[r], yq2, yd8, ya8, t, out, r)
             else:
                 row8_q4_k(w[r], yq, yd8, ya8, t, out, r)
-    for t in range(full, n_tok, TILE_TOKENS):
+    for t in range(full, n_tok, inttiles.TILE_TOKENS):
         t1, t2, t3 = min(t + 1, n_tok - 1), min(t + 2, n_tok - 1), min(t + 3, n_tok - 1)
         for r0 in range(lo, hi, 2):
             r1 = min(r0 + 1, n - 1)
-            store_tile(out, r0, r1, t, t1, t2, t3, tile_q4_k(w[r0], w[r1], yq, yd, ya, t, t1, t2, t3))
+            inttiles.store_tile(out, r0, r1, t, t1, t2, t3, tile_q4_k(w[r0], w[r1], yq, yd, ya, t, t1, t2, t3))
 
 
 @njit(parallel=True, cache=True)
 def tiled_q4_k(w, yq, yd, ya, out):
     n = out.shape[1]
     yd8, ya8 = scales8(yd), bsum_pairs8(ya)
-    ya = bsum_pairs(ya)
-    yq2 = token_pairs(yq) if has_zmm_vnni() else np.empty((0, 0), np.uint8)
-    for g in prange((n + GROUP_ROWS - 1) // GROUP_ROWS):
-        group_q4_k(w, yq, yd, ya, yd8, ya8, yq2, out, g * GROUP_ROWS, min(g * GROUP_ROWS + GROUP_ROWS, n))
+    ya = intdot.bsum_pairs(ya)
+    yq2 = inttiles.token_pairs(yq) if zmm.has_zmm_vnni() else np.empty((0, 0), np.uint8)
+    for g in prange((n + inttiles.GROUP_ROWS - 1) // inttiles.GROUP_ROWS):
+        group_q4_k(w, yq, yd, ya, yd8, ya8, yq2, out, g * inttiles.GROUP_ROWS, min(g * inttiles.GROUP_ROWS + inttiles.GROUP_ROWS, n))
 
 
 QTYPE = T.Q4_K

@@ -1,39 +1,16 @@
-"""Q5_0: the tensor type's Numba kernels, all in this file.
-
-Layout (ggml-common.h; byte offsets):
+"""Q5_0: all of the type's Numba kernels, and its kernel-table entry (:data:`KERNELS`). Layout (ggml-common.h):
 Q5_0 (22 bytes, 32 weights): ``| d f16 | qh u32 | qs[16] |``; ``q[j] = lo(qs[j]) | bit_j(qh) << 4``, ``q[j+16] =
 hi(qs[j]) | bit_{j+16}(qh) << 4``; ``w = d * (q - 16)``.
-
-Kernels: the float mat-vec (``matvec_float_q5_0(w, xv, xs, out)``: the activation in float32, ``xs`` its block sums)
-and ggml's dequantization (``dequant_q5_0``); the integer-dot mat-vec (``matvec_int_q5_0(w, yq, yd, ya, out)``: the
-activation quantized once per token, libggml's x86 ``vec_dot`` bit for bit; ``token_q5_0`` quantizes and multiplies
-in one call), and the register-tiled kernel for several tokens (``tiled_q5_0``, the same outputs). :data:`KERNELS`
-is the type's entry in the kernel table (:data:`..types.KERNELS`).
 """
-
-from __future__ import annotations
 
 import numpy as np
 from gguf import GGMLQuantizationType as T
 from numba import njit, prange
 
-from inference_engine.backends.numba_kernels.float_blocks import five_bit_dot, five_bit_quants
-from inference_engine.backends.numba_kernels.intdot import five_bits
-from inference_engine.backends.numba_kernels.inttiles import GROUP_ROWS, TILE_TOKENS, step_offset, store_tile
-from inference_engine.backends.numba_kernels.isa.int8 import dot4, fma_int, fsum, fzero, iload, ishl, isub, load32
-from inference_engine.backends.numba_kernels.isa.simd import (
-    load_f16,
-    prefetch,
-    rows_ahead,
-    vfma,
-    vload,
-    vmul,
-    vsplat,
-    vstore,
-    vsub,
-    vsum,
-    vzero,
-)
+from inference_engine.backends.numba_kernels import float_blocks, intdot, inttiles
+from inference_engine.backends.numba_kernels.intdot import pairs_matvec
+from inference_engine.backends.numba_kernels.inttiles import tiled_pairs
+from inference_engine.backends.numba_kernels.isa import int8, simd
 from inference_engine.backends.numba_kernels.kernel_entry import Kernels
 from inference_engine.backends.numba_kernels.ops.activations import row_q8_0_sum4
 
@@ -44,26 +21,26 @@ _F32 = np.float32
 @njit(parallel=True, fastmath=True, cache=True)
 def matvec_float_q5_0(w, xv, xs, out):
     n, nb = out.shape[0], xs.shape[0]
-    ahead = rows_ahead(w)
+    ahead = simd.rows_ahead(w)
     for g in prange((n + 1) // 2):
         r0 = 2 * g
         r1 = min(r0 + 1, n - 1)
         w0, w1 = w[r0], w[r1]
         p0, p1 = w[min(r0 + ahead, n - 1)], w[min(r1 + ahead, n - 1)]
-        a0, a1 = vzero(), vzero()
+        a0, a1 = simd.vzero(), simd.vzero()
         c0, c1 = _F32(0.0), _F32(0.0)
         for b in range(nb):
             o = 22 * b
-            prefetch(p0, o)
-            prefetch(p1, o)
-            xl, xh = vload(xv, 32 * b), vload(xv, 32 * b + 16)
-            d0, d1 = load_f16(w0, o), load_f16(w1, o)
-            a0 = vfma(vsplat(d0), five_bit_dot(w0, o + 2, o + 6, xl, xh), a0)
-            a1 = vfma(vsplat(d1), five_bit_dot(w1, o + 2, o + 6, xl, xh), a1)
+            simd.prefetch(p0, o)
+            simd.prefetch(p1, o)
+            xl, xh = simd.vload(xv, 32 * b), simd.vload(xv, 32 * b + 16)
+            d0, d1 = simd.load_f16(w0, o), simd.load_f16(w1, o)
+            a0 = simd.vfma(simd.vsplat(d0), float_blocks.five_bit_dot(w0, o + 2, o + 6, xl, xh), a0)
+            a1 = simd.vfma(simd.vsplat(d1), float_blocks.five_bit_dot(w1, o + 2, o + 6, xl, xh), a1)
             c0 += d0 * xs[b]
             c1 += d1 * xs[b]
-        out[r0] = vsum(a0) - _F32(16.0) * c0
-        out[r1] = vsum(a1) - _F32(16.0) * c1
+        out[r0] = simd.vsum(a0) - _F32(16.0) * c0
+        out[r1] = simd.vsum(a1) - _F32(16.0) * c1
 
 
 @njit(parallel=True, cache=True)
@@ -72,40 +49,35 @@ def dequant_q5_0(w, row0, out):
     nb = out.shape[1] // 32
     for i in prange(out.shape[0]):
         row, dst = w[row0 + i], out[i]
-        sixteen = vsplat(_F32(16.0))
+        sixteen = simd.vsplat(_F32(16.0))
         for b in range(nb):
             o = 22 * b
-            d = vsplat(load_f16(row, o))
-            lo, hi = five_bit_quants(row, o + 2, o + 6)
-            vstore(dst, 32 * b, vmul(vsub(lo, sixteen), d))
-            vstore(dst, 32 * b + 16, vmul(vsub(hi, sixteen), d))
+            d = simd.vsplat(simd.load_f16(row, o))
+            lo, hi = float_blocks.five_bit_quants(row, o + 2, o + 6)
+            simd.vstore(dst, 32 * b, simd.vmul(simd.vsub(lo, sixteen), d))
+            simd.vstore(dst, 32 * b + 16, simd.vmul(simd.vsub(hi, sixteen), d))
 
 
 # --- integer-dot mat-vec (ggml numerics, one token) (from intdot.py) ------------------------------------------------
 @njit(inline="always", cache=True)
 def pair_q5_0(w0, w1, p0, p1, yq, yd, ya):
     nb = yd.shape[0]
-    a0, a1 = fzero(), fzero()
+    a0, a1 = int8.fzero(), int8.fzero()
     for b in range(nb):
         o = 22 * b
-        prefetch(p0, o)
-        prefetch(p1, o)
-        y, y16 = load32(yq, 32 * b), ishl(iload(ya, 8 * b), 4)
-        s0 = isub(dot4(five_bits(w0, o + 2, o + 6), y), y16)
-        s1 = isub(dot4(five_bits(w1, o + 2, o + 6), y), y16)
-        a0 = fma_int(load_f16(w0, o) * yd[b], s0, a0)
-        a1 = fma_int(load_f16(w1, o) * yd[b], s1, a1)
-    return fsum(a0), fsum(a1)
+        simd.prefetch(p0, o)
+        simd.prefetch(p1, o)
+        y, y16 = int8.load32(yq, 32 * b), int8.ishl(int8.iload(ya, 8 * b), 4)
+        s0 = int8.isub(int8.dot4(intdot.five_bits(w0, o + 2, o + 6), y), y16)
+        s1 = int8.isub(int8.dot4(intdot.five_bits(w1, o + 2, o + 6), y), y16)
+        a0 = int8.fma_int(simd.load_f16(w0, o) * yd[b], s0, a0)
+        a1 = int8.fma_int(simd.load_f16(w1, o) * yd[b], s1, a1)
+    return int8.fsum(a0), int8.fsum(a1)
 
 
 @njit(parallel=True, cache=True)
 def matvec_int_q5_0(w, yq, yd, ya, out):
-    n = out.shape[0]
-    ahead = rows_ahead(w)
-    for g in prange((n + 1) // 2):
-        r0 = 2 * g
-        r1 = min(r0 + 1, n - 1)
-        out[r0], out[r1] = pair_q5_0(w[r0], w[r1], w[min(r0 + ahead, n - 1)], w[min(r1 + ahead, n - 1)], yq, yd, ya)
+    pairs_matvec(pair_q5_0, w, yq, yd, ya, out)
 
 
 @njit(cache=True)
@@ -120,28 +92,22 @@ def tile_q5_0(w0, w1, yq, yd, ya, t0, t1, t2, t3):
     y0, y1, y2, y3 = yq[t0], yq[t1], yq[t2], yq[t3]
     d0, d1, d2, d3 = yd[t0], yd[t1], yd[t2], yd[t3]
     s0, s1, s2, s3 = ya[t0], ya[t1], ya[t2], ya[t3]
-    a00, a01, a02, a03 = fzero(), fzero(), fzero(), fzero()
-    a10, a11, a12, a13 = fzero(), fzero(), fzero(), fzero()
+    a00, a01, a02, a03 = int8.fzero(), int8.fzero(), int8.fzero(), int8.fzero()
+    a10, a11, a12, a13 = int8.fzero(), int8.fzero(), int8.fzero(), int8.fzero()
     for b in range(d0.shape[0]):
         o = 22 * b
-        x0, x1 = five_bits(w0, o + 2, o + 6), five_bits(w1, o + 2, o + 6)
-        f0, f1 = load_f16(w0, o), load_f16(w1, o)
-        a00, a10 = step_offset(x0, x1, f0, f1, y0, d0, s0, b, 4, a00, a10)
-        a01, a11 = step_offset(x0, x1, f0, f1, y1, d1, s1, b, 4, a01, a11)
-        a02, a12 = step_offset(x0, x1, f0, f1, y2, d2, s2, b, 4, a02, a12)
-        a03, a13 = step_offset(x0, x1, f0, f1, y3, d3, s3, b, 4, a03, a13)
-    return fsum(a00), fsum(a01), fsum(a02), fsum(a03), fsum(a10), fsum(a11), fsum(a12), fsum(a13)
+        x0, x1 = intdot.five_bits(w0, o + 2, o + 6), intdot.five_bits(w1, o + 2, o + 6)
+        f0, f1 = simd.load_f16(w0, o), simd.load_f16(w1, o)
+        a00, a10 = inttiles.step_offset(x0, x1, f0, f1, y0, d0, s0, b, 4, a00, a10)
+        a01, a11 = inttiles.step_offset(x0, x1, f0, f1, y1, d1, s1, b, 4, a01, a11)
+        a02, a12 = inttiles.step_offset(x0, x1, f0, f1, y2, d2, s2, b, 4, a02, a12)
+        a03, a13 = inttiles.step_offset(x0, x1, f0, f1, y3, d3, s3, b, 4, a03, a13)
+    return int8.fsum(a00), int8.fsum(a01), int8.fsum(a02), int8.fsum(a03), int8.fsum(a10), int8.fsum(a11), int8.fsum(a12), int8.fsum(a13)
 
 
 @njit(parallel=True, cache=True)
 def tiled_q5_0(w, yq, yd, ya, out):
-    n_tok, n = out.shape
-    for g in prange((n + GROUP_ROWS - 1) // GROUP_ROWS):
-        for t in range(0, n_tok, TILE_TOKENS):
-            t1, t2, t3 = min(t + 1, n_tok - 1), min(t + 2, n_tok - 1), min(t + 3, n_tok - 1)
-            for r0 in range(g * GROUP_ROWS, min(g * GROUP_ROWS + GROUP_ROWS, n), 2):
-                r1 = min(r0 + 1, n - 1)
-                store_tile(out, r0, r1, t, t1, t2, t3, tile_q5_0(w[r0], w[r1], yq, yd, ya, t, t1, t2, t3))
+    tiled_pairs(tile_q5_0, w, yq, yd, ya, out)
 
 
 QTYPE = T.Q5_0
