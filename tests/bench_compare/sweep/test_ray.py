@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -116,11 +117,51 @@ def test_a_half_finished_sweep_resumes_without_rerunning_finished_cells(ray_swee
     assert all(after[k]["status"] == "done" and after[k]["started"] > before[k]["ended"] for k in lost)
 
 
+def test_machines_each_makes_a_cell_for_every_machine_of_the_cluster(cluster, tmp_path, sweep_model):
+    path = write_sweep(tmp_path, f'models = ["{sweep_model}"]\nmachines = "each"\n[commands.bench]\n')
+    run = sweep(path, tmp_path / "out", cluster[0].address, "--dry-run")
+    assert run.returncode == 0, run.stderr
+    listed = [line.rsplit("[", 1)[1].rstrip("]") for line in run.stdout.splitlines() if "bench-compare" in line]
+    machines = [dict(pair.split("=", 1) for pair in text.split(",")) for text in listed]
+    assert len(machines) == len(NODES) and all(labels in machines for labels in NODES.values())
+    assert not (tmp_path / "out").exists()
+
+
+def test_ctrl_c_cancels_the_running_cell_and_keeps_the_finished_ones(cluster, tmp_path, sweep_model):
+    body = f"""
+models = ["{sweep_model}"]
+engines = ["ours:numpy"]
+threads = [1]
+machines = [{{ cpu = "sim-b" }}]
+[commands.bench]
+args = ["-p", "8", "-n", "4", "-r", "1"]
+[commands.compare]
+args = ["-p", "16", "-n", "256", "-d", "0", "-r", "60", "--no-cold", "--no-progress"]
+"""
+    path, out = write_sweep(tmp_path, body), tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "bench_compare.cli", "sweep", str(path), "--out", str(out),
+                             "--ray-address", cluster[0].address], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    deadline = time.time() + 120
+    running = []
+    while not running and time.time() < deadline:  # the bench cell has finished and the compare cell runs
+        running = [p for p, _ in _cell_processes("-r 60")] if list(out.glob("cells/bench-*/result.json")) else []
+        time.sleep(0.2)
+    assert running, "the compare cell never started"
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "interrupted: 1 of 2 cells finished and kept" in err
+    assert [r["cell"]["command"] for r in records(out).values()] == ["bench"]
+    psutil.wait_procs(running, timeout=10)
+    assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in running)  # cancelled, not orphaned
+
+
 def _cell_processes(needle: str):
     """The running cell processes whose command line holds ``needle``, each with the pids of its ancestors."""
     for proc in psutil.process_iter(["cmdline"]):
         cmd = " ".join(proc.info["cmdline"] or [])
-        if "bench_compare.cli bench " in cmd and needle in cmd:  # a cell, not the sweep's driver
+        if "bench_compare.cli sweep" not in cmd and "bench_compare.cli" in cmd and needle in cmd:  # a cell
             try:
                 yield proc, [p.pid for p in proc.parents()]
             except psutil.NoSuchProcess:
