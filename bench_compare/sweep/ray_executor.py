@@ -13,6 +13,7 @@ cancels the cells in flight; finished cells stay.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -109,6 +110,7 @@ def _dispatch(ray, cells, store, echo, timeout_s, poll_s) -> dict[str, int]:
             continue
         options = {"label_selector": dict(cell.machine)} if cell.machine else {}
         pending[task.options(**options).remote(cell.to_dict(), timeout_s)] = cell
+    checked = time.monotonic()
     try:
         while pending:
             ready, _ = ray.wait(list(pending), num_returns=1, timeout=poll_s)
@@ -122,8 +124,9 @@ def _dispatch(ray, cells, store, echo, timeout_s, poll_s) -> dict[str, int]:
                     continue
                 status = store.write_outcome(cell, outcome)
                 finished(cell, status, f" ({outcome['error']})" if outcome.get("error") else "")
-            if not ready:
+            if time.monotonic() - checked >= poll_s:  # every poll_s, however busy the cluster is
                 _fail_orphans(ray, pending, store, finished)
+                checked = time.monotonic()
     except KeyboardInterrupt:
         for ref in pending:
             ray.cancel(ref, force=True)
