@@ -15,7 +15,7 @@ import pytest
 
 from inference_engine.platform.numba_startup import DeferredBlasCheck
 
-REPO = Path(__file__).resolve().parents[4]
+REPO = Path(__file__).resolve().parents[3]  # the repository root
 
 
 def test_the_deferred_check_runs_once_and_answers_what_the_check_answers():
