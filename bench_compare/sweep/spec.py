@@ -120,6 +120,7 @@ def parse_spec(raw: dict[str, Any], path: Path, text: str = "") -> SweepSpec:
                 raise bad(f"machines[{i}].{k}", f"must be a string, integer or boolean, got {v!r}")
     engines = strings("engines") or ("ours",)
     backends = strings("backends")
+    _check_engines(engines, backends, bad)
     if backends and "ours" not in engines:
         raise bad("backends", "applies to the engine \"ours\" only; add \"ours\" to engines or name the engine "
                               "as ours:<backend>")
@@ -129,6 +130,22 @@ def parse_spec(raw: dict[str, Any], path: Path, text: str = "") -> SweepSpec:
         machines=tuple({k: label_text(v) for k, v in m.items()} for m in machines) or ({},),
         commands=_commands(raw.get("commands"), bad), exclude=_excludes(raw.get("exclude", []), bad), text=text,
         each_machine=each_machine)
+
+
+def _check_engines(engines: tuple[str, ...], backends: tuple[str, ...], bad) -> None:
+    """Every engine an ``--engine`` spec the commands accept, every backend one of ours."""
+    from bench_compare.engines import parse_engine_spec
+    from inference_engine.backends import BACKENDS
+
+    for engine in engines:
+        if engine != "ours":
+            try:
+                parse_engine_spec(engine)
+            except GGUFParityError as exc:
+                raise bad("engines", f"names {engine!r}: {exc}") from None
+    for backend in backends:
+        if backend not in BACKENDS:
+            raise bad("backends", f"names {backend!r}, not one of ours ({', '.join(BACKENDS)})")
 
 
 def _unique(key: str, values: list, bad) -> tuple:

@@ -78,6 +78,8 @@ def test_the_key_changes_with_the_flags(tmp_path):
      "backends applies to the engine \"ours\" only"),
     ("models = ['m']\n[commands.compare]\n[[exclude]]\nmodels = 'm'\n", "exclude[0].models is not an exclude key"),
     ("models = ['m', 'm']\n[commands.compare]\n", "models names 'm' twice"),
+    ("models = ['m']\nengines = ['vllm']\n[commands.compare]\n", "engines names 'vllm': unknown engine 'vllm'; choose"),
+    ("models = ['m']\nbackends = ['cuda']\n[commands.compare]\n", "backends names 'cuda', not one of ours (numpy, "),
     ("models = ['m'\n", "not valid TOML"),
 ])
 def test_mistakes_are_one_line_naming_the_key(tmp_path, body, message):
