@@ -80,6 +80,8 @@ class SweepStore:
         atomic_write_text(folder / "log.txt", outcome.get("log") or "")
         if outcome["status"] == DONE:
             atomic_write_json(self.result_path(cell.key), outcome["result"])
+        else:  # a forced re-run that failed: no earlier result stays beside the failure
+            self.result_path(cell.key).unlink(missing_ok=True)
         record = {"cell": cell.to_dict(), "key": cell.key, "recorded": utc_now(),
                   **{k: v for k, v in outcome.items() if k not in ("result", "log")}}
         atomic_write_json(folder / "cell.json", record)
@@ -87,6 +89,7 @@ class SweepStore:
 
     def write_failure(self, cell: Cell, error: str, status: str = FAILED, **extra: Any) -> str:
         """A cell that ended without an outcome (its node died, nothing can run it)."""
+        self.result_path(cell.key).unlink(missing_ok=True)
         atomic_write_json(self.cell_dir(cell.key) / "cell.json", {
             "cell": cell.to_dict(), "key": cell.key, "recorded": utc_now(), "status": status, "error": error,
             "log_tail": "", **extra})

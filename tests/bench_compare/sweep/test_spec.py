@@ -129,3 +129,14 @@ def test_a_manifest_keeps_the_cells_other_machines_ran_for_the_same_file(tmp_pat
     second, _ = cells(spec, [{"cpu": "b"}])
     store.write_manifest(spec, second, "local")
     assert store.manifest()["cells"] == [first[0].key, second[0].key]
+
+
+def test_a_failed_rerun_leaves_no_earlier_result_beside_it(tmp_path):
+    spec = load_spec(write_sweep(tmp_path, 'models = ["m"]\n[commands.bench]\n'))
+    store = SweepStore(tmp_path / "out")
+    (cell,), _ = cells(spec)
+    store.write_outcome(cell, {"status": "done", "result": {"kind": "x"}, "log": "ok"})
+    assert store.is_done(cell.key)
+    store.write_outcome(cell, {"status": "failed", "result": None, "error": "exit code 1: boom", "log": "boom"})
+    assert not store.is_done(cell.key) and not store.result_path(cell.key).exists()
+    assert store.record(cell.key)["error"] == "exit code 1: boom"
