@@ -20,12 +20,15 @@ from bench_compare import gate
 from bench_compare.report import (
     KIND_BENCH,
     KIND_COMPARE,
+    KIND_HTTP_COMPARE,
     KIND_VALIDATION,
+    RATIO_KINDS,
     bench_rows,
     compare_rows,
     format_value,
     load_result,
     markdown_table,
+    ratios_of,
     validation_metrics,
 )
 from bench_compare.results import utc_now
@@ -34,7 +37,6 @@ from inference_engine.errors import GGUFParityError
 from inference_engine.store.atomic import atomic_write_bytes, atomic_write_text
 from validation.plots import new_figure, png_bytes
 
-MACHINE_KEYS = ("cpu", "isa", "cores", "gpu")
 STATUS_ORDER = ("done", "failed", "unmatched", "pending")
 
 
@@ -136,10 +138,16 @@ def machines_section(data: SweepData) -> list[str]:
                            "lllrlrrl"), ""]
 
 
+def ratio_results(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The results with ratios to llama.cpp: compare results, in-process and over HTTP."""
+    return [r for r in results if r["_kind"] in RATIO_KINDS]
+
+
 def compare_tests(results: list[dict[str, Any]]) -> list[str]:
+    """Every ratio's name, in order (an HTTP compare's as ``test metric``, :func:`bench_compare.report.ratios_of`)."""
     tests: list[str] = []
-    for r in results:
-        for t in r.get("ratios") or {}:
+    for r in ratio_results(results):
+        for t in ratios_of(r):
             if t not in tests:
                 tests.append(t)
     return tests
@@ -163,7 +171,21 @@ def ratios_section(data: SweepData) -> list[str]:
         table = [[test] + [by_col.get(col, "-") for col in range(len(compares))] for test, by_col in entries.items()]
         lines += [f"### {machine}", "", markdown_table(["test"] + [variant_name(r["_cell"]["cell"]) for r in compares],
                                                       table), ""]
-    return lines
+    return lines + http_ratios_section(data)
+
+
+def http_ratios_section(data: SweepData) -> list[str]:
+    """HTTP engines' ratios to llama.cpp's server per test and metric (TTFT, TPOT, ...), a row per cell."""
+    rows = []
+    for r in data.results:
+        if r["_kind"] == KIND_HTTP_COMPARE:
+            ratios = ratios_of(r)
+            rows.append([variant_name(r["_cell"]["cell"]), machine_name(machine_labels_of(r["_cell"])),
+                         ", ".join(f"{name} {value:.2f}" for name, value in ratios.items()) or "-"])
+    if not rows:
+        return []
+    return ["### HTTP engines", "", markdown_table(["cell", "machine", "ratios (higher is better for the engine)"],
+                                                  rows, "lll"), ""]
 
 
 def heatmap_grid(data: SweepData, test: str) -> tuple[list[str], list[str], list[list[float]]]:
@@ -172,7 +194,7 @@ def heatmap_grid(data: SweepData, test: str) -> tuple[list[str], list[str], list
     rows: list[str] = []
     cols: list[str] = []
     for r in data.results:
-        ratio = (r.get("ratios") or {}).get(test) if r["_kind"] == KIND_COMPARE else None
+        ratio = ratios_of(r).get(test) if r["_kind"] in RATIO_KINDS else None
         if ratio is None:
             continue
         row, col = variant_name(r["_cell"]["cell"]), machine_name(machine_labels_of(r["_cell"]))
@@ -207,7 +229,7 @@ def heatmap_png(test: str, rows: list[str], cols: list[str], grid: list[list[flo
 
 def heatmaps_section(data: SweepData, out: Path) -> list[str]:
     lines = ["## Models x machines", ""]
-    for test in compare_tests([r for r in data.results if r["_kind"] == KIND_COMPARE]):
+    for test in compare_tests(data.results):
         rows, cols, grid = heatmap_grid(data, test)
         name = "heatmap-" + re.sub(r"[^A-Za-z0-9.+-]+", "-", test) + ".png"
         atomic_write_bytes(out / name, heatmap_png(test, rows, cols, grid))

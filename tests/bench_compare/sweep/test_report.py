@@ -120,3 +120,18 @@ def test_history_gets_a_row_per_finished_cell(capsys, sweep_dir, tmp_path):
     assert code == 0, err
     rows = history.read_text().strip().splitlines()
     assert len(rows) == 1 + len(records(sweep_dir)) and f"history: {history}" in out
+
+
+def test_an_http_engine_s_ratios_per_test_and_metric_are_reported(capsys, sweep_dir, tmp_path):
+    def http(r):  # the cell's result as an HTTP engine's compare would write it (bench_compare.adapters.http_bench)
+        r.clear()
+        r.update({"kind": "http-compare", "schema_version": 1, "engine": "openai:http://127.0.0.1:9",
+                  "reference": "llamacpp-server", "ratios": {"tg128": {"ttft": 0.8, "tpot": 1.25}}})
+
+    folder = _copy(sweep_dir, tmp_path / "http", http)
+    code, _, err = run_cli(capsys, "report", folder)
+    assert code == 0, err
+    text = (folder / "report" / "report.md").read_text()
+    http_rows = text.split("### HTTP engines", 1)[1].split("##", 1)[0]
+    assert "tg128 ttft 0.80, tg128 tpot 1.25" in http_rows
+    assert "### tg128 tpot" in text and (folder / "report" / "heatmap-tg128-tpot.png").is_file()
