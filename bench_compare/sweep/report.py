@@ -219,11 +219,13 @@ def heatmap_png(test: str, rows: list[str], cols: list[str], grid: list[list[flo
     for i in range(len(rows)):
         for j in range(len(cols)):
             if math.isfinite(arr[i, j]):
-                ax.text(j, i, f"{arr[i, j]:.2f}", ha="center", va="center", fontsize=9, gid=f"ratio:{i}:{j}")
+                dark = abs(logs[i, j]) > 0.6 * span  # the ends of the colour map: white text
+                ax.text(j, i, f"{arr[i, j]:.2f}", ha="center", va="center", fontsize=9, gid=f"ratio:{i}:{j}",
+                        color="white" if dark else "black")
     ax.set_xticks(range(len(cols)), [c.replace(", ", "\n") for c in cols], fontsize=8)
     ax.set_yticks(range(len(rows)), rows, fontsize=8)
     ax.set_title(f"{test}: ours / llama.cpp per machine")
-    fig.colorbar(image, ax=ax, label="log2 ratio (right of 0: ours faster)")
+    fig.colorbar(image, ax=ax, label="log2 ratio (above 0: ours faster)")
     return png_bytes(fig)
 
 
