@@ -66,15 +66,3 @@ def test_replaced_hyperparameters_give_new_settings_and_plans(tiny_model, monkey
     assert model.fused_plan() is not plans
     windows = {plan.sliding_window for plan in model.fused_plan()} - {0}
     assert windows == {model.hp.sliding_window}
-
-
-@pytest.mark.parametrize("arch", DENSE)
-def test_the_layer_loop_without_a_fused_op_gives_the_same_logits_as_a_prefill(tiny_model, arch):
-    """One layer loop for prefill and decode: the last row of a 4-token prefill is the logits of decoding the 4th
-    token after a 3-token prefill (the NumPy reference, f32)."""
-    engine = OurEngine(tiny_model(arch), n_ctx=32)
-    whole = np.asarray(engine.prefill([1, 5, 9, 2]))
-    engine.reset()
-    engine.prefill([1, 5, 9])
-    step = np.asarray(engine.decode(2))
-    np.testing.assert_allclose(step.reshape(-1), whole.reshape(-1)[-step.size:], rtol=1e-4, atol=1e-4)
