@@ -14,7 +14,7 @@ sub-block) with a few byte shuffles, so nothing is repacked at load time. ``dequ
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import njit, prange
 
 from inference_engine.backends.numba_kernels.isa.simd import (
     band,
@@ -28,9 +28,14 @@ from inference_engine.backends.numba_kernels.isa.simd import (
     bshuffle,
     bto_f32,
     prefetch,
+    rows_ahead,
     vfma,
     vhalves,
+    vload,
     vmul,
+    vsplat,
+    vsum,
+    vzero,
 )
 
 _F32 = np.float32
@@ -101,3 +106,58 @@ def prefetch_lines(p0, p1, off, size):
     for line in range(0, size, 64):
         prefetch(p0, off + line)
         prefetch(p1, off + line)
+
+
+# --- the mat-vec loops, one per shape: each type's ``matvec_float_<type>`` is one of them with its block arithmetic -
+# Inlined (``inline="always"``) into the type's own ``@njit(parallel=True, fastmath=True, cache=True)`` kernel, which
+# passes its block function and its ``layout_<type>()``: ``(block bytes, constant-term factor)``, called inside the
+# parallel loop so that both stay compile-time constants there (passed as arguments they became the loop's runtime
+# parameters). Each kernel keeps its own file in Numba's cache.
+@njit(inline="always", cache=True)
+def pairs_matvec_float(block, layout, w, xv, xs, out):
+    """Two rows per iteration over 32-weight blocks: ``block(row, o, xl, xh)`` gives a block's scale ``d``, its
+    16-lane quant dot and the factor ``m`` of its constant term; ``out = vsum(sum d * dot) - k * sum(m * xs)``."""
+    n, nb = out.shape[0], xs.shape[0]
+    ahead = rows_ahead(w)
+    for g in prange((n + 1) // 2):
+        block_bytes, k = layout()
+        r0 = 2 * g
+        r1 = min(r0 + 1, n - 1)
+        w0, w1 = w[r0], w[r1]
+        p0, p1 = w[min(r0 + ahead, n - 1)], w[min(r1 + ahead, n - 1)]
+        a0, a1 = vzero(), vzero()
+        c0, c1 = _F32(0.0), _F32(0.0)
+        for b in range(nb):
+            o = block_bytes * b
+            prefetch(p0, o)
+            prefetch(p1, o)
+            xl, xh = vload(xv, 32 * b), vload(xv, 32 * b + 16)
+            d0, q0, m0 = block(w0, o, xl, xh)
+            d1, q1, m1 = block(w1, o, xl, xh)
+            a0 = vfma(vsplat(d0), q0, a0)
+            a1 = vfma(vsplat(d1), q1, a1)
+            c0 += m0 * xs[b]
+            c1 += m1 * xs[b]
+        out[r0] = vsum(a0) - k * c0
+        out[r1] = vsum(a1) - k * c1
+
+
+@njit(inline="always", cache=True)
+def superblocks_matvec_float(superblock, layout, w, xv, xs, out):
+    """Two rows per iteration over 256-weight super-blocks: ``superblock(row, o, xv, xs, x0, acc, c)`` adds one
+    super-block's products to the vector accumulator and its constant terms to ``c``; ``out = vsum(acc) - k *
+    vsum(c)``."""
+    n, nsb = out.shape[0], xv.shape[0] // QK_K
+    ahead = rows_ahead(w)
+    for g in prange((n + 1) // 2):
+        block_bytes, k = layout()
+        r0 = 2 * g
+        r1 = min(r0 + 1, n - 1)
+        p0, p1 = w[min(r0 + ahead, n - 1)], w[min(r1 + ahead, n - 1)]
+        a0, a1, c0, c1 = vzero(), vzero(), vzero(), vzero()
+        for i in range(nsb):
+            prefetch_lines(p0, p1, block_bytes * i, block_bytes)
+            a0, c0 = superblock(w[r0], block_bytes * i, xv, xs, QK_K * i, a0, c0)
+            a1, c1 = superblock(w[r1], block_bytes * i, xv, xs, QK_K * i, a1, c1)
+        out[r0] = vsum(a0) - k * vsum(c0)
+        out[r1] = vsum(a1) - k * vsum(c1)

@@ -8,6 +8,7 @@ from gguf import GGMLQuantizationType as T
 from numba import njit, prange
 
 from inference_engine.backends.numba_kernels import float_blocks
+from inference_engine.backends.numba_kernels.float_blocks import superblocks_matvec_float
 from inference_engine.backends.numba_kernels.isa import simd
 from inference_engine.backends.numba_kernels.kernel_entry import Kernels
 
@@ -29,21 +30,15 @@ def q2_k_superblock(row, o, xv, xs, x0, acc, c):
     return acc, c
 
 
+@njit(inline="always", cache=True)
+def layout_q2_k():
+    """(super-block bytes, constant-term factor) for :func:`.float_blocks.superblocks_matvec_float`."""
+    return 84, _F32(1.0)
+
+
 @njit(parallel=True, fastmath=True, cache=True)
 def matvec_float_q2_k(w, xv, xs, out):
-    n, nsb = out.shape[0], xv.shape[0] // float_blocks.QK_K
-    ahead = simd.rows_ahead(w)
-    for g in prange((n + 1) // 2):
-        r0 = 2 * g
-        r1 = min(r0 + 1, n - 1)
-        p0, p1 = w[min(r0 + ahead, n - 1)], w[min(r1 + ahead, n - 1)]
-        a0, a1, c0, c1 = simd.vzero(), simd.vzero(), simd.vzero(), simd.vzero()
-        for i in range(nsb):
-            float_blocks.prefetch_lines(p0, p1, 84 * i, 84)
-            a0, c0 = q2_k_superblock(w[r0], 84 * i, xv, xs, float_blocks.QK_K * i, a0, c0)
-            a1, c1 = q2_k_superblock(w[r1], 84 * i, xv, xs, float_blocks.QK_K * i, a1, c1)
-        out[r0] = simd.vsum(a0) - simd.vsum(c0)
-        out[r1] = simd.vsum(a1) - simd.vsum(c1)
+    superblocks_matvec_float(q2_k_superblock, layout_q2_k, w, xv, xs, out)
 
 
 @njit(parallel=True, cache=True)

@@ -8,6 +8,7 @@ from gguf import GGMLQuantizationType as T
 from numba import njit, prange
 
 from inference_engine.backends.numba_kernels import float_blocks, inttiles
+from inference_engine.backends.numba_kernels.float_blocks import pairs_matvec_float
 from inference_engine.backends.numba_kernels.intdot import pairs_matvec
 from inference_engine.backends.numba_kernels.inttiles import tiled_pairs
 from inference_engine.backends.numba_kernels.isa import int8, simd
@@ -18,29 +19,22 @@ _F32 = np.float32
 
 
 # --- float mat-vec and dequantization (from q4.py) ------------------------------------------------------------------
+@njit(inline="always", cache=True)
+def layout_q4_0():
+    """(block bytes, constant-term factor) for :func:`.float_blocks.pairs_matvec_float`."""
+    return 18, _F32(8.0)
+
+
+@njit(inline="always", cache=True)
+def block_q4_0(row, o, xl, xh):
+    """The block at byte ``o`` (:func:`.float_blocks.pairs_matvec_float`): ``d``, the nibbles' dot, ``d`` (the constant term is ``-8 d``)."""
+    d = simd.load_f16(row, o)
+    return d, float_blocks.nibble_dot(row, o + 2, xl, xh), d
+
+
 @njit(parallel=True, fastmath=True, cache=True)
 def matvec_float_q4_0(w, xv, xs, out):
-    n, nb = out.shape[0], xs.shape[0]
-    ahead = simd.rows_ahead(w)
-    for g in prange((n + 1) // 2):
-        r0 = 2 * g
-        r1 = min(r0 + 1, n - 1)
-        w0, w1 = w[r0], w[r1]
-        p0, p1 = w[min(r0 + ahead, n - 1)], w[min(r1 + ahead, n - 1)]
-        a0, a1 = simd.vzero(), simd.vzero()
-        c0, c1 = _F32(0.0), _F32(0.0)
-        for b in range(nb):
-            o = 18 * b
-            simd.prefetch(p0, o)
-            simd.prefetch(p1, o)
-            xl, xh = simd.vload(xv, 32 * b), simd.vload(xv, 32 * b + 16)
-            d0, d1 = simd.load_f16(w0, o), simd.load_f16(w1, o)
-            a0 = simd.vfma(simd.vsplat(d0), float_blocks.nibble_dot(w0, o + 2, xl, xh), a0)
-            a1 = simd.vfma(simd.vsplat(d1), float_blocks.nibble_dot(w1, o + 2, xl, xh), a1)
-            c0 += d0 * xs[b]
-            c1 += d1 * xs[b]
-        out[r0] = simd.vsum(a0) - _F32(8.0) * c0
-        out[r1] = simd.vsum(a1) - _F32(8.0) * c1
+    pairs_matvec_float(block_q4_0, layout_q4_0, w, xv, xs, out)
 
 
 @njit(parallel=True, cache=True)
