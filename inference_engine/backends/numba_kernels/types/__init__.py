@@ -39,5 +39,11 @@ TYPE_MODULES = (f32, f16, bf16, q4_0, q4_1, q5_0, q5_1, q8_0, q2_k, q3_k, q4_k, 
 # tensor type -> its kernels, each type's own entry (a type missing here is refused at load time, naming the ones
 # that are present)
 KERNELS: Registry[Kernels] = Registry(
-    "tensor type", {module.QTYPE: module.KERNELS for module in TYPE_MODULES}, base=Kernels,
-    normalize=lambda qtype: T(int(qtype)), unknown="no numba kernel for", listing="supported", quote=False)
+    "tensor type",
+    {module.QTYPE: module.KERNELS for module in TYPE_MODULES},
+    base=Kernels,
+    normalize=lambda qtype: T(int(qtype)),
+    unknown="no numba kernel for",
+    listing="supported",
+    quote=False,
+)

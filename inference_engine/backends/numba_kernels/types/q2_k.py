@@ -20,7 +20,9 @@ _F32 = np.float32
 def q2_k_superblock(row, o, xv, xs, x0, acc, c):
     b = simd.bload(row, o)
     scales = simd.vmul(simd.vsplat(simd.load_f16(row, o + 80)), simd.bto_f32(simd.band(b, 15)))
-    c = simd.vfma(simd.vmul(simd.vsplat(simd.load_f16(row, o + 82)), simd.bto_f32(simd.bshr(b, 4))), simd.vload(xs, x0 // 16), c)
+    c = simd.vfma(
+        simd.vmul(simd.vsplat(simd.load_f16(row, o + 82)), simd.bto_f32(simd.bshr(b, 4))), simd.vload(xs, x0 // 16), c
+    )
     for n in range(2):
         for j in range(4):
             for h in range(2):

@@ -31,7 +31,9 @@ def q3_k_scales(row, off, d):
     b = simd.bload(row, off - 2)  # scale byte i is b[i + 2]; starting 2 early keeps the load inside the block
     low = simd.band(simd.bshr_lanes(simd.bshuffle(b, "2345 6789 2345 6789"), "0000 0000 4444 4444"), 15)
     high = simd.band(simd.bshr_lanes(simd.bshuffle(b, "abcd abcd abcd abcd"), "0000 2222 4444 6666"), 3)
-    return simd.vmul(simd.vsplat(d), simd.vsub(simd.bto_f32(simd.bor(low, simd.bshl(high, 4))), simd.vsplat(_F32(32.0))))
+    return simd.vmul(
+        simd.vsplat(d), simd.vsub(simd.bto_f32(simd.bor(low, simd.bshl(high, 4))), simd.vsplat(_F32(32.0)))
+    )
 
 
 @njit(inline="always", cache=True)
@@ -44,7 +46,11 @@ def q3_k_superblock(row, o, xv, xs, x0, acc, c):
                 k = 8 * n + 2 * j + h
                 low = simd.band(simd.bshr(simd.bload(row, o + 32 + 32 * n + 16 * h), 2 * j), 3)
                 high = simd.bshl(simd.band(simd.bshr(simd.bload(row, o + 16 * h), 4 * n + j), 1), 2)
-                acc = simd.vfma(simd.vlane(scales, k), simd.vmul(simd.bto_f32(simd.bor(low, high)), simd.vload(xv, x0 + 16 * k)), acc)
+                acc = simd.vfma(
+                    simd.vlane(scales, k),
+                    simd.vmul(simd.bto_f32(simd.bor(low, high)), simd.vload(xv, x0 + 16 * k)),
+                    acc,
+                )
     return acc, c
 
 

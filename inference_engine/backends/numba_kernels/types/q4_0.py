@@ -96,7 +96,16 @@ def tile_q4_0(w0, w1, yq, yd, ya, t0, t1, t2, t3):
         a01, a11 = inttiles.step_offset(x0, x1, f0, f1, y1, d1, s1, b, 3, a01, a11)
         a02, a12 = inttiles.step_offset(x0, x1, f0, f1, y2, d2, s2, b, 3, a02, a12)
         a03, a13 = inttiles.step_offset(x0, x1, f0, f1, y3, d3, s3, b, 3, a03, a13)
-    return int8.fsum(a00), int8.fsum(a01), int8.fsum(a02), int8.fsum(a03), int8.fsum(a10), int8.fsum(a11), int8.fsum(a12), int8.fsum(a13)
+    return (
+        int8.fsum(a00),
+        int8.fsum(a01),
+        int8.fsum(a02),
+        int8.fsum(a03),
+        int8.fsum(a10),
+        int8.fsum(a11),
+        int8.fsum(a12),
+        int8.fsum(a13),
+    )
 
 
 @njit(parallel=True, cache=True)

@@ -26,8 +26,16 @@ def q4_k_superblock(row, o, xv, xs, x0, acc, c):
     for j in range(4):
         q0, q1 = simd.bload(row, o + 16 + 32 * j), simd.bload(row, o + 32 + 32 * j)
         e = x0 + 64 * j
-        lo = simd.vfma(simd.bto_f32(simd.band(q1, 15)), simd.vload(xv, e + 16), simd.vmul(simd.bto_f32(simd.band(q0, 15)), simd.vload(xv, e)))
-        hi = simd.vfma(simd.bto_f32(simd.bshr(q1, 4)), simd.vload(xv, e + 48), simd.vmul(simd.bto_f32(simd.bshr(q0, 4)), simd.vload(xv, e + 32)))
+        lo = simd.vfma(
+            simd.bto_f32(simd.band(q1, 15)),
+            simd.vload(xv, e + 16),
+            simd.vmul(simd.bto_f32(simd.band(q0, 15)), simd.vload(xv, e)),
+        )
+        hi = simd.vfma(
+            simd.bto_f32(simd.bshr(q1, 4)),
+            simd.vload(xv, e + 48),
+            simd.vmul(simd.bto_f32(simd.bshr(q0, 4)), simd.vload(xv, e + 32)),
+        )
         acc = simd.vfma(simd.vlane(sm, 2 * j), lo, acc)
         acc = simd.vfma(simd.vlane(sm, 2 * j + 1), hi, acc)
     return acc, c
@@ -121,7 +129,9 @@ def close_q4_k(row, o, ydi, ys, i, t_mlo, t_mhi, sumi, st):
     four min accumulators m0..m3 in lanes 0..3 (lanes 4..7 stay +0, so ``fsum(macc)`` is its
     ``(m0 + m2) + (m1 + m3)``), updated by the same one-rounding ``fma(dmin, s_k, m_k)`` per lane."""
     dmin = -ydi * simd.load_f16(row, o + 2)
-    return int8.fma_int(ydi * simd.load_f16(row, o), sumi, st[0]), int8.fma_int(dmin, int8.kmin_pairs(ys, 8 * i, t_mlo, t_mhi), st[1])
+    return int8.fma_int(ydi * simd.load_f16(row, o), sumi, st[0]), int8.fma_int(
+        dmin, int8.kmin_pairs(ys, 8 * i, t_mlo, t_mhi), st[1]
+    )
 
 
 @njit(inline="always", cache=True)
@@ -137,8 +147,14 @@ def row_q4_k(row, o, e, y0, y1, y2, y3, u_lo, u_hi):
         lo, hi = q4_k_quants(row, o, j)
         sl, sh = inttiles.sub_scales(u_lo, u_hi, j)
         ej = e + 64 * j
-        i0, i1 = int8.iadd(i0, inttiles.dot_pair(lo, hi, y0, ej, sl, sh)), int8.iadd(i1, inttiles.dot_pair(lo, hi, y1, ej, sl, sh))
-        i2, i3 = int8.iadd(i2, inttiles.dot_pair(lo, hi, y2, ej, sl, sh)), int8.iadd(i3, inttiles.dot_pair(lo, hi, y3, ej, sl, sh))
+        i0, i1 = (
+            int8.iadd(i0, inttiles.dot_pair(lo, hi, y0, ej, sl, sh)),
+            int8.iadd(i1, inttiles.dot_pair(lo, hi, y1, ej, sl, sh)),
+        )
+        i2, i3 = (
+            int8.iadd(i2, inttiles.dot_pair(lo, hi, y2, ej, sl, sh)),
+            int8.iadd(i3, inttiles.dot_pair(lo, hi, y3, ej, sl, sh)),
+        )
     return i0, i1, i2, i3
 
 
@@ -148,7 +164,12 @@ def row_tile_q4_k(w, yq, yd, ya, t0, t1, t2, t3):
     y0, y1, y2, y3 = yq[t0], yq[t1], yq[t2], yq[t3]
     d0, d1, d2, d3 = yd[t0], yd[t1], yd[t2], yd[t3]
     s0, s1, s2, s3 = ya[t0], ya[t1], ya[t2], ya[t3]
-    a0, a1, a2, a3 = (int8.fzero(), int8.fzero()), (int8.fzero(), int8.fzero()), (int8.fzero(), int8.fzero()), (int8.fzero(), int8.fzero())
+    a0, a1, a2, a3 = (
+        (int8.fzero(), int8.fzero()),
+        (int8.fzero(), int8.fzero()),
+        (int8.fzero(), int8.fzero()),
+        (int8.fzero(), int8.fzero()),
+    )
     for i in range(d0.shape[0]):
         o = 144 * i
         u0, u1, u2, u3 = intdot.k4_scales(w, o + 4)
@@ -209,22 +230,52 @@ def row8_q4_k(w, yq, yd8, ya8, t, out, r):
     g = t // 8
     yd, ys = yd8[g], ya8[g]
     pairs = yq.shape[1] // yd.shape[0] // 64  # 4 sub-block pairs per super-block, a count LLVM does not see
-    a0, a1, a2, a3, a4, a5, a6, a7 = int8.fzero(), int8.fzero(), int8.fzero(), int8.fzero(), int8.fzero(), int8.fzero(), int8.fzero(), int8.fzero()
+    a0, a1, a2, a3, a4, a5, a6, a7 = (
+        int8.fzero(),
+        int8.fzero(),
+        int8.fzero(),
+        int8.fzero(),
+        int8.fzero(),
+        int8.fzero(),
+        int8.fzero(),
+        int8.fzero(),
+    )
     m0, m1, m2, m3 = int8.fzero(), int8.fzero(), int8.fzero(), int8.fzero()
     for i in range(yd.shape[0]):
         o = 144 * i
         u0, u1, u2, u3 = intdot.k4_scales(w, o + 4)
         sc = np.uint64(u0) | (np.uint64(u1) << np.uint64(32))
-        i0, i1, i2, i3, i4, i5, i6, i7 = int8.izero(), int8.izero(), int8.izero(), int8.izero(), int8.izero(), int8.izero(), int8.izero(), int8.izero()
+        i0, i1, i2, i3, i4, i5, i6, i7 = (
+            int8.izero(),
+            int8.izero(),
+            int8.izero(),
+            int8.izero(),
+            int8.izero(),
+            int8.izero(),
+            int8.izero(),
+            int8.izero(),
+        )
         for j in range(pairs):
             lo, hi = q4_k_quants(w, o, j)
             sl = np.int32((sc >> np.uint64(16 * j)) & np.uint64(0xFF))
             sh = np.int32((sc >> np.uint64(16 * j + 8)) & np.uint64(0xFF))
             e = float_blocks.QK_K * i + 64 * j
-            i0, i1 = int8.iadd(i0, inttiles.dot_pair(lo, hi, y0, e, sl, sh)), int8.iadd(i1, inttiles.dot_pair(lo, hi, y1, e, sl, sh))
-            i2, i3 = int8.iadd(i2, inttiles.dot_pair(lo, hi, y2, e, sl, sh)), int8.iadd(i3, inttiles.dot_pair(lo, hi, y3, e, sl, sh))
-            i4, i5 = int8.iadd(i4, inttiles.dot_pair(lo, hi, y4, e, sl, sh)), int8.iadd(i5, inttiles.dot_pair(lo, hi, y5, e, sl, sh))
-            i6, i7 = int8.iadd(i6, inttiles.dot_pair(lo, hi, y6, e, sl, sh)), int8.iadd(i7, inttiles.dot_pair(lo, hi, y7, e, sl, sh))
+            i0, i1 = (
+                int8.iadd(i0, inttiles.dot_pair(lo, hi, y0, e, sl, sh)),
+                int8.iadd(i1, inttiles.dot_pair(lo, hi, y1, e, sl, sh)),
+            )
+            i2, i3 = (
+                int8.iadd(i2, inttiles.dot_pair(lo, hi, y2, e, sl, sh)),
+                int8.iadd(i3, inttiles.dot_pair(lo, hi, y3, e, sl, sh)),
+            )
+            i4, i5 = (
+                int8.iadd(i4, inttiles.dot_pair(lo, hi, y4, e, sl, sh)),
+                int8.iadd(i5, inttiles.dot_pair(lo, hi, y5, e, sl, sh)),
+            )
+            i6, i7 = (
+                int8.iadd(i6, inttiles.dot_pair(lo, hi, y6, e, sl, sh)),
+                int8.iadd(i7, inttiles.dot_pair(lo, hi, y7, e, sl, sh)),
+            )
         ydi = int8.fload8(yd[i], 0)
         dv = int8.fscale(ydi, simd.load_f16(w, o))
         a0, a1 = int8.fma_int(int8.flane(dv, 0), i0, a0), int8.fma_int(int8.flane(dv, 1), i1, a1)
@@ -238,10 +289,24 @@ def row8_q4_k(w, yq, yd8, ya8, t, out, r):
         m2 = int8.fma_intv(dmin, int8.kmin_tokens(ysi, 32, u2, u3, 2), m2)
         m3 = int8.fma_intv(dmin, int8.kmin_tokens(ysi, 48, u2, u3, 3), m3)
     mins = int8.fadd8(int8.fadd8(m0, m2), int8.fadd8(m1, m3))
-    inttiles.store4(out, r, t, int8.fsum(a0) + int8.flane(mins, 0), int8.fsum(a1) + int8.flane(mins, 1), int8.fsum(a2) + int8.flane(mins, 2),
-           int8.fsum(a3) + int8.flane(mins, 3))
-    inttiles.store4(out, r, t + 4, int8.fsum(a4) + int8.flane(mins, 4), int8.fsum(a5) + int8.flane(mins, 5), int8.fsum(a6) + int8.flane(mins, 6),
-           int8.fsum(a7) + int8.flane(mins, 7))
+    inttiles.store4(
+        out,
+        r,
+        t,
+        int8.fsum(a0) + int8.flane(mins, 0),
+        int8.fsum(a1) + int8.flane(mins, 1),
+        int8.fsum(a2) + int8.flane(mins, 2),
+        int8.fsum(a3) + int8.flane(mins, 3),
+    )
+    inttiles.store4(
+        out,
+        r,
+        t + 4,
+        int8.fsum(a4) + int8.flane(mins, 4),
+        int8.fsum(a5) + int8.flane(mins, 5),
+        int8.fsum(a6) + int8.flane(mins, 6),
+        int8.fsum(a7) + int8.flane(mins, 7),
+    )
 
 
 @njit(inline="always", cache=True)
@@ -250,12 +315,20 @@ def close8z_q4_k(w, o, i, yd, ys, u2, u3, i0, i1, i2, i3, a, m):
     accumulators, ``m`` the 4 min accumulators (one token per lane), both updated."""
     ydi = int8.fload8(yd[i], 0)
     dv = int8.fscale(ydi, simd.load_f16(w, o))
-    a = (zmm.fma_tokens(int8.flane(dv, 0), int8.flane(dv, 1), i0, a[0]), zmm.fma_tokens(int8.flane(dv, 2), int8.flane(dv, 3), i1, a[1]),
-         zmm.fma_tokens(int8.flane(dv, 4), int8.flane(dv, 5), i2, a[2]), zmm.fma_tokens(int8.flane(dv, 6), int8.flane(dv, 7), i3, a[3]))
+    a = (
+        zmm.fma_tokens(int8.flane(dv, 0), int8.flane(dv, 1), i0, a[0]),
+        zmm.fma_tokens(int8.flane(dv, 2), int8.flane(dv, 3), i1, a[1]),
+        zmm.fma_tokens(int8.flane(dv, 4), int8.flane(dv, 5), i2, a[2]),
+        zmm.fma_tokens(int8.flane(dv, 6), int8.flane(dv, 7), i3, a[3]),
+    )
     dmin = int8.fscale(ydi, -simd.load_f16(w, o + 2))
     ysi = ys[i]
-    m = (int8.fma_intv(dmin, int8.kmin_tokens(ysi, 0, u2, u3, 0), m[0]), int8.fma_intv(dmin, int8.kmin_tokens(ysi, 16, u2, u3, 1), m[1]),
-         int8.fma_intv(dmin, int8.kmin_tokens(ysi, 32, u2, u3, 2), m[2]), int8.fma_intv(dmin, int8.kmin_tokens(ysi, 48, u2, u3, 3), m[3]))
+    m = (
+        int8.fma_intv(dmin, int8.kmin_tokens(ysi, 0, u2, u3, 0), m[0]),
+        int8.fma_intv(dmin, int8.kmin_tokens(ysi, 16, u2, u3, 1), m[1]),
+        int8.fma_intv(dmin, int8.kmin_tokens(ysi, 32, u2, u3, 2), m[2]),
+        int8.fma_intv(dmin, int8.kmin_tokens(ysi, 48, u2, u3, 3), m[3]),
+    )
     return a, m
 
 
@@ -263,17 +336,33 @@ def close8z_q4_k(w, o, i, yd, ys, u2, u3, i0, i1, i2, i3, a, m):
 def store8z_q4_k(out, r, t, a, m):
     """The 8 outputs of tokens ``t .. t + 7`` of row ``r`` from :func:`close8z_q4_k`'s accumulators."""
     mins = int8.fadd8(int8.fadd8(m[0], m[2]), int8.fadd8(m[1], m[3]))
-    inttiles.store4(out, r, t, zmm.fsum_token(a[0], 0) + int8.flane(mins, 0), zmm.fsum_token(a[0], 1) + int8.flane(mins, 1),
-           zmm.fsum_token(a[1], 0) + int8.flane(mins, 2), zmm.fsum_token(a[1], 1) + int8.flane(mins, 3))
-    inttiles.store4(out, r, t + 4, zmm.fsum_token(a[2], 0) + int8.flane(mins, 4), zmm.fsum_token(a[2], 1) + int8.flane(mins, 5),
-           zmm.fsum_token(a[3], 0) + int8.flane(mins, 6), zmm.fsum_token(a[3], 1) + int8.flane(mins, 7))
+    inttiles.store4(
+        out,
+        r,
+        t,
+        zmm.fsum_token(a[0], 0) + int8.flane(mins, 0),
+        zmm.fsum_token(a[0], 1) + int8.flane(mins, 1),
+        zmm.fsum_token(a[1], 0) + int8.flane(mins, 2),
+        zmm.fsum_token(a[1], 1) + int8.flane(mins, 3),
+    )
+    inttiles.store4(
+        out,
+        r,
+        t + 4,
+        zmm.fsum_token(a[2], 0) + int8.flane(mins, 4),
+        zmm.fsum_token(a[2], 1) + int8.flane(mins, 5),
+        zmm.fsum_token(a[3], 0) + int8.flane(mins, 6),
+        zmm.fsum_token(a[3], 1) + int8.flane(mins, 7),
+    )
 
 
 @njit(inline="always", cache=True)
 def sub_pair_scales(sc, j):
     """The scales of sub-blocks 2j and 2j+1 from the 8 scale bytes ``sc`` (k4_scales' first two words)."""
-    return (np.int32((sc >> np.uint64(16 * j)) & np.uint64(0xFF)),
-            np.int32((sc >> np.uint64(16 * j + 8)) & np.uint64(0xFF)))
+    return (
+        np.int32((sc >> np.uint64(16 * j)) & np.uint64(0xFF)),
+        np.int32((sc >> np.uint64(16 * j + 8)) & np.uint64(0xFF)),
+    )
 
 
 @njit(inline="always", cache=True)
@@ -291,7 +380,10 @@ def row8z_q4_k(w, yq2, yd8, ya8, t, out, r):
     y0, y1, y2, y3 = yq2[p], yq2[p + 1], yq2[p + 2], yq2[p + 3]
     yd, ys = yd8[t // 8], ya8[t // 8]
     pairs = yq2.shape[1] // 2 // yd.shape[0] // 64  # 4 sub-block pairs per super-block, a count LLVM does not see
-    a, m = (simd.vzero(), simd.vzero(), simd.vzero(), simd.vzero()), (int8.fzero(), int8.fzero(), int8.fzero(), int8.fzero())
+    a, m = (
+        (simd.vzero(), simd.vzero(), simd.vzero(), simd.vzero()),
+        (int8.fzero(), int8.fzero(), int8.fzero(), int8.fzero()),
+    )
     for i in range(yd.shape[0]):
         o = 144 * i
         u0, u1, u2, u3 = intdot.k4_scales(w, o + 4)
@@ -317,8 +409,14 @@ def row16z_q4_k(w, yq2, yd8, ya8, t, out, r):
     y4, y5, y6, y7 = yq2[p + 4], yq2[p + 5], yq2[p + 6], yq2[p + 7]
     yd, ys, yd_, ys_ = yd8[t // 8], ya8[t // 8], yd8[t // 8 + 1], ya8[t // 8 + 1]
     pairs = yq2.shape[1] // 2 // yd.shape[0] // 64
-    a, m = (simd.vzero(), simd.vzero(), simd.vzero(), simd.vzero()), (int8.fzero(), int8.fzero(), int8.fzero(), int8.fzero())
-    a_, m_ = (simd.vzero(), simd.vzero(), simd.vzero(), simd.vzero()), (int8.fzero(), int8.fzero(), int8.fzero(), int8.fzero())
+    a, m = (
+        (simd.vzero(), simd.vzero(), simd.vzero(), simd.vzero()),
+        (int8.fzero(), int8.fzero(), int8.fzero(), int8.fzero()),
+    )
+    a_, m_ = (
+        (simd.vzero(), simd.vzero(), simd.vzero(), simd.vzero()),
+        (int8.fzero(), int8.fzero(), int8.fzero(), int8.fzero()),
+    )
     for i in range(yd.shape[0]):
         o = 144 * i
         u0, u1, u2, u3 = intdot.k4_scales(w, o + 4)
@@ -369,7 +467,18 @@ def tiled_q4_k(w, yq, yd, ya, out):
     ya = intdot.bsum_pairs(ya)
     yq2 = inttiles.token_pairs(yq) if zmm.has_zmm_vnni() else np.empty((0, 0), np.uint8)
     for g in prange((n + inttiles.GROUP_ROWS - 1) // inttiles.GROUP_ROWS):
-        group_q4_k(w, yq, yd, ya, yd8, ya8, yq2, out, g * inttiles.GROUP_ROWS, min(g * inttiles.GROUP_ROWS + inttiles.GROUP_ROWS, n))
+        group_q4_k(
+            w,
+            yq,
+            yd,
+            ya,
+            yd8,
+            ya8,
+            yq2,
+            out,
+            g * inttiles.GROUP_ROWS,
+            min(g * inttiles.GROUP_ROWS + inttiles.GROUP_ROWS, n),
+        )
 
 
 QTYPE = T.Q4_K

@@ -95,8 +95,16 @@ def tile_q5_1(w0, w1, yq, yd, ya, t0, t1, t2, t3):
         a01, a11 = inttiles.step_min(x0, x1, f0, f1, m0, m1, y1, d1, s1, b, a01, a11)
         a02, a12 = inttiles.step_min(x0, x1, f0, f1, m0, m1, y2, d2, s2, b, a02, a12)
         a03, a13 = inttiles.step_min(x0, x1, f0, f1, m0, m1, y3, d3, s3, b, a03, a13)
-    return (inttiles.close_min(a00), inttiles.close_min(a01), inttiles.close_min(a02), inttiles.close_min(a03),
-            inttiles.close_min(a10), inttiles.close_min(a11), inttiles.close_min(a12), inttiles.close_min(a13))
+    return (
+        inttiles.close_min(a00),
+        inttiles.close_min(a01),
+        inttiles.close_min(a02),
+        inttiles.close_min(a03),
+        inttiles.close_min(a10),
+        inttiles.close_min(a11),
+        inttiles.close_min(a12),
+        inttiles.close_min(a13),
+    )
 
 
 @njit(parallel=True, cache=True)

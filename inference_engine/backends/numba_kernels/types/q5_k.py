@@ -148,8 +148,14 @@ def row_q5_k(row, o, e, y0, y1, y2, y3, u_lo, u_hi):
         lo, hi = q5_k_quants(row, o, j)
         sl, sh = inttiles.sub_scales(u_lo, u_hi, j)
         ej = e + 64 * j
-        i0, i1 = int8.iadd(i0, inttiles.dot_pair(lo, hi, y0, ej, sl, sh)), int8.iadd(i1, inttiles.dot_pair(lo, hi, y1, ej, sl, sh))
-        i2, i3 = int8.iadd(i2, inttiles.dot_pair(lo, hi, y2, ej, sl, sh)), int8.iadd(i3, inttiles.dot_pair(lo, hi, y3, ej, sl, sh))
+        i0, i1 = (
+            int8.iadd(i0, inttiles.dot_pair(lo, hi, y0, ej, sl, sh)),
+            int8.iadd(i1, inttiles.dot_pair(lo, hi, y1, ej, sl, sh)),
+        )
+        i2, i3 = (
+            int8.iadd(i2, inttiles.dot_pair(lo, hi, y2, ej, sl, sh)),
+            int8.iadd(i3, inttiles.dot_pair(lo, hi, y3, ej, sl, sh)),
+        )
     return i0, i1, i2, i3
 
 
@@ -159,7 +165,12 @@ def row_tile_q5_k(w, yq, yd, ya, t0, t1, t2, t3):
     y0, y1, y2, y3 = yq[t0], yq[t1], yq[t2], yq[t3]
     d0, d1, d2, d3 = yd[t0], yd[t1], yd[t2], yd[t3]
     s0, s1, s2, s3 = ya[t0], ya[t1], ya[t2], ya[t3]
-    a0, a1, a2, a3 = (int8.fzero(), _F32(0.0)), (int8.fzero(), _F32(0.0)), (int8.fzero(), _F32(0.0)), (int8.fzero(), _F32(0.0))
+    a0, a1, a2, a3 = (
+        (int8.fzero(), _F32(0.0)),
+        (int8.fzero(), _F32(0.0)),
+        (int8.fzero(), _F32(0.0)),
+        (int8.fzero(), _F32(0.0)),
+    )
     for i in range(d0.shape[0]):
         o = 176 * i
         u0, u1, u2, u3 = intdot.k4_scales(w, o + 4)
@@ -200,8 +211,12 @@ def row8_q5_k(w, yq, yd, ya, t, out, r):
         a5 = close_q5_k(w, o, yd[t + 5, i], s5, i, u2, u3, i5, a5)
         a6 = close_q5_k(w, o, yd[t + 6, i], s6, i, u2, u3, i6, a6)
         a7 = close_q5_k(w, o, yd[t + 7, i], s7, i, u2, u3, i7, a7)
-    inttiles.store4(out, r, t, inttiles.close_min(a0), inttiles.close_min(a1), inttiles.close_min(a2), inttiles.close_min(a3))
-    inttiles.store4(out, r, t + 4, inttiles.close_min(a4), inttiles.close_min(a5), inttiles.close_min(a6), inttiles.close_min(a7))
+    inttiles.store4(
+        out, r, t, inttiles.close_min(a0), inttiles.close_min(a1), inttiles.close_min(a2), inttiles.close_min(a3)
+    )
+    inttiles.store4(
+        out, r, t + 4, inttiles.close_min(a4), inttiles.close_min(a5), inttiles.close_min(a6), inttiles.close_min(a7)
+    )
 
 
 @njit(cache=True)

@@ -73,10 +73,24 @@ def dequant_q6_k(w, row0, out):
                     u0, u1, u2, u3 = q6_k_quants_float(row, o, n, h)
                     k = 8 * n + h
                     e = y + 128 * n + 16 * h
-                    simd.vstore(dst, e, simd.vmul(simd.vsplat(d * _F32(np.int8(row[o + 192 + k]))), simd.vsub(u0, thirty_two)))
-                    simd.vstore(dst, e + 32, simd.vmul(simd.vsplat(d * _F32(np.int8(row[o + 194 + k]))), simd.vsub(u1, thirty_two)))
-                    simd.vstore(dst, e + 64, simd.vmul(simd.vsplat(d * _F32(np.int8(row[o + 196 + k]))), simd.vsub(u2, thirty_two)))
-                    simd.vstore(dst, e + 96, simd.vmul(simd.vsplat(d * _F32(np.int8(row[o + 198 + k]))), simd.vsub(u3, thirty_two)))
+                    simd.vstore(
+                        dst, e, simd.vmul(simd.vsplat(d * _F32(np.int8(row[o + 192 + k]))), simd.vsub(u0, thirty_two))
+                    )
+                    simd.vstore(
+                        dst,
+                        e + 32,
+                        simd.vmul(simd.vsplat(d * _F32(np.int8(row[o + 194 + k]))), simd.vsub(u1, thirty_two)),
+                    )
+                    simd.vstore(
+                        dst,
+                        e + 64,
+                        simd.vmul(simd.vsplat(d * _F32(np.int8(row[o + 196 + k]))), simd.vsub(u2, thirty_two)),
+                    )
+                    simd.vstore(
+                        dst,
+                        e + 96,
+                        simd.vmul(simd.vsplat(d * _F32(np.int8(row[o + 198 + k]))), simd.vsub(u3, thirty_two)),
+                    )
 
 
 # --- integer-dot mat-vec (ggml numerics, one token) (from intdot.py) ------------------------------------------------
@@ -147,7 +161,9 @@ def dot_q6_k(q0, q1, q2, q3, row, sc, yq, y):
 
 @njit(inline="always", cache=True)
 def close_q6_k(row, o, ydi, ys, i, sumi, acc):
-    return int8.fma_int(ydi * simd.load_f16(row, o + 208), int8.isub(sumi, int8.ishl(int8.madd16(ys, 16 * i, row, o + 192), 5)), acc)
+    return int8.fma_int(
+        ydi * simd.load_f16(row, o + 208), int8.isub(sumi, int8.ishl(int8.madd16(ys, 16 * i, row, o + 192), 5)), acc
+    )
 
 
 @njit(cache=True)  # not inlined: the parfor pass's array analysis rejects its tuple states
@@ -181,7 +197,16 @@ def tile_q6_k(w0, w1, yq, yd, ya, t0, t1, t2, t3):
         a11 = close_q6_k(w1, o, d1[i], s1, i, i11, a11)
         a12 = close_q6_k(w1, o, d2[i], s2, i, i12, a12)
         a13 = close_q6_k(w1, o, d3[i], s3, i, i13, a13)
-    return int8.fsum(a00), int8.fsum(a01), int8.fsum(a02), int8.fsum(a03), int8.fsum(a10), int8.fsum(a11), int8.fsum(a12), int8.fsum(a13)
+    return (
+        int8.fsum(a00),
+        int8.fsum(a01),
+        int8.fsum(a02),
+        int8.fsum(a03),
+        int8.fsum(a10),
+        int8.fsum(a11),
+        int8.fsum(a12),
+        int8.fsum(a13),
+    )
 
 
 @njit(inline="always", cache=True)
@@ -200,7 +225,16 @@ def row8_q6_k(w, yq, yd, ya, t, out, r):
     a0, a1, a2, a3, a4, a5, a6, a7 = z, z, z, z, z, z, z, z
     for i in range(yd.shape[1]):
         o = 210 * i
-        i0, i1, i2, i3, i4, i5, i6, i7 = int8.izero(), int8.izero(), int8.izero(), int8.izero(), int8.izero(), int8.izero(), int8.izero(), int8.izero()
+        i0, i1, i2, i3, i4, i5, i6, i7 = (
+            int8.izero(),
+            int8.izero(),
+            int8.izero(),
+            int8.izero(),
+            int8.izero(),
+            int8.izero(),
+            int8.izero(),
+            int8.izero(),
+        )
         for j in range(2):
             e, sc = float_blocks.QK_K * i + 128 * j, o + 192 + 8 * j
             q0, q1, q2, q3 = q6_k_quants(w, o, j)
@@ -244,7 +278,16 @@ def row16z_q6_k(w, yq2, yd, ya, t, out, r):
     p = t // 2
     y0, y1, y2, y3 = yq2[p], yq2[p + 1], yq2[p + 2], yq2[p + 3]
     y4, y5, y6, y7 = yq2[p + 4], yq2[p + 5], yq2[p + 6], yq2[p + 7]
-    a0, a1, a2, a3, a4, a5, a6, a7 = simd.vzero(), simd.vzero(), simd.vzero(), simd.vzero(), simd.vzero(), simd.vzero(), simd.vzero(), simd.vzero()
+    a0, a1, a2, a3, a4, a5, a6, a7 = (
+        simd.vzero(),
+        simd.vzero(),
+        simd.vzero(),
+        simd.vzero(),
+        simd.vzero(),
+        simd.vzero(),
+        simd.vzero(),
+        simd.vzero(),
+    )
     for i in range(yd.shape[1]):
         o = 210 * i
         i0, i1, i2, i3 = zmm.izero16(), zmm.izero16(), zmm.izero16(), zmm.izero16()
@@ -260,10 +303,18 @@ def row16z_q6_k(w, yq2, yd, ya, t, out, r):
         a2, a3 = close_pair_q6_k(w, o, i, yd, ya, t + 4, i2, a2), close_pair_q6_k(w, o, i, yd, ya, t + 6, i3, a3)
         a4, a5 = close_pair_q6_k(w, o, i, yd, ya, t + 8, i4, a4), close_pair_q6_k(w, o, i, yd, ya, t + 10, i5, a5)
         a6, a7 = close_pair_q6_k(w, o, i, yd, ya, t + 12, i6, a6), close_pair_q6_k(w, o, i, yd, ya, t + 14, i7, a7)
-    inttiles.store4(out, r, t, zmm.fsum_token(a0, 0), zmm.fsum_token(a0, 1), zmm.fsum_token(a1, 0), zmm.fsum_token(a1, 1))
-    inttiles.store4(out, r, t + 4, zmm.fsum_token(a2, 0), zmm.fsum_token(a2, 1), zmm.fsum_token(a3, 0), zmm.fsum_token(a3, 1))
-    inttiles.store4(out, r, t + 8, zmm.fsum_token(a4, 0), zmm.fsum_token(a4, 1), zmm.fsum_token(a5, 0), zmm.fsum_token(a5, 1))
-    inttiles.store4(out, r, t + 12, zmm.fsum_token(a6, 0), zmm.fsum_token(a6, 1), zmm.fsum_token(a7, 0), zmm.fsum_token(a7, 1))
+    inttiles.store4(
+        out, r, t, zmm.fsum_token(a0, 0), zmm.fsum_token(a0, 1), zmm.fsum_token(a1, 0), zmm.fsum_token(a1, 1)
+    )
+    inttiles.store4(
+        out, r, t + 4, zmm.fsum_token(a2, 0), zmm.fsum_token(a2, 1), zmm.fsum_token(a3, 0), zmm.fsum_token(a3, 1)
+    )
+    inttiles.store4(
+        out, r, t + 8, zmm.fsum_token(a4, 0), zmm.fsum_token(a4, 1), zmm.fsum_token(a5, 0), zmm.fsum_token(a5, 1)
+    )
+    inttiles.store4(
+        out, r, t + 12, zmm.fsum_token(a6, 0), zmm.fsum_token(a6, 1), zmm.fsum_token(a7, 0), zmm.fsum_token(a7, 1)
+    )
 
 
 @njit(cache=True)
@@ -291,7 +342,9 @@ def tiled_q6_k(w, yq, yd, ya, out):
     n = out.shape[1]
     yq2 = inttiles.token_pairs(yq) if zmm.has_zmm_vnni() else np.empty((0, 0), np.uint8)
     for g in prange((n + inttiles.GROUP_ROWS - 1) // inttiles.GROUP_ROWS):
-        group_q6_k(w, yq, yd, ya, yq2, out, g * inttiles.GROUP_ROWS, min(g * inttiles.GROUP_ROWS + inttiles.GROUP_ROWS, n))
+        group_q6_k(
+            w, yq, yd, ya, yq2, out, g * inttiles.GROUP_ROWS, min(g * inttiles.GROUP_ROWS + inttiles.GROUP_ROWS, n)
+        )
 
 
 QTYPE = T.Q6_K

@@ -18,7 +18,9 @@ from inference_engine.backends.numba_kernels.ops.activations import row_q8_0
 @njit(inline="always", cache=True)
 def int8_dot(row, off, xl, xh):
     """16 lanes of ``qs[j] * x[j] + qs[j+16] * x[j+16]`` for the 32 int8 quants at ``row[off:off+32]``."""
-    return simd.vfma(simd.bto_f32_signed(simd.bload(row, off + 16)), xh, simd.vmul(simd.bto_f32_signed(simd.bload(row, off)), xl))
+    return simd.vfma(
+        simd.bto_f32_signed(simd.bload(row, off + 16)), xh, simd.vmul(simd.bto_f32_signed(simd.bload(row, off)), xl)
+    )
 
 
 @njit(parallel=True, fastmath=True, cache=True)
@@ -89,7 +91,9 @@ def row_dot_q8_0(w0, p0, yq, yd):
     for b in range(yd.shape[0]):
         o = 34 * b
         simd.prefetch(p0, o)
-        a0 = int8.fma_int(simd.load_f16(w0, o) * yd[b], int8.dot4_signed(int8.load32(w0, o + 2), int8.load32(yq, 32 * b)), a0)
+        a0 = int8.fma_int(
+            simd.load_f16(w0, o) * yd[b], int8.dot4_signed(int8.load32(w0, o + 2), int8.load32(yq, 32 * b)), a0
+        )
     return int8.fsum(a0)
 
 
@@ -126,7 +130,9 @@ def token_q8_0(w, x, out):
 @njit(inline="always", cache=True)
 def step_q8_0(x0, x1, f0, f1, yq, yd, b, a0, a1):
     y = int8.load32(yq, 32 * b)
-    return int8.fma_int(f0 * yd[b], int8.dot4_signed(x0, y), a0), int8.fma_int(f1 * yd[b], int8.dot4_signed(x1, y), a1)
+    return int8.fma_int(f0 * yd[b], int8.dot4_signed(x0, y), a0), int8.fma_int(
+        f1 * yd[b], int8.dot4_signed(x1, y), a1
+    )
 
 
 @njit(cache=True)  # not inlined: the parfor pass's array analysis rejects its tuple states
@@ -143,7 +149,16 @@ def tile_q8_0(w0, w1, yq, yd, ya, t0, t1, t2, t3):
         a01, a11 = step_q8_0(x0, x1, f0, f1, y1, d1, b, a01, a11)
         a02, a12 = step_q8_0(x0, x1, f0, f1, y2, d2, b, a02, a12)
         a03, a13 = step_q8_0(x0, x1, f0, f1, y3, d3, b, a03, a13)
-    return int8.fsum(a00), int8.fsum(a01), int8.fsum(a02), int8.fsum(a03), int8.fsum(a10), int8.fsum(a11), int8.fsum(a12), int8.fsum(a13)
+    return (
+        int8.fsum(a00),
+        int8.fsum(a01),
+        int8.fsum(a02),
+        int8.fsum(a03),
+        int8.fsum(a10),
+        int8.fsum(a11),
+        int8.fsum(a12),
+        int8.fsum(a13),
+    )
 
 
 @njit(parallel=True, cache=True)
