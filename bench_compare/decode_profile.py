@@ -153,6 +153,8 @@ class CostModel:
         return cost
 
     def _estimate(self, op: str, named: dict[str, Any], out: Any) -> Cost:
+        if out is None and op in ("decode_layer", "decode_attention"):
+            return Cost(layer=named.get("il"))  # the backend declined to fuse: the ops that follow do the work
         values = list(named.values())
         found = [t for v in values for t in self.weights.find(v)]
         cost = Cost(weights=[t.name for t in found])

@@ -113,3 +113,10 @@ def test_at_depth_attention_reads_the_longer_cache(tiny_model):
     # the same head sizes over 40 more positions: (40 + prompt + 1 warm-up step + this step) instead of (prompt + 2)
     n_prompt = len(OurEngine(tiny_model("llama", "Q8_0"), n_ctx=8).tokenize("hello"))
     assert attention_flops(deep) * (n_prompt + 2) == attention_flops(shallow) * (40 + n_prompt + 2)
+
+
+def test_a_fused_op_the_backend_declines_costs_nothing(tiny_model):
+    _, p = _profiled(tiny_model, backend="numba", numerics="ggml", steps=1, fuse_layers=False)
+    declined = [e for e in p["events"] if e["op"] == "decode_layer"]
+    assert declined and all(e["bytes"] == 0 and e["flops"] == 0 for e in declined)
+    assert p["ops"]["decode_layer"]["gb_per_s"] == 0
