@@ -32,10 +32,18 @@ from inference_engine.backends.numba_kernels.isa.int8 import (
     bits32,
     bor8,
     bshl8,
+    dot4,
+    fma_int,
+    fsum,
+    fzero,
+    iload,
+    ishl,
+    isub,
+    load32,
     load_u32,
     nibbles32,
 )
-from inference_engine.backends.numba_kernels.isa.simd import prefetch, rows_ahead
+from inference_engine.backends.numba_kernels.isa.simd import fma32, load_f16, prefetch, rows_ahead
 
 _F32 = np.float32
 _KMASK1, _KMASK2, _KMASK3 = np.uint32(0x3F3F3F3F), np.uint32(0x0F0F0F0F), np.uint32(0x03030303)
@@ -128,3 +136,41 @@ def rows_matvec(row_dot, w, yq, yd, ys, out):
     ahead = rows_ahead(w)
     for r in prange(n):
         out[r] = row_dot(w[r], w[min(r + ahead, n - 1)], yq, yd, ys)
+
+
+# --- the row-pair arithmetic of the 32-weight types: ``pair_<type>`` is one of these with its quants and constants --
+# Called from the type's inlined ``pair_<type>`` with the block bytes and the offset's shift as literals, so they are
+# constants inside the mat-vec's parallel loop. ``quants(row, o)``: the block's 32 unsigned quants as int8 vectors.
+@njit(inline="always", cache=True)
+def pair_offset(quants, block_bytes, shift, w0, w1, p0, p1, yq, yd, ya):
+    """Q4_0 / Q5_0 (``w = d * (q - 2^shift)``): ``acc += (d_w d_y) * (dot4(q, yq) - 2^shift sum4(yq))``."""
+    nb = yd.shape[0]
+    a0, a1 = fzero(), fzero()
+    for b in range(nb):
+        o = block_bytes * b
+        prefetch(p0, o)
+        prefetch(p1, o)
+        y, y8 = load32(yq, 32 * b), ishl(iload(ya, 8 * b), shift)
+        s0 = isub(dot4(quants(w0, o), y), y8)
+        s1 = isub(dot4(quants(w1, o), y), y8)
+        a0 = fma_int(load_f16(w0, o) * yd[b], s0, a0)
+        a1 = fma_int(load_f16(w1, o) * yd[b], s1, a1)
+    return fsum(a0), fsum(a1)
+
+
+@njit(inline="always", cache=True)
+def pair_min(quants, block_bytes, w0, w1, p0, p1, yq, yd, ya):
+    """Q4_1 / Q5_1 (``w = d q + m``): ``acc += (d_w d_y) * dot4(q, yq)``, ``c += m * s``."""
+    nb = yd.shape[0]
+    a0, a1 = fzero(), fzero()
+    c0, c1 = _F32(0.0), _F32(0.0)
+    for b in range(nb):
+        o = block_bytes * b
+        prefetch(p0, o)
+        prefetch(p1, o)
+        y = load32(yq, 32 * b)
+        a0 = fma_int(load_f16(w0, o) * yd[b], dot4(quants(w0, o), y), a0)
+        a1 = fma_int(load_f16(w1, o) * yd[b], dot4(quants(w1, o), y), a1)
+        c0 = fma32(load_f16(w0, o + 2), ya[b], c0)
+        c1 = fma32(load_f16(w1, o + 2), ya[b], c1)
+    return fsum(a0) + c0, fsum(a1) + c1

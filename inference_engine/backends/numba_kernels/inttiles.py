@@ -41,13 +41,14 @@ from inference_engine.backends.numba_kernels.isa.int8 import (
     dot4_scaled,
     fma_int,
     fsum,
+    fzero,
     iadd,
     iload,
     ishl,
     isub,
     load32,
 )
-from inference_engine.backends.numba_kernels.isa.simd import fma32
+from inference_engine.backends.numba_kernels.isa.simd import fma32, load_f16
 
 _F32 = np.float32
 TILE_TOKENS = 4  # tokens per register tile (the kernels below are written out for 4)
@@ -145,3 +146,44 @@ def tiled_pairs(tile, w, yq, yd, ya, out):
             for r0 in range(g * GROUP_ROWS, min(g * GROUP_ROWS + GROUP_ROWS, n), 2):
                 r1 = min(r0 + 1, n - 1)
                 store_tile(out, r0, r1, t, t1, t2, t3, tile(w[r0], w[r1], yq, yd, ya, t, t1, t2, t3))
+
+
+# --- the tile arithmetic of the 32-weight types: ``tile_<type>`` is one of these with its quants and constants ------
+@njit(inline="always", cache=True)
+def tile_offset(quants, block_bytes, shift, w0, w1, yq, yd, ya, t0, t1, t2, t3):
+    """Q4_0 / Q5_0: 2 rows x 4 tokens, each block's quants unpacked once (``quants(row, o)``)."""
+    y0, y1, y2, y3 = yq[t0], yq[t1], yq[t2], yq[t3]
+    d0, d1, d2, d3 = yd[t0], yd[t1], yd[t2], yd[t3]
+    s0, s1, s2, s3 = ya[t0], ya[t1], ya[t2], ya[t3]
+    a00, a01, a02, a03 = fzero(), fzero(), fzero(), fzero()
+    a10, a11, a12, a13 = fzero(), fzero(), fzero(), fzero()
+    for b in range(d0.shape[0]):
+        o = block_bytes * b
+        x0, x1 = quants(w0, o), quants(w1, o)
+        f0, f1 = load_f16(w0, o), load_f16(w1, o)
+        a00, a10 = step_offset(x0, x1, f0, f1, y0, d0, s0, b, shift, a00, a10)
+        a01, a11 = step_offset(x0, x1, f0, f1, y1, d1, s1, b, shift, a01, a11)
+        a02, a12 = step_offset(x0, x1, f0, f1, y2, d2, s2, b, shift, a02, a12)
+        a03, a13 = step_offset(x0, x1, f0, f1, y3, d3, s3, b, shift, a03, a13)
+    return fsum(a00), fsum(a01), fsum(a02), fsum(a03), fsum(a10), fsum(a11), fsum(a12), fsum(a13)
+
+
+@njit(inline="always", cache=True)
+def tile_min(quants, block_bytes, w0, w1, yq, yd, ya, t0, t1, t2, t3):
+    """Q4_1 / Q5_1: 2 rows x 4 tokens, each block's quants unpacked once, the ``m * s`` terms beside."""
+    y0, y1, y2, y3 = yq[t0], yq[t1], yq[t2], yq[t3]
+    d0, d1, d2, d3 = yd[t0], yd[t1], yd[t2], yd[t3]
+    s0, s1, s2, s3 = ya[t0], ya[t1], ya[t2], ya[t3]
+    z = (fzero(), _F32(0.0))
+    a00, a01, a02, a03, a10, a11, a12, a13 = z, z, z, z, z, z, z, z
+    for b in range(d0.shape[0]):
+        o = block_bytes * b
+        x0, x1 = quants(w0, o), quants(w1, o)
+        f0, f1 = load_f16(w0, o), load_f16(w1, o)
+        m0, m1 = load_f16(w0, o + 2), load_f16(w1, o + 2)
+        a00, a10 = step_min(x0, x1, f0, f1, m0, m1, y0, d0, s0, b, a00, a10)
+        a01, a11 = step_min(x0, x1, f0, f1, m0, m1, y1, d1, s1, b, a01, a11)
+        a02, a12 = step_min(x0, x1, f0, f1, m0, m1, y2, d2, s2, b, a02, a12)
+        a03, a13 = step_min(x0, x1, f0, f1, m0, m1, y3, d3, s3, b, a03, a13)
+    return (close_min(a00), close_min(a01), close_min(a02), close_min(a03), close_min(a10), close_min(a11),
+            close_min(a12), close_min(a13))

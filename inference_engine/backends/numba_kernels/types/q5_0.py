@@ -7,11 +7,11 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 from numba import njit, prange
 
-from inference_engine.backends.numba_kernels import float_blocks, intdot, inttiles
+from inference_engine.backends.numba_kernels import float_blocks, intdot
 from inference_engine.backends.numba_kernels.float_blocks import pairs_matvec_float
-from inference_engine.backends.numba_kernels.intdot import pairs_matvec
-from inference_engine.backends.numba_kernels.inttiles import tiled_pairs
-from inference_engine.backends.numba_kernels.isa import int8, simd
+from inference_engine.backends.numba_kernels.intdot import pair_offset, pairs_matvec
+from inference_engine.backends.numba_kernels.inttiles import tile_offset, tiled_pairs
+from inference_engine.backends.numba_kernels.isa import simd
 from inference_engine.backends.numba_kernels.kernel_entry import Kernels
 from inference_engine.backends.numba_kernels.ops.activations import row_q8_0_sum4
 
@@ -54,19 +54,14 @@ def dequant_q5_0(w, row0, out):
 
 # --- integer-dot mat-vec (ggml numerics, one token) (from intdot.py) ------------------------------------------------
 @njit(inline="always", cache=True)
+def quants_q5_0(row, o):
+    """The 32 unsigned quants of the block at byte ``o``, as int8 vectors."""
+    return intdot.five_bits(row, o + 2, o + 6)
+
+
+@njit(inline="always", cache=True)
 def pair_q5_0(w0, w1, p0, p1, yq, yd, ya):
-    nb = yd.shape[0]
-    a0, a1 = int8.fzero(), int8.fzero()
-    for b in range(nb):
-        o = 22 * b
-        simd.prefetch(p0, o)
-        simd.prefetch(p1, o)
-        y, y16 = int8.load32(yq, 32 * b), int8.ishl(int8.iload(ya, 8 * b), 4)
-        s0 = int8.isub(int8.dot4(intdot.five_bits(w0, o + 2, o + 6), y), y16)
-        s1 = int8.isub(int8.dot4(intdot.five_bits(w1, o + 2, o + 6), y), y16)
-        a0 = int8.fma_int(simd.load_f16(w0, o) * yd[b], s0, a0)
-        a1 = int8.fma_int(simd.load_f16(w1, o) * yd[b], s1, a1)
-    return int8.fsum(a0), int8.fsum(a1)
+    return pair_offset(quants_q5_0, 22, 4, w0, w1, p0, p1, yq, yd, ya)
 
 
 @njit(parallel=True, cache=True)
@@ -83,29 +78,7 @@ def token_q5_0(w, x, out):
 # --- register-tiled integer-dot kernels (ggml numerics, several tokens) (from inttiles.py) --------------------------
 @njit(cache=True)  # not inlined: the parfor pass's array analysis rejects its tuple states
 def tile_q5_0(w0, w1, yq, yd, ya, t0, t1, t2, t3):
-    y0, y1, y2, y3 = yq[t0], yq[t1], yq[t2], yq[t3]
-    d0, d1, d2, d3 = yd[t0], yd[t1], yd[t2], yd[t3]
-    s0, s1, s2, s3 = ya[t0], ya[t1], ya[t2], ya[t3]
-    a00, a01, a02, a03 = int8.fzero(), int8.fzero(), int8.fzero(), int8.fzero()
-    a10, a11, a12, a13 = int8.fzero(), int8.fzero(), int8.fzero(), int8.fzero()
-    for b in range(d0.shape[0]):
-        o = 22 * b
-        x0, x1 = intdot.five_bits(w0, o + 2, o + 6), intdot.five_bits(w1, o + 2, o + 6)
-        f0, f1 = simd.load_f16(w0, o), simd.load_f16(w1, o)
-        a00, a10 = inttiles.step_offset(x0, x1, f0, f1, y0, d0, s0, b, 4, a00, a10)
-        a01, a11 = inttiles.step_offset(x0, x1, f0, f1, y1, d1, s1, b, 4, a01, a11)
-        a02, a12 = inttiles.step_offset(x0, x1, f0, f1, y2, d2, s2, b, 4, a02, a12)
-        a03, a13 = inttiles.step_offset(x0, x1, f0, f1, y3, d3, s3, b, 4, a03, a13)
-    return (
-        int8.fsum(a00),
-        int8.fsum(a01),
-        int8.fsum(a02),
-        int8.fsum(a03),
-        int8.fsum(a10),
-        int8.fsum(a11),
-        int8.fsum(a12),
-        int8.fsum(a13),
-    )
+    return tile_offset(quants_q5_0, 22, 4, w0, w1, yq, yd, ya, t0, t1, t2, t3)
 
 
 @njit(parallel=True, cache=True)

@@ -6,11 +6,11 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 from numba import njit, prange
 
-from inference_engine.backends.numba_kernels import float_blocks, intdot, inttiles
+from inference_engine.backends.numba_kernels import float_blocks, intdot
 from inference_engine.backends.numba_kernels.float_blocks import pairs_matvec_float
-from inference_engine.backends.numba_kernels.intdot import pairs_matvec
-from inference_engine.backends.numba_kernels.inttiles import tiled_pairs
-from inference_engine.backends.numba_kernels.isa import int8, simd
+from inference_engine.backends.numba_kernels.intdot import pair_min, pairs_matvec
+from inference_engine.backends.numba_kernels.inttiles import tile_min, tiled_pairs
+from inference_engine.backends.numba_kernels.isa import simd
 from inference_engine.backends.numba_kernels.kernel_entry import Kernels
 from inference_engine.backends.numba_kernels.ops.activations import row_q8_1
 
@@ -51,20 +51,14 @@ def dequant_q5_1(w, row0, out):
 
 # --- integer-dot mat-vec (ggml numerics, one token) (from intdot.py) ------------------------------------------------
 @njit(inline="always", cache=True)
+def quants_q5_1(row, o):
+    """The 32 unsigned quants of the block at byte ``o``, as int8 vectors."""
+    return intdot.five_bits(row, o + 4, o + 8)
+
+
+@njit(inline="always", cache=True)
 def pair_q5_1(w0, w1, p0, p1, yq, yd, ya):
-    nb = yd.shape[0]
-    a0, a1 = int8.fzero(), int8.fzero()
-    c0, c1 = _F32(0.0), _F32(0.0)
-    for b in range(nb):
-        o = 24 * b
-        simd.prefetch(p0, o)
-        simd.prefetch(p1, o)
-        y = int8.load32(yq, 32 * b)
-        a0 = int8.fma_int(simd.load_f16(w0, o) * yd[b], int8.dot4(intdot.five_bits(w0, o + 4, o + 8), y), a0)
-        a1 = int8.fma_int(simd.load_f16(w1, o) * yd[b], int8.dot4(intdot.five_bits(w1, o + 4, o + 8), y), a1)
-        c0 = simd.fma32(simd.load_f16(w0, o + 2), ya[b], c0)
-        c1 = simd.fma32(simd.load_f16(w1, o + 2), ya[b], c1)
-    return int8.fsum(a0) + c0, int8.fsum(a1) + c1
+    return pair_min(quants_q5_1, 24, w0, w1, p0, p1, yq, yd, ya)
 
 
 @njit(parallel=True, cache=True)
@@ -81,30 +75,7 @@ def token_q5_1(w, x, out):
 # --- register-tiled integer-dot kernels (ggml numerics, several tokens) (from inttiles.py) --------------------------
 @njit(cache=True)  # not inlined: the parfor pass's array analysis rejects its tuple states
 def tile_q5_1(w0, w1, yq, yd, ya, t0, t1, t2, t3):
-    y0, y1, y2, y3 = yq[t0], yq[t1], yq[t2], yq[t3]
-    d0, d1, d2, d3 = yd[t0], yd[t1], yd[t2], yd[t3]
-    s0, s1, s2, s3 = ya[t0], ya[t1], ya[t2], ya[t3]
-    z = (int8.fzero(), _F32(0.0))
-    a00, a01, a02, a03, a10, a11, a12, a13 = z, z, z, z, z, z, z, z
-    for b in range(d0.shape[0]):
-        o = 24 * b
-        x0, x1 = intdot.five_bits(w0, o + 4, o + 8), intdot.five_bits(w1, o + 4, o + 8)
-        f0, f1 = simd.load_f16(w0, o), simd.load_f16(w1, o)
-        m0, m1 = simd.load_f16(w0, o + 2), simd.load_f16(w1, o + 2)
-        a00, a10 = inttiles.step_min(x0, x1, f0, f1, m0, m1, y0, d0, s0, b, a00, a10)
-        a01, a11 = inttiles.step_min(x0, x1, f0, f1, m0, m1, y1, d1, s1, b, a01, a11)
-        a02, a12 = inttiles.step_min(x0, x1, f0, f1, m0, m1, y2, d2, s2, b, a02, a12)
-        a03, a13 = inttiles.step_min(x0, x1, f0, f1, m0, m1, y3, d3, s3, b, a03, a13)
-    return (
-        inttiles.close_min(a00),
-        inttiles.close_min(a01),
-        inttiles.close_min(a02),
-        inttiles.close_min(a03),
-        inttiles.close_min(a10),
-        inttiles.close_min(a11),
-        inttiles.close_min(a12),
-        inttiles.close_min(a13),
-    )
+    return tile_min(quants_q5_1, 24, w0, w1, yq, yd, ya, t0, t1, t2, t3)
 
 
 @njit(parallel=True, cache=True)
