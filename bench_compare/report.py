@@ -227,7 +227,7 @@ def memory_wall_table(result: dict[str, Any]) -> str | None:
             for test, engines_ in wall["tests"].items() for engine, v in engines_.items()]
     head = (f"Read bandwidth {wall['read_gb_per_s']:.1f} GB/s on {wall['threads']} threads ({wall['method']}, measured "
             f"{wall['bandwidth_measured'][:10]}); {wall['weight_bytes_per_token'] / 1e6:.0f} MB of weights per "
-            "decoded token.")
+            "decoded token. Above 100%, the weights come from the CPU's cache rather than DRAM.")
     return head + "\n\n" + markdown_table(["test", "engine", "weights GB/s", "of the wall"], rows, "llrr")
 
 
