@@ -92,7 +92,8 @@ def matvec_family(features: CPUFeatures | None = None) -> str:
 class QMatrix:
     """A weight matrix ``(n_out, n_in)`` as the kernels read it: the GGUF bytes, one row per output.
 
-    ``rows`` is normally a view of the memory-mapped file (nothing is copied at load time).
+    ``rows`` is the backend's own copy of the tensor's bytes (``NumbaBackend.copy_weights``, the default: read from
+    the file, the mapped pages given back), or a view of the memory-mapped file when it computes on the map.
     """
 
     name: str
