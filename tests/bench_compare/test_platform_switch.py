@@ -12,9 +12,13 @@ from inference_engine import platform
 
 @pytest.fixture
 def fresh_platform(monkeypatch):
-    """The process as a new one has it: nothing configured, the variable unset (restored after)."""
+    """The process as a new one has it: nothing configured, the variable unset, and both as they were afterwards.
+    The CLI writes the variable itself (for its children), so the fixture must record it even when it was unset:
+    ``delenv`` of an absent variable records nothing to undo, and an ``off`` left behind would switch the tricks off
+    in every later test's child processes."""
     monkeypatch.setattr(platform, "_record", None)
-    monkeypatch.delenv(platform.ENV, raising=False)
+    monkeypatch.setenv(platform.ENV, "unset-by-this-fixture")  # records the variable's state before the test
+    monkeypatch.delenv(platform.ENV)
 
 
 @pytest.fixture
