@@ -10,6 +10,7 @@ import sys
 import time
 
 import pytest
+from fixtures.child_signals import children_get_default_sigint
 from sweep_helpers import BENCH_ARGS, COMPARE_ARGS, records, run_cli, write_sweep
 
 from bench_compare.report import load_result
@@ -105,7 +106,9 @@ args = ["-p", "8", "-n", "4", "-r", "1"]
 args = ["-p", "16", "-n", "256", "-d", "0", "-r", "60", "--no-cold", "--no-progress"]
 """
     path, out = write_sweep(tmp_path, body), tmp_path / "out"
-    proc = subprocess.Popen(sweep_cmd(path, "--out", out), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    with children_get_default_sigint():  # a suite run as a background job would start it with SIGINT ignored
+        proc = subprocess.Popen(sweep_cmd(path, "--out", out), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
     deadline = time.time() + 120
     while not list((out / "cells").glob("bench-*/result.json")) and time.time() < deadline:
         time.sleep(0.2)

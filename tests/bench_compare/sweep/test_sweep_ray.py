@@ -13,6 +13,7 @@ import sys
 import time
 
 import pytest
+from fixtures.child_signals import children_get_default_sigint
 from sweep_helpers import BENCH_ARGS, COMPARE_ARGS, records, write_sweep
 
 from bench_compare.sweep.machine import BENCH_SLOT, matches
@@ -139,9 +140,10 @@ args = ["-p", "8", "-n", "4", "-r", "1"]
 args = ["-p", "16", "-n", "256", "-d", "0", "-r", "60", "--no-cold", "--no-progress"]
 """
     path, out = write_sweep(tmp_path, body), tmp_path / "out"
-    proc = subprocess.Popen([sys.executable, "-m", "bench_compare.cli", "sweep", str(path), "--out", str(out),
-                             "--ray-address", cluster[0].address], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    with children_get_default_sigint():  # SIGINT's default even in a suite run as a background job
+        proc = subprocess.Popen([sys.executable, "-m", "bench_compare.cli", "sweep", str(path), "--out", str(out),
+                                 "--ray-address", cluster[0].address], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
     deadline = time.time() + 120
     running = []
     while not running and time.time() < deadline:  # the bench cell has finished and the compare cell runs
