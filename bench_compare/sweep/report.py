@@ -26,6 +26,7 @@ from bench_compare.report import (
     bench_rows,
     compare_rows,
     format_value,
+    interval_cells,
     load_result,
     markdown_table,
     ratios_of,
@@ -94,9 +95,9 @@ def ratio_text(result: dict[str, Any], test: str) -> str:
     """``1.23`` or, with an interval, ``1.23 [1.10-1.31] faster``."""
     ratio = (result.get("ratios") or {}).get(test)
     interval = (result.get("ratio_intervals") or {}).get(test)
-    if isinstance(interval, dict) and "low" in interval and "high" in interval:
-        r = interval.get("ratio", ratio)
-        return f"{r:.2f} [{interval['low']:.3g}-{interval['high']:.3g}] {interval.get('verdict', '')}".strip()
+    if isinstance(interval, dict) and interval.get("ratio", ratio) is not None:
+        bounds, verdict = interval_cells(interval)  # compare's own cells: the same ends and words in both reports
+        return f"{interval.get('ratio', ratio):.2f} [{bounds}] {verdict}"
     return "-" if ratio is None or not math.isfinite(ratio) else f"{ratio:.2f}"
 
 

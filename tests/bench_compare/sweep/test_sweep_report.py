@@ -66,6 +66,17 @@ def test_ratios_show_their_interval_where_the_result_has_one(capsys, sweep_dir, 
         assert "[" not in section.split("###", 1)[1] or name == "with"
 
 
+def test_a_single_repetition_ratio_has_no_interval_and_says_so():
+    from bench_compare.sweep.report import ratio_text
+
+    one = {"ratios": {"tg4": 1.4}, "ratio_intervals": {"tg4": {"ratio": 1.4, "low": None, "high": None, "n": 1,
+                                                               "confidence": 0.95, "verdict": "unknown"}}}
+    assert ratio_text(one, "tg4") == "1.40 [n=1] unknown"  # -r 1: no estimate of the noise, and no crash
+    same = {"ratios": {"tg4": 1.02}, "ratio_intervals": {"tg4": {"ratio": 1.02, "low": 0.9, "high": 1.15, "n": 3,
+                                                                "confidence": 0.95, "verdict": "same"}}}
+    assert ratio_text(same, "tg4") == "1.02 [0.90-1.15] same within noise"  # compare's own words
+
+
 def test_validation_verdicts_and_spread_are_in_the_report(capsys, sweep_dir, tmp_path):
     folder = _copy(sweep_dir, tmp_path / "copy")
     code, _, err = run_cli(capsys, "report", folder, "--out", tmp_path / "rep")
