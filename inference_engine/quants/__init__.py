@@ -2,14 +2,15 @@
 
 - ``quant_for(qtype)`` -> the :class:`QuantType` subclass for a GGML tensor type (sizes, ``vec_dot_type``,
   exact ``dequantize``, block layout drawn in the class); ``dequantize_tensor(t)`` for a whole TensorInfo.
-- ``quantize_q8_0 / quantize_q8_1 / quantize_q8_K`` and ``fake_quantize(x, vec_dot_type)``: bit-exact with the
-  quantizers llama.cpp's CPU backend runs on x86-64.
+- ``quantize_q8_0 / quantize_q8_1 / quantize_q8_K`` (``Q8_QUANTIZERS``: each with the rows type it returns) and
+  ``fake_quantize(x, vec_dot_type)``: bit-exact with the quantizers llama.cpp's CPU backend runs on x86-64.
 - ``prepare_matmul(t, numerics="f32" | "ggml")`` -> a callable ``x (T, n_in) -> (T, n_out)``.
 """
 
 from inference_engine.quants import float_types, kquants, legacy  # noqa: F401  (registers the classes)
 from inference_engine.quants.activations import (
     ACTIVATION_TYPES,
+    Q8_QUANTIZERS,
     Q8_0Rows,
     Q8_1Rows,
     Q8_KRows,
@@ -41,6 +42,7 @@ from inference_engine.quants.matmul import (
 __all__ = [
     "ACTIVATION_TYPES",
     "NUMERICS",
+    "Q8_QUANTIZERS",
     "F32Matmul",
     "GGMLMatmul",
     "Q8_0Rows",

@@ -26,7 +26,9 @@ result also packs into ggml's block bytes (``to_bytes``) so libggml's own ``vec_
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from typing import ClassVar
 
 import numpy as np
 from gguf import GGMLQuantizationType as T
@@ -58,74 +60,55 @@ _INT32_MIN = np.int64(-(2**31))
 
 
 # --- result containers ---------------------------------------------------------------------------------------
-class Q8_0Rows(NamedTuple):
-    qs: np.ndarray  # int8 (..., nb, 32)
-    d: np.ndarray  # float32 (..., nb), f16-representable
+@dataclass(frozen=True, eq=False)
+class Q8Rows:
+    """Quantized activation rows: int8 quants ``qs`` (..., nb, block) and float32 block scales ``d`` (..., nb),
+    plus each type's extra fields; ``BLOCK`` is ggml's block struct, whose fields are named as the dataclass's."""
+
+    qs: np.ndarray
+    d: np.ndarray
+    BLOCK: ClassVar[np.dtype]
 
     def dequantize(self) -> np.ndarray:
         return (self.qs * self.d[..., None]).reshape(*self.qs.shape[:-2], -1)
 
     def to_bytes(self) -> np.ndarray:
-        blocks = np.empty(self.qs.shape[:-1], Q8_0_BLOCK)
-        blocks["d"] = self.d.astype(np.float16)
-        blocks["qs"] = self.qs
-        return _block_bytes(blocks)
+        """ggml's block bytes (..., nb * BLOCK.itemsize); the float fields are rounded to the block's float type."""
+        blocks = np.empty(self.qs.shape[:-1], self.BLOCK)
+        for field in fields(self):
+            blocks[field.name] = getattr(self, field.name)
+        return np.ascontiguousarray(blocks).view(np.uint8).reshape(*blocks.shape[:-1], -1)
 
     @classmethod
-    def from_bytes(cls, raw: np.ndarray) -> Q8_0Rows:
-        blocks = _parse_blocks(raw, Q8_0_BLOCK)
-        return cls(blocks["qs"].copy(), blocks["d"].astype(np.float32))
+    def from_bytes(cls, raw: np.ndarray) -> Q8Rows:
+        """Rows from ggml's block bytes (..., nb * BLOCK.itemsize): the float fields as float32, the rest as stored."""
+        raw = np.ascontiguousarray(raw, dtype=np.uint8)
+        blocks = raw.view(cls.BLOCK).reshape(*raw.shape[:-1], -1)
+        values = (blocks[field.name] for field in fields(cls))
+        return cls(*(v.astype(np.float32) if v.dtype.kind == "f" else v.copy() for v in values))
 
 
-class Q8_1Rows(NamedTuple):
-    qs: np.ndarray  # int8 (..., nb, 32)
-    d: np.ndarray  # float32 (..., nb), f16-representable
-    s: np.ndarray  # float32 (..., nb), f16(d_float32 * sum(qs))
+@dataclass(frozen=True, eq=False)
+class Q8_0Rows(Q8Rows):
+    """qs int8 (..., nb, 32); d float32 (..., nb), f16-representable."""
 
-    def dequantize(self) -> np.ndarray:
-        return (self.qs * self.d[..., None]).reshape(*self.qs.shape[:-2], -1)
-
-    def to_bytes(self) -> np.ndarray:
-        blocks = np.empty(self.qs.shape[:-1], Q8_1_BLOCK)
-        blocks["d"] = self.d.astype(np.float16)
-        blocks["s"] = self.s.astype(np.float16)
-        blocks["qs"] = self.qs
-        return _block_bytes(blocks)
-
-    @classmethod
-    def from_bytes(cls, raw: np.ndarray) -> Q8_1Rows:
-        blocks = _parse_blocks(raw, Q8_1_BLOCK)
-        return cls(blocks["qs"].copy(), blocks["d"].astype(np.float32), blocks["s"].astype(np.float32))
+    BLOCK: ClassVar[np.dtype] = Q8_0_BLOCK
 
 
-class Q8_KRows(NamedTuple):
-    qs: np.ndarray  # int8 (..., nb, 256)
-    d: np.ndarray  # float32 (..., nb), a full float32 (not f16)
-    bsums: np.ndarray  # int16 (..., nb, 16)
+@dataclass(frozen=True, eq=False)
+class Q8_1Rows(Q8Rows):
+    """As Q8_0Rows, plus s float32 (..., nb): f16(d_float32 * sum(qs))."""
 
-    def dequantize(self) -> np.ndarray:
-        return (self.qs * self.d[..., None]).reshape(*self.qs.shape[:-2], -1)
-
-    def to_bytes(self) -> np.ndarray:
-        blocks = np.empty(self.qs.shape[:-1], Q8_K_BLOCK)
-        blocks["d"] = self.d
-        blocks["qs"] = self.qs
-        blocks["bsums"] = self.bsums
-        return _block_bytes(blocks)
-
-    @classmethod
-    def from_bytes(cls, raw: np.ndarray) -> Q8_KRows:
-        blocks = _parse_blocks(raw, Q8_K_BLOCK)
-        return cls(blocks["qs"].copy(), blocks["d"].astype(np.float32), blocks["bsums"].copy())
+    s: np.ndarray
+    BLOCK: ClassVar[np.dtype] = Q8_1_BLOCK
 
 
-def _block_bytes(blocks: np.ndarray) -> np.ndarray:
-    return np.ascontiguousarray(blocks).view(np.uint8).reshape(*blocks.shape[:-1], -1)
+@dataclass(frozen=True, eq=False)
+class Q8_KRows(Q8Rows):
+    """qs int8 (..., nb, 256); d float32 (..., nb), a full float32 (not f16); bsums int16 (..., nb, 16)."""
 
-
-def _parse_blocks(raw: np.ndarray, dtype: np.dtype) -> np.ndarray:
-    raw = np.ascontiguousarray(raw, dtype=np.uint8)
-    return raw.view(dtype).reshape(*raw.shape[:-1], -1)
+    bsums: np.ndarray
+    BLOCK: ClassVar[np.dtype] = Q8_K_BLOCK
 
 
 # --- quantizers ------------------------------------------------------------------------------------------------
@@ -223,14 +206,18 @@ def round_to_bf16(x: np.ndarray) -> np.ndarray:
 ACTIVATION_TYPES: tuple[T, ...] = (T.F32, T.F16, T.BF16, T.Q8_0, T.Q8_1, T.Q8_K)
 
 
+# The q8 activation types: their quantizer, and the rows type it returns (whose from_bytes reads ggml's blocks).
+Q8_QUANTIZERS: dict[T, tuple[Callable[[np.ndarray], Q8Rows], type[Q8Rows]]] = {
+    T.Q8_0: (quantize_q8_0, Q8_0Rows),
+    T.Q8_1: (quantize_q8_1, Q8_1Rows),
+    T.Q8_K: (quantize_q8_K, Q8_KRows),
+}
+
+
 def quantize_activation(x: np.ndarray, vec_dot_type: T):
     """The quantized form ggml builds: Q8_*Rows for the q8 types, a float32 array for F32/F16/BF16."""
-    if vec_dot_type == T.Q8_0:
-        return quantize_q8_0(x)
-    if vec_dot_type == T.Q8_1:
-        return quantize_q8_1(x)
-    if vec_dot_type == T.Q8_K:
-        return quantize_q8_K(x)
+    if vec_dot_type in Q8_QUANTIZERS:
+        return Q8_QUANTIZERS[vec_dot_type][0](x)
     return fake_quantize(x, vec_dot_type)
 
 
@@ -243,7 +230,7 @@ def fake_quantize(x: np.ndarray, vec_dot_type: T) -> np.ndarray:
         return round_to_f16(x)
     if vec_dot_type == T.BF16:
         return round_to_bf16(x)
-    if vec_dot_type in (T.Q8_0, T.Q8_1, T.Q8_K):
+    if vec_dot_type in Q8_QUANTIZERS:
         return quantize_activation(x, vec_dot_type).dequantize()
     raise GGUFParityError(
         f"unsupported activation type {vec_dot_type.name}; supported: {', '.join(t.name for t in ACTIVATION_TYPES)}"
