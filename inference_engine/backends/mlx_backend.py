@@ -8,7 +8,8 @@ How each op maps to MLX, and why:
 
 * matmul: weights prepared by :mod:`inference_engine.backends.mlx.weights`: Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q5_K
   transcoded exactly to MLX affine groups of 32 (float32 scales and biases) for ``mx.quantized_matmul``; Q2_K/Q3_K/
-  Q6_K through our Metal kernels on the GGUF blocks, or as dequantized float32 where there is no Metal; F32/F16/BF16
+  Q6_K kept as their GGUF blocks and read by our kernels on a GPU (:mod:`~inference_engine.backends.mlx.
+  block_kernels`: Metal on Apple silicon, CUDA in MLX's CUDA build), as dequantized float32 on the CPU; F32/F16/BF16
   as float32. ``description`` lists what each loaded tensor became.
 * rms_norm: ``mx.fast.rms_norm`` (llama.cpp's semantics: ``x / sqrt(mean(x^2) + eps) * w``, eps inside the root;
   it sums in float32 where ggml sums in double, a few 1e-7 relative).
@@ -36,11 +37,11 @@ import numpy as np
 
 from inference_engine.backends import numerics as nx
 from inference_engine.backends.base import Backend, check_kv_type
-from inference_engine.platform.mapped_pages import tensor_out_of_map
-from inference_engine.backends.mlx import metal
-from inference_engine.backends.mlx.weights import HostEmbeddingRows, matrix_form
+from inference_engine.backends.mlx import block_kernels
+from inference_engine.backends.mlx.weights import HostEmbeddingRows, prepare_matrix
 from inference_engine.errors import GGUFParityError
 from inference_engine.gguf.file import TensorInfo
+from inference_engine.platform.mapped_pages import tensor_out_of_map
 
 SUPPORTED_NUMERICS = ("f32",)
 _KV_DTYPES = {"f32": mx.float32, "f16": mx.float16}
@@ -61,8 +62,8 @@ class MLXBackend(Backend):
                 f"backend 'mlx' does not support numerics '{numerics}'; supported: {', '.join(SUPPORTED_NUMERICS)}"
                 " (ggml numerics: use --backend numpy or numba)"
             )
-        # Our Metal kernels run on the GPU stream only: used when MLX computes on the GPU (its default on a Mac).
-        self.use_metal = metal.metal_available() and mx.default_device() == mx.gpu
+        # Our kernels for Q2_K/Q3_K/Q6_K run on a GPU only: Metal or CUDA, whichever MLX computes on (None: the CPU).
+        self.kernels = block_kernels.gpu_dialect()
         self.device = str(mx.default_device())
         self.weight_forms: Counter[str] = Counter()  # "Q4_K->mlx-affine" -> number of matrices
         self._pending: dict[int, mx.array] = {}  # KV buffers written since the last evaluation
@@ -72,8 +73,10 @@ class MLXBackend(Backend):
     # --- identity -------------------------------------------------------------------------------------------
     @property
     def description(self) -> str:  # type: ignore[override]
-        where = "Metal GPU" if self.use_metal else "CPU build, no Metal"
-        fallback = "Metal kernels" if self.use_metal else "dequantized float32 (no Metal)"
+        where = {"metal": "Metal GPU", "cuda": "CUDA GPU"}.get(self.kernels.name if self.kernels else "", "CPU")
+        fallback = (
+            f"GGUF blocks read by our {self.kernels.name} kernels" if self.kernels else "dequantized float32 (CPU)"
+        )
         forms = ", ".join(f"{n}x {form}" for form, n in sorted(self.weight_forms.items())) or "none loaded yet"
         threads = "" if self.n_threads is None else f"; --threads {self.n_threads} not applied (MLX sets its own)"
         return (
@@ -87,14 +90,13 @@ class MLXBackend(Backend):
             "numpy": np.__version__,
             "mlx": mx.__version__,
             "mlx_device": self.device,
-            "metal": "yes" if self.use_metal else "no",
+            "gguf_block_kernels": self.kernels.name if self.kernels else "none",
         }
 
     # --- load time ------------------------------------------------------------------------------------------
     def load_matrix(self, t: TensorInfo):
-        form = matrix_form(t.qtype, self.use_metal)
-        w = form(t)
-        self.weight_forms[f"{t.qtype.name}->{form.form}"] += 1
+        w = prepare_matrix(t, self.kernels)
+        self.weight_forms[f"{t.qtype.name}->{w.form}"] += 1
         return w
 
     def load_vector(self, t: TensorInfo) -> mx.array:

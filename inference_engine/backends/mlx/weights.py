@@ -3,11 +3,12 @@
 Which form a GGUF tensor gets (:func:`prepare_matrix`), from cheapest to most expensive in memory:
 
 * :class:`AffineMatrix`: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K transcoded exactly to MLX's affine format
-  (``transcode.py``) and multiplied by ``mx.quantized_matmul``; no float copy of the weight ever exists.
-* :class:`MetalBlockMatrix`: Q2_K, Q3_K, Q6_K on Apple silicon: the GGUF blocks on the GPU, read by our Metal
-  kernels (``metal.py``).
-* :class:`DenseMatrix`: float32, for F32 / F16 / BF16 weights (converted exactly) and for Q2_K, Q3_K, Q6_K where
-  there is no Metal (dequantized exactly with gguf-py, as ggml's dequantize_row).
+  (``transcode.py``) and multiplied by ``mx.quantized_matmul`` (on Metal, CUDA and the CPU); no float copy of the
+  weight ever exists.
+* :class:`BlockMatrix`: Q2_K, Q3_K, Q6_K on a GPU: the GGUF blocks as they are in the file, in GPU memory, read by our
+  kernels (``block_kernels.py``: Metal on Apple silicon, CUDA in MLX's CUDA build).
+* :class:`DenseMatrix`: float32, for F32 / F16 / BF16 weights (converted exactly) and for Q2_K, Q3_K, Q6_K on the
+  CPU, where custom kernels cannot run (dequantized exactly with gguf-py, as ggml's dequantize_row).
 
 Every form computes with exactly ggml's weight values; they differ only in float32 summation order.
 """
@@ -18,7 +19,8 @@ import mlx.core as mx
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
-from inference_engine.backends.mlx import metal
+from inference_engine.backends.mlx import block_kernels
+from inference_engine.backends.mlx.block_kernels import Dialect
 from inference_engine.backends.mlx.transcode import AffineTensor, is_transcodable, transcode
 from inference_engine.errors import GGUFParityError
 from inference_engine.gguf.file import TensorInfo
@@ -54,24 +56,29 @@ class AffineMatrix:
         return f"AffineMatrix({self.qtype.name}, bits={self.bits}, ({self.n_out}, {self.n_in}))"
 
 
-class MetalBlockMatrix:
-    form = "metal-kernel"
+class BlockMatrix:
+    """A Q2_K / Q3_K / Q6_K weight as its GGUF rows on the GPU, multiplied by our kernels in ``dialect``."""
 
-    def __init__(self, t: TensorInfo):
-        self.qtype = t.qtype
+    def __init__(self, t: TensorInfo, dialect: Dialect):
+        self.qtype, self.dialect = t.qtype, dialect
+        self.form = f"{dialect.name}-kernel"
         self.blocks = mx.array(_rows(t))  # uint8 (n_out, row_bytes): the file's bytes
         self.n_out, self.n_in = (int(v) for v in t.shape)
 
     def dequantized(self) -> mx.array:
-        return metal.dequantize(self.qtype, self.blocks, self.n_out, self.n_in)
+        return block_kernels.dequantize(self.dialect, self.qtype, self.blocks, self.n_in)
+
+    def rows(self, ids: mx.array) -> mx.array:
+        """Rows ``ids`` as float32 ``(len(ids), n_in)``, exactly ggml's values (a step's token embedding)."""
+        return block_kernels.dequantize(self.dialect, self.qtype, self.blocks[ids], self.n_in)
 
     def __call__(self, x: mx.array) -> mx.array:
-        if x.shape[0] <= metal.MATVEC_MAX_TOKENS:
-            return metal.matvec(self.qtype, self.blocks, x, self.n_out, self.n_in)
-        return x @ self.dequantized().T  # prefill: one dequantization, then a float32 matmul
+        if x.shape[0] <= block_kernels.MATVEC_MAX_TOKENS:
+            return block_kernels.matvec(self.dialect, self.qtype, self.blocks, x)
+        return block_kernels.matmul(self.dialect, self.qtype, self.blocks, x)
 
     def __repr__(self) -> str:
-        return f"MetalBlockMatrix({self.qtype.name}, ({self.n_out}, {self.n_in}))"
+        return f"BlockMatrix({self.qtype.name}, {self.dialect.name}, ({self.n_out}, {self.n_in}))"
 
 
 class DenseMatrix:
@@ -97,17 +104,18 @@ class DenseMatrix:
         return f"DenseMatrix({self.qtype.name}, ({self.n_out}, {self.n_in}))"
 
 
-def matrix_form(qtype: T, use_metal: bool) -> type:
-    """The storage class a tensor of ``qtype`` gets."""
+def matrix_form(qtype: T, dialect: Dialect | None) -> type:
+    """The storage class a tensor of ``qtype`` gets where our GPU kernels run in ``dialect`` (None: the CPU)."""
     if is_transcodable(qtype):
         return AffineMatrix
-    if use_metal and qtype in metal.KERNEL_TYPES:
-        return MetalBlockMatrix
+    if dialect is not None and qtype in block_kernels.KERNEL_TYPES:
+        return BlockMatrix
     return DenseMatrix
 
 
-def prepare_matrix(t: TensorInfo, use_metal: bool):
-    return matrix_form(t.qtype, use_metal)(t)
+def prepare_matrix(t: TensorInfo, dialect: Dialect | None):
+    form = matrix_form(t.qtype, dialect)
+    return form(t, dialect) if form is BlockMatrix else form(t)
 
 
 class HostEmbeddingRows:

@@ -67,7 +67,10 @@ def test_ggml_numerics_is_a_user_error():
 def test_description_says_numerics_and_weight_forms(mlx_backend):
     text = mlx_backend.description
     assert "f32 numerics only" in text and f"MLX {mx.__version__}" in text
-    assert ("Q2_K/Q3_K/Q6_K as Metal kernels" if mlx_backend.use_metal else "dequantized float32 (no Metal)") in text
+    kernels = mlx_backend.kernels  # our GGUF-block kernels: Metal / CUDA on a GPU, None on the CPU
+    expected = f"GGUF blocks read by our {kernels.name} kernels" if kernels else "dequantized float32 (CPU)"
+    assert f"Q2_K/Q3_K/Q6_K as {expected}" in text
+    assert (kernels is None) == (mx.default_device() != mx.gpu)
     assert mlx_backend.versions()["mlx"] == mx.__version__
 
 
@@ -189,13 +192,14 @@ def test_activations_and_elementwise(mlx_backend, ref, rng):
     )
 
 
-def test_weight_forms_follow_the_type(mlx_backend):
-    from inference_engine.backends.mlx.weights import AffineMatrix, DenseMatrix, MetalBlockMatrix, matrix_form
+def test_weight_forms_follow_the_type():
+    from inference_engine.backends.mlx.block_kernels import DIALECTS
+    from inference_engine.backends.mlx.weights import AffineMatrix, BlockMatrix, DenseMatrix, matrix_form
 
-    for qtype in (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q5_K):
-        assert matrix_form(qtype, use_metal=False) is AffineMatrix
-    for qtype in (T.Q2_K, T.Q3_K, T.Q6_K):
-        assert matrix_form(qtype, use_metal=True) is MetalBlockMatrix
-        assert matrix_form(qtype, use_metal=False) is DenseMatrix
-    for qtype in (T.F32, T.F16, T.BF16):
-        assert matrix_form(qtype, use_metal=True) is DenseMatrix
+    for dialect in (None, *DIALECTS):  # the CPU, Metal, CUDA
+        for qtype in (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q5_K):
+            assert matrix_form(qtype, dialect) is AffineMatrix
+        for qtype in (T.Q2_K, T.Q3_K, T.Q6_K):
+            assert matrix_form(qtype, dialect) is (DenseMatrix if dialect is None else BlockMatrix)
+        for qtype in (T.F32, T.F16, T.BF16):
+            assert matrix_form(qtype, dialect) is DenseMatrix

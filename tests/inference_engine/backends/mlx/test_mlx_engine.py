@@ -89,7 +89,8 @@ def test_model_info_records_backend_and_fallback(tiny_model):
     info = engine.model_info
     assert info["backend"] == "mlx" and info["numerics"] == "f32"
     assert "f32 numerics only" in info["backend_description"]
-    form = "metal-kernel" if engine.backend.use_metal else "float32"
+    kernels = engine.backend.kernels  # Q6_K: GGUF blocks read by our Metal / CUDA kernels on a GPU
+    form = f"{kernels.name}-kernel" if kernels else "float32"
     assert f"Q6_K->{form}" in info["backend_description"]
     assert info["versions"]["mlx"]
 

@@ -1,0 +1,112 @@
+// The GGUF block layouts that MLX's affine format cannot hold (scales every 16 values: Q2_K, Q3_K, Q6_K), written
+// once for three compilers: Metal (mx.fast.metal_kernel), CUDA through NVRTC (mx.fast.cuda_kernel) and the host's
+// C++ compiler (the tests, which check every decoded value against gguf-py, i.e. ggml's dequantize_row_<type>).
+//
+// Only the common subset of the three languages is used: `unsigned int` (not Metal's `uint`), uint8_t, no pointer
+// casts, and four macros that each dialect header defines before including this file:
+//   GQ_FN          function qualifier         (Metal: inline, CUDA: __device__ __forceinline__, host: inline)
+//   GQ_GLOBAL      address space of weights   (Metal: device, CUDA and host: nothing)
+//   GQ_THREAD      address space of a thread's own arrays (Metal: thread, CUDA and host: nothing)
+//   GQ_AS_FLOAT(u) the float32 whose bits are u (Metal: as_type<float>, CUDA: __uint_as_float, host: memcpy)
+//
+// A block holds 256 values (GQ_QK) in 16 sub-blocks of 16 (GQ_SUB); value i lies in sub-block i / 16. Every type
+// gives value i as
+//     gq_<type>_apply(gq_<type>_scale(b, s), gq_<type>_min(b, s), gq_<type>_quant(b, i)),   s = i / 16
+// with float factors per sub-block and a small integer per value, in exactly ggml's float32 operations and order,
+// so the value is ggml's bit for bit. The NumPy twin of the index arithmetic (which byte, which bits, which scale
+// for value i) is inference_engine/backends/mlx/block_index.py; the tests hold both to gguf-py.
+
+#ifndef GQ_GGUF_BLOCKS_H
+#define GQ_GGUF_BLOCKS_H
+
+#define GQ_QK 256
+#define GQ_SUB 16
+
+// The little-endian f16 at p as float32, exactly (as ggml's GGML_FP16_TO_FP32): built from its bits, so the same
+// integer code runs on every compiler (no half type, no unaligned load).
+GQ_FN float gq_f16(GQ_GLOBAL const uint8_t* p) {
+    const unsigned int h = (unsigned int)p[0] | ((unsigned int)p[1] << 8);
+    const unsigned int sign = (h & 0x8000u) << 16;
+    const unsigned int e = (h >> 10) & 31u;
+    const unsigned int m = h & 1023u;
+    if (e == 0u) {  // zero or subnormal: m * 2^-24, exact in float32
+        const float v = (float)m * 5.9604644775390625e-08f;
+        return sign != 0u ? -v : v;
+    }
+    if (e == 31u) {  // infinity or NaN (payload kept)
+        return GQ_AS_FLOAT(sign | 0x7f800000u | (m << 13));
+    }
+    return GQ_AS_FLOAT(sign | ((e + 112u) << 23) | (m << 13));  // rebias 15 -> 127
+}
+
+// The signed byte at p (two's complement), without a pointer cast.
+GQ_FN int gq_i8(GQ_GLOBAL const uint8_t* p) {
+    const int v = (int)p[0];
+    return v - ((v & 128) << 1);
+}
+
+// --- Q2_K: 84 bytes | scales[16] | qs[64] | d:f16 @80 | dmin:f16 @82 |
+// value i = 128h + 32j + l (h = i/128, j = (i/32)%4, l = i%32): q = bits(qs[32h + l], 2j, 2);
+// sub-block s: scale = d * lo(scales[s]), min = dmin * hi(scales[s]); value = scale * q - min.
+enum { gq_q2_k_bytes = 84 };
+
+GQ_FN float gq_q2_k_scale(GQ_GLOBAL const uint8_t* b, unsigned int s) {
+    return gq_f16(b + 80) * (float)(b[s] & 15u);
+}
+GQ_FN float gq_q2_k_min(GQ_GLOBAL const uint8_t* b, unsigned int s) {
+    return gq_f16(b + 82) * (float)(b[s] >> 4);
+}
+GQ_FN int gq_q2_k_quant(GQ_GLOBAL const uint8_t* b, unsigned int i) {
+    return (int)((b[16u + 32u * (i >> 7) + (i & 31u)] >> (2u * ((i >> 5) & 3u))) & 3u);
+}
+GQ_FN float gq_q2_k_apply(float scale, float sub_min, int q) {
+    // scale * q is exact (at most 17 significant bits), so fused or not this is one rounding, as in ggml
+    return scale * (float)q - sub_min;
+}
+
+// --- Q3_K: 110 bytes | hmask[32] | qs[64] | scales[12] | d:f16 @108 |
+// value i = 128h + 32j + l: q = bits(qs[32h + l], 2j, 2) - (bits(hmask[l], 4h + j, 1) ? 0 : 4);
+// sub-block s has a six-bit scale: low 4 bits = nibble s/8 of scales[s % 8], high 2 bits =
+// bits(scales[8 + s%4], 2(s/4), 2); scale = d * (six_bit - 32), no min; value = scale * q.
+enum { gq_q3_k_bytes = 110 };
+
+GQ_FN float gq_q3_k_scale(GQ_GLOBAL const uint8_t* b, unsigned int s) {
+    const unsigned int low = (b[96u + (s & 7u)] >> (4u * (s >> 3))) & 15u;
+    const unsigned int high = (b[104u + (s & 3u)] >> (2u * (s >> 2))) & 3u;
+    return gq_f16(b + 108) * (float)((int)(low | (high << 4)) - 32);
+}
+GQ_FN float gq_q3_k_min(GQ_GLOBAL const uint8_t* b, unsigned int s) {
+    return 0.0f;
+}
+GQ_FN int gq_q3_k_quant(GQ_GLOBAL const uint8_t* b, unsigned int i) {
+    const unsigned int h = i >> 7, j = (i >> 5) & 3u, l = i & 31u;
+    const int q = (int)((b[32u + 32u * h + l] >> (2u * j)) & 3u);
+    const unsigned int hbit = (b[l] >> (4u * h + j)) & 1u;
+    return hbit != 0u ? q : q - 4;
+}
+GQ_FN float gq_q3_k_apply(float scale, float sub_min, int q) {
+    return scale * (float)q;
+}
+
+// --- Q6_K: 210 bytes | ql[128] | qh[64] | scales[16]: int8 | d:f16 @208 |
+// value i = 128h + 32k + l (k = (i/32)%4): q = (nibble k/2 of ql[64h + 32(k%2) + l]) | bits(qh[32h + l], 2k, 2) << 4,
+// minus 32; sub-block s: scale = d * scales[s], no min; value = scale * q (ggml's d * sc * q, left to right).
+enum { gq_q6_k_bytes = 210 };
+
+GQ_FN float gq_q6_k_scale(GQ_GLOBAL const uint8_t* b, unsigned int s) {
+    return gq_f16(b + 208) * (float)gq_i8(b + 192u + s);
+}
+GQ_FN float gq_q6_k_min(GQ_GLOBAL const uint8_t* b, unsigned int s) {
+    return 0.0f;
+}
+GQ_FN int gq_q6_k_quant(GQ_GLOBAL const uint8_t* b, unsigned int i) {
+    const unsigned int h = i >> 7, k = (i >> 5) & 3u, l = i & 31u;
+    const unsigned int lo = (b[64u * h + 32u * (k & 1u) + l] >> (4u * (k >> 1))) & 15u;
+    const unsigned int hi = (b[128u + 32u * h + l] >> (2u * k)) & 3u;
+    return (int)(lo | (hi << 4)) - 32;
+}
+GQ_FN float gq_q6_k_apply(float scale, float sub_min, int q) {
+    return scale * (float)q;
+}
+
+#endif  // GQ_GGUF_BLOCKS_H

@@ -1,0 +1,152 @@
+"""The NumPy twin of ``gpu_kernels/gguf_blocks.h``: for value ``i`` of a block, which bytes, which bits, which scale.
+
+The GPU kernels decode Q2_K, Q3_K and Q6_K blocks with the C functions of ``gguf_blocks.h`` (one text for Metal,
+CUDA and the host compiler). This module states the same index arithmetic as data, line for line with the header,
+so that it can be checked on every machine without a compiler: :func:`values` rebuilds every value of a block from
+these positions alone, and the tests hold it to gguf-py's dequantization (ggml's ``dequantize_row_<type>``) bit for
+bit, and check that the fields of the 256 values use every bit of the quant bytes exactly once.
+
+A block holds ``QK = 256`` values in 16 sub-blocks of ``SUB = 16``. Value ``i`` is
+
+* an integer code ``q(i) = sum_f (bits(byte_f, shift_f, width_f) << dest_f) + offset`` (:attr:`Layout.quant`),
+* in sub-block ``s = i // 16`` with a scale code ``sc(s)`` and, for Q2_K, a min code ``m(s)`` built the same way,
+  and f16 factors ``d`` (and ``dmin``) at fixed offsets;
+* ``value = (d * sc) * q - (dmin * m)`` in float32, in ggml's order (Q3_K and Q6_K have no min term).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from gguf import GGMLQuantizationType as T
+
+QK = 256  # values per block (GQ_QK)
+SUB = 16  # values per sub-block (GQ_SUB): one scale
+_F32 = np.float32
+
+
+@dataclass(frozen=True)
+class Field:
+    """``width`` bits from bit ``shift`` of byte ``byte`` of the block, placed at bit ``dest`` of the code.
+    ``byte`` and ``shift`` are arrays over the values (or sub-blocks) they serve."""
+
+    byte: np.ndarray
+    shift: np.ndarray
+    width: int
+    dest: int = 0
+
+
+@dataclass(frozen=True)
+class Code:
+    """An integer made of bit fields plus ``offset``; ``signed``: the result is an int8 (two's complement)."""
+
+    fields: tuple[Field, ...]
+    offset: int = 0
+    signed: bool = False
+
+    def read(self, blocks: np.ndarray) -> np.ndarray:
+        """uint8 ``(n_blocks, type_size)`` -> int64 ``(n_blocks, len)`` codes."""
+        code = np.zeros((blocks.shape[0], len(self.fields[0].byte)), dtype=np.int64)
+        for f in self.fields:
+            bits = (blocks[:, f.byte].astype(np.int64) >> f.shift) & ((1 << f.width) - 1)
+            code |= bits << f.dest
+        if self.signed:
+            code = code - ((code & 0x80) << 1)
+        return code + self.offset
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One block type: its size, the f16 factors' offsets, the codes per value and per sub-block."""
+
+    qtype: T
+    type_size: int
+    d_offset: int
+    quant: Code  # per value i = 0..255
+    scale: Code  # per sub-block s = 0..15
+    min_offset: int | None = None  # dmin's offset (Q2_K), None: no min term
+    min: Code | None = None
+
+    def values(self, blocks: np.ndarray) -> np.ndarray:
+        """uint8 ``(n_blocks, type_size)`` -> float32 ``(n_blocks, 256)``, in ggml's float32 operations."""
+        q = self.quant.read(blocks).astype(_F32)  # (n, 256)
+        sub = np.arange(QK) // SUB
+        scale = (_f16(blocks, self.d_offset)[:, None] * self.scale.read(blocks).astype(_F32))[:, sub]
+        value = scale * q  # exact for Q2_K and Q3_K; Q6_K's one rounding, as ggml's
+        if self.min is not None:
+            minimum = _f16(blocks, self.min_offset)[:, None] * self.min.read(blocks).astype(_F32)
+            value = value - minimum[:, sub]
+        return value.astype(_F32)
+
+
+def _f16(blocks: np.ndarray, offset: int) -> np.ndarray:
+    return np.ascontiguousarray(blocks[:, offset : offset + 2]).view(np.float16)[:, 0].astype(_F32)
+
+
+# Index arrays, as the header names them: value i = 128h + 32j + l (j is also Q6_K's k), sub-block s.
+_i = np.arange(QK)
+_h, _j, _l = _i >> 7, (_i >> 5) & 3, _i & 31
+_s = np.arange(QK // SUB)
+
+
+def _const(v: int, n: int) -> np.ndarray:
+    return np.full(n, v, dtype=np.int64)
+
+
+# Q2_K: 84 bytes | scales[16] | qs[64] | d @80 | dmin @82 |; q = bits(qs[32h + l], 2j, 2);
+# scale code lo(scales[s]), min code hi(scales[s]).
+Q2_K = Layout(
+    T.Q2_K,
+    84,
+    d_offset=80,
+    quant=Code((Field(16 + 32 * _h + _l, 2 * _j, 2),)),
+    scale=Code((Field(_s, _const(0, 16), 4),)),
+    min_offset=82,
+    min=Code((Field(_s, _const(4, 16), 4),)),
+)
+
+# Q3_K: 110 bytes | hmask[32] | qs[64] | scales[12] | d @108 |; q = bits(qs[32h + l], 2j, 2) | hbit << 2, minus 4
+# (hbit = bits(hmask[l], 4h + j, 1): a clear bit subtracts 4); six-bit scale: nibble s/8 of scales[s % 8] |
+# bits(scales[8 + s%4], 2(s/4), 2) << 4, minus 32.
+Q3_K = Layout(
+    T.Q3_K,
+    110,
+    d_offset=108,
+    quant=Code((Field(32 + 32 * _h + _l, 2 * _j, 2), Field(_l, 4 * _h + _j, 1, dest=2)), offset=-4),
+    scale=Code((Field(96 + (_s & 7), 4 * (_s >> 3), 4), Field(104 + (_s & 3), 2 * (_s >> 2), 2, dest=4)), offset=-32),
+)
+
+# Q6_K: 210 bytes | ql[128] | qh[64] | scales[16]: int8 | d @208 |; q = nibble k/2 of ql[64h + 32(k%2) + l] |
+# bits(qh[32h + l], 2k, 2) << 4, minus 32; scale code: the int8 scales[s].
+Q6_K = Layout(
+    T.Q6_K,
+    210,
+    d_offset=208,
+    quant=Code(
+        (Field(64 * _h + 32 * (_j & 1) + _l, 4 * (_j >> 1), 4), Field(128 + 32 * _h + _l, 2 * _j, 2, dest=4)),
+        offset=-32,
+    ),
+    scale=Code((Field(192 + _s, _const(0, 16), 8),), signed=True),
+)
+
+LAYOUTS: dict[T, Layout] = {layout.qtype: layout for layout in (Q2_K, Q3_K, Q6_K)}
+
+
+def values(rows: np.ndarray, qtype: T) -> np.ndarray:
+    """uint8 GGUF rows (any shape whose bytes are whole blocks) -> float32 values ``(n_rows, n_values)``."""
+    layout = LAYOUTS[qtype]
+    rows = np.ascontiguousarray(rows, dtype=np.uint8)
+    n_rows = rows.shape[0] if rows.ndim > 1 else 1
+    out = layout.values(rows.reshape(-1, layout.type_size))
+    return out.reshape(n_rows, -1)
+
+
+def bit_owners(qtype: T) -> np.ndarray:
+    """int ``(type_size * 8,)``: for each bit of a block, how many value codes read it (the quant bytes' bits: 1)."""
+    layout = LAYOUTS[qtype]
+    count = np.zeros(layout.type_size * 8, dtype=np.int64)
+    for f in layout.quant.fields:
+        for b in range(f.width):
+            np.add.at(count, f.byte * 8 + f.shift + b, 1)
+    return count

@@ -1,0 +1,156 @@
+"""Our GPU kernels for the GGUF types MLX's affine format cannot hold (Q2_K, Q3_K, Q6_K: a scale every 16 values,
+where MLX's groups are 32, 64 or 128): the weights stay in their GGUF blocks, at their file size, in GPU memory, and
+the kernels read them directly. One source, two dialects:
+
+* ``gpu_kernels/gguf_blocks.h``: each block layout, once (value ``i`` of a block exactly as ggml's
+  ``dequantize_row_<type>``); ``gguf_kernels.h``: each thread's work in the mat-vec, the tiled mat-mul and the
+  dequantization; ``kernel_*.inc``: the kernel bodies. All written in the common subset of Metal, CUDA and C++.
+* A dialect adds only what differs between GPUs: ``dialect_metal.h`` / ``dialect_cuda.cuh`` (address spaces,
+  barrier, SIMD-group sum, float bit cast) and ``dialect_*_ids.inc`` (thread and threadgroup indices). Metal
+  kernels go through ``mx.fast.metal_kernel``, CUDA kernels through ``mx.fast.cuda_kernel`` (NVRTC).
+
+Kernels, each ``x @ W.T`` with ``W`` the GGUF rows (uint8 ``(n_out, row_bytes)``):
+
+* :func:`matvec` (decode: at most ``GQ_MAX_TOK`` tokens): one SIMD group per output row, every token in one pass.
+* :func:`matmul` (prefill): 64 rows x 64 tokens per threadgroup, the weight tile decoded into threadgroup memory 32
+  columns at a time, float32 products (no float copy of W).
+* :func:`dequantize`: W as float32, bit for bit ggml's (tests).
+
+Tested here (no GPU): the shared files and kernel bodies compiled for the host with ``dialect_host.h`` and run
+thread by thread against gguf-py (tests/inference_engine/backends/mlx/test_mlx_block_kernels.py), and their index
+arithmetic's NumPy twin (:mod:`.block_index`). Not tested here: the two dialect files and the MLX calls below, which
+run only on a GPU (the same tests, marked for the GPU, run them there).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+import mlx.core as mx
+from gguf import GGMLQuantizationType as T
+
+KERNEL_DIR = Path(__file__).resolve().parent.parent / "gpu_kernels"
+SHARED_FILES = ("gguf_blocks.h", "gguf_kernels.h")
+
+# type -> its name in gguf_blocks.h (gq_<name>_value, ...)
+KERNEL_TYPES: dict[T, str] = {T.Q2_K: "q2_k", T.Q3_K: "q3_k", T.Q6_K: "q6_k"}
+KINDS = ("matvec", "matmul", "dequantize")
+
+
+@dataclass(frozen=True)
+class Dialect:
+    """One GPU's kernel language: its header (macros), its index prelude (thread / group ids) and MLX's entry."""
+
+    name: str  # "metal" | "cuda"
+    header_file: str
+    ids_file: str
+
+    def factory(self):
+        return mx.fast.metal_kernel if self.name == "metal" else mx.fast.cuda_kernel
+
+
+METAL = Dialect("metal", "dialect_metal.h", "dialect_metal_ids.inc")
+CUDA = Dialect("cuda", "dialect_cuda.cuh", "dialect_cuda_ids.inc")
+DIALECTS = (METAL, CUDA)
+
+
+def gpu_dialect() -> Dialect | None:
+    """The dialect of the GPU MLX computes on by default: Metal on Apple silicon, CUDA in MLX's CUDA build, None when
+    the default device is the CPU (MLX's CPU build, or ``--device cpu``): custom kernels run on a GPU only."""
+    if mx.default_device() != mx.gpu:
+        return None
+    metal = getattr(mx, "metal", None)
+    if metal is not None and metal.is_available():
+        return METAL
+    cuda = getattr(mx, "cuda", None)
+    if cuda is not None and cuda.is_available():
+        return CUDA
+    return None
+
+
+def read(name: str) -> str:
+    return (KERNEL_DIR / name).read_text()
+
+
+def constant(name: str) -> int:
+    """A ``#define NAME <int>`` of ``gguf_kernels.h`` (the launch geometry comes from the kernels' own text)."""
+    found = re.search(rf"^#define {name} (\d+)$", read("gguf_kernels.h"), re.MULTILINE)
+    if found is None:
+        raise KeyError(name)
+    return int(found.group(1))
+
+
+MATVEC_MAX_TOKENS = constant("GQ_MAX_TOK")  # above this many tokens: the tiled mat-mul
+MATVEC_ROWS = constant("GQ_MATVEC_ROWS")
+TILE_THREADS, TILE_ROWS, TILE_TOKS = constant("GQ_TILE_THREADS"), constant("GQ_TILE_ROWS"), constant("GQ_TILE_TOKS")
+DEQ_THREADS = constant("GQ_DEQ_THREADS")
+
+
+def header(dialect: Dialect, qtype: T) -> str:
+    """The kernel header for ``qtype``: the dialect's macros, the block layouts, the per-thread functions."""
+    blocks, kernels = (read(f) for f in SHARED_FILES)
+    return f"{read(dialect.header_file)}\n{blocks}\n#define GQ_TYPE {KERNEL_TYPES[qtype]}\n{kernels}\n"
+
+
+def source(dialect: Dialect, kind: str) -> str:
+    """The kernel body: the dialect's thread / group indices, then the shared body."""
+    return f"{read(dialect.ids_file)}\n{read(f'kernel_{kind}.inc')}"
+
+
+@cache
+def _kernel(dialect: Dialect, kind: str, qtype: T):
+    return dialect.factory()(
+        name=f"gguf_{KERNEL_TYPES[qtype]}_{kind}",
+        input_names=["w"] if kind == "dequantize" else ["w", "x"],
+        output_names=["y"],
+        source=source(dialect, kind),
+        header=header(dialect, qtype),
+        ensure_row_contiguous=True,
+    )
+
+
+def _blocks(n: int, per: int) -> int:
+    return -(-n // per)
+
+
+def matvec(dialect: Dialect, qtype: T, w: mx.array, x: mx.array) -> mx.array:
+    """``x (T, n_in) float32 @ W.T`` for ``T <= MATVEC_MAX_TOKENS``: ``(T, n_out)``."""
+    n_tok, n_out = x.shape[0], w.shape[0]
+    return _kernel(dialect, "matvec", qtype)(
+        inputs=[w, x],
+        template=[("N_TOK", n_tok)],
+        grid=(32 * MATVEC_ROWS * _blocks(n_out, MATVEC_ROWS), 1, 1),
+        threadgroup=(32 * MATVEC_ROWS, 1, 1),
+        output_shapes=[(n_tok, n_out)],
+        output_dtypes=[mx.float32],
+        stream=mx.gpu,
+    )[0]
+
+
+def matmul(dialect: Dialect, qtype: T, w: mx.array, x: mx.array) -> mx.array:
+    """``x (T, n_in) float32 @ W.T`` for any ``T``, tile by tile: ``(T, n_out)``."""
+    n_tok, n_out = x.shape[0], w.shape[0]
+    return _kernel(dialect, "matmul", qtype)(
+        inputs=[w, x],
+        grid=(TILE_THREADS * _blocks(n_out, TILE_ROWS), _blocks(n_tok, TILE_TOKS), 1),
+        threadgroup=(TILE_THREADS, 1, 1),
+        output_shapes=[(n_tok, n_out)],
+        output_dtypes=[mx.float32],
+        stream=mx.gpu,
+    )[0]
+
+
+def dequantize(dialect: Dialect, qtype: T, w: mx.array, n_in: int) -> mx.array:
+    """The GGUF rows ``w`` as float32 ``(n_out, n_in)``, value for value as ggml's dequantize_row."""
+    n_out = w.shape[0]
+    return _kernel(dialect, "dequantize", qtype)(
+        inputs=[w],
+        grid=(DEQ_THREADS * _blocks(n_out * n_in // 8, DEQ_THREADS), 1, 1),
+        threadgroup=(DEQ_THREADS, 1, 1),
+        output_shapes=[(n_out, n_in)],
+        output_dtypes=[mx.float32],
+        stream=mx.gpu,
+    )[0]
