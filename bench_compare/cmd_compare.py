@@ -8,11 +8,13 @@ from pathlib import Path
 
 import click
 
-from bench_compare import bandwidth, compare_run, engines, generate_timing, intervals, report
+from bench_compare import (bandwidth, binary_compare, compare_run, engines, generate_timing, intervals,
+                           llama_bench_bin, report, yardstick)
 from inference_engine.store.atomic import atomic_write_json
 from bench_compare.cmd_bench import parse_positive_int
 from bench_compare.measure import DEFAULT_SEED
 from bench_compare.results import REFERENCE_ENGINE
+from inference_engine.errors import GGUFParityError
 from inference_engine.backends import BACKENDS
 from inference_engine.registries import numerics_help
 from inference_engine.store.named_models import DEFAULT_MODEL
@@ -85,7 +87,9 @@ def _depths(text: str | None) -> tuple[int, ...] | None:
               help="Write report.md + ratios.png (+ compare.json) here.")
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Progress bar on stderr.")
 @click.option("--against", metavar="REF", default="llamacpp-server", show_default=True,
-              help="HTTP engines only: llamacpp-server (started here) | llamacpp (in-process) | none.")
+              help="The yardstick. llama-bench:PATH: your own llama.cpp llama-bench (any backend: CUDA, Vulkan, "
+                   "ROCm, Metal, CPU) instead of the in-process llama.cpp. HTTP engines: llamacpp-server (started "
+                   "here) | llama-server:PATH (your own llama-server, started here) | llamacpp (in-process) | none.")
 @click.option("--concurrency", metavar="LIST", default="1", show_default=True,
               help="HTTP engines only: concurrent clients per sweep level, e.g. 1,4,16.")
 @click.option("--warmup", metavar="N", default="2", show_default=True, help="HTTP engines only: warm-up requests.")
@@ -101,9 +105,13 @@ def compare(model, backend, engine, engine_opts, numerics, n_prompt, n_gen, n_de
     spec = engines.parse_engine_spec(engine, engines.parse_engine_opts(engine_opts)) if engine else None
     if spec is not None:
         engines.check_timed(spec)
+    yard = yardstick.parse_against(against)
     if spec is not None and spec.over_http:
         return _http_compare(spec, against, model, threads, n_ctx, n_prompt, n_gen, n_depth, reps, concurrency, warmup,
                              requests_per_client, seed, json_path, report_dir, progress, quick)
+    if yard is not None and yard.kind != yardstick.KIND_BENCH:
+        raise GGUFParityError(f"--against {yard.kind}:PATH is the yardstick of an HTTP engine (--engine openai:URL); "
+                              "for an in-process engine use --against llama-bench:PATH")
     budget_s = None if budget is None else float(budget)
     depths = _depths(n_depth)
     run = defaults.COMMANDS.resolve(backend=backend, numerics=numerics,
@@ -122,7 +130,7 @@ def compare(model, backend, engine, engine_opts, numerics, n_prompt, n_gen, n_de
         prompt=prompt if prompt is not None else compare_run.DEFAULT_TTFT_PROMPT,
     )
     cfg.validate()
-    session = compare_run.CompareSession(cfg)
+    session = compare_run.CompareSession(cfg) if yard is None else binary_compare.BinaryCompareSession(cfg)
     from tqdm import tqdm
 
     bar = tqdm(total=0, file=sys.stderr, disable=not progress, desc="compare", unit="run", leave=False,
@@ -141,12 +149,17 @@ def compare(model, backend, engine, engine_opts, numerics, n_prompt, n_gen, n_de
 
     t0 = time.monotonic()
     try:
-        result = compare_run.run_compare(cfg, session, progress=set_total, advance=advance, say=say)
-    except KeyboardInterrupt:
+        if yard is None:
+            result = compare_run.run_compare(cfg, session, progress=set_total, advance=advance, say=say)
+        else:
+            result = binary_compare.run_binary_compare(cfg, yard, session, progress=set_total, advance=advance,
+                                                       say=say)
+    except (KeyboardInterrupt, llama_bench_bin.BinaryFailed) as exc:
         bar.close()
         partial = _partial_result(session)
         if partial["results"]:
-            click.echo("interrupted; measured so far (nothing was written):")
+            what = "interrupted" if isinstance(exc, KeyboardInterrupt) else f"{llama_bench_bin.ENGINE_NAME} failed"
+            click.echo(f"{what}; measured so far (nothing was written):")
             click.echo(report.compare_table(partial))
         raise
     bar.close()
@@ -157,6 +170,8 @@ def compare(model, backend, engine, engine_opts, numerics, n_prompt, n_gen, n_de
     if result["settings"].get("sizes_note"):
         click.echo(f"note: {result['settings']['sizes_note']}")
     for line in generate_timing.timing_notes(result):  # an engine that only generates: whose clock timed what
+        click.echo(f"note: {line}")
+    for line in result.get("notes", []):  # a binary yardstick: what it does not measure
         click.echo(f"note: {line}")
     for line in result.get("noise", {}).get("warnings", []):  # bench_compare.noise: was the machine quiet?
         click.echo(f"warning: {line}")
@@ -208,6 +223,7 @@ def _http_compare(spec, against, model, threads, n_ctx, n_prompt, n_gen, n_depth
 
 def _partial_result(session: compare_run.CompareSession) -> dict:
     results = session.results()
-    return CompareResult(ours=session.ours_name, reference=REFERENCE_ENGINE, results=[r.to_dict() for r in results],
+    reference = getattr(session, "reference", REFERENCE_ENGINE)  # a binary yardstick's own name
+    return CompareResult(ours=session.ours_name, reference=reference, results=[r.to_dict() for r in results],
                          ratios=session.ratios(),
                          ratio_intervals={t: i.to_dict() for t, i in session.intervals().items()}).to_dict()

@@ -102,6 +102,38 @@ def interval_of(ours: Sequence[float], reference: Sequence[float], higher_is_bet
     return ratio_interval(paired_ratios(ours, reference, higher_is_better), confidence)
 
 
+METHOD_UNPAIRED = "unpaired log-ratio, Welch t (ratio of the two sides' geometric means)"
+
+
+def unpaired_interval_of(ours: Sequence[float], reference: Sequence[float], higher_is_better: bool,
+                         confidence: float = DEFAULT_CONFIDENCE) -> RatioInterval | None:
+    """The interval of a ratio whose two sides were not measured in pairs (a yardstick binary runs its repetitions
+    in its own process, after ours): the ratio of the geometric means, with Welch's t interval on the difference of
+    the mean log-samples (each side's own spread, Welch-Satterthwaite degrees of freedom). Without pairs, drift
+    between the two blocks is not cancelled: the interval covers each side's noise, not a change in the machine
+    between them. ``n`` is the smaller side's count; fewer than two samples on a side gives no interval."""
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must be between 0 and 1 (got {confidence})")
+    logs = [[math.log(x) for x in side if x > 0 and math.isfinite(x)] for side in (ours, reference)]
+    if not logs[0] or not logs[1]:
+        return None
+    means = [math.fsum(side) / len(side) for side in logs]
+    diff = means[0] - means[1] if higher_is_better else means[1] - means[0]
+    n = min(len(side) for side in logs)
+    if n < 2:
+        return RatioInterval(math.exp(diff), None, None, n, confidence, VERDICT_UNKNOWN, METHOD_UNPAIRED)
+    var_n = [math.fsum((x - m) ** 2 for x in side) / (len(side) - 1) / len(side) for side, m in zip(logs, means)]
+    se2 = var_n[0] + var_n[1]
+    if se2 == 0.0:
+        half = 0.0
+    else:
+        df = se2**2 / sum(v**2 / (len(side) - 1) for v, side in zip(var_n, logs))
+        half = float(stats.t.ppf(0.5 + confidence / 2, df)) * math.sqrt(se2)
+    low, high = math.exp(diff - half), math.exp(diff + half)
+    verdict = VERDICT_FASTER if low > 1.0 else VERDICT_SLOWER if high < 1.0 else VERDICT_SAME
+    return RatioInterval(math.exp(diff), low, high, n, confidence, verdict, METHOD_UNPAIRED)
+
+
 def precise_enough(interval: RatioInterval | None, target: float) -> bool:
     """True once the interval's relative half-width is at most ``target`` (0.05 for ``--precision 5%``)."""
     if interval is None or interval.half_width is None:

@@ -50,12 +50,18 @@ def _write_outputs(result: dict, markdown: str, json_path: str | None, report_di
 def run_compare(*, spec: engines.EngineSpec, against: str, model: str, threads: int | None, n_ctx: int,
                 cfg, json_path: str | None, report_dir: str | None, progress: bool) -> None:
     """``compare --engine openai:URL``: the serving benchmark (see ``http_bench``)."""
+    from bench_compare import yardstick
     from bench_compare.adapters import http_bench
     from bench_compare.adapters.llamacpp_server import ONE_REQUEST_AT_A_TIME_NOTE
 
-    if against not in AGAINST_CHOICES:
-        raise GGUFParityError(f"--against for an HTTP engine must be one of {', '.join(AGAINST_CHOICES)}, "
-                              f"got '{against}'")
+    yard = yardstick.parse_against(against)
+    if yard is not None and yard.kind != yardstick.KIND_SERVER:
+        raise GGUFParityError(f"--against {yard.kind}:PATH measures an in-process engine; an HTTP engine's yardstick "
+                              "is llama-server:PATH (your own llama-server, started here)")
+    if yard is None and against not in AGAINST_CHOICES:
+        raise GGUFParityError(f"--against for an HTTP engine must be one of {', '.join(AGAINST_CHOICES)} or "
+                              f"llama-server:PATH, got '{against}'")
+    info = yardstick.check_binary(yard) if yard is not None else None  # before anything starts
     cfg.check(n_ctx)
     notes = []
     sides = []
@@ -64,7 +70,13 @@ def run_compare(*, spec: engines.EngineSpec, against: str, model: str, threads: 
         engine.model_name  # noqa: B018 - asks /models now: an unreachable URL fails before anything is measured
         prompts = http_bench.PromptMaker(engine.tokenizer, seed=cfg.seed)
         sides.append(_with_settings(http_bench.HttpSide(engine), engine))
-        if against == "llamacpp-server":
+        if info is not None:
+            from bench_compare.adapters import llama_server_bin
+
+            ref = _close_later(stack, llama_server_bin.open_engine(info, model, n_threads=threads, n_ctx=n_ctx,
+                                                                   n_parallel=max(cfg.concurrency)))
+            sides.append(_with_settings(http_bench.HttpSide(ref), ref))
+        elif against == "llamacpp-server":
             ref = _close_later(stack, engines.make_engine("llamacpp-server", model, n_threads=threads, n_ctx=n_ctx))
             sides.append(_with_settings(http_bench.HttpSide(ref), ref))
         elif against == "llamacpp":

@@ -69,9 +69,7 @@ class LlamaCppServer:
 
     def __init__(self, model_path: str | Path, *, n_threads: int | None = None, n_ctx: int = 2048,
                  logits_all: bool = False, n_batch: int = 512, start_timeout: float = START_TIMEOUT_S):
-        ok, why = server_available()
-        if not ok:
-            raise GGUFParityError(f"llama.cpp's server cannot start: {why}")
+        self.check_available()
         self.model_path = Path(model_path)
         self.n_threads = n_threads or max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
                                           else (os.cpu_count() or 1))
@@ -82,6 +80,12 @@ class LlamaCppServer:
         self.port: int | None = None
         self.process: subprocess.Popen | None = None
         self._log = None
+
+    def check_available(self) -> None:
+        """llama-cpp-python's server extra must be installed (a subclass that starts another program says so)."""
+        ok, why = server_available()
+        if not ok:
+            raise GGUFParityError(f"llama.cpp's server cannot start: {why}")
 
     @property
     def base_url(self) -> str:

@@ -181,12 +181,34 @@ class FastGGUFReader(GGUFReader):
         return offs
 
 
-class StringArrayParts(Sequence):
+class LazySequence(Sequence):
+    """A read-only sequence whose items are made when indexed: a subclass gives ``__len__`` and ``_item(i)`` for
+    ``0 <= i < len(self)``; this resolves negative indices and slices (a list) and raises IndexError naming
+    ``_INDEX_NAME`` for the rest."""
+
+    __slots__ = ()
+    _INDEX_NAME = "index"
+
+    def _item(self, i: int) -> Any:
+        raise NotImplementedError
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return [self._item(i) for i in range(*index.indices(len(self)))]
+        n = len(self)
+        i = int(index) + n if index < 0 else int(index)
+        if not 0 <= i < n:
+            raise IndexError(f"{self._INDEX_NAME} out of range")
+        return self._item(i)
+
+
+class StringArrayParts(LazySequence):
     """A string-array field's ``parts`` as gguf-py indexes them: the ``head`` arrays (key, type, length), then one
     uint8 view per string, made when indexed from ``starts`` (the file offset of each string's 8-byte length, plus
     the offset just past the last string)."""
 
     __slots__ = ("buf", "head", "starts")
+    _INDEX_NAME = "string array part index"
 
     def __init__(self, head: list[np.ndarray], buf: np.ndarray, starts: array):
         self.head = head
@@ -199,13 +221,7 @@ class StringArrayParts(Sequence):
     def __len__(self) -> int:
         return len(self.head) + len(self.starts) - 1
 
-    def __getitem__(self, index):
-        if isinstance(index, slice):
-            return [self[i] for i in range(*index.indices(len(self)))]
-        n = len(self)
-        i = int(index) + n if index < 0 else int(index)
-        if not 0 <= i < n:
-            raise IndexError("string array part index out of range")
+    def _item(self, i: int) -> np.ndarray:
         if i < len(self.head):
             return self.head[i]
         j = i - len(self.head)

@@ -18,6 +18,8 @@ from typing import Any
 import numpy as np
 
 from inference_engine.errors import GGUFParityError
+from inference_engine.gguf.file import LazySequence
+from inference_engine.gguf.validate import string_array_problem
 
 # tokenizer.ggml.model values we build a tokenizer for, and llama.cpp's name for each.
 SUPPORTED_TOKENIZER_MODELS: dict[str, str] = {"gpt2": "BPE", "llama": "SPM"}
@@ -120,6 +122,19 @@ def string_array(reader, key: str) -> list[bytes] | None:
     return [bytes(fld.parts[i]) for i in fld.data]
 
 
+def utf8_string_array(reader, key: str, path: str, what: str) -> list[str] | None:
+    """``key``'s strings decoded from UTF-8, None when the key is absent. One that does not decode is the file's
+    fault: a GGUFParityError naming what is wrong with the array (or that ``what`` is not valid UTF-8)."""
+    raw = string_array(reader, key)
+    if raw is None:
+        return None
+    try:
+        return [s.decode("utf-8") for s in raw]
+    except UnicodeDecodeError as exc:
+        reason = string_array_problem(reader, key) or f"{what} is not valid UTF-8 ({exc})"
+        raise GGUFParityError(f"{path}: {reason}") from None
+
+
 def numeric_array(reader, key: str) -> np.ndarray | None:
     fld = reader.fields.get(key)
     if fld is None:
@@ -144,7 +159,7 @@ def scalar(reader, key: str, default: Any = None) -> Any:
     return fld.contents()
 
 
-class TokenTexts(Sequence):
+class TokenTexts(LazySequence):
     """Token texts packed in one UTF-8 buffer, each decoded when indexed: what the tokenizer cache gives back.
 
     ``texts[i]`` is the same ``str`` a list would hold. A list of Gemma 3's 262,144 ``str`` objects took 17 MB of
@@ -153,6 +168,7 @@ class TokenTexts(Sequence):
     """
 
     __slots__ = ("_blob", "_ends")
+    _INDEX_NAME = "token id"
 
     def __init__(self, blob: bytes, ends: np.ndarray):
         self._blob = bytes(blob)
@@ -168,13 +184,7 @@ class TokenTexts(Sequence):
     def __len__(self) -> int:
         return int(self._ends.shape[0])
 
-    def __getitem__(self, index):
-        if isinstance(index, slice):
-            return [self[i] for i in range(*index.indices(len(self)))]
-        n = len(self)
-        i = int(index) + n if index < 0 else int(index)
-        if not 0 <= i < n:
-            raise IndexError("token id out of range")
+    def _item(self, i: int) -> str:
         start = int(self._ends[i - 1]) if i else 0
         return self._blob[start : int(self._ends[i])].decode("utf-8")
 
@@ -250,16 +260,9 @@ def read_vocab(reader, path: str = "") -> GGUFVocab:
             f"{path}: unsupported tokenizer model '{model}'; supported: "
             + ", ".join(f"{k} ({v})" for k, v in SUPPORTED_TOKENIZER_MODELS.items())
         )
-    raw_texts = string_array(reader, "tokenizer.ggml.tokens")
-    if not raw_texts:
+    texts = utf8_string_array(reader, "tokenizer.ggml.tokens", path, "a token text")
+    if not texts:
         raise GGUFParityError(f"{path}: GGUF file has no token list (tokenizer.ggml.tokens)")
-    try:
-        texts = [t.decode("utf-8") for t in raw_texts]
-    except UnicodeDecodeError as exc:
-        from inference_engine.gguf.validate import string_array_problem
-
-        reason = string_array_problem(reader, "tokenizer.ggml.tokens") or f"a token text is not valid UTF-8 ({exc})"
-        raise GGUFParityError(f"{path}: {reason}") from None
     texts = [t if t else f"[EMPTY_{i}]" for i, t in enumerate(texts)]
     n_vocab = len(texts)
 
@@ -273,16 +276,9 @@ def read_vocab(reader, path: str = "") -> GGUFVocab:
         attrs = [type_to_attr.get(t, 0) for t in types[:n_vocab].tolist()]
     merges = None
     if model == "gpt2":
-        raw_merges = string_array(reader, "tokenizer.ggml.merges")
-        if raw_merges is None:
+        merges = utf8_string_array(reader, "tokenizer.ggml.merges", path, "a merge")
+        if merges is None:
             raise GGUFParityError(f"{path}: GPT-2 BPE vocabulary without tokenizer.ggml.merges")
-        try:
-            merges = [m.decode("utf-8") for m in raw_merges]
-        except UnicodeDecodeError as exc:
-            from inference_engine.gguf.validate import string_array_problem
-
-            reason = string_array_problem(reader, "tokenizer.ggml.merges") or f"a merge is not valid UTF-8 ({exc})"
-            raise GGUFParityError(f"{path}: {reason}") from None
 
     text_to_id = dict(zip(texts, range(n_vocab)))
     if len(text_to_id) != n_vocab:  # llama.cpp aborts on these (GGML_ASSERT id_to_token.size() == token_to_id.size())

@@ -4,7 +4,9 @@ llama.cpp answers some malformed files with ``GGML_ASSERT`` (``abort()``, the wh
 rather than an error return. :func:`ensure_loadable` therefore (1) runs our own validation first
 (:mod:`inference_engine.gguf.validate`: structure at open, hyperparameters and shapes in ``check_model``), which
 refuses every case known to abort, and (2) has a child process load the file with llama.cpp and decode one token.
-A child that dies becomes one line, ``llama.cpp aborted on this file: <its GGML_ASSERT line>``, exit 2.
+A child that dies becomes one line, ``llama.cpp aborted on this file: <its GGML_ASSERT line>``, exit 2, unless
+llama.cpp also dies on a tiny known-good model (:mod:`validation.llamacpp.canary`, run in a second child only
+then): a build that crashes on every model is not the file's fault, and the line says to rebuild it.
 
 A file that passed is remembered by (real path, size, mtime) in a small JSON file per file under the cache
 directory, so only its first use pays for the child (about a second: Python, llama-cpp-python and the mmap'ed
@@ -23,6 +25,7 @@ from pathlib import Path
 
 from inference_engine.errors import GGUFParityError
 from inference_engine.store.identity import file_identity
+from validation.llamacpp import canary
 
 PROBE_CACHE_ENV = "GGUF_PARITY_PROBE_CACHE"
 # "off" skips the child (validation still runs): the test suite sets it, because its tiny fixtures come from our own
@@ -116,23 +119,55 @@ def ensure_loadable(path: str | os.PathLike) -> None:
     _remember_good(identity)
 
 
+def _run_child(path: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", PROBE_SCRIPT, str(path)], check=False, capture_output=True,
+                          text=True, errors="replace", timeout=PROBE_TIMEOUT_S, stdin=subprocess.DEVNULL,
+                          env={**os.environ, "GGML_NO_BACKTRACE": "1"})  # ggml's backtrace costs seconds
+
+
 def run_probe(path: Path) -> None:
-    """Load ``path`` and decode one token in a child process; raise one line on anything but success."""
+    """Load ``path`` and decode one token in a child process; raise one line on anything but success. A child that
+    dies is run again on a tiny known-good model (:mod:`validation.llamacpp.canary`) before the file is blamed."""
     try:
-        done = subprocess.run([sys.executable, "-c", PROBE_SCRIPT, str(path)], check=False, capture_output=True,
-                              text=True, errors="replace", timeout=PROBE_TIMEOUT_S, stdin=subprocess.DEVNULL,
-                              env={**os.environ, "GGML_NO_BACKTRACE": "1"})  # ggml's backtrace costs seconds
+        done = _run_child(path)
     except subprocess.TimeoutExpired:
         raise GGUFParityError(f"{path}: llama.cpp did not load this file within {PROBE_TIMEOUT_S:.0f} s") from None
     if done.returncode == 0:
         return
     reason = abort_reason(done.stderr)
-    if done.returncode < 0 or done.returncode == 134:
-        raise GGUFParityError(f"{path}: llama.cpp aborted on this file: {reason or f'signal {-done.returncode}'}")
+    if done.returncode < 0 or done.returncode == canary.ABORT_EXIT:
+        build_crash = _build_crash(path, reason or canary.crash_label(done))
+        if build_crash:
+            raise GGUFParityError(build_crash)
+        raise GGUFParityError(f"{path}: llama.cpp aborted on this file: {reason or canary.crash_label(done)}")
     what = {EXIT_LOAD_FAILED: "could not load this model", EXIT_CONTEXT_FAILED: "could not create a context",
             EXIT_DECODE_FAILED: "could not decode a token"}.get(done.returncode,
                                                                 f"failed (exit {done.returncode})")
     raise GGUFParityError(f"{path}: llama.cpp {what}" + (f" ({reason})" if reason else ""))
+
+
+def _build_crash(path: Path, reason: str) -> str | None:
+    """The message when this llama.cpp build dies on the canary too (not the file's fault), else None."""
+    try:
+        canary_crash = canary.build_crash_reason(_run_child)
+    except subprocess.TimeoutExpired:
+        return None  # no verdict on the build: the file's own crash stands
+    if canary_crash is None:
+        return None
+    version = package_version("llama-cpp-python")
+    return (f"this llama.cpp build (llama-cpp-python {version}) crashes on every model, even a 1-layer F32 llama "
+            f"({canary_crash}), so its crash on {path.name} ({reason}) is not the file's fault: rebuild it for this "
+            f"machine (pip install --force-reinstall --no-cache-dir --no-binary llama-cpp-python "
+            f"llama-cpp-python=={version}) and try again")
+
+
+def package_version(name: str) -> str:
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
 
 
 def abort_reason(stderr: str) -> str | None:

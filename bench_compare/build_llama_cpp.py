@@ -1,0 +1,112 @@
+"""Build llama.cpp's own ``llama-bench`` and ``llama-server`` from PyPI, for ``compare --against llama-bench:PATH``.
+
+``python -m bench_compare.build_llama_cpp --out DIR [--cmake-arg -DGGML_CUDA=ON ...]`` downloads llama-cpp-python's
+source distribution (the version installed here, or ``--version``; ``pip download --no-binary :all:``), takes the
+llama.cpp inside it (``vendor/llama.cpp``: exactly the llama.cpp the in-process reference runs) and builds the two
+programs with CMake::
+
+    cmake -S vendor/llama.cpp -B DIR/build -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DCMAKE_BUILD_TYPE=Release
+          -DLLAMA_BUILD_TESTS=OFF [--cmake-arg ...]
+    cmake --build DIR/build --target llama-bench llama-server -j N
+
+then prints the two paths (``DIR/build/bin/llama-bench``, ``DIR/build/bin/llama-server``). A CPU build takes
+minutes (about 10 on 2 cores); ``--cmake-arg -DGGML_CUDA=ON`` (or ``-DGGML_VULKAN=ON``, ``-DGGML_HIP=ON``;
+Metal is on by default on macOS) builds for a GPU. Needs ``cmake`` and a C++ compiler (``pip install cmake ninja``
+brings the first). Everything goes under DIR; an existing build there is reused (CMake rebuilds what changed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+from inference_engine.errors import GGUFParityError
+
+PACKAGE = "llama-cpp-python"
+TARGETS = ("llama-bench", "llama-server")
+CMAKE_ARGS = ("-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF", "-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_BUILD_TESTS=OFF")
+
+
+def installed_version() -> str:
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version(PACKAGE)
+    except importlib.metadata.PackageNotFoundError:
+        raise GGUFParityError(f"{PACKAGE} is not installed here: pass --version X.Y.Z") from None
+
+
+def fetch_sources(version: str, out: Path) -> Path:
+    """The llama.cpp sources inside llama-cpp-python ``version``'s sdist, downloaded and unpacked under ``out``."""
+    source = out / f"llama_cpp_python-{version}" / "vendor" / "llama.cpp"
+    if (source / "CMakeLists.txt").exists():
+        return source
+    sdist_dir = out / "sdist"
+    _run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", f"{PACKAGE}=={version}",
+          "-d", str(sdist_dir)], "pip download")
+    archives = sorted(sdist_dir.glob(f"llama_cpp_python-{version}.tar.gz"))
+    if not archives:
+        raise GGUFParityError(f"pip download left no llama_cpp_python-{version}.tar.gz in {sdist_dir}")
+    with tarfile.open(archives[0]) as tar:
+        if hasattr(tarfile, "data_filter"):  # Python >= 3.10.12 / 3.11.4: no paths outside ``out``
+            tar.extractall(out, filter="data")
+        else:
+            tar.extractall(out)  # PyPI's own sdist of a pinned version
+    if not (source / "CMakeLists.txt").exists():
+        raise GGUFParityError(f"{archives[0].name} has no vendor/llama.cpp/CMakeLists.txt")
+    return source
+
+
+def build(out: str | os.PathLike, version: str | None = None, cmake_args: tuple[str, ...] = (),
+          jobs: int | None = None) -> dict[str, Path]:
+    """Build :data:`TARGETS` under ``out``; returns ``{target: path}``."""
+    if shutil.which("cmake") is None:
+        raise GGUFParityError("cmake is not installed (pip install cmake ninja, or your system's package)")
+    out = Path(out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    source = fetch_sources(version or installed_version(), out)
+    build_dir = out / "build"
+    generator = ["-G", "Ninja"] if shutil.which("ninja") and not (build_dir / "Makefile").exists() else []
+    _run(["cmake", "-S", str(source), "-B", str(build_dir), *generator, *CMAKE_ARGS, *cmake_args], "cmake configure")
+    if not jobs:
+        jobs = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    _run(["cmake", "--build", str(build_dir), "--target", *TARGETS, "-j", str(jobs)], "cmake build")
+    paths = {t: build_dir / "bin" / t for t in TARGETS}
+    missing = [str(p) for p in paths.values() if not p.exists()]
+    if missing:
+        raise GGUFParityError(f"the build finished without {', '.join(missing)}")
+    return paths
+
+
+def _run(command: list[str], what: str) -> None:
+    done = subprocess.run(command, check=False, stdin=subprocess.DEVNULL)
+    if done.returncode != 0:
+        raise GGUFParityError(f"{what} failed (exit {done.returncode}): {' '.join(command)}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench_compare.build_llama_cpp",
+                                     description=__doc__.split("\n")[0])
+    parser.add_argument("--out", required=True, help="directory for the sources and the build")
+    parser.add_argument("--version", default=None, help=f"{PACKAGE} version whose llama.cpp to build "
+                                                        "(default: the installed one)")
+    parser.add_argument("--cmake-arg", action="append", default=[], help="extra CMake argument, e.g. -DGGML_CUDA=ON")
+    parser.add_argument("-j", "--jobs", type=int, default=None, help="parallel build jobs (default: all CPUs)")
+    args = parser.parse_args(argv)
+    try:
+        paths = build(args.out, args.version, tuple(args.cmake_arg), args.jobs)
+    except GGUFParityError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    for target, path in paths.items():
+        print(f"{target}: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,145 @@
+"""``bench-compare compare --against llama-bench:PATH`` on the command line: ours (the NumPy backend, real) against
+a stand-in that replays what the real llama-bench printed (tests/fixtures/llama_bench); the real binary runs in
+test_llama_binaries_e2e.py. Results, provenance, what is not measured, and every way the binary can fail."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from fixtures.child_signals import children_get_default_sigint
+
+from bench_compare.cli import main
+
+REPO = Path(__file__).resolve().parents[2]
+FAKE = REPO / "tests" / "fixtures" / "llama_bench" / "fake_llama_bench.py"
+QUICK_TESTS = ("pp64", "tg16", "pp64 @ d64", "tg16 @ d64")  # --quick: -p 64 -n 16 -d 64 -r 2, as recorded
+# A CLI run on the tiny model takes seconds; a minute means it hung.
+CHILD_TIMEOUT_S = 120
+
+
+@pytest.fixture
+def model(tiny_model):
+    return str(tiny_model("llama", "Q8_0"))
+
+
+@pytest.fixture
+def fake_bench(tmp_path) -> Path:
+    """An executable named llama-bench that runs the replaying stand-in with this interpreter."""
+    path = tmp_path / "bin" / "llama-bench"
+    path.parent.mkdir()
+    path.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{FAKE}" "$@"\n')
+    path.chmod(0o755)
+    return path
+
+
+def compare(capsys, *args):
+    code = main(["compare", "--no-progress", *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_compare_against_llama_bench(capsys, model, fake_bench, tmp_path):
+    json_path, report_dir = tmp_path / "c.json", tmp_path / "rep"
+    code, out, err = compare(capsys, "-m", model, "--backend", "numpy", "--quick", "-t", "1",
+                             "--against", f"llama-bench:{fake_bench}", "--json", str(json_path),
+                             "--report", str(report_dir))
+    assert code == 0, err
+    result = json.loads(json_path.read_text())
+    assert (result["ours"], result["reference"]) == ("ours:numpy", "llama-bench")
+    # each test: ours, then the binary; no TTFT or memory on either side
+    assert [(r["test"], r["engine"]) for r in result["results"]] == [
+        (t, e) for t in QUICK_TESTS for e in ("ours:numpy", "llama-bench")]
+    assert set(result["ratios"]) == set(QUICK_TESTS) == set(result["ratio_intervals"])
+    assert all(i["method"].startswith("unpaired") for i in result["ratio_intervals"].values())
+    assert set(result["not_measured"]) == {"ttft hot", "ttft cold", "peak rss"}
+    # the binary's samples are what it printed, in t/s from samples_ns
+    recorded = json.loads((FAKE.parent / "tiny_llama_q8_0.json").read_text())
+    bench_pp = next(r for r in result["results"] if r["engine"] == "llama-bench" and r["test"] == "pp64")
+    assert bench_pp["samples_ns"] == recorded[0]["samples_ns"]
+    # provenance: the binary and its build
+    binary = result["reference_binary"]
+    assert binary["path"] == str(fake_bench.resolve()) and len(binary["sha256"]) == 64
+    assert (binary["build_commit"], binary["backends"], binary["cpu_info"]) == ("0c1e570", "CPU", "AMD EPYC")
+    engine = result["settings"]["engines"]["llama-bench"]
+    assert engine["n_gpu_layers"] == 99 and "-ngl" in engine["command"] and engine["has_depth"]
+    # said in the output
+    assert "note: yardstick: llama-bench" in out and "build 0c1e570 (1), backends CPU" in out
+    assert "note: ttft hot: not measured (llama-bench times pp and tg only" in out
+    assert "note: peak rss: not measured" in out and "| ours:numpy | llama-bench |" in out
+    assert (report_dir / "report.md").is_file() and (report_dir / "ratios.png").is_file()
+
+
+def test_depth_zero_runs_on_an_old_build(capsys, model, fake_bench, tmp_path, monkeypatch):
+    monkeypatch.setenv("FAKE_BENCH_NO_DEPTH", "1")
+    json_path = tmp_path / "c.json"
+    args = ("-m", model, "--backend", "numpy", "-p", "64", "-n", "16", "-r", "2", "-t", "1",
+            "--against", f"llama-bench:{fake_bench}", "--json", str(json_path))
+    code, _out, err = compare(capsys, *args, "-d", "64")
+    assert code == 2 and "has no -d (--n-depth)" in err and err.count("\n") == 1 and not json_path.exists()
+    code, _out, err = compare(capsys, *args, "-d", "0")
+    assert code == 0, err
+    assert [r["test"] for r in json.loads(json_path.read_text())["results"]] == ["pp64", "pp64", "tg16", "tg16"]
+
+
+def test_a_crash_of_the_binary_ends_the_run_with_one_line(capsys, model, fake_bench, tmp_path, monkeypatch):
+    monkeypatch.setenv("FAKE_BENCH_CRASH_ON", "tg")
+    json_path, report_dir = tmp_path / "c.json", tmp_path / "rep"
+    code, out, err = compare(capsys, "-m", model, "--backend", "numpy", "--quick", "-t", "1",
+                             "--against", f"llama-bench:{fake_bench}", "--json", str(json_path),
+                             "--report", str(report_dir))
+    assert code == 2
+    last = err.splitlines()[-1]  # after the progress lines ("loading ...", the --quick note): one error line
+    assert last.startswith(f"error: llama-bench ({fake_bench.resolve()}) on tg16 crashed with signal 11 (SIGSEGV)")
+    assert "llama-bench failed; measured so far (nothing was written):" in out and "| pp64 |" in out
+    assert not json_path.exists() and not report_dir.exists()
+
+
+@pytest.mark.parametrize("against, extra, message", [
+    ("llama-bench:{missing}", (), "does not exist; point it at llama.cpp's build/bin/llama-bench"),
+    ("llama-bench:{model}", (), "is not executable"),
+    ("llama-bench:{tmp}", (), "is a directory"),
+    ("llama-bench:{fake}", ("--budget", "60"), "--budget probes both engines in this process"),
+    ("llama-bench:{fake}", ("--precision", "5%"), "--precision adds paired repetitions"),
+    ("llama-server:{fake}", (), "is the yardstick of an HTTP engine"),
+    ("llama-bench:{fake}", ("--engine", "openai:http://127.0.0.1:9/v1"), "measures an in-process engine"),
+])
+def test_bad_against_exit_2_before_anything_runs(capsys, model, fake_bench, tmp_path, against, extra, message):
+    json_path = tmp_path / "c.json"
+    spec = against.format(missing=tmp_path / "nope", model=model, tmp=tmp_path, fake=fake_bench)
+    code, _out, err = compare(capsys, "-m", model, "--backend", "numpy", "--quick", "--against", spec,
+                             "--json", str(json_path), *extra)
+    assert code == 2 and message in err and err.count("\n") == 1, err
+    assert "loading" not in err and not json_path.exists()
+
+
+def test_ctrl_c_stops_the_binary_and_keeps_what_was_measured(model, fake_bench, tmp_path):
+    pidfile, json_path = tmp_path / "bench.pid", tmp_path / "c.json"
+    env = {**os.environ, "FAKE_BENCH_HANG_ON": "tg", "FAKE_BENCH_PIDFILE": str(pidfile)}
+    with children_get_default_sigint():  # as in a terminal, whatever this test process inherited
+        process = subprocess.Popen(
+            [sys.executable, "-m", "bench_compare.cli", "compare", "--no-progress", "-m", model, "--backend",
+             "numpy", "--quick", "-t", "1", "--against", f"llama-bench:{fake_bench}", "--json", str(json_path)],
+            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + CHILD_TIMEOUT_S
+        while not pidfile.exists() or not pidfile.read_text():
+            assert process.poll() is None and time.monotonic() < deadline, process.communicate()
+            time.sleep(0.05)
+        bench_pid = int(pidfile.read_text())
+        process.send_signal(signal.SIGINT)
+        out, err = process.communicate(timeout=CHILD_TIMEOUT_S)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 130, err
+    assert err.endswith("interrupted\n") and "interrupted; measured so far (nothing was written):" in out
+    assert "| pp64 |" in out and not json_path.exists()
+    with pytest.raises(ProcessLookupError):  # the binary was stopped with the run
+        os.kill(bench_pid, 0)
