@@ -235,6 +235,17 @@ RATIO_EXPLAINED = (
     "Medians; ratio is oriented so that higher is better for ours (throughput ours/llama.cpp, time and memory "
     "llama.cpp/ours), measured in the same run: the geometric mean of the repetitions' paired ratios, with its "
     "confidence interval (Student t on the log-ratios); \"same within noise\" when the interval contains 1.")
+RATIO_EXPLAINED_UNPAIRED = (
+    "Medians; ratio is oriented so that higher is better for ours (throughput ours/yardstick), measured in the same "
+    "run but not interleaved (the yardstick is a separate llama.cpp program run after ours, test by test): the ratio "
+    "of the two sides' geometric means, with Welch's t interval on the log-samples; \"same within noise\" when the "
+    "interval contains 1.")
+
+
+def ratio_explained(result: dict[str, Any]) -> str:
+    """How this result's ratios and intervals were made: paired (in-process) or unpaired (a binary yardstick)."""
+    methods = [i.get("method", "") for i in (result.get("ratio_intervals") or {}).values()]
+    return RATIO_EXPLAINED_UNPAIRED if any(m.startswith("unpaired") for m in methods) else RATIO_EXPLAINED
 
 
 def verdict_line(result: dict[str, Any]) -> str:
@@ -347,14 +358,17 @@ def render_report(results: list[dict[str, Any]], images: dict[int, dict[str, Any
             lines += bench_section(r)
         elif r["_kind"] == KIND_COMPARE:
             model = r.get("model", {}).get("filename", "?")
-            lines += [f"## Speed: {r.get('ours')} vs llama.cpp on {model}", "",
+            ref = engine_title(r.get("reference", "llamacpp"))
+            lines += [f"## Speed: {r.get('ours')} vs {ref} on {model}", "",
                       f"Source: `{r['_source']}`  ", compare_summary_line(r), ""]
             note = r.get("settings", {}).get("sizes_note")
             if note:
                 lines += [f"> {note}", ""]
+            for extra in r.get("notes", []):  # a binary yardstick: its build, what it does not measure
+                lines += [f"> {extra}", ""]
             for warning in (r.get("noise") or {}).get("warnings", []):
                 lines += [f"> **Warning:** {warning}", ""]
-            lines += [RATIO_EXPLAINED, "", compare_table(r), "", verdict_line(r) + ".", ""]
+            lines += [ratio_explained(r), "", compare_table(r), "", verdict_line(r) + ".", ""]
             wall = memory_wall_table(r)
             if wall:
                 lines += ["### Memory wall", "", wall, ""]

@@ -73,7 +73,9 @@ def test_compare_against_llama_bench(capsys, model, fake_bench, tmp_path):
     assert "note: yardstick: llama-bench" in out and "build 0c1e570 (1), backends CPU" in out
     assert "note: ttft hot: not measured (llama-bench times pp and tg only" in out
     assert "note: peak rss: not measured" in out and "| ours:numpy | llama-bench |" in out
-    assert (report_dir / "report.md").is_file() and (report_dir / "ratios.png").is_file()
+    report = (report_dir / "report.md").read_text()
+    assert "## Speed: ours:numpy vs llama-bench" in report and "Welch's t interval" in report
+    assert "> ttft cold: not measured" in report and (report_dir / "ratios.png").is_file()
 
 
 def test_depth_zero_runs_on_an_old_build(capsys, model, fake_bench, tmp_path, monkeypatch):
