@@ -341,18 +341,19 @@ class _Checker:
         self.arch = f.raw_architecture
         self.problems: list[str] = []
 
-    def field_types(self, key: str) -> list[GGUFValueType] | None:
+    def arch_key(self, suffix: str, required: bool = False) -> tuple[str, list[GGUFValueType] | None]:
+        """The key ``<arch>.<suffix>`` and its value types; None for an absent key (a problem when required)."""
+        key = f"{self.arch}.{suffix}"
         field = self.f.reader.fields.get(key)
-        return None if field is None else list(field.types)
+        if field is None and required:
+            self.problems.append(f"missing required metadata key {key}")
+        return key, None if field is None else list(field.types)
 
     def number(self, suffix: str, kind: str, required: bool = False, lo: float | None = None,
                hi: float | None = None) -> Any:
         """A scalar ``int`` or ``float`` key within ``[lo, hi]``; None (and a problem when required) otherwise."""
-        key = f"{self.arch}.{suffix}"
-        types = self.field_types(key)
+        key, types = self.arch_key(suffix, required)
         if types is None:
-            if required:
-                self.problems.append(f"missing required metadata key {key}")
             return None
         allowed = INTEGER_TYPES if kind == "int" else NUMBER_TYPES
         if len(types) != 1 or types[0] not in allowed:
@@ -365,11 +366,8 @@ class _Checker:
     def per_layer(self, suffix: str, n_layer: int | None, required: bool = False, lo: int = 1,
                   hi: int | None = None) -> list[int] | None:
         """An integer key given once or per layer (an array of ``block_count`` entries), as a per-layer list."""
-        key = f"{self.arch}.{suffix}"
-        types = self.field_types(key)
+        key, types = self.arch_key(suffix, required)
         if types is None:
-            if required:
-                self.problems.append(f"missing required metadata key {key}")
             return None
         if types[0] == GGUFValueType.ARRAY:
             if len(types) < 2 or types[1] not in INTEGER_TYPES:
@@ -395,8 +393,7 @@ class _Checker:
     def layer_flags(self, suffix: str, n_layer: int | None) -> None:
         """A key that is a period (an integer >= 0) or one flag per layer (``PER_LAYER_FLAG_KEYS``): an array of
         bool / int32 / uint32 with at most ``block_count`` entries (llama.cpp's ``get_arr``: the rest are 0)."""
-        key = f"{self.arch}.{suffix}"
-        types = self.field_types(key)
+        key, types = self.arch_key(suffix)
         if types is None:
             return
         if types[0] != GGUFValueType.ARRAY:
