@@ -67,6 +67,7 @@ class OurEngine:
         self.kv_type = kv_type
         self.n_threads = n_threads
         self.load_timings: dict[str, float] = {"gguf_open_s": t1 - t0, "weights_ready_s": t2 - t1}
+        self._async_steps: tuple[Any, Any] | None = None  # (the backend's step mode, its async steps), made on demand
 
     # --- identity -------------------------------------------------------------------------------------------
     @property
@@ -141,7 +142,21 @@ class OurEngine:
         return logits[-1]
 
     def decode(self, token_id: int) -> np.ndarray:
+        steps = self.async_steps()
+        if steps is not None:  # the backend's own step (MLX: one compiled graph), read back at once
+            self._check_ids([token_id], "token")
+            return steps.decode(int(token_id)).logits()
         return self._run(self._check_ids([token_id], "token"))[-1]
+
+    def async_steps(self):
+        """The backend's generation steps over this engine's model and cache that are launched without waiting
+        (:meth:`~inference_engine.backends.base.Backend.async_steps`), made once per step mode; None where the
+        backend runs each step to completion (NumPy, Numba). :func:`~inference_engine.generate.generate_step` keeps
+        the device busy with them."""
+        mode = getattr(self.backend, "step_mode", None)
+        if self._async_steps is None or self._async_steps[0] != mode:
+            self._async_steps = (mode, self.backend.async_steps(self.model, self.cache))
+        return self._async_steps[1]
 
     def capture(
         self,

@@ -80,6 +80,10 @@ def generate_step(
     if reset:
         engine.reset()
         n_past = 0
+    steps = engine.async_steps() if hasattr(engine, "async_steps") else None
+    if steps is not None and (isinstance(sampler, ForcedTokens) or (_is_greedy(sampler) and len(prompt_ids))):
+        yield from _launched_steps(engine, steps, prompt_ids, sampler, n_batch, n_past, timings, clock)
+        return
     t0 = clock()
     logits = prefill_chunked(engine, prompt_ids, n_batch)
     if timings is not None:
@@ -98,6 +102,62 @@ def generate_step(
             timings.decode_s += clock() - t0
             timings.decode_steps += 1
         position += 1
+
+
+def _is_greedy(sampler) -> bool:
+    return sampler is greedy or (isinstance(sampler, Sampler) and sampler.greedy)
+
+
+def _launched_steps(engine, steps, prompt_ids, sampler, n_batch, n_past, timings, clock):
+    """:func:`generate_step` over an engine's :meth:`~inference_engine.engine.OurEngine.async_steps`, for greedy or
+    forced tokens: the same tokens, logits, timings and cache state, with the device kept busy. The prompt's chunks
+    are launched one after the other and the first token read from the last; from then on each step is launched
+    before the one before it is read: the next forced token, or (greedy) the pending step's pick on the device,
+    unread (mlx-lm's ``generate_step``). The first token has nothing launched behind it (a caller that takes one
+    token pays for no extra step); a caller that stops later leaves one step launched, which the cache forgets."""
+    forced = isinstance(sampler, ForcedTokens)
+    t0 = clock()
+    pending = None
+    size = n_batch or max(len(prompt_ids), 1)
+    for start in range(0, len(prompt_ids), size):
+        pending = steps.prefill(list(prompt_ids[start : start + size]))
+    logits = pending.logits() if pending is not None else None  # waits for the prompt
+    token = sampler(logits) if forced else pending.token()
+    if timings is not None:
+        timings.prefill_s += clock() - t0
+    position = n_past + len(prompt_ids)  # where the token yielded next goes in the cache
+    if token is None or position >= engine.n_ctx:
+        return
+    yield int(token), logits
+    t0 = clock()
+    current = steps.decode(int(token))  # the step holding the next token's logits, launched
+    position += 1
+    while True:
+        token = sampler(None) if forced else current  # forced: known now; greedy: the launched step's pick
+        if token is None or position >= engine.n_ctx:
+            current.wait()  # the last step decoded counts, as in the plain loop
+            _count_decode(timings, clock() - t0)
+            return
+        launched = steps.decode(token)  # before ``current`` is read: the device has the next step queued
+        if not forced:
+            token = current.token()
+        logits = current.logits()
+        _count_decode(timings, clock() - t0)
+        stopped = True
+        try:
+            yield int(token), logits
+            stopped = False
+        finally:
+            if stopped:  # the caller took this token and no more: forget the step launched for it
+                steps.rewind(position)
+        t0 = clock()
+        current, position = launched, position + 1
+
+
+def _count_decode(timings: StepTimings | None, seconds: float) -> None:
+    if timings is not None:
+        timings.decode_s += seconds
+        timings.decode_steps += 1
 
 
 @dataclass

@@ -250,6 +250,15 @@ class Backend(ABC):
         """Wait until ``x`` is computed (lazy backends evaluate here); returns ``x``. For honest timings."""
         return x
 
+    def async_steps(self, model: Any, cache: Any) -> Any | None:
+        """Generation steps of ``model`` over ``cache`` that are launched without waiting for the device, where the
+        backend computes asynchronously (MLX: :class:`~inference_engine.backends.mlx.steps.MLXSteps`): ``prefill(ids)``
+        and ``decode(token)`` return a pending step (``token()``: its greedy pick, ``logits()``, ``wait()``),
+        ``decode`` also takes a pending step, whose pick it decodes on the device without reading it, and
+        ``rewind(n_past)`` forgets a step launched for nothing. None (the default: the CPU backends compute as they
+        are called) makes the engine run each step to completion."""
+        return None
+
     # --- KV cache -------------------------------------------------------------------------------------------
     @abstractmethod
     def kv_alloc(self, n_ctx: int, n_heads: int, head_dim: int, kv_type: str) -> Any:

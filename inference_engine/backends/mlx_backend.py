@@ -38,6 +38,14 @@ import numpy as np
 from inference_engine.backends import numerics as nx
 from inference_engine.backends.base import Backend, check_kv_type
 from inference_engine.backends.mlx import block_kernels
+from inference_engine.backends.mlx.steps import (
+    MLXSteps,
+    StepPositions,
+    StepTokens,
+    embedding_table,
+    has_device_rows,
+    rope_key,
+)
 from inference_engine.backends.mlx.weights import HostEmbeddingRows, prepare_matrix
 from inference_engine.errors import GGUFParityError
 from inference_engine.gguf.file import TensorInfo
@@ -45,6 +53,9 @@ from inference_engine.platform.mapped_pages import tensor_out_of_map
 
 SUPPORTED_NUMERICS = ("f32",)
 _KV_DTYPES = {"f32": mx.float32, "f16": mx.float16}
+# How generation steps run (async_steps): "compiled" (one compiled graph per decode step, launched without waiting),
+# "lazy" (each decode step built op by op, launched the same way), "sync" (each step evaluated and read back).
+STEP_MODES = ("compiled", "lazy", "sync")
 _CACHE_SIZE = 16  # rope tables / masks kept (one per distinct positions and settings in flight)
 
 # gelu_tanh's constants as nx defines them (float32)
@@ -54,6 +65,7 @@ _SQRT_2_OVER_PI = float(nx.SQRT_2_OVER_PI)
 
 class MLXBackend(Backend):
     name = "mlx"
+    step_mode = "compiled"  # generation steps: one of STEP_MODES (async_steps)
 
     def __init__(self, numerics: str = "f32", n_threads: int | None = None):
         super().__init__(numerics, n_threads)
@@ -69,6 +81,7 @@ class MLXBackend(Backend):
         self._pending: dict[int, mx.array] = {}  # KV buffers written since the last evaluation
         self._rope_cache: dict[tuple, tuple[mx.array, mx.array]] = {}
         self._mask_cache: dict[tuple, mx.array] = {}
+        self.prepared_matrices: dict[str, object] = {}  # GGUF name -> its matrix (a step's token rows come from one)
 
     # --- identity -------------------------------------------------------------------------------------------
     @property
@@ -97,6 +110,7 @@ class MLXBackend(Backend):
     def load_matrix(self, t: TensorInfo):
         w = prepare_matrix(t, self.kernels)
         self.weight_forms[f"{t.qtype.name}->{w.form}"] += 1
+        self.prepared_matrices[t.name] = w
         return w
 
     def load_vector(self, t: TensorInfo) -> mx.array:
@@ -108,7 +122,9 @@ class MLXBackend(Backend):
         return HostEmbeddingRows(t)
 
     # --- ops ------------------------------------------------------------------------------------------------
-    def embed(self, table: HostEmbeddingRows, ids: np.ndarray) -> mx.array:
+    def embed(self, table: HostEmbeddingRows, ids: np.ndarray | StepTokens) -> mx.array:
+        if isinstance(ids, StepTokens):  # a generation step's token on the device (steps.py)
+            return ids.rows()
         return table(ids)
 
     def matmul(self, w, x: mx.array) -> mx.array:
@@ -118,7 +134,10 @@ class MLXBackend(Backend):
         return mx.fast.rms_norm(x, weight, eps)
 
     def rope(self, x, positions, n_dims, freq_base, neox, freq_scale=1.0, freq_factors=None) -> mx.array:
-        cos, sin = self._rope_angles(positions, n_dims, freq_base, freq_scale, freq_factors)  # (T, 1, n_dims/2)
+        if isinstance(positions, StepPositions):  # a compiled step's position on the device (steps.py)
+            cos, sin = positions.rope_angles(rope_key(n_dims, freq_base, freq_scale, freq_factors))  # (1, 1, n_dims/2)
+        else:
+            cos, sin = self._rope_angles(positions, n_dims, freq_base, freq_scale, freq_factors)  # (T, 1, n_dims/2)
         n_tokens, n_heads, head_dim = x.shape
         half = n_dims // 2
         if neox:  # GGML_ROPE_TYPE_NEOX: pairs (i, i + n_dims/2)
@@ -133,25 +152,31 @@ class MLXBackend(Backend):
         return mx.concatenate(parts, axis=-1)
 
     def attention(self, q, k, v, q_positions, kv_len, scale, sliding_window=0, softcap=0.0) -> mx.array:
+        if softcap:
+            visible = mx.array(nx.visible_keys(np.asarray(q_positions), kv_len, sliding_window))  # (T, S)
+        else:
+            visible = self._mask(q_positions, kv_len, sliding_window)
+        return self.masked_attention(q, k[:kv_len], v[:kv_len], visible, scale, softcap)
+
+    def masked_attention(self, q, k, v, visible, scale, softcap=0.0) -> mx.array:
+        """:meth:`attention` over the slots ``k (S, n_head_kv, d_k)``, ``v (S, n_head_kv, d_v)`` with the queries'
+        visibility given: ``visible`` ``(T, S)`` bool, or None where every query sees every slot. A compiled step
+        builds ``visible`` on the device (:class:`~inference_engine.backends.mlx.steps.StepCache`)."""
         n_tokens, n_head, _ = q.shape
-        k = k[:kv_len].transpose(1, 0, 2)[None]  # (1, n_head_kv, S, d_k): a view of the head-major cache
-        v = v[:kv_len].transpose(1, 0, 2)[None]  # (1, n_head_kv, S, d_v)
+        k = k.transpose(1, 0, 2)[None]  # (1, n_head_kv, S, d_k): a view of the head-major cache
+        v = v.transpose(1, 0, 2)[None]  # (1, n_head_kv, S, d_v)
         if k.dtype != mx.float32:
             k, v = k.astype(mx.float32), v.astype(mx.float32)  # F16 cache: exact widening, f32 numerics
         if softcap:
-            return self._softcapped_attention(q, k, v, q_positions, kv_len, scale, sliding_window, softcap)
+            return self._softcapped_attention(q, k, v, visible, scale, softcap)
         out = mx.fast.scaled_dot_product_attention(
-            q.transpose(1, 0, 2)[None],
-            k,
-            v,
-            scale=float(scale),
-            mask=self._mask(q_positions, kv_len, sliding_window),
+            q.transpose(1, 0, 2)[None], k, v, scale=float(scale), mask=visible
         )  # (1, n_head, T, d_v)
         return out[0].transpose(1, 0, 2).reshape(n_tokens, n_head * v.shape[-1])
 
-    def _softcapped_attention(self, q, k, v, q_positions, kv_len, scale, sliding_window, softcap) -> mx.array:
+    def _softcapped_attention(self, q, k, v, visible, scale, softcap) -> mx.array:
         """Attention with Gemma 2's score soft-capping (``mx.fast`` has none): explicit scores, cap, mask, softmax.
-        ``k``, ``v``: ``(1, n_head_kv, S, d)``."""
+        ``k``, ``v``: ``(1, n_head_kv, S, d)``; ``visible``: ``(T, S)`` bool."""
         n_tokens, n_head, _ = q.shape
         group = n_head // k.shape[1]
         kh = mx.repeat(k[0], group, axis=0) if group > 1 else k[0]  # (n_head, S, d_k)
@@ -159,7 +184,6 @@ class MLXBackend(Backend):
         scores = (q.transpose(1, 0, 2) @ kh.transpose(0, 2, 1)) * float(np.float32(scale))  # (n_head, T, S)
         cap = float(np.float32(softcap))
         scores = mx.tanh(scores * float(np.float32(1.0) / np.float32(softcap))) * cap
-        visible = mx.array(nx.visible_keys(np.asarray(q_positions), kv_len, sliding_window))  # (T, S)
         scores = mx.where(visible[None], scores, mx.array(-np.inf, dtype=mx.float32))
         probs = mx.softmax(scores, axis=-1)
         out = probs @ vh  # (n_head, T, d_v)
@@ -177,6 +201,11 @@ class MLXBackend(Backend):
 
     def scale(self, x: mx.array, s: float) -> mx.array:
         return x * float(np.float32(s))
+
+    def softcap(self, x: mx.array, cap: float) -> mx.array:
+        """``cap * tanh(x * (1/cap))`` on the device (the base op goes through the host, which a compiled step
+        cannot), in float32 as :meth:`_softcapped_attention`'s scores."""
+        return mx.tanh(x * float(np.float32(1.0) / np.float32(cap))) * float(np.float32(cap))
 
     def to_numpy(self, x: mx.array) -> np.ndarray:
         self._evaluate(x)
@@ -205,6 +234,23 @@ class MLXBackend(Backend):
 
     def kv_view(self, buf: mx.array, length: int) -> mx.array:
         return buf[:, :length, :].transpose(1, 0, 2)  # (length, n_heads, head_dim)
+
+    # --- generation steps (steps.py) -------------------------------------------------------------------------
+    def async_steps(self, model, cache) -> MLXSteps | None:
+        """Steps launched without waiting, each decode step one compiled graph (:mod:`~inference_engine.backends.mlx.
+        steps`); :attr:`step_mode` ``"lazy"`` builds each decode step op by op instead, ``"sync"`` returns None (the
+        engine then evaluates and reads back each step before the next, as before)."""
+        if self.step_mode not in STEP_MODES:
+            raise GGUFParityError(f"unknown MLX step mode '{self.step_mode}'; supported: {', '.join(STEP_MODES)}")
+        if self.step_mode == "sync" or not has_device_rows(embedding_table(self, model)):
+            return None  # (no device lookup of the token's row: each step's token is read on the host first)
+        return MLXSteps(self, model, cache, compiled=self.step_mode == "compiled")
+
+    def take_pending(self) -> list[mx.array]:
+        """The KV buffers written since the last evaluation (a launched step evaluates them), forgotten here."""
+        pending = list(self._pending.values())
+        self._pending.clear()
+        return pending
 
     # --- helpers --------------------------------------------------------------------------------------------
     def _evaluate(self, x: mx.array) -> None:

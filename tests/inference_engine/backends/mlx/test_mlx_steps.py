@@ -1,0 +1,188 @@
+"""The MLX backend's launched steps (``backends/mlx/steps.py``): the compiled decode step and the pipelined generation
+loop give the plain MLX path's logits and tokens, on tiny models of every architecture, and the NumPy reference's
+within the MLX band; the KV cache is updated in place; a model whose forward pass meets the host says why it is not
+compiled and still runs. On MLX's CPU build here; the same tests run on a GPU where MLX has one."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from fixtures.tiny_models import ARCHITECTURES, MOE_ARCHITECTURES
+
+from inference_engine.backends import get_backend_class
+from inference_engine.backends import numerics as nx
+from inference_engine.backends.base import Backend
+from inference_engine.engine import OurEngine
+from inference_engine.errors import GGUFParityError
+from inference_engine.generate import ForcedTokens, StepTimings, generate, generate_step
+from inference_engine.sampling import Sampler
+
+mx = pytest.importorskip("mlx.core", reason="mlx is not installed (pip install 'gguf-parity[mlx]')")
+from inference_engine.backends.mlx.steps import KEY_BLOCK, RopeTables, device_rows, rope_key
+
+pytestmark = pytest.mark.mlx
+
+# Compiled against the plain MLX path: the same ops on the same arrays; only the attention kernel reads L slots (the
+# position's block of KEY_BLOCK, the rest masked) instead of n_past + 1. Measured 0.0 on MLX's CPU build for every
+# architecture. 1e-5 of the largest logit allows a GPU kernel to sum those slots in another float32 order (one
+# rounding of values ~1 is 6e-8; a wrong position, mask or cache slot moves logits by O(1)).
+STEP_REL_TOL = 1e-5
+# Against the NumPy reference: the MLX backend's own band (test_mlx_engine.py: measured 0.5e-6 .. 2.5e-6).
+LOGITS_REL_TOL = 1e-4
+
+PROMPT = list(range(3, 15))  # past gemma3 fixtures' sliding window of 4: decode masks matter
+DECODE = [20, 7, 33, 101]
+DENSE = [a for a in ARCHITECTURES if a not in MOE_ARCHITECTURES]
+
+
+def engine(path, mode: str, n_ctx: int = 64, kv_type: str = "f32", backend: str = "mlx") -> OurEngine:
+    e = OurEngine(path, backend=backend, numerics="f32", n_ctx=n_ctx, kv_type=kv_type)
+    if backend == "mlx":
+        e.backend.step_mode = mode
+    return e
+
+
+def logits_rows(e: OurEngine, prompt=PROMPT, decode=DECODE) -> np.ndarray:
+    return np.stack([e.prefill(prompt)] + [e.decode(t) for t in decode])
+
+
+def rel(got: np.ndarray, expected: np.ndarray) -> float:
+    assert got.shape == expected.shape and np.all(np.isfinite(got))
+    return float(np.abs(got - expected).max() / np.abs(expected).max())
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_compiled_steps_give_the_plain_paths_logits(tiny_model, arch):
+    path = tiny_model(arch, "Q4_K")
+    plain = logits_rows(engine(path, "sync"))
+    for mode in ("compiled", "lazy"):
+        e = engine(path, mode)
+        assert rel(logits_rows(e), plain) <= STEP_REL_TOL, mode
+    assert rel(plain, logits_rows(engine(path, "numpy", backend="numpy"))) <= LOGITS_REL_TOL
+    steps = engine(path, "compiled").async_steps()
+    steps.decode(5)  # one step, so that the trace ran
+    if arch in MOE_ARCHITECTURES:  # the routing reads the router's logits on the host
+        assert not steps.compiled and "cannot be traced" in steps.why_not_compiled
+    else:
+        assert steps.compiled and steps.traces == 1, steps.why_not_compiled
+
+
+@pytest.mark.parametrize("qtype", ["F16", "Q8_0", "Q6_K"])
+def test_token_rows_on_the_device_are_the_host_rows(tiny_model, qtype):
+    """The embedding looked up on the device (tied output matrix or token_embd prepared alone) is exactly the
+    host's dequantized row, for each storage form (F16 and Q6_K: float32 here, Q8_0: MLX affine)."""
+    for untied in (False, True):
+        e = engine(tiny_model("qwen2", qtype, untied=untied), "compiled")
+        steps = e.async_steps()
+        ids = np.array([0, 7, 250], dtype=np.int64)
+        host = np.asarray(e.model.token_embd(ids))
+        got = np.asarray(device_rows(steps.table, mx.array(ids.astype(np.int32))))
+        np.testing.assert_array_equal(got, host)
+        assert (steps.table is e.model.output) == (not untied)  # a tied output is not copied
+
+
+def test_rope_tables_hold_ggmls_angles_row_by_row():
+    key = rope_key(n_dims=64, freq_base=1e6, neox=True)
+    tables = RopeTables({key})
+    tables.upto(5)
+    cos, sin = tables.upto(300)[key]  # grown: rows 5..299 computed apart from rows 0..4
+    for p in (0, 4, 5, 299):
+        c, s = nx.rope_cos_sin(np.array([p]), 64, 1e6)
+        np.testing.assert_array_equal(np.asarray(cos[p]), c[0])
+        np.testing.assert_array_equal(np.asarray(sin[p]), s[0])
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_steps_across_key_blocks(tiny_model, arch):
+    """Positions on both sides of a block of KEY_BLOCK slots: one trace per block, the plain path's logits."""
+    path = tiny_model(arch, "Q8_0")
+    prompt = [3 + i % 200 for i in range(KEY_BLOCK - 3)]
+    decode = [20, 7, 33, 101, 9, 4]  # positions KEY_BLOCK - 3 .. KEY_BLOCK + 2
+    plain = logits_rows(engine(path, "sync", n_ctx=KEY_BLOCK + 8), prompt, decode)
+    e = engine(path, "compiled", n_ctx=KEY_BLOCK + 8)
+    assert rel(logits_rows(e, prompt, decode), plain) <= STEP_REL_TOL
+    assert e.async_steps().traces == 2
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_f16_kv_cache(tiny_model, arch):
+    path = tiny_model(arch, "Q8_0")
+    plain = logits_rows(engine(path, "sync", kv_type="f16"))
+    assert rel(logits_rows(engine(path, "compiled", kv_type="f16")), plain) <= STEP_REL_TOL
+
+
+def test_kv_cache_is_updated_in_place(tiny_model):
+    """A compiled step writes its K/V row into the cache's buffers: it allocates far less than one buffer (a copy of
+    the cache per token would allocate all of them)."""
+    e = engine(tiny_model("qwen2", "Q8_0"), "compiled", n_ctx=8192)
+    buffer_bytes = e.cache.k[0].nbytes  # (n_head_kv, n_ctx, head_dim) float32
+    e.prefill(PROMPT)
+    for t in DECODE:
+        e.decode(t)
+    mx.eval(e.cache.k, e.cache.v)
+    before = mx.get_active_memory()
+    mx.reset_peak_memory()
+    e.decode(5)
+    assert mx.get_peak_memory() - before < buffer_bytes / 4
+    assert e.async_steps().compiled
+
+
+@pytest.mark.parametrize("mode", ["compiled", "lazy"])
+def test_generation_loop_matches_the_plain_loop(tiny_model, mode):
+    """generate_step over launched steps: the same greedy tokens and logits, the same cache position when the caller
+    stops, the same step counts, and the same stop at a full context."""
+    path = tiny_model("gemma3", "Q4_K")
+    plain, launched = engine(path, "sync", n_ctx=40), engine(path, mode, n_ctx=40)
+    for stop in (1, 2, 9):
+        runs = []
+        for e in (plain, launched):
+            timings = StepTimings()
+            got = []
+            for token, logits in generate_step(e, PROMPT, timings=timings):
+                got.append((token, logits.copy()))
+                if len(got) == stop:
+                    break
+            runs.append((got, e.n_past, timings.decode_steps))
+        (want, want_past, want_steps), (got, got_past, got_steps) = runs
+        assert [t for t, _ in got] == [t for t, _ in want]
+        assert max(rel(g, w) for (_, g), (_, w) in zip(got, want)) <= STEP_REL_TOL
+        assert (got_past, got_steps) == (want_past, want_steps) == (len(PROMPT) + stop - 1, stop - 1)
+    full = [[t for t, _ in generate_step(e, PROMPT, Sampler())] for e in (plain, launched)]
+    assert full[0] == full[1] and len(full[0]) == 40 - len(PROMPT)  # every position of the context, then it stops
+    assert launched.n_past == plain.n_past == 40
+
+
+def test_forced_tokens_are_all_decoded(tiny_model):
+    path = tiny_model("qwen2", "Q4_K")
+    counts = []
+    for e in (engine(path, "sync"), engine(path, "compiled")):
+        e.prefill(PROMPT)
+        timings = StepTimings()
+        out = [
+            t for t, _ in generate_step(e, [], ForcedTokens(DECODE), reset=False, n_past=len(PROMPT), timings=timings)
+        ]
+        assert out == DECODE
+        counts.append((e.n_past, timings.decode_steps, e.decode(5)))
+    assert counts[0][:2] == counts[1][:2] == (len(PROMPT) + len(DECODE), len(DECODE))
+    assert rel(counts[1][2], counts[0][2]) <= STEP_REL_TOL  # the cache holds the same K/V
+
+
+def test_generate_text_matches_the_numpy_backend(tiny_model):
+    path = tiny_model("llama", "Q8_0")
+    results = [generate(engine(path, "compiled", backend=b), PROMPT, max_tokens=12) for b in ("mlx", "numpy")]
+    assert results[0].token_ids == results[1].token_ids
+    assert results[0].decode_steps == results[1].decode_steps == 11
+
+
+def test_cpu_backends_run_each_step_to_completion(tiny_model):
+    """The NumPy and Numba backends have no launched steps (the base op's None): generate_step keeps its plain loop
+    for them."""
+    assert engine(tiny_model("qwen2", "Q8_0"), "", backend="numpy").async_steps() is None
+    pytest.importorskip("numba")
+    assert get_backend_class("numba").async_steps is Backend.async_steps
+
+
+def test_unknown_step_mode_is_one_line(tiny_model):
+    e = engine(tiny_model("qwen2", "Q8_0"), "fast")
+    with pytest.raises(GGUFParityError, match="unknown MLX step mode 'fast'; supported: compiled, lazy, sync"):
+        e.decode(5)
