@@ -30,9 +30,20 @@ REPO = Path(__file__).resolve().parents[2]
 CHILD_TIMEOUT_S = 120
 
 PRELUDE = """
-import os, signal, sys
+import functools, os, signal, sys
 def interrupt_now():
     os.kill(os.getpid(), signal.SIGINT)
+def interrupt_at_call(owner, name, n):
+    # owner.<name>'s n-th call sends SIGINT first: Python raises KeyboardInterrupt at its next bytecode, in the call
+    real = getattr(owner, name)
+    calls = [0]
+    @functools.wraps(real)
+    def wrapper(*args, **kwargs):
+        calls[0] += 1
+        if calls[0] == n:
+            interrupt_now()
+        return real(*args, **kwargs)
+    setattr(owner, name, wrapper)
 """
 RUN_CLI = """
 from bench_compare.cli import main
@@ -73,14 +84,7 @@ def test_interrupt_inside_llama_cpp_graph_callback(tiny_model, tmp_path):
     pytest.importorskip("llama_cpp")
     setup = """
         from validation.llamacpp import capture
-        real = capture.GraphRecorder._record
-        calls = [0]
-        def record(self, ptr):
-            calls[0] += 1
-            if calls[0] == 5:
-                interrupt_now()  # Python raises KeyboardInterrupt at its next bytecode: still in the callback
-            return real(self, ptr)
-        capture.GraphRecorder._record = record
+        interrupt_at_call(capture.GraphRecorder, "_record", 5)  # the KeyboardInterrupt is raised in the callback
     """
     report = tmp_path / "report"
     done = run_child(tmp_path, setup, "validate", "--model", tiny_model("llama", "Q8_0"), "--report", report,
@@ -144,14 +148,7 @@ def test_interrupt_during_a_generation_stream(tiny_model, tmp_path):
     """Text streamed before the interrupt stays on stdout; no timings line claims a finished run."""
     setup = """
         from inference_engine import engine
-        real = engine.OurEngine.decode
-        calls = [0]
-        def decode(self, token_id):
-            calls[0] += 1
-            if calls[0] == 3:
-                interrupt_now()
-            return real(self, token_id)
-        engine.OurEngine.decode = decode
+        interrupt_at_call(engine.OurEngine, "decode", 3)
     """
     done = run_child(tmp_path, setup, "generate", "Hello", "--model", tiny_model("llama"), "-n", 50)
     assert_interrupted(done)

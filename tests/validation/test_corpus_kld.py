@@ -24,6 +24,25 @@ from validation.free_running import NOISE_FACTOR
 from validation.metrics import KLD_MEAN_MAX_GGML, thresholds_for
 
 
+def random_base(seed: int, n: int, spread: float) -> tuple[np.ndarray, np.ndarray, BaseTopK]:
+    """Normal logits (``n`` positions, spread ``spread``) over 4 x TOP_K tokens (top-k keeps a quarter), random next
+    tokens, and the top-k base side built from them."""
+    rng = np.random.default_rng(seed)
+    v = 4 * TOP_K
+    logits = rng.normal(0, spread, size=(n, v)).astype(np.float32)
+    nxt = rng.integers(0, v, size=n)
+    base = BaseTopK()
+    base.add(logits, nxt)
+    return logits, nxt, base
+
+
+def scored(q_logits: np.ndarray, nxt: np.ndarray, base: BaseTopK) -> TokenStats:
+    """``q_logits`` scored against ``base`` as one window."""
+    stats = TokenStats()
+    stats.add(q_logits, nxt, base, 0)
+    return stats
+
+
 def test_windows_like_llama_perplexity():
     ids = list(range(10, 31))  # 21 tokens
     assert windows(ids, 8, bos=1) == [[1] + list(range(11, 18)), [1] + list(range(19, 26))]
@@ -40,9 +59,7 @@ def test_token_stats_match_a_direct_computation():
     nxt = rng.integers(0, v, size=n)
     base = BaseTopK()
     base.add(base_logits, nxt)
-    stats = TokenStats()
-    stats.add(q_logits, nxt, base, 0)
-    r = stats.report()
+    r = scored(q_logits, nxt, base).report()
     lp, lq = log_softmax(base_logits), log_softmax(q_logits)
     p = np.exp(lp)
     kld = np.where(lp > -16, p * (lp - lq), 0).sum(1)
@@ -64,16 +81,9 @@ def test_token_stats_match_a_direct_computation():
 
 
 def test_top_k_base_drops_only_the_tail():
-    rng = np.random.default_rng(1)
-    v = 4 * TOP_K
-    base_logits = rng.normal(0, 4, size=(200, v)).astype(np.float32)
-    nxt = rng.integers(0, v, size=200)
-    base = BaseTopK()
-    base.add(base_logits, nxt)
+    base_logits, nxt, base = random_base(seed=1, n=200, spread=4)
     assert base.top_ids[0].shape == (200, TOP_K)
-    stats = TokenStats()
-    stats.add(base_logits, nxt, base, 0)  # the base against itself
-    r = stats.report()
+    r = scored(base_logits, nxt, base).report()  # the base against itself
     assert r["KLD"]["Mean"] == 0.0 and r["Same top p"] == 1.0
     assert r["PPL(Q)"] == pytest.approx(r["PPL(base)"], rel=1e-6)  # the next token's log-prob is kept exactly
 
@@ -133,18 +143,11 @@ def test_a_different_model_fails_the_gate(tiny_model):
 def test_top_k_kld_is_never_negative_and_never_above_the_full_kld():
     """q moves mass from p's tail onto p's top-k: without the lumped tail term the sum over the top-k alone is
     negative; with it, the per-token KLD lies between 0 and the full-vocabulary KLD."""
-    rng = np.random.default_rng(4)
-    v = 4 * TOP_K
-    p_logits = rng.normal(0, 1, size=(150, v)).astype(np.float32)
-    nxt = rng.integers(0, v, size=150)
-    base = BaseTopK()
-    base.add(p_logits, nxt)
+    p_logits, nxt, base = random_base(seed=4, n=150, spread=1)
     q_logits = p_logits.copy()
     rows = np.arange(150)[:, None]
     q_logits[rows, base.top_ids[0]] += 0.5  # q favours p's top-k over p's tail
-    stats = TokenStats()
-    stats.add(q_logits, nxt, base, 0)
     lp, lq = log_softmax(p_logits), log_softmax(q_logits)
     full = (np.exp(lp) * (lp - lq)).sum(1)
-    kld = stats.kld[0]
+    kld = scored(q_logits, nxt, base).kld[0]
     assert (kld >= 0).all() and (kld <= full + 1e-9).all()

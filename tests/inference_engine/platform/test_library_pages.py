@@ -9,25 +9,23 @@ import pytest
 
 from inference_engine.platform.library_pages import read_only_file_spans, still_mapped
 
-SMAPS = """\
-7f0000000000-7f0000300000 r--p 00000000 08:01 123 /site-packages/llvmlite/binding/libllvmlite.so
-Rss:                2048 kB
-Anonymous:             0 kB
-7f0000300000-7f0005300000 r-xp 00300000 08:01 123 /site-packages/llvmlite/binding/libllvmlite.so
-Rss:               30000 kB
-Anonymous:             0 kB
-7f0005300000-7f0005400000 r--p 05300000 08:01 123 /site-packages/llvmlite/binding/libllvmlite.so
-Rss:                1024 kB
-Anonymous:          1024 kB
-7f0005400000-7f0005500000 rw-p 05400000 08:01 123 /site-packages/llvmlite/binding/libllvmlite.so
-Rss:                1024 kB
-Anonymous:           512 kB
-7f0006000000-7f0006100000 r-xp 00000000 08:01 124 /usr/lib/not_libllvmlite.so
-Rss:                1024 kB
-Anonymous:             0 kB
-7f0007000000-7f0007100000 rw-p 00000000 00:00 0
-Anonymous:          1024 kB
-"""
+LIBRARY = "/site-packages/llvmlite/binding/libllvmlite.so"
+
+
+def smaps_mapping(header: str, rss_kb: int | None, anonymous_kb: int) -> str:
+    """One mapping as /proc/<pid>/smaps shows it: its header line, then the two fields the parser reads."""
+    rss = "" if rss_kb is None else f"Rss:{rss_kb:>20} kB\n"
+    return f"{header}\n{rss}Anonymous:{anonymous_kb:>14} kB\n"
+
+
+SMAPS = "".join(smaps_mapping(header, rss_kb, anonymous_kb) for header, rss_kb, anonymous_kb in [
+    (f"7f0000000000-7f0000300000 r--p 00000000 08:01 123 {LIBRARY}", 2048, 0),  # clean, read-only
+    (f"7f0000300000-7f0005300000 r-xp 00300000 08:01 123 {LIBRARY}", 30000, 0),  # clean, code
+    (f"7f0005300000-7f0005400000 r--p 05300000 08:01 123 {LIBRARY}", 1024, 1024),  # relocated: anonymous pages
+    (f"7f0005400000-7f0005500000 rw-p 05400000 08:01 123 {LIBRARY}", 1024, 512),  # writable
+    ("7f0006000000-7f0006100000 r-xp 00000000 08:01 124 /usr/lib/not_libllvmlite.so", 1024, 0),  # another file
+    ("7f0007000000-7f0007100000 rw-p 00000000 00:00 0", None, 1024),  # no file
+])
 
 
 def test_only_clean_read_only_mappings_of_the_library_are_chosen(tmp_path):

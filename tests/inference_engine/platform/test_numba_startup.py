@@ -4,10 +4,12 @@ without parsing a cached kernel's bitcode unless something links against it."""
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +18,19 @@ import pytest
 from inference_engine.platform.numba_startup import DeferredBlasCheck
 
 REPO = Path(__file__).resolve().parents[3]  # the repository root
+
+
+def assert_installed_once_over_the_expected_source(monkeypatch, install, installed, other, source_name, replacement):
+    """``install()`` leaves Numba's code alone while it reads other than ``numba_startup.<source_name>`` (``installed()``
+    is still ``other``), puts ``replacement`` in its place once ``other`` is that source, and does so only once."""
+    from inference_engine.platform import numba_startup
+
+    assert install() is False
+    assert installed() is other
+    monkeypatch.setattr(numba_startup, source_name, textwrap.dedent(inspect.getsource(other)))
+    assert install() is True
+    assert installed() is replacement
+    assert install() is False  # already installed
 
 
 def test_the_deferred_check_runs_once_and_answers_what_the_check_answers():
@@ -124,13 +139,9 @@ def test_the_light_loader_is_installed_once_and_only_over_the_expected_source(mo
         return None
 
     monkeypatch.setattr(caching.Cache, "load_overload", other)
-    assert numba_startup.load_cached_kernels_lightly() is False
-    assert caching.Cache.load_overload is other
-    monkeypatch.setattr(numba_startup, "LOAD_OVERLOAD_SOURCE", numba_startup.textwrap.dedent(
-        numba_startup.inspect.getsource(other)))
-    assert numba_startup.load_cached_kernels_lightly() is True
-    assert caching.Cache.load_overload is numba_startup._load_overload_lightly
-    assert numba_startup.load_cached_kernels_lightly() is False  # already installed
+    assert_installed_once_over_the_expected_source(
+        monkeypatch, numba_startup.load_cached_kernels_lightly, lambda: caching.Cache.load_overload, other,
+        "LOAD_OVERLOAD_SOURCE", numba_startup._load_overload_lightly)
 
 
 NRT_LOAD = """
@@ -211,13 +222,9 @@ def test_the_kept_nrt_is_installed_once_and_only_over_the_expected_source(monkey
         return None
 
     monkeypatch.setattr(nrtdynmod, "compile_nrt_functions", other)
-    assert numba_startup.cache_nrt_library() is False
-    assert nrtdynmod.compile_nrt_functions is other
-    monkeypatch.setattr(numba_startup, "COMPILE_NRT_SOURCE", numba_startup.textwrap.dedent(
-        numba_startup.inspect.getsource(other)))
-    assert numba_startup.cache_nrt_library() is True
-    assert nrtdynmod.compile_nrt_functions is numba_startup._compile_or_load_nrt_functions
-    assert numba_startup.cache_nrt_library() is False  # already installed
+    assert_installed_once_over_the_expected_source(
+        monkeypatch, numba_startup.cache_nrt_library, lambda: nrtdynmod.compile_nrt_functions, other,
+        "COMPILE_NRT_SOURCE", numba_startup._compile_or_load_nrt_functions)
 
 
 LINKING_LOAD = """
@@ -319,10 +326,6 @@ def test_the_deferred_bitcode_is_installed_once_and_only_over_the_expected_sourc
                         numba_startup._numba_module_for_linking or library._get_module_for_linking)
     monkeypatch.setattr(numba_startup, "_numba_unserialize", numba_startup._numba_unserialize)
     monkeypatch.setattr(numba_startup, "_numba_module_for_linking", numba_startup._numba_module_for_linking)
-    assert numba_startup.defer_linking_bitcode() is False
-    assert library._unserialize.__func__ is other
-    monkeypatch.setattr(numba_startup, "UNSERIALIZE_SOURCE", numba_startup.textwrap.dedent(
-        numba_startup.inspect.getsource(other)))
-    assert numba_startup.defer_linking_bitcode() is True
-    assert library._unserialize.__func__ is numba_startup._unserialize_deferring_bitcode
-    assert numba_startup.defer_linking_bitcode() is False  # already installed
+    assert_installed_once_over_the_expected_source(
+        monkeypatch, numba_startup.defer_linking_bitcode, lambda: library._unserialize.__func__, other,
+        "UNSERIALIZE_SOURCE", numba_startup._unserialize_deferring_bitcode)
