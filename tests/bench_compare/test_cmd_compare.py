@@ -130,24 +130,6 @@ def test_ctrl_c_writes_nothing_and_prints_partial(capsys, fake_engines, model, t
     assert "interrupted" in err
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--backend", "cuda"], "unknown backend 'cuda'"),
-    (["--numerics", "x"], "unknown numerics"),
-    (["-r", "0"], "-r must be at least 1"),
-    (["-p", "0"], "-p must be at least 1"),
-    (["-n", "-3"], "-n must be at least 1"),
-    (["-d", "abc"], "-d must be an integer"),
-    (["-d", "1000", "-n", "8", "-p", "8"], "context length is 256"),
-    (["-t", "0"], "-t must be at least 1"),
-    (["--budget", "soon"], "--budget"),
-    (["--cold-reps", "0"], "--cold-reps"),
-])
-def test_bad_input_exit_2(capsys, fake_engines, model, args, message):
-    code, _, err = compare(capsys, "-m", model, *args)
-    assert code == 2 and err.startswith("error: ") and message in err
-    assert len(err.strip().splitlines()) == 1
-
-
 def test_unknown_model_exit_2(capsys, fake_engines):
     code, _, err = compare(capsys, "-m", "no-such-model")
     assert code == 2 and "unknown model" in err

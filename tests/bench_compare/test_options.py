@@ -30,19 +30,47 @@ def long_context_model(tmp_path_factory, tiny_model):
     return write_layout(layout, tmp_path_factory.mktemp("ctx") / "long_context.gguf")
 
 
-@pytest.mark.parametrize("flags, needle", [
-    (["--temperature", "nan"], "--temperature must be a finite number, got nan"),
-    (["--temperature", "inf"], "--temperature must be a finite number, got inf"),
-    (["--temperature", "-1"], "--temperature must be at least 0, got -1"),
-    (["--seed", "-1"], "--seed must be in [0, 9223372036854775807], got -1"),
-    (["--top-p", "2"], "--top-p must be in (0, 1], got 2"),
-    (["--top-p", "0"], "--top-p must be in (0, 1], got 0"),
-    (["--top-k", "-3"], "--top-k must be at least 0, got -3"),
-    (["--max-tokens", "abc"], "--max-tokens must be an integer, got 'abc'"),
-    (["--no-such-flag"], "No such option '--no-such-flag'"),
+# What goes before the model on each command's line: generate's prompt is longer than --ctx 3 (the last row).
+BEFORE_THE_MODEL = {"generate": ["a prompt of several words here"], "compare": ["--no-progress"], "serve": []}
+
+
+@pytest.mark.parametrize("command, flags, needle", [
+    ("generate", ["--temperature", "nan"], "--temperature must be a finite number, got nan"),
+    ("generate", ["--temperature", "inf"], "--temperature must be a finite number, got inf"),
+    ("generate", ["--temperature", "-1"], "--temperature must be at least 0, got -1"),
+    ("generate", ["--seed", "-1"], "--seed must be in [0, 9223372036854775807], got -1"),
+    ("generate", ["--top-p", "2"], "--top-p must be in (0, 1], got 2"),
+    ("generate", ["--top-p", "0"], "--top-p must be in (0, 1], got 0"),
+    ("generate", ["--top-p", "1.5"], "--top-p must be in (0, 1], got 1.5"),
+    ("generate", ["--top-k", "-3"], "--top-k must be at least 0, got -3"),
+    ("generate", ["--max-tokens", "abc"], "--max-tokens must be an integer, got 'abc'"),
+    ("generate", ["--max-tokens", "0"], "--max-tokens must be at least 1, got 0"),
+    ("generate", ["--no-such-flag"], "No such option '--no-such-flag'"),
+    ("generate", ["--backend", "cuda"], "unknown backend 'cuda'; supported: numpy, numba, mlx"),
+    ("generate", ["--numerics", "f16"], "unknown numerics 'f16'; supported: f32, ggml"),
+    ("generate", ["--kv-type", "q8"], "unknown KV cache type 'q8'; supported: f32, f16"),
+    ("generate", ["--ctx", "0"], "--ctx must be at least 1, got 0"),
+    ("generate", ["--threads", "0"], "--threads must be at least 1, got 0"),
+    ("generate", ["--ctx", "3"], "does not fit the context of 3"),
+    ("compare", ["--backend", "cuda"], "unknown backend 'cuda'"),
+    ("compare", ["--numerics", "x"], "unknown numerics"),
+    ("compare", ["-r", "0"], "-r must be at least 1"),
+    ("compare", ["-p", "0"], "-p must be at least 1"),
+    ("compare", ["-n", "-3"], "-n must be at least 1"),
+    ("compare", ["-d", "abc"], "-d must be an integer"),
+    ("compare", ["-d", "1000", "-n", "8", "-p", "8"], "context length is 256"),
+    ("compare", ["-t", "0"], "-t must be at least 1"),
+    ("compare", ["--budget", "soon"], "--budget"),
+    ("compare", ["--cold-reps", "0"], "--cold-reps"),
+    ("serve", ["--backend", "mlx"], "supported: numpy, numba"),
+    ("serve", ["--port", "99999"], "--port must be in 0..65535"),
+    ("serve", ["--max-batch", "0"], "--max-batch must be at least 1"),
+    ("serve", ["--kv-type", "q4"], "unknown KV cache type"),
+    ("serve", ["-m", "/no/such/model.gguf"], "no/such/model.gguf"),  # the last -m counts
 ])
-def test_generate_refuses_bad_numbers(tiny_model, capsys, flags, needle):
-    assert_one_line(*run(capsys, "generate", "hi", "--model", tiny_model("llama"), *flags)[::2], needle)
+def test_bad_flags_are_one_line_errors(tiny_model, capsys, command, flags, needle):
+    argv = [command, *BEFORE_THE_MODEL[command], "--model", tiny_model("llama"), *flags]
+    assert_one_line(*run(capsys, *argv)[::2], needle)
 
 
 @pytest.mark.parametrize("ctx", [100_000_000, 2**63])
