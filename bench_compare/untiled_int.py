@@ -14,13 +14,11 @@ from __future__ import annotations
 from gguf import GGMLQuantizationType as T
 from numba import njit, prange
 
+from inference_engine.backends.numba_kernels.entries import pair_q4_0, pair_q5_0, pair_q5_1
 from inference_engine.backends.numba_kernels.intdot import bsum_pairs
 from inference_engine.backends.numba_kernels.isa.simd import rows_ahead
-from inference_engine.backends.numba_kernels.types.q4_0 import pair_q4_0
 from inference_engine.backends.numba_kernels.types.q4_1 import pair_q4_1
 from inference_engine.backends.numba_kernels.types.q4_k import row_dot_q4_k
-from inference_engine.backends.numba_kernels.types.q5_0 import pair_q5_0
-from inference_engine.backends.numba_kernels.types.q5_1 import pair_q5_1
 from inference_engine.backends.numba_kernels.types.q5_k import row_dot_q5_k
 from inference_engine.backends.numba_kernels.types.q6_k import row_dot_q6_k
 from inference_engine.backends.numba_kernels.types.q8_0 import row_dot_q8_0
@@ -54,12 +52,6 @@ def rows_matmul(row_dot, w, yq, yd, ys, out):
             out[t, r] = row_dot(w0, p0, yq[t], yd[t], ys[t])
 
 
-@njit(inline="always", cache=True)
-def row_dot_q8_0_aux(w0, p0, yq, yd, ya):
-    """:func:`row_dot_q8_0` in the K-quants' argument order (Q8_0 reads no auxiliary array)."""
-    return row_dot_q8_0(w0, p0, yq, yd)
-
-
 @njit(parallel=True, cache=True)
 def matmul_q4_0(w, yq, yd, ya, out):
     pairs_matmul(pair_q4_0, w, yq, yd, ya, out)
@@ -82,7 +74,7 @@ def matmul_q5_1(w, yq, yd, ya, out):
 
 @njit(parallel=True, cache=True)
 def matmul_q8_0(w, yq, yd, ya, out):
-    rows_matmul(row_dot_q8_0_aux, w, yq, yd, ya, out)
+    rows_matmul(row_dot_q8_0, w, yq, yd, ya, out)
 
 
 @njit(parallel=True, cache=True)

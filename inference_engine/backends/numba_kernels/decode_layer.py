@@ -7,10 +7,11 @@ the ops' values bit for bit and leaves only the kernels' own time (and one threa
 kernel). Measured on SmolLM2 Q4_1, 2 threads, AVX2 EPYC, 8 alternating in-process runs of 40 decoded tokens:
 7.13 -> 5.49 ms a token (median), the logits identical.
 
-The mat-vecs are the one-token kernels of :mod:`.types` (``token_<type>``: quantize the activation, then the integer-dot
-mat-vec), chosen inside compiled code by GGML type id (:func:`token_matvec`): Numba's cache keeps nothing compiled
+The mat-vecs are the one-token kernels (``token_<type>``: quantize the activation, then the integer-dot mat-vec),
+chosen inside compiled code by GGML type id (:func:`.entries.token_matvec`): Numba's cache keeps nothing compiled
 for a function that takes other compiled functions as arguments (checked with Numba 0.68: every process compiled
-it again), so the choice is a branch over :data:`TOKEN_TYPES` instead. Projections that multiply the same input
+it again), so the choice is a branch over :data:`.entries.TOKEN_TYPES`, generated with the kernel table from the
+same type specs (:mod:`.make_entries`), so the two cannot disagree. Projections that multiply the same input
 arrive as at most two runs (``a`` then ``b``: Q and K fused with V apart when V has another type, as Q4_K_M
 files do), each one fused matrix or one weight; a run with no rows is skipped.
 """
@@ -18,42 +19,12 @@ files do), each one fused matrix or one weight; a run with no rows is skipped.
 from __future__ import annotations
 
 import numpy as np
-from gguf import GGMLQuantizationType as T
 from numba import njit
 
 from inference_engine.backends.numba_kernels import ops
-from inference_engine.backends.numba_kernels.types import q4_0, q4_1, q4_k, q5_0, q5_1, q5_k, q6_k, q8_0
+from inference_engine.backends.numba_kernels.entries import TOKEN_TYPES, token_matvec
 
-# The tensor types :func:`token_matvec` multiplies (those with a ``token_<type>`` kernel)
-TOKEN_TYPES: tuple[T, ...] = (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K)
-_Q4_0, _Q4_1, _Q5_0, _Q5_1, _Q8_0 = int(T.Q4_0), int(T.Q4_1), int(T.Q5_0), int(T.Q5_1), int(T.Q8_0)
-_Q4_K, _Q5_K, _Q6_K = int(T.Q4_K), int(T.Q5_K), int(T.Q6_K)
-_F32 = np.float32
-
-
-@njit(cache=True)
-def token_matvec(qtype, w, x, out):
-    """``out = W x`` for one float32 token by the ``types.<type>.token_<type>`` kernel of GGML type id ``qtype``."""
-    if w.shape[0] == 0:
-        return
-    if qtype == _Q4_0:
-        q4_0.token_q4_0(w, x, out)
-    elif qtype == _Q4_1:
-        q4_1.token_q4_1(w, x, out)
-    elif qtype == _Q5_0:
-        q5_0.token_q5_0(w, x, out)
-    elif qtype == _Q5_1:
-        q5_1.token_q5_1(w, x, out)
-    elif qtype == _Q8_0:
-        q8_0.token_q8_0(w, x, out)
-    elif qtype == _Q4_K:
-        q4_k.token_q4_k(w, x, out)
-    elif qtype == _Q5_K:
-        q5_k.token_q5_k(w, x, out)
-    elif qtype == _Q6_K:
-        q6_k.token_q6_k(w, x, out)
-    else:
-        raise ValueError("token_matvec: no one-token kernel for this tensor type")
+__all__ = ["TOKEN_TYPES", "prenorm_layer", "token_matvec"]
 
 
 @njit(cache=True)

@@ -31,8 +31,8 @@ from gguf import GGMLQuantizationType as T
 
 from inference_engine.backends.numba_kernels import gemm, inttiles
 from inference_engine.backends.numba_kernels.kernel_entry import Kernels
+from inference_engine.backends.numba_kernels.kernel_table import KERNELS
 from inference_engine.backends.numba_kernels.ops import activations
-from inference_engine.backends.numba_kernels.types import KERNELS
 from inference_engine.cpu_features import CPUFeatures, cpu_features
 from inference_engine.errors import GGUFParityError
 from inference_engine.platform.mapped_pages import copy_out_of_map, drop_file_pages, weight_buffer

@@ -138,6 +138,14 @@ def rows_matvec(row_dot, w, yq, yd, ys, out):
         out[r] = row_dot(w[r], w[min(r + ahead, n - 1)], yq, yd, ys)
 
 
+@njit(inline="always", cache=True)
+def rows_matvec_bsum_pairs(row_dot, w, yq, yd, ya, out):
+    """:func:`rows_matvec` for Q4_K / Q5_K, whose rows read the activation's block-sum pairs (:func:`bsum_pairs`)."""
+    ys = np.empty(ya.shape[0] // 2, np.int16)
+    bsum_pairs_into(ya, ys)
+    rows_matvec(row_dot, w, yq, yd, ys, out)
+
+
 # --- the row-pair arithmetic of the 32-weight types: ``pair_<type>`` is one of these with its quants and constants --
 # Called from the type's inlined ``pair_<type>`` with the block bytes and the offset's shift as literals, so they are
 # constants inside the mat-vec's parallel loop. ``quants(row, o)``: the block's 32 unsigned quants as int8 vectors.

@@ -1,13 +1,19 @@
-"""What the dispatcher needs to know about one tensor type: :class:`Kernels`, one entry per type.
+"""What the dispatcher needs to know about one tensor type (:class:`Kernels`), and how a type module describes its
+kernels (:class:`KernelSpec`) for the generated entry points (:mod:`.entries`, made by :mod:`.make_entries`).
 
-Each ``types/<type>.py`` ends with its entry (``KERNELS = Kernels(...)``); :data:`.types.KERNELS` assembles them into
-the kernel table.
+Each ``types/<type>.py`` holds the type's arithmetic and ends with its ``SPEC = KernelSpec(...)``: for each kernel,
+the shared loop it is made of and the type's functions (and constants) handed to that loop. :mod:`.entries` turns
+every spec into compiled, cached functions (``matvec_float_<type>``, ``dequant_<type>``, ``matvec_int_<type>``,
+``token_<type>``, ``tiled_<type>``) and the kernel table's :class:`Kernels` entries.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
+
+from gguf import GGMLQuantizationType as T
 
 
 @dataclass(frozen=True)
@@ -24,3 +30,48 @@ class Kernels:
     int_activation: str = ""
     matmul_tiled: Callable | None = None  # the register-tiled T-token kernel (tiled_<type>, same arguments)
     matvec_token: Callable | None = None  # one float32 token: quantize + matvec_int in one call ((w, x, out))
+
+
+# Placeholders in a :class:`Call`'s arguments: the type's generated layout, one-row-pair or tile function (see
+# KernelSpec).
+LAYOUT = "layout"
+PAIR = "pair"
+TILE = "tile"
+
+
+@dataclass(frozen=True)
+class Call:
+    """``fn(*args, <the kernel's own arguments>)``: a loop (shared, or the type's own) and what the type hands it:
+    its functions, integer constants, or :data:`LAYOUT` / :data:`PAIR` / :data:`TILE` (the type's generated
+    helper)."""
+
+    fn: Callable
+    args: tuple[Any, ...] = ()
+
+    def __init__(self, fn: Callable, *args: Any):
+        object.__setattr__(self, "fn", fn)
+        object.__setattr__(self, "args", args)
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """A tensor type's kernels, as :mod:`.make_entries` writes them into :mod:`.entries`.
+
+    ``layout`` is ``(block bytes, constant-term factor)`` (F32 / F16 / BF16: bytes a value, 0), generated as the
+    inlined ``layout_<type>()`` the shared loops call inside their parallel loop, so that both stay compile-time
+    constants there (passed as arguments they became the loop's runtime parameters). ``pair`` (inlined, ``(w0, w1, p0, p1, yq, yd, ya) -> (out0, out1)``) and ``tile`` (compiled on its own, as the
+    parfor pass's array analysis rejects its tuple states inlined: ``(w0, w1, yq, yd, ya, t0, t1, t2, t3) -> 8
+    values``) are helpers that ``matvec_int`` / ``tiled`` name as :data:`PAIR` / :data:`TILE`.
+    """
+
+    qtype: T
+    vec_dot_type: str  # as Kernels
+    sub: int
+    layout: tuple[int, float]
+    matvec_float: Call  # -> matvec_float_<type>(w, xv, xs, out), parallel, fastmath
+    dequant: Call  # -> dequant_<type>(w, row0, out), parallel
+    int_activation: str = ""  # the activations.row_<int_activation> quantizer of token_<type>
+    matvec_int: Call | None = None  # -> matvec_int_<type>(w, yq, yd, ya, out), parallel; token_<type>(w, x, out)
+    tiled: Call | None = None  # -> tiled_<type>(w, yq, yd, ya, out), parallel
+    pair: Call | None = None
+    tile: Call | None = None

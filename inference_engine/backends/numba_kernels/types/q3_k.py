@@ -1,22 +1,18 @@
-"""Q3_K: all of the type's Numba kernels, and its kernel-table entry (:data:`KERNELS`). Layout (ggml-common.h):
+"""Q3_K: the type's own arithmetic (which loops its kernels are: :data:`..kernel_specs.SPECS`;
+compiled in :mod:`..entries`). Layout (ggml-common.h):
 Q3_K (110 bytes, 256 weights): ``hmask[32] @0 | qs[64] @32 | scales[12] @96`` (16 x 6 bits, minus 32) ``| d @108``;
 ``e = 128n + 32j + l``: ``u = ((qs[32n + l] >> 2j) & 3) | (bit (4n + j) of hmask[l]) << 2``, sub-block ``8n + 2j +
 l//16``; ``w = d*sc*(u - 4)``.
 """
 
 import numpy as np
-from gguf import GGMLQuantizationType as T
-from numba import njit, prange
+from numba import njit
 
-from inference_engine.backends.numba_kernels import float_blocks
-from inference_engine.backends.numba_kernels.float_blocks import superblocks_matvec_float
 from inference_engine.backends.numba_kernels.isa import simd
-from inference_engine.backends.numba_kernels.kernel_entry import Kernels
 
 _F32 = np.float32
 
 
-# --- float mat-vec and dequantization (from k_quants.py) ------------------------------------------------------------
 @njit(inline="always", cache=True)
 def scale_q3_k(row, off, k):
     """Q3_K's signed 6-bit scale of sub-block ``k`` (0..15) from its 12 scale bytes at ``off``."""
@@ -55,35 +51,15 @@ def q3_k_superblock(row, o, xv, xs, x0, acc, c):
 
 
 @njit(inline="always", cache=True)
-def layout_q3_k():
-    """(super-block bytes, constant-term factor) for :func:`.float_blocks.superblocks_matvec_float`."""
-    return 110, _F32(4.0)
-
-
-@njit(parallel=True, fastmath=True, cache=True)
-def matvec_float_q3_k(w, xv, xs, out):
-    superblocks_matvec_float(q3_k_superblock, layout_q3_k, w, xv, xs, out)
-
-
-@njit(parallel=True, cache=True)
-def dequant_q3_k(w, row0, out):
-    nsb = out.shape[1] // float_blocks.QK_K
-    for r in prange(out.shape[0]):
-        row, dst = w[row0 + r], out[r]
-        for i in range(nsb):
-            o, y = 110 * i, float_blocks.QK_K * i
-            d = simd.load_f16(row, o + 108)
-            for n in range(2):
-                for j in range(4):
-                    for h in range(2):
-                        k = 8 * n + 2 * j + h
-                        dl = simd.vsplat(d * _F32(scale_q3_k(row, o + 96, k)))
-                        low = simd.band(simd.bshr(simd.bload(row, o + 32 + 32 * n + 16 * h), 2 * j), 3)
-                        high = simd.bshl(simd.band(simd.bshr(simd.bload(row, o + 16 * h), 4 * n + j), 1), 2)
-                        q = simd.vsub(simd.bto_f32(simd.bor(low, high)), simd.vsplat(_F32(4.0)))
-                        simd.vstore(dst, y + 16 * k, simd.vmul(dl, q))
-
-
-QTYPE = T.Q3_K
-# the dispatcher's entry for this type (:class:`~..kernel_entry.Kernels`: which kernel serves which path)
-KERNELS = Kernels(matvec_float_q3_k, dequant_q3_k, "q8_K", 16)
+def dequant_superblock_q3_k(row, o, dst, y):
+    """``dequantize_row_q3_k`` of the super-block at byte ``o`` into ``dst[y : y + 256]``."""
+    d = simd.load_f16(row, o + 108)
+    for n in range(2):
+        for j in range(4):
+            for h in range(2):
+                k = 8 * n + 2 * j + h
+                dl = simd.vsplat(d * _F32(scale_q3_k(row, o + 96, k)))
+                low = simd.band(simd.bshr(simd.bload(row, o + 32 + 32 * n + 16 * h), 2 * j), 3)
+                high = simd.bshl(simd.band(simd.bshr(simd.bload(row, o + 16 * h), 4 * n + j), 1), 2)
+                q = simd.vsub(simd.bto_f32(simd.bor(low, high)), simd.vsplat(_F32(4.0)))
+                simd.vstore(dst, y + 16 * k, simd.vmul(dl, q))

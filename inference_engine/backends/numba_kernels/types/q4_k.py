@@ -1,79 +1,41 @@
-"""Q4_K: all of the type's Numba kernels, and its kernel-table entry (:data:`KERNELS`). Layout (ggml-common.h):
+"""Q4_K: the type's own arithmetic (which loops its kernels are: :data:`..kernel_specs.SPECS`;
+compiled in :mod:`..entries`). Layout (ggml-common.h):
 Q4_K (144 bytes, 256 weights): ``d @0 | dmin @2 | scales[12] @4`` (8 x (6-bit sc, 6-bit m)) ``| qs[128] @16``;
 ``e = 64j + l`` (l < 32): ``u = lo(qs[32j + l])``, sub-block ``2j``; ``e = 64j + 32 + l``: the high nibble, ``2j +
 1``; ``w = d*sc*u - dmin*m``.
 """
 
 import numpy as np
-from gguf import GGMLQuantizationType as T
 from numba import njit, prange
 
 from inference_engine.backends.numba_kernels import float_blocks, intdot, inttiles
-from inference_engine.backends.numba_kernels.float_blocks import superblocks_matvec_float
-from inference_engine.backends.numba_kernels.intdot import rows_matvec
 from inference_engine.backends.numba_kernels.isa import int8, simd, zmm
-from inference_engine.backends.numba_kernels.kernel_entry import Kernels
-from inference_engine.backends.numba_kernels.ops.activations import row_q8_K
-
-_F32 = np.float32
 
 
-# --- float mat-vec and dequantization (from k_quants.py) ------------------------------------------------------------
+# --- float mat-vec and dequantization ------------------------------------------------------------------------------
+@njit(inline="always", cache=True)
+def quants_float_q4_k(row, o, j):
+    """The 64 unsigned 4-bit quants of chunk ``j`` (elements 64j .. 64j+63) as four F32x16."""
+    q0, q1 = simd.bload(row, o + 16 + 32 * j), simd.bload(row, o + 32 + 32 * j)
+    return (
+        simd.bto_f32(simd.band(q0, 15)),
+        simd.bto_f32(simd.band(q1, 15)),
+        simd.bto_f32(simd.bshr(q0, 4)),
+        simd.bto_f32(simd.bshr(q1, 4)),
+    )
+
+
 @njit(inline="always", cache=True)
 def q4_k_superblock(row, o, xv, xs, x0, acc, c):
-    sm = float_blocks.k4_scales_mins(row, o + 4, simd.load_f16(row, o), simd.load_f16(row, o + 2))
-    c = simd.vfma(sm, simd.vload_high8(xs, x0 // 32), c)
-    for j in range(4):
-        q0, q1 = simd.bload(row, o + 16 + 32 * j), simd.bload(row, o + 32 + 32 * j)
-        e = x0 + 64 * j
-        lo = simd.vfma(
-            simd.bto_f32(simd.band(q1, 15)),
-            simd.vload(xv, e + 16),
-            simd.vmul(simd.bto_f32(simd.band(q0, 15)), simd.vload(xv, e)),
-        )
-        hi = simd.vfma(
-            simd.bto_f32(simd.bshr(q1, 4)),
-            simd.vload(xv, e + 48),
-            simd.vmul(simd.bto_f32(simd.bshr(q0, 4)), simd.vload(xv, e + 32)),
-        )
-        acc = simd.vfma(simd.vlane(sm, 2 * j), lo, acc)
-        acc = simd.vfma(simd.vlane(sm, 2 * j + 1), hi, acc)
-    return acc, c
+    return float_blocks.k4_superblock(quants_float_q4_k, row, o, xv, xs, x0, acc, c)
 
 
 @njit(inline="always", cache=True)
-def layout_q4_k():
-    """(super-block bytes, constant-term factor) for :func:`.float_blocks.superblocks_matvec_float`."""
-    return 144, _F32(1.0)
+def dequant_superblock_q4_k(row, o, dst, y):
+    float_blocks.k4_dequant(quants_float_q4_k, row, o, dst, y)
 
 
-@njit(parallel=True, fastmath=True, cache=True)
-def matvec_float_q4_k(w, xv, xs, out):
-    superblocks_matvec_float(q4_k_superblock, layout_q4_k, w, xv, xs, out)
-
-
-@njit(parallel=True, cache=True)
-def dequant_q4_k(w, row0, out):
-    nsb = out.shape[1] // float_blocks.QK_K
-    for r in prange(out.shape[0]):
-        row, dst = w[row0 + r], out[r]
-        for i in range(nsb):
-            o, y = 144 * i, float_blocks.QK_K * i
-            d, dmin = simd.load_f16(row, o), simd.load_f16(row, o + 2)
-            for j in range(4):
-                sc_a, mn_a = float_blocks.scale_min_k4(row, o + 4, 2 * j)
-                sc_b, mn_b = float_blocks.scale_min_k4(row, o + 4, 2 * j + 1)
-                d1, m1 = simd.vsplat(d * _F32(sc_a)), simd.vsplat(dmin * _F32(mn_a))
-                d2, m2 = simd.vsplat(d * _F32(sc_b)), simd.vsplat(dmin * _F32(mn_b))
-                q0, q1 = simd.bload(row, o + 16 + 32 * j), simd.bload(row, o + 32 + 32 * j)
-                e = y + 64 * j
-                simd.vstore(dst, e, simd.vsub(simd.vmul(d1, simd.bto_f32(simd.band(q0, 15))), m1))
-                simd.vstore(dst, e + 16, simd.vsub(simd.vmul(d1, simd.bto_f32(simd.band(q1, 15))), m1))
-                simd.vstore(dst, e + 32, simd.vsub(simd.vmul(d2, simd.bto_f32(simd.bshr(q0, 4))), m2))
-                simd.vstore(dst, e + 48, simd.vsub(simd.vmul(d2, simd.bto_f32(simd.bshr(q1, 4))), m2))
-
-
-# --- integer-dot mat-vec (ggml numerics, one token) (from intdot.py) ------------------------------------------------
+# --- integer-dot mat-vec (ggml numerics, one token) ---------------------------------------------------------------
 @njit(inline="always", cache=True)
 def q4_k_sumi(row, o, yq, e, t0, t1):
     sumi = int8.izero()
@@ -103,20 +65,7 @@ def row_dot_q4_k(w0, p0, yq, yd, ys):
     return int8.fsum(a0) + int8.fsum(m0)
 
 
-@njit(parallel=True, cache=True)
-def matvec_int_q4_k(w, yq, yd, ya, out):
-    ys = np.empty(ya.shape[0] // 2, np.int16)
-    intdot.bsum_pairs_into(ya, ys)
-    rows_matvec(row_dot_q4_k, w, yq, yd, ys, out)  # one row at a time, as matvec_int_q8_0
-
-
-@njit(cache=True)
-def token_q4_k(w, x, out):
-    yq, yd, ya = row_q8_K(x)
-    matvec_int_q4_k(w, yq, yd, ya, out)
-
-
-# --- register-tiled integer-dot kernels (ggml numerics, several tokens) (from inttiles.py) --------------------------
+# --- register-tiled integer-dot kernels (ggml numerics, several tokens) ---------------------------------------------
 @njit(inline="always", cache=True)
 def q4_k_quants(row, o, j):
     q = int8.load32(row, o + 16 + 32 * j)
@@ -460,8 +409,9 @@ def group_q4_k(w, yq, yd, ya, yd8, ya8, yq2, out, lo, hi):
             inttiles.store_tile(out, r0, r1, t, t1, t2, t3, tile_q4_k(w[r0], w[r1], yq, yd, ya, t, t1, t2, t3))
 
 
-@njit(parallel=True, cache=True)
-def tiled_q4_k(w, yq, yd, ya, out):
+@njit(inline="always", cache=True)
+def tiled_loop_q4_k(w, yq, yd, ya, out):
+    """Row groups split over threads, each by :func:`group_q4_k`."""
     n = out.shape[1]
     yd8, ya8 = scales8(yd), bsum_pairs8(ya)
     ya = intdot.bsum_pairs(ya)
@@ -479,8 +429,3 @@ def tiled_q4_k(w, yq, yd, ya, out):
             g * inttiles.GROUP_ROWS,
             min(g * inttiles.GROUP_ROWS + inttiles.GROUP_ROWS, n),
         )
-
-
-QTYPE = T.Q4_K
-# the dispatcher's entry for this type (:class:`~..kernel_entry.Kernels`: which kernel serves which path)
-KERNELS = Kernels(matvec_float_q4_k, dequant_q4_k, "q8_K", 32, matvec_int_q4_k, "q8_K", tiled_q4_k, token_q4_k)

@@ -1,26 +1,22 @@
-"""Q5_K: all of the type's Numba kernels, and its kernel-table entry (:data:`KERNELS`). Layout (ggml-common.h):
+"""Q5_K: the type's own arithmetic (which loops its kernels are: :data:`..kernel_specs.SPECS`;
+compiled in :mod:`..entries`). Layout (ggml-common.h):
 Q5_K (176 bytes, 256 weights): ``d @0 | dmin @2 | scales[12] @4 | qh[32] @16 | qs[128] @48``: as Q4_K plus a fifth
 bit,
 bit ``2j`` (low half) / ``2j + 1`` (high half) of ``qh[l]``.
 """
 
 import numpy as np
-from gguf import GGMLQuantizationType as T
 from numba import njit, prange
 
 from inference_engine.backends.numba_kernels import float_blocks, intdot, inttiles
-from inference_engine.backends.numba_kernels.float_blocks import superblocks_matvec_float
-from inference_engine.backends.numba_kernels.intdot import rows_matvec
 from inference_engine.backends.numba_kernels.isa import int8, simd
-from inference_engine.backends.numba_kernels.kernel_entry import Kernels
-from inference_engine.backends.numba_kernels.ops.activations import row_q8_K
 
 _F32 = np.float32
 
 
-# --- float mat-vec and dequantization (from k_quants.py) ------------------------------------------------------------
+# --- float mat-vec and dequantization ------------------------------------------------------------------------------
 @njit(inline="always", cache=True)
-def q5_k_quants_float(row, o, j):
+def quants_float_q5_k(row, o, j):
     """The 64 unsigned 5-bit quants of chunk ``j`` (elements 64j .. 64j+63) as four F32x16."""
     q0, q1 = simd.bload(row, o + 48 + 32 * j), simd.bload(row, o + 64 + 32 * j)
     h0, h1 = simd.bload(row, o + 16), simd.bload(row, o + 32)
@@ -33,51 +29,15 @@ def q5_k_quants_float(row, o, j):
 
 @njit(inline="always", cache=True)
 def q5_k_superblock(row, o, xv, xs, x0, acc, c):
-    sm = float_blocks.k4_scales_mins(row, o + 4, simd.load_f16(row, o), simd.load_f16(row, o + 2))
-    c = simd.vfma(sm, simd.vload_high8(xs, x0 // 32), c)
-    for j in range(4):
-        u0, u1, u2, u3 = q5_k_quants_float(row, o, j)
-        e = x0 + 64 * j
-        lo = simd.vfma(u1, simd.vload(xv, e + 16), simd.vmul(u0, simd.vload(xv, e)))
-        hi = simd.vfma(u3, simd.vload(xv, e + 48), simd.vmul(u2, simd.vload(xv, e + 32)))
-        acc = simd.vfma(simd.vlane(sm, 2 * j), lo, acc)
-        acc = simd.vfma(simd.vlane(sm, 2 * j + 1), hi, acc)
-    return acc, c
+    return float_blocks.k4_superblock(quants_float_q5_k, row, o, xv, xs, x0, acc, c)
 
 
 @njit(inline="always", cache=True)
-def layout_q5_k():
-    """(super-block bytes, constant-term factor) for :func:`.float_blocks.superblocks_matvec_float`."""
-    return 176, _F32(1.0)
+def dequant_superblock_q5_k(row, o, dst, y):
+    float_blocks.k4_dequant(quants_float_q5_k, row, o, dst, y)
 
 
-@njit(parallel=True, fastmath=True, cache=True)
-def matvec_float_q5_k(w, xv, xs, out):
-    superblocks_matvec_float(q5_k_superblock, layout_q5_k, w, xv, xs, out)
-
-
-@njit(parallel=True, cache=True)
-def dequant_q5_k(w, row0, out):
-    nsb = out.shape[1] // float_blocks.QK_K
-    for r in prange(out.shape[0]):
-        row, dst = w[row0 + r], out[r]
-        for i in range(nsb):
-            o, y = 176 * i, float_blocks.QK_K * i
-            d, dmin = simd.load_f16(row, o), simd.load_f16(row, o + 2)
-            for j in range(4):
-                sc_a, mn_a = float_blocks.scale_min_k4(row, o + 4, 2 * j)
-                sc_b, mn_b = float_blocks.scale_min_k4(row, o + 4, 2 * j + 1)
-                d1, m1 = simd.vsplat(d * _F32(sc_a)), simd.vsplat(dmin * _F32(mn_a))
-                d2, m2 = simd.vsplat(d * _F32(sc_b)), simd.vsplat(dmin * _F32(mn_b))
-                u0, u1, u2, u3 = q5_k_quants_float(row, o, j)
-                e = y + 64 * j
-                simd.vstore(dst, e, simd.vsub(simd.vmul(d1, u0), m1))
-                simd.vstore(dst, e + 16, simd.vsub(simd.vmul(d1, u1), m1))
-                simd.vstore(dst, e + 32, simd.vsub(simd.vmul(d2, u2), m2))
-                simd.vstore(dst, e + 48, simd.vsub(simd.vmul(d2, u3), m2))
-
-
-# --- integer-dot mat-vec (ggml numerics, one token) (from intdot.py) ------------------------------------------------
+# --- integer-dot mat-vec (ggml numerics, one token) ---------------------------------------------------------------
 @njit(inline="always", cache=True)
 def q5_k_sumi(row, o, yq, e, t0, t1):
     sumi = int8.izero()
@@ -109,20 +69,7 @@ def row_dot_q5_k(w0, p0, yq, yd, ys):
     return int8.fsum(a0) + c0
 
 
-@njit(parallel=True, cache=True)
-def matvec_int_q5_k(w, yq, yd, ya, out):
-    ys = np.empty(ya.shape[0] // 2, np.int16)
-    intdot.bsum_pairs_into(ya, ys)
-    rows_matvec(row_dot_q5_k, w, yq, yd, ys, out)  # one row at a time, as matvec_int_q8_0
-
-
-@njit(cache=True)
-def token_q5_k(w, x, out):
-    yq, yd, ya = row_q8_K(x)
-    matvec_int_q5_k(w, yq, yd, ya, out)
-
-
-# --- register-tiled integer-dot kernels (ggml numerics, several tokens) (from inttiles.py) --------------------------
+# --- register-tiled integer-dot kernels (ggml numerics, several tokens) ---------------------------------------------
 @njit(inline="always", cache=True)
 def q5_k_quants(row, o, j):
     hbits = int8.load32(row, o + 16)
@@ -234,14 +181,10 @@ def group_q5_k(w, yq, yd, ya, out, lo, hi):
             inttiles.store_tile(out, r0, r1, t, t1, t2, t3, tile_q5_k(w[r0], w[r1], yq, yd, ya, t, t1, t2, t3))
 
 
-@njit(parallel=True, cache=True)
-def tiled_q5_k(w, yq, yd, ya, out):
+@njit(inline="always", cache=True)
+def tiled_loop_q5_k(w, yq, yd, ya, out):
+    """Row groups split over threads, each by :func:`group_q5_k`."""
     n = out.shape[1]
     ya = intdot.bsum_pairs(ya)
     for g in prange((n + inttiles.GROUP_ROWS - 1) // inttiles.GROUP_ROWS):
         group_q5_k(w, yq, yd, ya, out, g * inttiles.GROUP_ROWS, min(g * inttiles.GROUP_ROWS + inttiles.GROUP_ROWS, n))
-
-
-QTYPE = T.Q5_K
-# the dispatcher's entry for this type (:class:`~..kernel_entry.Kernels`: which kernel serves which path)
-KERNELS = Kernels(matvec_float_q5_k, dequant_q5_k, "q8_K", 32, matvec_int_q5_k, "q8_K", tiled_q5_k, token_q5_k)

@@ -1,4 +1,5 @@
-"""Q6_K: all of the type's Numba kernels, and its kernel-table entry (:data:`KERNELS`). Layout (ggml-common.h):
+"""Q6_K: the type's own arithmetic (which loops its kernels are: :data:`..kernel_specs.SPECS`;
+compiled in :mod:`..entries`). Layout (ggml-common.h):
 Q6_K (210 bytes, 256 weights): ``ql[128] @0 | qh[64] @128 | scales[16] int8 @192 | d @208``;
 ``e = 128n + l + 32t`` (t = 0..3): ``u = nibble of ql[64n + l + 32(t & 1)]`` (lo for t < 2) ``| ((qh[32n + l] >> 2t)
 & 3) << 4``,
@@ -6,20 +7,15 @@ sub-block ``8n + l//16 + 2t``; ``w = d*sc*(u - 32)``.
 """
 
 import numpy as np
-from gguf import GGMLQuantizationType as T
 from numba import njit, prange
 
 from inference_engine.backends.numba_kernels import float_blocks, intdot, inttiles
-from inference_engine.backends.numba_kernels.float_blocks import superblocks_matvec_float
-from inference_engine.backends.numba_kernels.intdot import rows_matvec
 from inference_engine.backends.numba_kernels.isa import int8, simd, zmm
-from inference_engine.backends.numba_kernels.kernel_entry import Kernels
-from inference_engine.backends.numba_kernels.ops.activations import row_q8_K
 
 _F32 = np.float32
 
 
-# --- float mat-vec and dequantization (from k_quants.py) ------------------------------------------------------------
+# --- float mat-vec and dequantization ------------------------------------------------------------------------------
 @njit(inline="always", cache=True)
 def q6_k_quants_float(row, o, n, h):
     """Unsigned 6-bit quants (0..63) of elements 128n + 16h + 32t + (0..15), t = 0..3, as four F32x16."""
@@ -49,95 +45,36 @@ def q6_k_superblock(row, o, xv, xs, x0, acc, c):
 
 
 @njit(inline="always", cache=True)
-def layout_q6_k():
-    """(super-block bytes, constant-term factor) for :func:`.float_blocks.superblocks_matvec_float`."""
-    return 210, _F32(32.0)
+def dequant_superblock_q6_k(row, o, dst, y):
+    """``dequantize_row_q6_K`` of the super-block at byte ``o`` into ``dst[y : y + 256]``."""
+    d = simd.load_f16(row, o + 208)
+    thirty_two = simd.vsplat(_F32(32.0))
+    for n in range(2):
+        for h in range(2):
+            u0, u1, u2, u3 = q6_k_quants_float(row, o, n, h)
+            k = 8 * n + h
+            e = y + 128 * n + 16 * h
+            simd.vstore(
+                dst, e, simd.vmul(simd.vsplat(d * _F32(np.int8(row[o + 192 + k]))), simd.vsub(u0, thirty_two))
+            )
+            simd.vstore(
+                dst,
+                e + 32,
+                simd.vmul(simd.vsplat(d * _F32(np.int8(row[o + 194 + k]))), simd.vsub(u1, thirty_two)),
+            )
+            simd.vstore(
+                dst,
+                e + 64,
+                simd.vmul(simd.vsplat(d * _F32(np.int8(row[o + 196 + k]))), simd.vsub(u2, thirty_two)),
+            )
+            simd.vstore(
+                dst,
+                e + 96,
+                simd.vmul(simd.vsplat(d * _F32(np.int8(row[o + 198 + k]))), simd.vsub(u3, thirty_two)),
+            )
 
 
-@njit(parallel=True, fastmath=True, cache=True)
-def matvec_float_q6_k(w, xv, xs, out):
-    superblocks_matvec_float(q6_k_superblock, layout_q6_k, w, xv, xs, out)
-
-
-@njit(parallel=True, cache=True)
-def dequant_q6_k(w, row0, out):
-    nsb = out.shape[1] // float_blocks.QK_K
-    for r in prange(out.shape[0]):
-        row, dst = w[row0 + r], out[r]
-        for i in range(nsb):
-            o, y = 210 * i, float_blocks.QK_K * i
-            d = simd.load_f16(row, o + 208)
-            thirty_two = simd.vsplat(_F32(32.0))
-            for n in range(2):
-                for h in range(2):
-                    u0, u1, u2, u3 = q6_k_quants_float(row, o, n, h)
-                    k = 8 * n + h
-                    e = y + 128 * n + 16 * h
-                    simd.vstore(
-                        dst, e, simd.vmul(simd.vsplat(d * _F32(np.int8(row[o + 192 + k]))), simd.vsub(u0, thirty_two))
-                    )
-                    simd.vstore(
-                        dst,
-                        e + 32,
-                        simd.vmul(simd.vsplat(d * _F32(np.int8(row[o + 194 + k]))), simd.vsub(u1, thirty_two)),
-                    )
-                    simd.vstore(
-                        dst,
-                        e + 64,
-                        simd.vmul(simd.vsplat(d * _F32(np.int8(row[o + 196 + k]))), simd.vsub(u2, thirty_two)),
-                    )
-                    simd.vstore(
-                        dst,
-                        e + 96,
-                        simd.vmul(simd.vsplat(d * _F32(np.int8(row[o + 198 + k]))), simd.vsub(u3, thirty_two)),
-                    )
-
-
-# --- integer-dot mat-vec (ggml numerics, one token) (from intdot.py) ------------------------------------------------
-@njit(inline="always", cache=True)
-def q6_k_sumi(row, o, yq, e, ys, i):
-    sumi = int8.izero()
-    for j in range(2):
-        ql0, ql1 = int8.load32(row, o + 64 * j), int8.load32(row, o + 64 * j + 32)
-        qh = int8.load32(row, o + 128 + 32 * j)
-        q0 = int8.bor8(int8.band8(ql0, 15), int8.bshl8(int8.band8(qh, 3), 4))
-        q1 = int8.bor8(int8.band8(ql1, 15), int8.bshl8(int8.band8(int8.bshr8(qh, 2), 3), 4))
-        q2 = int8.bor8(int8.bshr8(ql0, 4), int8.bshl8(int8.band8(int8.bshr8(qh, 4), 3), 4))
-        q3 = int8.bor8(int8.bshr8(ql1, 4), int8.bshl8(int8.bshr8(qh, 6), 4))
-        sc = o + 192 + 8 * j
-        y = e + 128 * j
-        p0 = int8.dot4_scaled(q0, int8.load32(yq, y), np.int8(row[sc]), np.int8(row[sc + 1]))
-        p1 = int8.dot4_scaled(q1, int8.load32(yq, y + 32), np.int8(row[sc + 2]), np.int8(row[sc + 3]))
-        p2 = int8.dot4_scaled(q2, int8.load32(yq, y + 64), np.int8(row[sc + 4]), np.int8(row[sc + 5]))
-        p3 = int8.dot4_scaled(q3, int8.load32(yq, y + 96), np.int8(row[sc + 6]), np.int8(row[sc + 7]))
-        sumi = int8.iadd(sumi, int8.iadd(p0, p1))
-        sumi = int8.iadd(sumi, int8.iadd(p2, p3))
-    return int8.isub(sumi, int8.ishl(int8.madd16(ys, 16 * i, row, o + 192), 5))
-
-
-@njit(inline="always", cache=True)
-def row_dot_q6_k(w0, p0, yq, yd, ya):
-    """One Q6_K row."""
-    a0 = int8.fzero()
-    for i in range(yd.shape[0]):
-        o = 210 * i
-        intdot.prefetch_span(p0, o, 210)
-        a0 = int8.fma_int(yd[i] * simd.load_f16(w0, o + 208), q6_k_sumi(w0, o, yq, float_blocks.QK_K * i, ya, i), a0)
-    return int8.fsum(a0)
-
-
-@njit(parallel=True, cache=True)
-def matvec_int_q6_k(w, yq, yd, ya, out):
-    rows_matvec(row_dot_q6_k, w, yq, yd, ya, out)  # one row at a time, as matvec_int_q8_0
-
-
-@njit(cache=True)
-def token_q6_k(w, x, out):
-    yq, yd, ya = row_q8_K(x)
-    matvec_int_q6_k(w, yq, yd, ya, out)
-
-
-# --- register-tiled integer-dot kernels (ggml numerics, several tokens) (from inttiles.py) --------------------------
+# --- integer-dot kernels (ggml numerics): one token (row_dot_q6_k), several tokens (register tiles) ----------------
 @njit(inline="always", cache=True)
 def q6_k_quants(row, o, j):
     """The four 32-quant vectors of half ``j`` of a Q6_K super-block (as q6_k_sumi unpacks them)."""
@@ -157,6 +94,27 @@ def dot_q6_k(q0, q1, q2, q3, row, sc, yq, y):
     p2 = int8.dot4_scaled(q2, int8.load32(yq, y + 64), np.int8(row[sc + 4]), np.int8(row[sc + 5]))
     p3 = int8.dot4_scaled(q3, int8.load32(yq, y + 96), np.int8(row[sc + 6]), np.int8(row[sc + 7]))
     return int8.iadd(int8.iadd(p0, p1), int8.iadd(p2, p3))
+
+
+@njit(inline="always", cache=True)
+def q6_k_sumi(row, o, yq, e, ys, i):
+    """One super-block's integer sum with the activation from element ``e``, less ``32 * bsums . scales``."""
+    sumi = int8.izero()
+    for j in range(2):
+        q0, q1, q2, q3 = q6_k_quants(row, o, j)
+        sumi = int8.iadd(sumi, dot_q6_k(q0, q1, q2, q3, row, o + 192 + 8 * j, yq, e + 128 * j))
+    return int8.isub(sumi, int8.ishl(int8.madd16(ys, 16 * i, row, o + 192), 5))
+
+
+@njit(inline="always", cache=True)
+def row_dot_q6_k(w0, p0, yq, yd, ya):
+    """One Q6_K row."""
+    a0 = int8.fzero()
+    for i in range(yd.shape[0]):
+        o = 210 * i
+        intdot.prefetch_span(p0, o, 210)
+        a0 = int8.fma_int(yd[i] * simd.load_f16(w0, o + 208), q6_k_sumi(w0, o, yq, float_blocks.QK_K * i, ya, i), a0)
+    return int8.fsum(a0)
 
 
 @njit(inline="always", cache=True)
@@ -337,16 +295,12 @@ def group_q6_k(w, yq, yd, ya, yq2, out, lo, hi):
             inttiles.store_tile(out, r0, r1, t, t1, t2, t3, tile_q6_k(w[r0], w[r1], yq, yd, ya, t, t1, t2, t3))
 
 
-@njit(parallel=True, cache=True)
-def tiled_q6_k(w, yq, yd, ya, out):
+@njit(inline="always", cache=True)
+def tiled_loop_q6_k(w, yq, yd, ya, out):
+    """Row groups split over threads, each by :func:`group_q6_k`."""
     n = out.shape[1]
     yq2 = inttiles.token_pairs(yq) if zmm.has_zmm_vnni() else np.empty((0, 0), np.uint8)
     for g in prange((n + inttiles.GROUP_ROWS - 1) // inttiles.GROUP_ROWS):
         group_q6_k(
             w, yq, yd, ya, yq2, out, g * inttiles.GROUP_ROWS, min(g * inttiles.GROUP_ROWS + inttiles.GROUP_ROWS, n)
         )
-
-
-QTYPE = T.Q6_K
-# the dispatcher's entry for this type (:class:`~..kernel_entry.Kernels`: which kernel serves which path)
-KERNELS = Kernels(matvec_float_q6_k, dequant_q6_k, "q8_K", 16, matvec_int_q6_k, "q8_K", tiled_q6_k, token_q6_k)

@@ -1,17 +1,14 @@
-"""Q8_0: all of the type's Numba kernels, and its kernel-table entry (:data:`KERNELS`). Layout (ggml-common.h):
+"""Q8_0: the type's own arithmetic (which loops its kernels are: :data:`..kernel_specs.SPECS`;
+compiled in :mod:`..entries`). Layout (ggml-common.h):
 Q8_0 (34 bytes, 32 weights): ``| d f16 | qs[32] int8 |``; ``w[j] = d * qs[j]``. The type of the big tied output /
 embedding matrices.
 """
 
 import numpy as np
-from gguf import GGMLQuantizationType as T
 from numba import njit, prange
 
 from inference_engine.backends.numba_kernels import intdot
-from inference_engine.backends.numba_kernels.inttiles import tiled_pairs
 from inference_engine.backends.numba_kernels.isa import int8, simd, zmm
-from inference_engine.backends.numba_kernels.kernel_entry import Kernels
-from inference_engine.backends.numba_kernels.ops.activations import row_q8_0
 
 
 # --- float mat-vec and dequantization (from q8_0.py) ----------------------------------------------------------------
@@ -23,8 +20,9 @@ def int8_dot(row, off, xl, xh):
     )
 
 
-@njit(parallel=True, fastmath=True, cache=True)
-def matvec_float_q8_0(w, xv, xs, out):
+@njit(inline="always", cache=True)
+def matvec_float_loop_q8_0(w, xv, xs, out):
+    """:func:`.float_blocks.pairs_matvec_float` without a constant term (Q8_0 has none, and no ``xs``)."""
     n, nb = out.shape[0], xv.shape[0] // 32
     ahead = simd.rows_ahead(w)
     for g in prange((n + 1) // 2):
@@ -44,17 +42,10 @@ def matvec_float_q8_0(w, xv, xs, out):
         out[r1] = simd.vsum(a1)
 
 
-@njit(parallel=True, cache=True)
-def dequant_q8_0(w, row0, out):
-    """``out[i] = dequantize_row_q8_0(w[row0 + i])``: ``qs * d``."""
-    nb = out.shape[1] // 32
-    for i in prange(out.shape[0]):
-        row, dst = w[row0 + i], out[i]
-        for b in range(nb):
-            o = 34 * b
-            d = simd.vsplat(simd.load_f16(row, o))
-            simd.vstore(dst, 32 * b, simd.vmul(simd.bto_f32_signed(simd.bload(row, o + 2)), d))
-            simd.vstore(dst, 32 * b + 16, simd.vmul(simd.bto_f32_signed(simd.bload(row, o + 18)), d))
+@njit(inline="always", cache=True)
+def unpack_q8_0(row, o):
+    """The 32 signed quants of the block at byte ``o`` as two F32x16 (dequantization: ``(q - 0) * d``)."""
+    return simd.bto_f32_signed(simd.bload(row, o + 2)), simd.bto_f32_signed(simd.bload(row, o + 18))
 
 
 # --- integer-dot mat-vec (ggml numerics, one token) (from intdot.py) ------------------------------------------------
@@ -85,8 +76,8 @@ def q8_corrections(yq):
 
 
 @njit(inline="always", cache=True)
-def row_dot_q8_0(w0, p0, yq, yd):
-    """One Q8_0 row."""
+def row_dot_q8_0(w0, p0, yq, yd, ya):
+    """One Q8_0 row (``ya`` unused: :func:`.intdot.rows_matvec`'s signature)."""
     a0 = int8.fzero()
     for b in range(yd.shape[0]):
         o = 34 * b
@@ -97,8 +88,8 @@ def row_dot_q8_0(w0, p0, yq, yd):
     return int8.fsum(a0)
 
 
-@njit(parallel=True, cache=True)
-def matvec_int_q8_0(w, yq, yd, ya, out):
+@njit(inline="always", cache=True)
+def matvec_int_loop_q8_0(w, yq, yd, ya, out):
     # One row at a time, not a pair (here and in the K-quants' mat-vecs): each thread then reads its rows' bytes in
     # strictly ascending order, which the hardware prefetchers follow better than two interleaved rows. Measured on
     # matrices larger than the L3, 2 threads, 8 alternating runs (AVX2 EPYC), median GB/s of weight bytes, pairs ->
@@ -114,16 +105,8 @@ def matvec_int_q8_0(w, yq, yd, ya, out):
             p = w[min(r + ahead, n - zmm.ROWS)]
             lo, hi = quad_q8_0(w[r], w[r + 1], w[r + 2], w[r + 3], p, yq, yd, corr)
             zmm.store_rows(out, r, lo, hi)
-        return
-    ahead = simd.rows_ahead(w)
-    for r in prange(n):
-        out[r] = row_dot_q8_0(w[r], w[min(r + ahead, n - 1)], yq, yd)
-
-
-@njit(cache=True)
-def token_q8_0(w, x, out):
-    yq, yd, ya = row_q8_0(x)
-    matvec_int_q8_0(w, yq, yd, ya, out)
+    else:
+        intdot.rows_matvec(row_dot_q8_0, w, yq, yd, ya, out)
 
 
 # --- register-tiled integer-dot kernels (ggml numerics, several tokens) (from inttiles.py) --------------------------
@@ -159,13 +142,3 @@ def tile_q8_0(w0, w1, yq, yd, ya, t0, t1, t2, t3):
         int8.fsum(a12),
         int8.fsum(a13),
     )
-
-
-@njit(parallel=True, cache=True)
-def tiled_q8_0(w, yq, yd, ya, out):
-    tiled_pairs(tile_q8_0, w, yq, yd, ya, out)
-
-
-QTYPE = T.Q8_0
-# the dispatcher's entry for this type (:class:`~..kernel_entry.Kernels`: which kernel serves which path)
-KERNELS = Kernels(matvec_float_q8_0, dequant_q8_0, "q8_0", 0, matvec_int_q8_0, "q8_0", tiled_q8_0, token_q8_0)

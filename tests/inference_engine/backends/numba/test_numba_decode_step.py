@@ -99,9 +99,10 @@ def test_layers_the_fused_op_does_not_compute_run_op_by_op(tiny_model, monkeypat
 
 
 def test_the_fused_layer_multiplies_every_type_with_a_one_token_kernel():
-    """decode_layer.token_matvec's branches name the types that have an intdot token_<type> kernel in the kernel
+    """token_matvec's branches (the fused layer's) name the types that have a token_<type> kernel in the kernel
     table; a type added to one and not the other would be left out of the fused layer (or fail inside it)."""
-    from inference_engine.backends.numba_kernels import KERNELS, decode_layer
+    from inference_engine.backends.numba_kernels import KERNELS, decode_layer, entries
 
     with_token_kernel = {t for t in KERNELS if KERNELS.get(t).matvec_token is not None}
     assert set(decode_layer.TOKEN_TYPES) == with_token_kernel
+    assert decode_layer.token_matvec is entries.token_matvec

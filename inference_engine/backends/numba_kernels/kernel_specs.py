@@ -1,0 +1,99 @@
+"""The kernel table as data: for every tensor type, the loop each of its kernels is made of and the type's own
+arithmetic (from ``types/<type>.py``) handed to that loop, as llama.cpp's ``type_traits_cpu`` lists each type's
+functions. :mod:`.make_entries` writes the compiled entry points (:mod:`.entries`) from :data:`SPECS`; the kernel
+table (:mod:`.kernel_table`) holds them in this order.
+
+``layout`` is ``(block bytes, constant-term factor)``: the constant term of a block is ``factor * c * sum(x)``
+with ``c`` the block's ``d`` (Q4_0: ``-8 d`` -> 8, Q5_0: 16), its ``m`` (Q4_1 / Q5_1: ``+m`` -> -1), its sub-block
+minimum (Q2_K / Q4_K / Q5_K: 1) or offset (Q3_K: 4, Q6_K: 32); the float types have none (bytes a value, 0).
+"""
+
+from gguf import GGMLQuantizationType as T
+
+from inference_engine.backends.numba_kernels import float_blocks as fb
+from inference_engine.backends.numba_kernels import intdot, inttiles
+from inference_engine.backends.numba_kernels.isa import simd
+from inference_engine.backends.numba_kernels.kernel_entry import LAYOUT, PAIR, TILE, Call, KernelSpec
+from inference_engine.backends.numba_kernels.types import q2_k, q3_k, q4_0, q4_1, q4_k, q5_0, q5_1, q5_k, q6_k, q8_0
+
+
+def _floats(qtype: T, width: int, vload, load) -> KernelSpec:
+    """F32 / F16 / BF16: the values themselves, widened to float32 by the ``vload`` / ``load`` intrinsics."""
+    return KernelSpec(
+        qtype, qtype.name.lower(), 0, (width, 0.0),
+        matvec_float=Call(fb.floats_matvec, vload, load, LAYOUT),
+        dequant=Call(fb.floats_dequant, vload, load, LAYOUT),
+    )  # fmt: skip
+
+
+def _superblocks(qtype: T, sub: int, layout: tuple[int, float], superblock, dequant, **int_kernels) -> KernelSpec:
+    """A K-quant: float kernels over 256-weight super-blocks (``superblock``, ``dequant``: the type's own)."""
+    return KernelSpec(
+        qtype, "q8_K", sub, layout,
+        matvec_float=Call(fb.superblocks_matvec_float, superblock, LAYOUT),
+        dequant=Call(fb.superblocks_dequant, dequant, LAYOUT),
+        **int_kernels,
+    )  # fmt: skip
+
+
+SPECS: tuple[KernelSpec, ...] = (
+    _floats(T.F32, 4, simd.vload_f32, simd.load_f32),
+    _floats(T.F16, 2, simd.vload_f16, simd.load_f16),
+    _floats(T.BF16, 2, simd.vload_bf16, simd.load_bf16),
+    KernelSpec(
+        T.Q4_0, "q8_0", 32, (18, 8.0), int_activation="q8_0_sum4",
+        matvec_float=Call(fb.pairs_matvec_float, fb.offset_block, q4_0.unpack_q4_0, LAYOUT),
+        dequant=Call(fb.blocks_dequant, fb.offset_dequant, q4_0.unpack_q4_0, LAYOUT),
+        pair=Call(intdot.pair_offset, q4_0.quants_q4_0, 18, 3),  # block bytes, log2 of the offset 8
+        matvec_int=Call(intdot.pairs_matvec, PAIR),
+        tile=Call(inttiles.tile_offset, q4_0.quants_q4_0, 18, 3),
+        tiled=Call(inttiles.tiled_pairs, TILE),
+    ),
+    KernelSpec(
+        T.Q4_1, "q8_1", 32, (20, -1.0), int_activation="q8_1",
+        matvec_float=Call(fb.pairs_matvec_float, fb.min_block, q4_1.unpack_q4_1, LAYOUT),
+        dequant=Call(fb.blocks_dequant, fb.min_dequant, q4_1.unpack_q4_1, LAYOUT),
+        matvec_int=Call(q4_1.matvec_int_loop_q4_1),
+        tile=Call(inttiles.tile_min, q4_1.quants_q4_1, 20),
+        tiled=Call(inttiles.tiled_pairs, TILE),
+    ),
+    KernelSpec(
+        T.Q5_0, "q8_0", 32, (22, 16.0), int_activation="q8_0_sum4",
+        matvec_float=Call(fb.pairs_matvec_float, fb.offset_block, q5_0.unpack_q5_0, LAYOUT),
+        dequant=Call(fb.blocks_dequant, fb.offset_dequant, q5_0.unpack_q5_0, LAYOUT),
+        pair=Call(intdot.pair_offset, q5_0.quants_q5_0, 22, 4),  # block bytes, log2 of the offset 16
+        matvec_int=Call(intdot.pairs_matvec, PAIR),
+        tile=Call(inttiles.tile_offset, q5_0.quants_q5_0, 22, 4),
+        tiled=Call(inttiles.tiled_pairs, TILE),
+    ),
+    KernelSpec(
+        T.Q5_1, "q8_1", 32, (24, -1.0), int_activation="q8_1",
+        matvec_float=Call(fb.pairs_matvec_float, fb.min_block, q5_1.unpack_q5_1, LAYOUT),
+        dequant=Call(fb.blocks_dequant, fb.min_dequant, q5_1.unpack_q5_1, LAYOUT),
+        pair=Call(intdot.pair_min, q5_1.quants_q5_1, 24),
+        matvec_int=Call(intdot.pairs_matvec, PAIR),
+        tile=Call(inttiles.tile_min, q5_1.quants_q5_1, 24),
+        tiled=Call(inttiles.tiled_pairs, TILE),
+    ),
+    KernelSpec(
+        T.Q8_0, "q8_0", 0, (34, 0.0), int_activation="q8_0",
+        matvec_float=Call(q8_0.matvec_float_loop_q8_0),
+        dequant=Call(fb.blocks_dequant, fb.offset_dequant, q8_0.unpack_q8_0, LAYOUT),
+        matvec_int=Call(q8_0.matvec_int_loop_q8_0),
+        tiled=Call(inttiles.tiled_pairs, q8_0.tile_q8_0),
+    ),
+    _superblocks(T.Q2_K, 16, (84, 1.0), q2_k.q2_k_superblock, q2_k.dequant_superblock_q2_k),
+    _superblocks(T.Q3_K, 16, (110, 4.0), q3_k.q3_k_superblock, q3_k.dequant_superblock_q3_k),
+    _superblocks(
+        T.Q4_K, 32, (144, 1.0), q4_k.q4_k_superblock, q4_k.dequant_superblock_q4_k, int_activation="q8_K",
+        matvec_int=Call(intdot.rows_matvec_bsum_pairs, q4_k.row_dot_q4_k), tiled=Call(q4_k.tiled_loop_q4_k),
+    ),
+    _superblocks(
+        T.Q5_K, 32, (176, 1.0), q5_k.q5_k_superblock, q5_k.dequant_superblock_q5_k, int_activation="q8_K",
+        matvec_int=Call(intdot.rows_matvec_bsum_pairs, q5_k.row_dot_q5_k), tiled=Call(q5_k.tiled_loop_q5_k),
+    ),
+    _superblocks(
+        T.Q6_K, 16, (210, 32.0), q6_k.q6_k_superblock, q6_k.dequant_superblock_q6_k, int_activation="q8_K",
+        matvec_int=Call(intdot.rows_matvec, q6_k.row_dot_q6_k), tiled=Call(q6_k.tiled_loop_q6_k),
+    ),
+)  # fmt: skip
