@@ -6,6 +6,10 @@ and the rate it ran at, GB/s of bytes it read (weights, K/V, activations) and GF
 Python glue of the forward pass, also given per layer. Where the backend runs a whole layer as one op
 (``decode_layer``), that op is what it times; ``--unfused`` turns that off, so the layer's ops are timed one by one.
 
+On the MLX backend, whose ops only build a graph, it profiles steps instead (:mod:`bench_compare.step_profile`: host
+time building a step vs time waiting for the device, per step mode, and the graph's nodes per token); ``--ops``
+keeps the op timers there.
+
 ``--trace FILE`` writes the timeline as Chrome trace JSON (open it in https://ui.perfetto.dev or chrome://tracing):
 one complete event per op call, nested in one event per layer and one per decode step, each op's ``args`` holding its
 layer, the weights it read, its bytes and FLOPs.
@@ -34,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+from bench_compare import step_profile
 from inference_engine.backends import get_backend_class
 from inference_engine.backends.base import Backend
 from inference_engine.engine import load_engine
@@ -362,13 +367,24 @@ def main(argv: list[str] | None = None) -> None:
                         help="tokens in the cache before the profiled steps (where the time goes at long context)")
     parser.add_argument("--unfused", action="store_true", help="time a layer's ops one by one, not as one fused op")
     parser.add_argument("--trace", metavar="FILE", default=None, help="write Chrome trace JSON (Perfetto) here")
+    parser.add_argument("--mlx-modes", default=",".join(step_profile.MODES),
+                        help="MLX: the step modes to profile (bench_compare.step_profile), comma-separated")
+    parser.add_argument("--ops", action="store_true",
+                        help="MLX: time each op call as for the other backends (on MLX that is graph building only)")
+    parser.add_argument("--json", metavar="FILE", default=None, help="MLX: write the step profile as JSON here")
     args = parser.parse_args(argv)
+    unknown = set(args.mlx_modes.split(",")) - set(step_profile.MODES)
+    if unknown:
+        parser.error(f"--mlx-modes: unknown {', '.join(sorted(unknown))}; supported: {', '.join(step_profile.MODES)}")
     if args.steps < 1 or args.prefill < 0 or args.depth < 0:
         parser.error("--steps must be at least 1, --prefill and --depth at least 0")
     n_ctx = max(2048, args.depth + max(args.prefill, 64 + args.steps + 8))
     with recording_weights(get_backend_class(args.backend)) as weights:
         engine = load_engine(args.model, backend=args.backend, numerics=args.numerics, n_threads=args.threads,
                              n_ctx=n_ctx, kv_type="f16")
+    if args.backend == "mlx" and not args.ops:  # a lazy backend: host build vs device wait per step, graph size
+        step_profile.main(engine, args)
+        return
     p = profile_engine(engine, weights, steps=args.steps, fuse_layers=not args.unfused, prefill=args.prefill,
                        depth=args.depth)
     what = f"prefill of {args.prefill} tokens" if args.prefill else "decode step"

@@ -126,10 +126,11 @@ class StepCache:
 
 class PendingStep:
     """A launched step: its last position's logits ``(1, n_vocab)`` and greedy pick ``(1,)`` int32, on the device,
-    being computed. Reading either waits for them."""
+    being computed. Reading either waits for them. ``rest``: what else the step writes (K/V buffers), evaluated by
+    :meth:`wait` where the step was not launched."""
 
-    def __init__(self, logits: mx.array, pick: mx.array):
-        self.logits_array, self.pick = logits, pick
+    def __init__(self, logits: mx.array, pick: mx.array, rest: tuple = ()):
+        self.logits_array, self.pick, self.rest = logits, pick, rest
 
     def token(self) -> int:
         """The greedy token (lowest id on ties, as :func:`~inference_engine.sampling.greedy`)."""
@@ -140,7 +141,11 @@ class PendingStep:
         return np.asarray(self.logits_array, dtype=np.float32)[-1]  # a view of the evaluated array
 
     def wait(self) -> None:
-        mx.eval(self.logits_array, self.pick)
+        mx.eval(self.logits_array, self.pick, *self.rest)
+
+    def outputs(self) -> tuple[mx.array, ...]:
+        """Every array the step computes (a profile draws its graph from them before it is evaluated)."""
+        return (self.logits_array, self.pick, *self.rest)
 
 
 def _pick(logits: mx.array) -> mx.array:
@@ -208,13 +213,14 @@ class MLXSteps:
         self.cache.advance(len(tokens))
         return self._launch(logits, _pick(logits))
 
-    def decode(self, token: int | PendingStep) -> PendingStep:
-        """Decode ``token`` (an id, or a launched step whose greedy pick it is, not read) at the next position."""
+    def decode(self, token: int | PendingStep, launch: bool = True) -> PendingStep:
+        """Decode ``token`` (an id, or a launched step whose greedy pick it is, not read) at the next position.
+        ``launch=False``: build the step's graph only (a profile times building and computing apart)."""
         self.cache.check_room(1)
         ids = token.pick if isinstance(token, PendingStep) else mx.array([int(token)], dtype=mx.int32)
         if self._compiled is not None:
             try:
-                step = self._compiled_step(ids)
+                step = self._compiled_step(ids, launch)
             except Exception as exc:  # a forward pass that meets the host cannot be traced
                 if self.traces:
                     raise  # it traced before: this is a real error
@@ -227,10 +233,10 @@ class MLXSteps:
         positions = np.array([self.cache.n_past], dtype=np.int64)
         logits = self.model.forward(StepTokens(ids, self.table), positions, self.cache)  # (1, n_vocab)
         self.cache.advance(1)
-        return self._launch(logits, _pick(logits))
+        return self._launch(logits, _pick(logits), launch=launch)
 
     # --- the compiled step ----------------------------------------------------------------------------------
-    def _compiled_step(self, ids: mx.array) -> PendingStep:
+    def _compiled_step(self, ids: mx.array, launch: bool = True) -> PendingStep:
         pos = self.cache.n_past
         n = min(-(-(pos + 1) // KEY_BLOCK) * KEY_BLOCK, self.cache.n_ctx)  # slots read: the block holding pos
         keys = self._keys.get(n)
@@ -246,7 +252,7 @@ class MLXSteps:
             self.cache.v,
         )
         self.cache.k[:], self.cache.v[:] = k, v  # the new buffers; the old ones are read by this step only
-        return self._launch(logits, pick, (*k, *v))
+        return self._launch(logits, pick, (*k, *v), launch)
 
     def _traced_step(self, ids, pos, keys, tables, k, v):
         positions = StepPositions(pos, keys, dict(zip(self._rope.keys, (tuple(t) for t in tables))))
@@ -255,9 +261,11 @@ class MLXSteps:
         self.traces += 1
         return logits, _pick(logits), cache.k, cache.v
 
-    def _launch(self, logits: mx.array, pick: mx.array, extra=()) -> PendingStep:
-        mx.async_eval(logits, pick, *extra, *self.backend.take_pending())
-        return PendingStep(logits, pick)
+    def _launch(self, logits: mx.array, pick: mx.array, written=(), launch: bool = True) -> PendingStep:
+        step = PendingStep(logits, pick, (*written, *self.backend.take_pending()))
+        if launch:
+            mx.async_eval(*step.outputs())
+        return step
 
 
 def embedding_table(backend, model) -> Any:

@@ -1,0 +1,51 @@
+"""The MLX step profile (``decode_profile --backend mlx``): per step mode, host and wait times, the loop's time per
+token and the nodes of one token's graph, from real steps on MLX's CPU build (figures, not speeds, are checked)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bench_compare import decode_profile, step_profile
+from inference_engine.engine import OurEngine
+
+pytest.importorskip("mlx.core", reason="mlx is not installed (pip install 'gguf-parity[mlx]')")
+pytestmark = pytest.mark.mlx
+
+
+def test_each_mode_is_profiled_with_its_graph(tiny_model):
+    engine = OurEngine(tiny_model("qwen2", "Q4_K"), backend="mlx", n_ctx=128)
+    p = step_profile.run(engine, steps=3)
+    rows = {r["mode"]: r for r in p["modes"]}
+    assert set(rows) == set(step_profile.MODES)
+    for r in rows.values():
+        assert r["host_ms"] > 0 and r["wait_ms"] > 0 and r["pipelined_ms"] > 0
+        assert r["nodes"] == sum(r["node_kinds"].values()) > 0
+        assert r["node_kinds"]["QuantizedMatmul"] >= 7 * p["n_layer"]  # q, k, v, o, gate, up, down per layer
+    assert rows["compiled"]["compiled"] and rows["compiled"]["traces"] == 1
+    assert any(k.startswith("Compiled") for k in rows["compiled"]["node_kinds"])  # element-wise chains fused
+    assert rows["compiled"]["nodes"] < rows["lazy"]["nodes"]
+    assert rows["lazy"]["compiled"] is False and "compiled" not in rows["sync"]
+
+
+def test_prefill_profile(tiny_model):
+    engine = OurEngine(tiny_model("llama", "Q8_0"), backend="mlx", n_ctx=128)
+    r = step_profile.run(engine, prefill=16)["prefill"]
+    assert r["tokens"] == 16 and r["nodes"] > 0 and r["host_ms"] > 0 and r["wait_ms"] > 0
+
+
+def test_decode_profile_runs_it_for_mlx(tiny_model, tmp_path, capsys):
+    out = tmp_path / "steps.json"
+    decode_profile.main([str(tiny_model("llama", "Q8_0")), "--backend", "mlx", "--steps", "2",
+                         "--mlx-modes", "compiled,sync", "--json", str(out)])
+    printed = capsys.readouterr().out
+    assert "pipelined" in printed and "compiled nodes (traced 1x)" in printed
+    assert [r["mode"] for r in json.loads(out.read_text())["modes"]] == ["compiled", "sync"]
+
+
+def test_unknown_mode_is_a_usage_error(tiny_model, capsys):
+    with pytest.raises(SystemExit) as exc:
+        decode_profile.main([str(tiny_model("llama", "Q8_0")), "--backend", "mlx", "--mlx-modes", "fast"])
+    assert exc.value.code == 2
+    assert "--mlx-modes: unknown fast; supported: compiled, lazy, sync" in capsys.readouterr().err
