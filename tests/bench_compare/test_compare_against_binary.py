@@ -111,6 +111,10 @@ def test_a_crash_of_the_binary_ends_the_run_with_one_line(capsys, model, fake_be
     ("llama-bench:{fake}", ("--precision", "5%"), "--precision adds paired repetitions"),
     ("llama-server:{fake}", (), "is the yardstick of an HTTP engine"),
     ("llama-bench:{fake}", ("--engine", "openai:http://127.0.0.1:9/v1"), "measures an in-process engine"),
+    ("llama-server:{missing}", ("--engine", "openai:http://127.0.0.1:9/v1"),
+     "does not exist; point it at llama.cpp's build/bin/llama-server"),
+    ("llama-server:{fake}", ("--engine", "openai:http://127.0.0.1:9/v1"),
+     "is not llama.cpp's llama-server (it looks like llama-bench)"),
 ])
 def test_bad_against_exit_2_before_anything_runs(capsys, model, fake_bench, tmp_path, against, extra, message):
     json_path = tmp_path / "c.json"
