@@ -40,7 +40,7 @@ from bench_compare.measure import (
     tg_test,
     token_ids_for_model,
 )
-from bench_compare.options import OutputFile, table_default
+from bench_compare.options import OutputFile, device_option, table_default
 from bench_compare.results import git_info, machine_info, model_description, package_versions, provenance, utc_now
 from inference_engine import defaults
 from inference_engine.errors import GGUFParityError
@@ -48,6 +48,7 @@ from inference_engine.gguf.file import open_gguf
 from inference_engine.registries import numerics_help
 from inference_engine.store.named_models import DEFAULT_MODEL, resolve_model
 from inference_engine.store.atomic import atomic_write_json
+from validation.provenance import gpu_provenance
 from validation.results import BenchResult, BenchRow
 
 LLAMA_BENCH_DEFAULT_PROMPT = (512,)
@@ -186,6 +187,7 @@ class Output:
 @click.option("-o", "--output", "fmt", default="md", show_default=True, metavar="FORMAT",
               help="md | json | jsonl | csv")
 @engines.engine_options(f"Engine (default: ours:<backend>, backend {defaults.COMMANDS.shown('backend')})")
+@device_option()
 @click.option("--numerics", default=None, metavar="MODE",
               help=f"{numerics_help()} (our engine; ggml: llama.cpp's own arithmetic, so both do the same work)"
                    f"{table_default(defaults.COMMANDS, 'numerics')}")
@@ -195,18 +197,19 @@ class Output:
 @click.option("--json", "json_path", metavar="PATH", default=None, type=OutputFile(),
               help="Also write the result JSON here (for bench-compare report).")
 def bench(model, n_prompt, n_gen, pg, n_depth, reps, threads, n_batch, fmt, engine, engine_opts, numerics, seed,
-          no_warmup, progress, json_path) -> None:
+          no_warmup, progress, json_path, device) -> None:
     """llama-bench compatible benchmark of one engine (pp / tg / pg tests, optional depth)."""
     if fmt not in OUTPUT_FORMATS:
         raise GGUFParityError(f"unknown output format '{fmt}'; choose one of: {', '.join(OUTPUT_FORMATS)}")
     run = defaults.COMMANDS.resolve(numerics=numerics)
     numerics = run.numerics
-    spec = engines.with_llama_bench_kv(engines.parse_engine_spec(engine or f"ours:{run.backend}",
-                                                                 engines.parse_engine_opts(engine_opts)))
+    spec = engines.with_llama_bench_kv(engines.with_device(
+        engines.parse_engine_spec(engine or f"ours:{run.backend}", engines.parse_engine_opts(engine_opts)), device))
     if spec.over_http:
         raise GGUFParityError(f"bench drives an engine's prefill/decode in this process; '{spec.name}' is reached "
                               "over HTTP: use bench-compare compare --engine SPEC --against none (pp/tg over HTTP)")
     engines.check_timed(spec)
+    engines.check_device(spec)
     engines.check_numerics(numerics)
     reps_n = parse_positive_int(reps, "-r")
     batch = parse_positive_int(n_batch, "-b")
@@ -248,6 +251,7 @@ def bench(model, n_prompt, n_gen, pg, n_depth, reps, threads, n_batch, fmt, engi
     try:
         for n_threads in plan.threads:
             eng = engines.make_engine(spec, path, n_threads=n_threads, n_ctx=n_ctx, numerics=numerics, n_batch=batch)
+            result.provenance["machine"]["gpu"] = gpu_provenance()  # known once the engine chose its device
             try:
                 settings = engines.engine_settings(spec, n_threads=n_threads, n_ctx=n_ctx, numerics=numerics,
                                                    n_batch=batch, model=path)
@@ -269,7 +273,7 @@ def bench(model, n_prompt, n_gen, pg, n_depth, reps, threads, n_batch, fmt, engi
                     bar.set_description(f"{test.name} t={n_threads}")
                     started = utc_now()  # llama-bench's test_time: when the test started
                     [m] = runner.run(test)
-                    out.emit(_record(m, model_desc, settings, build_commit, cpu, started))
+                    out.emit(_record(m, model_desc, settings, build_commit, cpu, started, _gpu_name(result)))
                     if m.timing:  # the row's time is a request's: say whose clock (and keep it in the result)
                         result.settings.setdefault("timing", {})[m.test.name] = m.timing
                         click.echo(f"note: {m.test.name} t={n_threads}: {m.timing}", err=True)
@@ -282,7 +286,7 @@ def bench(model, n_prompt, n_gen, pg, n_depth, reps, threads, n_batch, fmt, engi
             if not last.complete and last.samples_ns:
                 click.echo(f"interrupted: {last.test.name} has {len(last.samples_ns)} of {last.reps_planned} "
                            "samples", err=True)
-                out.emit(_record(last, model_desc, settings, build_commit, cpu, started))
+                out.emit(_record(last, model_desc, settings, build_commit, cpu, started, _gpu_name(result)))
         out.finish()
         result.complete = False
         _save(result, json_path)
@@ -298,7 +302,12 @@ def _save(result: BenchResult, json_path: str | None) -> None:
         click.echo(f"json: {json_path}", err=True)
 
 
-def _record(m, model_desc, settings, build_commit, cpu, test_time) -> BenchRow:
+def _gpu_name(result: BenchResult) -> str:
+    """llama-bench's ``gpu_info``: the GPU our engine ran on (provenance's ``machine.gpu``), "" on the CPU."""
+    return str((result.provenance.get("machine", {}).get("gpu") or {}).get("name") or "")
+
+
+def _record(m, model_desc, settings, build_commit, cpu, test_time, gpu: str = "") -> BenchRow:
     return make_record(model=model_desc, settings=settings, n_prompt=m.test.n_prompt, n_gen=m.test.n_gen,
                        n_depth=m.test.n_depth, samples_ns=m.samples_ns, test_time=test_time,
-                       build_commit=build_commit, cpu_info=cpu)
+                       build_commit=build_commit, cpu_info=cpu, gpu_info=gpu)

@@ -19,7 +19,7 @@ from inference_engine.backends import BACKENDS
 from inference_engine.registries import numerics_help
 from inference_engine.store.named_models import DEFAULT_MODEL
 from validation.results import CompareResult
-from bench_compare.options import Number, OutputFile, ReportDir, table_default
+from bench_compare.options import Number, OutputFile, ReportDir, device_option, table_default
 from inference_engine import defaults
 
 
@@ -51,6 +51,7 @@ def _depths(text: str | None) -> tuple[int, ...] | None:
 @click.option("--backend", metavar="BACKEND", default=None,
               help=f"{' | '.join(BACKENDS)}{table_default(defaults.COMMANDS, 'backend')}")
 @engines.engine_options("Engine to compare with llama.cpp instead of ours:<backend>")
+@device_option()
 @click.option("--numerics", metavar="MODE", default=None,
               help=f"{numerics_help()} (our engine; ggml: llama.cpp's own arithmetic, so both do the same work)"
                    f"{table_default(defaults.COMMANDS, 'numerics')}")
@@ -99,12 +100,13 @@ def _depths(text: str | None) -> tuple[int, ...] | None:
               help="HTTP engines only: context of the llama.cpp server / in-process reference.")
 def compare(model, backend, engine, engine_opts, numerics, n_prompt, n_gen, n_depth, reps, precision, max_reps,
             threads, cold_reps, no_cold, quick, budget, prompt, seed, json_path, report_dir, progress, against,
-            concurrency, warmup, requests_per_client, n_ctx) -> None:
+            concurrency, warmup, requests_per_client, n_ctx, device) -> None:
     """Benchmark our engine and llama.cpp side by side, interleaved: pp, tg, tg @ depth, hot and cold TTFT and
     peak RSS, with ratios (higher is better for ours). With --engine openai:URL: a serving benchmark over HTTP."""
     spec = engines.parse_engine_spec(engine, engines.parse_engine_opts(engine_opts)) if engine else None
     if spec is not None:
         engines.check_timed(spec)
+        engines.with_device(spec, device)  # --device is our engine's: refused for any other
     yard = yardstick.parse_against(against)
     if spec is not None and spec.over_http:
         return _http_compare(spec, against, model, threads, n_ctx, n_prompt, n_gen, n_depth, reps, concurrency, warmup,
@@ -118,7 +120,7 @@ def compare(model, backend, engine, engine_opts, numerics, n_prompt, n_gen, n_de
                                     threads=_optional_int(threads, "-t", 1))
     cfg = compare_run.CompareConfig(
         model=model, backend=run.backend, numerics=run.numerics, engine=engine,
-        engine_opts=engines.parse_engine_opts(engine_opts),
+        engine_opts=engines.parse_engine_opts(engine_opts), device=device,
         n_prompt=_optional_int(n_prompt, "-p", 1), n_gen=_optional_int(n_gen, "-n", 1),
         n_depth=None if depths is None else max(depths), depths=depths if depths and len(depths) > 1 else None,
         reps=_reps(reps, quick),

@@ -8,13 +8,14 @@ so both give the same greedy text.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 
 import click
 
 from inference_engine import defaults
 from inference_engine.backends import BACKENDS
-from bench_compare.options import NON_NEGATIVE, POSITIVE, SEED, Number, require_at_least, table_default
+from bench_compare.options import NON_NEGATIVE, POSITIVE, SEED, Number, device_option, require_at_least, table_default
 from inference_engine.errors import GGUFParityError
 from inference_engine.registries import numerics_help
 
@@ -24,8 +25,9 @@ DEFAULT_CTX = 2048
 
 
 def _check_flags(max_tokens: int, ctx: int | None, threads: int | None, backend: str, numerics: str,
-                 kv_type: str) -> None:
+                 kv_type: str, device: str | None = None) -> None:
     """Refuse bad flags before anything slow happens (one line each, exit 2)."""
+    from inference_engine.backends import resolve_device
     from inference_engine.backends.base import check_kv_type
     from inference_engine.registries import check_numerics
 
@@ -33,6 +35,8 @@ def _check_flags(max_tokens: int, ctx: int | None, threads: int | None, backend:
     BACKENDS.validate(backend)
     check_numerics(numerics)
     check_kv_type(kv_type)
+    if device is not None:
+        resolve_device(backend, device)
 
 
 @click.command("generate")
@@ -42,6 +46,7 @@ def _check_flags(max_tokens: int, ctx: int | None, threads: int | None, backend:
                                              f"{table_default(defaults.COMMANDS, 'backend')}")
 @click.option("--numerics", default=None, help=f"{numerics_help()}: f32 dequantized, ggml llama.cpp's."
                                               f"{table_default(defaults.COMMANDS, 'numerics')}")
+@device_option()
 @click.option("--max-tokens", "-n", default=64, show_default=True, type=POSITIVE, help="Tokens to generate at most.")
 @click.option("--ctx", default=None, type=POSITIVE,
               help=f"Context size (KV cache positions); default {DEFAULT_CTX} or the model's training context if "
@@ -58,7 +63,7 @@ def _check_flags(max_tokens: int, ctx: int | None, threads: int | None, backend:
 @click.option("--seed", default=None, type=SEED, help="Random seed for sampling.")
 @click.option("--chat", is_flag=True, help="Wrap PROMPT in the model's chat template as a user message.")
 def generate(
-    prompt, model, backend, numerics, max_tokens, ctx, threads, kv_type, temperature, top_k, top_p, seed, chat
+    prompt, model, backend, numerics, max_tokens, ctx, threads, kv_type, temperature, top_k, top_p, seed, chat, device
 ) -> None:
     """Generate text after PROMPT with our engine (greedy by default); print timings at the end."""
     from inference_engine.engine import OurEngine
@@ -69,8 +74,9 @@ def generate(
     from inference_engine.models import check_runnable
     from inference_engine.sampling import Sampler
 
-    run = defaults.COMMANDS.resolve(backend=backend, numerics=numerics, kv_type=kv_type, threads=threads)
-    _check_flags(max_tokens, ctx, run.threads, run.backend, run.numerics, run.kv_type)
+    run = defaults.COMMANDS.resolve(backend=backend, numerics=numerics, kv_type=kv_type, threads=threads,
+                                    device=device)
+    _check_flags(max_tokens, ctx, run.threads, run.backend, run.numerics, run.kv_type, run.device)
     sampler = Sampler(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
     f = open_gguf(resolve_model(model))
     check_runnable(f)
@@ -80,7 +86,8 @@ def generate(
     check_training_context(f.path, shape, ctx)
     check_context(f.path, shape, ctx, 2 if run.kv_type == "f16" else 4)
     engine = OurEngine(f, backend=run.backend, numerics=run.numerics, n_ctx=ctx, n_threads=run.threads,
-                       kv_type=run.kv_type)
+                       kv_type=run.kv_type, device=run.device)
+    run = dataclasses.replace(run, device=engine.backend.device)  # what it runs on, for the last line
     tokenizer = engine.tokenizer
     if chat:
         from inference_engine.chat import render_chat

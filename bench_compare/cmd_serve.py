@@ -10,7 +10,7 @@ import signal
 
 import click
 
-from bench_compare.options import require_at_least, table_default
+from bench_compare.options import device_option, require_at_least, table_default
 from inference_engine import defaults
 from inference_engine.errors import GGUFParityError
 
@@ -22,6 +22,7 @@ from inference_engine.errors import GGUFParityError
 @click.option("--numerics", default=None,
               help="ggml (llama.cpp's arithmetic, integer-dot kernels: as compare measures) or f32 (dequantized)."
                    f"{table_default(defaults.COMMANDS, 'numerics')}")
+@device_option("Where the server computes (its backends, numpy and numba, use the CPU)")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", default=8080, show_default=True, type=int, help="Port to listen on (0: any free one).")
 @click.option("--threads", "-t", default=None, type=int,
@@ -43,9 +44,9 @@ from inference_engine.errors import GGUFParityError
               help="Seconds in-flight requests get to finish on SIGINT/SIGTERM.")
 @click.option("--log-level", default="info", show_default=True, help="uvicorn log level.")
 def serve(model, backend, numerics, host, port, threads, ctx, max_batch, kv_blocks, block_size, kv_type, max_queue,
-          queue_timeout, prefill_chunk, no_prefix_cache, model_id, drain, log_level) -> int:
+          queue_timeout, prefill_chunk, no_prefix_cache, model_id, drain, log_level, device) -> int:
     """Serve MODEL with an OpenAI-compatible API (/v1/completions, /v1/chat/completions, /metrics)."""
-    from inference_engine.backends import BACKENDS
+    from inference_engine.backends import BACKENDS, resolve_device
     from inference_engine.backends.base import check_kv_type
     from inference_engine.registries import check_numerics
     from inference_engine.server.serve import ServerConfig
@@ -57,6 +58,7 @@ def serve(model, backend, numerics, host, port, threads, ctx, max_batch, kv_bloc
         raise GGUFParityError(f"unknown or unsupported backend '{backend}' for serving; supported: numpy, numba")
     check_numerics(numerics)
     check_kv_type(kv_type)
+    resolve_device(backend, device)  # --device gpu: one line naming what the backend can use
     require_at_least(1, ("--ctx", ctx), ("--max-batch", max_batch), ("--block-size", block_size),
                      ("--max-queue", max_queue), ("--prefill-chunk", prefill_chunk), ("--threads", threads),
                      ("--kv-blocks", kv_blocks))

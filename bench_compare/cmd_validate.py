@@ -20,7 +20,7 @@ from inference_engine.backends import BACKENDS
 from inference_engine.errors import CheckFailed, GGUFParityError
 from validation.metrics import PRECISIONS
 from validation.run import REFERENCES
-from bench_compare.options import NON_NEGATIVE, POSITIVE, OutputFile, ReportDir, table_default
+from bench_compare.options import NON_NEGATIVE, POSITIVE, OutputFile, ReportDir, device_option, table_default
 
 
 class ValidationFailed(CheckFailed):
@@ -32,6 +32,7 @@ class ValidationFailed(CheckFailed):
 @click.option("--backend", default=None,
               help=f"Our backend: {', '.join(BACKENDS)}.{table_default(defaults.VALIDATE, 'backend')}")
 @engines.engine_options("Engine under test instead of ours:<backend>")
+@device_option("Where our engine under test computes (the --against numpy reference: the CPU)")
 @click.option("--numerics", default=None,
               help="ggml (emulate llama.cpp's CPU rounding; strict thresholds) or f32 (plain float32; loose)."
                    f"{table_default(defaults.VALIDATE, 'numerics')}")
@@ -74,7 +75,7 @@ class ValidationFailed(CheckFailed):
                    "plugins): log-probabilities per position to compare.")
 def validate(model, backend, engine, engine_opts, numerics, precision, prompt, against, logit_lens, corpus, smoke_tokens,
              threads, free_running, decode_steps, depth, corpus_kld, ctx, name_map, json_path, report_dir,
-             top_k) -> None:
+             top_k, device) -> None:
     """Diff our engine against a reference tensor by tensor; exit 0 pass, 1 fail, 2 bad input. With --engine
     openai:URL (or llamacpp-server): top-k log-probabilities against llama.cpp in-process (no tensors over HTTP).
 
@@ -86,7 +87,9 @@ def validate(model, backend, engine, engine_opts, numerics, precision, prompt, a
             raise GGUFParityError("--name-map applies to an --engine that reads dumps (dump:DIR, 'cmd:...')")
         engine_opts = (*engine_opts, f"name_map={name_map}")
     spec = engines.parse_engine_spec(engine, engines.parse_engine_opts(engine_opts)) if engine else None
-    run = defaults.VALIDATE.resolve(backend=backend, numerics=numerics, threads=threads)
+    if spec is not None:
+        spec = engines.with_device(spec, device)  # our engine's option; refused for any other engine
+    run = defaults.VALIDATE.resolve(backend=backend, numerics=numerics, threads=threads, device=device)
     if spec is not None and spec.over_http:
         from bench_compare.adapters import http_cli
 
@@ -104,12 +107,13 @@ def validate(model, backend, engine, engine_opts, numerics, precision, prompt, a
     options = ValidateOptions(model=model, backend=run.backend, numerics=run.numerics, prompt=prompt,
                               precision=precision and precision.lower(), top_k=top_k,
                               against=against, logit_lens=logit_lens, corpus=corpus, smoke_tokens=smoke_tokens,
-                              threads=run.threads, kv_type=run.kv_type,
+                              threads=run.threads, kv_type=run.kv_type, device=run.device,
                               free_running=free_running, decode_steps=decode_steps, depth=depth,
                               corpus_kld=corpus_kld, ctx=ctx)
     ours_opener = None
-    if spec is not None and spec.backend is not None and not spec.options:
-        options.backend = spec.backend  # ours:<backend>: the same as --backend
+    if spec is not None and spec.backend is not None and set(spec.engine_options()) <= {"device"}:
+        options.backend = spec.backend  # ours:<backend> (--engine-opt device=D): the same as --backend (--device D)
+        options.device = spec.engine_options().get("device", options.device)
     elif spec is not None:
         options.engine = spec.name
 

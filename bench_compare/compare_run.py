@@ -140,6 +140,7 @@ class CompareConfig:
     numerics: str = "ggml"
     engine: str | None = None  # an engine spec to compare instead of ours:<backend>
     engine_opts: tuple[tuple[str, str], ...] = ()
+    device: str | None = None  # --device for our engine (its ``device`` option); None: the backend's default
     n_prompt: int | None = None
     n_gen: int | None = None
     n_depth: int | None = None
@@ -166,8 +167,8 @@ class CompareConfig:
     def engine_spec(self) -> engines.EngineSpec:
         """The engine compared with llama.cpp: ``--engine`` when given, else ours on ``--backend``."""
         if self.engine:
-            return engines.parse_engine_spec(self.engine, self.engine_opts)
-        return engines.EngineSpec("ours", self.backend)
+            return engines.with_device(engines.parse_engine_spec(self.engine, self.engine_opts), self.device)
+        return engines.with_device(engines.EngineSpec("ours", self.backend), self.device)
 
     def validate(self) -> None:
         from inference_engine.backends import BACKENDS
@@ -175,7 +176,7 @@ class CompareConfig:
         engines.check_numerics(self.numerics)
         if self.backend not in BACKENDS:
             raise GGUFParityError(f"unknown backend '{self.backend}'; choose one of: {BACKENDS.listing()}")
-        self.engine_spec()
+        engines.check_device(self.engine_spec())
         for name, value, low in (("-p", self.n_prompt, 1), ("-n", self.n_gen, 1), ("-d", self.n_depth, 0)):
             if value is not None and value < low:
                 raise GGUFParityError(f"{name} must be at least {low} for compare (got {value})")

@@ -371,13 +371,15 @@ def check_engine(spec: EngineSpec, engine: Any) -> None:
 
 
 def open_ours(target: str, model: str, *, n_threads: int | None = None, n_ctx: int = 2048,
-              numerics: str | None = None, kv_type: str | None = None, **options):
-    """Our engine on one of its backends (``ours:<backend>``)."""
+              numerics: str | None = None, kv_type: str | None = None, device: str | None = None, **options):
+    """Our engine on one of its backends (``ours:<backend>``), on ``device`` (``--engine-opt device=gpu|cpu``,
+    what ``--device`` sets; None: the backend's default)."""
     from inference_engine.engine import OurEngine
 
-    run = defaults.COMMANDS.resolve(backend=target or None, numerics=numerics, kv_type=kv_type, threads=n_threads)
+    run = defaults.COMMANDS.resolve(backend=target or None, numerics=numerics, kv_type=kv_type, threads=n_threads,
+                                    device=device)
     return OurEngine(model, backend=run.backend, numerics=run.numerics, n_ctx=n_ctx, n_threads=run.threads,
-                     kv_type=run.kv_type)
+                     kv_type=run.kv_type, device=run.device)
 
 
 def _ours_imports(target: str) -> None:
@@ -391,10 +393,38 @@ def _ours_imports(target: str) -> None:
 
 
 def _ours_settings(target: str, *, numerics: str | None = None, n_batch: int, kv_type: str | None = None,
-                   **options) -> dict[str, Any]:
+                   device: str | None = None, **options) -> dict[str, Any]:
+    from inference_engine.backends import resolve_device
+
     run = defaults.COMMANDS.resolve(backend=target or None, numerics=numerics, kv_type=kv_type)
-    return {"backend": run.backend, "numerics": run.numerics, "n_ubatch": n_batch, "type_k": run.kv_type,
-            "type_v": run.kv_type, "flash_attn": False}
+    return {"backend": run.backend, "numerics": run.numerics, "device": resolve_device(run.backend, device),
+            "n_ubatch": n_batch, "type_k": run.kv_type, "type_v": run.kv_type, "flash_attn": False}
+
+
+def with_device(spec: EngineSpec, device: str | None) -> EngineSpec:
+    """``spec`` with ``--device`` as its ``device`` option: our engine only (another engine's device is its own
+    option), and not against an ``--engine-opt device=`` that says otherwise."""
+    if device is None:
+        return spec
+    if spec.scheme != "ours":
+        raise GGUFParityError(f"--device applies to our engine (ours:<backend>), not to '{spec.name}'; give that "
+                              "engine its own options with --engine-opt")
+    given = spec.engine_options().get("device")
+    if given is not None and given != device:
+        raise GGUFParityError(f"--device {device} and --engine-opt device={given} disagree; give one")
+    if given is not None:
+        return spec
+    return EngineSpec(spec.scheme, spec.target, spec.options + (("device", device),))
+
+
+def check_device(spec: EngineSpec) -> None:
+    """Refuse now (one line, before any model loads) a ``device`` our engine cannot use here: ``--device gpu`` on
+    the NumPy or Numba backend, or where MLX has no GPU."""
+    device = spec.engine_options().get("device")
+    if spec.scheme == "ours" and device is not None:
+        from inference_engine.backends import resolve_device
+
+        resolve_device(spec.target or default_backend(), device)
 
 
 def with_llama_bench_kv(spec: EngineSpec) -> EngineSpec:

@@ -55,6 +55,7 @@ def make_record(
     build_commit: str,
     build_number: int = 0,
     cpu_info: str = "",
+    gpu_info: str = "",
 ) -> BenchRow:
     """One llama-bench result object. ``model`` is :func:`bench_compare.results.model_description`'s dict and
     ``settings`` :func:`bench_compare.engines.engine_settings`'s."""
@@ -65,7 +66,7 @@ def make_record(
         build_commit=build_commit,
         build_number=int(build_number),
         cpu_info=cpu_info,
-        gpu_info="",
+        gpu_info=gpu_info,  # llama-bench's: the GPU's name where the engine ran on one
         backends=settings["backend"],  # llama.cpp's settings say "CPU", as llama-bench prints
         engine=settings["engine"],
         numerics=settings["numerics"],

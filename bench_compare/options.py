@@ -161,3 +161,13 @@ def choose_platform_tricks(switch: str | None) -> None:
     os.environ[platform.ENV] = switch
     if switch == "off":
         platform.configure(enabled=False, by="--platform-tricks off")
+
+
+def device_option(what: str = "Where our engine computes"):
+    """``--device gpu|cpu`` for a command that runs our engine (None when not given: the backend's default, the GPU
+    where MLX has one). A device the backend cannot use here is refused when the backend is built (exit 2)."""
+    from inference_engine.backends.base import DEVICES
+    from inference_engine.defaults import DEVICE_DEFAULT
+
+    return click.option("--device", default=None, type=click.Choice(DEVICES),
+                        help=f"{what}: {' | '.join(DEVICES)}.  [default: {DEVICE_DEFAULT}]")

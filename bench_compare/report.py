@@ -32,7 +32,7 @@ from typing import Any
 from inference_engine.store.atomic import atomic_open, atomic_write_bytes, atomic_write_text
 from bench_compare.results import utc_now
 from validation.plots import CAPTIONS, new_figure, png_bytes, validation_pngs
-from validation.provenance import cpu_isa_label
+from validation.provenance import cpu_isa_label, machine_label
 from validation.results import (BenchResult, CompareResult, HttpCompareResult, HttpValidateResult, ValidationResult,
                                 result_class, upgrade_legacy)
 from inference_engine.errors import GGUFParityError
@@ -210,7 +210,7 @@ def compare_table(result: dict[str, Any]) -> str:
             *interval_cells(row["interval"]),
         ])
     machine = result.get("machine")
-    first = f"test ({cpu_isa_label(machine)})" if machine else "test"  # the CPU and its ISA head every table
+    first = f"test ({machine_label(machine)})" if machine else "test"  # the CPU, its ISA (and GPU) head every table
     confidence = next((i.get("confidence") for i in (result.get("ratio_intervals") or {}).values()), None)
     ci = f"{confidence * 100:.0f}% CI" if confidence else "CI"
     return markdown_table([first, ours, engine_title(ref), "ratio", ci, "verdict"], rows, "lrrrrl")
@@ -297,7 +297,7 @@ def compare_summary_line(result: dict[str, Any]) -> str:
             f"{result.get('ours')} numerics {result.get('numerics')}, {s.get('n_threads')} threads, "
             f"-p {s.get('n_prompt')} -n {s.get('n_gen')} -d {s.get('n_depth')} -r {s.get('reps')} "
             f"({s.get('sizes_chosen')}), git {str(git.get('sha', '?'))[:10]}{'+dirty' if git.get('dirty') else ''}, "
-            f"{result.get('date', '?')}, {cpu_isa_label(machine)}")
+            f"{result.get('date', '?')}, {machine_label(machine)}")
 
 
 # --- plots ------------------------------------------------------------------------------------------------------
@@ -413,7 +413,7 @@ def bench_section(r: dict[str, Any]) -> list[str]:
     if git.get("sha"):
         facts.append(f"git {str(git['sha'])[:10]}{'+dirty' if git.get('dirty') else ''}")
     if r.get("machine"):
-        facts.append(cpu_isa_label(r["machine"]))
+        facts.append(machine_label(r["machine"]))
     elif r.get("rows"):  # an old file: llama-bench's own cpu_info
         facts.append(str(r["rows"][0].get("cpu_info") or "?"))
     if r.get("date"):

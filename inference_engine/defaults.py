@@ -19,6 +19,8 @@ REFERENCE   numpy                             f32       f32     backend's    Our
   (``validation.run.open_llamacpp_reference``: the cleanest baseline), and its decode steps at depth copy llama.cpp's
   ``Kcur``/``Vcur`` into our cache (:mod:`validation.decode_steps`). An F16 cache on our side only would round what
   llama.cpp keeps unrounded, and every ``kqv_out`` would differ by that rounding instead of by an op.
+* **Device**: every row computes on the GPU where the backend has one (the MLX backend, with MLX's Metal or CUDA
+  build), else on the CPU (NumPy and Numba always); ``--device gpu|cpu`` chooses (:data:`DEVICE_DEFAULT`).
 * The library constructors default to the readable NumPy reference, so a script's numbers do not depend on what is
   installed; the reference is a choice on the command line too (``--backend numpy --numerics f32 --kv-type f32``).
 """
@@ -27,6 +29,9 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+
+# --device: every row's default (inference_engine.backends.base.Backend.check_device); what --help shows.
+DEVICE_DEFAULT = "the GPU where the backend has one (MLX: Metal or CUDA), else cpu"
 
 # Fastest first: the commands' backend is the first one whose library is installed here.
 BACKEND_PREFERENCE = ("numba", "numpy")
@@ -57,11 +62,14 @@ class EngineSettings:
     numerics: str
     kv_type: str
     threads: int | None
+    device: str | None = None  # gpu | cpu; None: the backend's default (resolved when the backend is built)
 
     def label(self) -> str:
-        """``numba/ggml, f16 K/V, 2 threads``: what ran, for a command's last line."""
+        """``numba/ggml, f16 K/V, 2 threads`` (``mlx/f32 on gpu, ...`` on a GPU): what ran, for a command's last
+        line."""
         threads = "the backend's threads" if self.threads is None else f"{self.threads} threads"
-        return f"{self.backend}/{self.numerics}, {self.kv_type} K/V, {threads}"
+        where = f" on {self.device}" if self.device not in (None, "cpu") else ""
+        return f"{self.backend}/{self.numerics}{where}, {self.kv_type} K/V, {threads}"
 
 
 @dataclass(frozen=True)
@@ -75,13 +83,14 @@ class EngineDefaults:
     threads: str | None
 
     def resolve(self, backend: str | None = None, numerics: str | None = None, kv_type: str | None = None,
-                threads: int | None = None) -> EngineSettings:
-        """The settings of a run: what the user gave, the row's default for each value not given (None)."""
+                threads: int | None = None, device: str | None = None) -> EngineSettings:
+        """The settings of a run: what the user gave, the row's default for each value not given (None); the
+        device stays None when not given (the backend's own default: :data:`DEVICE_DEFAULT`)."""
         if backend is None:
             backend = default_backend() if self.backend == FASTEST_INSTALLED else self.backend
         if threads is None and self.threads == USABLE_CPUS:
             threads = usable_cpus()
-        return EngineSettings(backend, numerics or self.numerics, kv_type or self.kv_type, threads)
+        return EngineSettings(backend, numerics or self.numerics, kv_type or self.kv_type, threads, device)
 
     def shown(self, field: str) -> str:
         """The default of ``field`` as ``--help`` shows it (what it is here, and the rule where there is one)."""

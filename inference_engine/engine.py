@@ -36,6 +36,8 @@ class OurEngine:
     ``model``: a path or an open :class:`GGUFFile`. ``backend``: ``numpy`` | ``numba`` | ``mlx``. ``numerics``:
     ``f32`` | ``ggml`` (see :mod:`inference_engine.backends.base`). ``n_ctx``: KV-cache positions, preallocated.
     ``n_threads``: handed to the backend (None: its default). ``kv_type``: ``f32`` | ``f16`` cache storage.
+    ``device``: ``gpu`` | ``cpu`` (None: the backend's default, the GPU where MLX has one; the NumPy and Numba
+    backends compute on the CPU only).
     ``load_timings`` records the seconds spent opening the file and preparing the weights (cold start).
     Defaults: the readable reference (:data:`inference_engine.defaults.REFERENCE`); the commands pass their own.
     """
@@ -48,6 +50,7 @@ class OurEngine:
         n_ctx: int = 2048,
         n_threads: int | None = None,
         kv_type: str = REFERENCE.kv_type,
+        device: str | None = None,
     ):
         if isinstance(n_ctx, bool) or not isinstance(n_ctx, (int, np.integer)) or n_ctx < 1:
             raise GGUFParityError(f"context size must be a positive integer, got {n_ctx!r}")
@@ -58,7 +61,7 @@ class OurEngine:
         check_runnable(self.gguf)  # an architecture or tensor type we cannot run: say that first
         shape = check_model(self.gguf)  # every hyperparameter, shape and vocabulary problem, before any weight
         check_context(self.gguf.path, shape, int(n_ctx), 2 if kv_type == "f16" else 4, flag="context size")
-        self.backend = get_backend(backend, numerics, n_threads)
+        self.backend = get_backend(backend, numerics, n_threads, device)
         self.model = build_model(self.gguf, self.backend)
         self.cache = KVCache(self.backend, self.model.kv_layout(), int(n_ctx), kv_type)
         t2 = time.perf_counter()
@@ -104,6 +107,8 @@ class OurEngine:
             "n_ctx": self.n_ctx,
             "backend": self.backend.name,
             "backend_description": self.backend.description,
+            "device": self.backend.device,
+            "device_info": self.backend.device_info(),
             "numerics": self.numerics,
             "ggml_simd": nx.ggml_simd() if self.numerics == "ggml" else None,
             "kv_type": self.kv_type,

@@ -5,9 +5,10 @@
 user-error tests need. Parametrize over ``ARCHITECTURES`` and ``TENSOR_TYPES``, imported from
 ``fixtures.tiny_models`` (pytest puts ``tests/`` on ``sys.path`` because ``tests/`` has no ``__init__.py``).
 
-Real-model tests are marked ``@pytest.mark.slow``; deselect them with ``-m "not slow"``. Minutes-long tests (the
-1.5B model, long contexts) are also marked ``@pytest.mark.heavy`` and are skipped (so the README's test command stays
-well inside CI's time) unless either of two ways asks for them:
+Real-model tests are marked ``@pytest.mark.slow``; deselect them with ``-m "not slow"``. Tests that need MLX on a
+GPU are marked ``@pytest.mark.gpu`` and skipped, with the reason, where MLX has none (:func:`no_gpu_reason`).
+Minutes-long tests (the 1.5B model, long contexts) are also marked ``@pytest.mark.heavy`` and are skipped (so the
+README's test command stays well inside CI's time) unless either of two ways asks for them:
 
 - the ``-m`` expression names ``heavy``: ``python -m pytest -m heavy`` runs only those;
 - ``--heavy``: ``python -m pytest --heavy`` runs them together with whatever else is selected.
@@ -49,7 +50,23 @@ def pytest_addoption(parser):
                      help="also run the minutes-long tests marked heavy (the 1.5B model, long contexts)")
 
 
+def no_gpu_reason() -> str | None:
+    """Why tests marked ``gpu`` cannot run here (no MLX, or MLX without a GPU), or None where they can."""
+    try:
+        from inference_engine.backends.mlx import device
+    except ImportError:
+        return "needs MLX with a GPU: mlx is not installed"
+    try:
+        return None if "gpu" in device.available() else f"needs MLX with a GPU: {device.no_gpu_reason()}"
+    except ImportError as exc:
+        return f"needs MLX with a GPU: mlx could not be imported ({exc})"
+
+
 def pytest_collection_modifyitems(config, items):
+    gpu_items = [item for item in items if item.get_closest_marker("gpu") is not None]
+    reason = no_gpu_reason() if gpu_items else None
+    for item in gpu_items if reason else ():
+        item.add_marker(pytest.mark.skip(reason=reason))
     if config.getoption("--heavy") or "heavy" in (config.option.markexpr or ""):
         return
     skip = pytest.mark.skip(reason="minutes-long (heavy): run with python -m pytest -m heavy (or --heavy)")

@@ -54,7 +54,11 @@ TOP_K_OVERLAP = 5
 # tiny model): a few roundings of the class's own unit roundoff u, NMSE ~ u^2 per rounding.
 # f32 (u = 2^-24, u^2 = 3.6e-15): float32 sums of ~10^3-10^4 terms in another order than ggml's (sqrt(n) u relative
 # each) reach NMSE ~1e-11; 1e-10 leaves 10x. The F32-weights variant itself moves every tensor after the first
-# matmul by 1e-5 and more (SmolLM2, measured), so this least limit only matters before it.
+# matmul by 1e-5 and more (SmolLM2, measured), so this least limit only matters before it. The class is float32 on a
+# GPU too: TF32 (an 11-bit significand, u = 2^-11 on every matmul input) would sit in the f16 band, not this one.
+# MLX takes that path for float32 matmuls on NVIDIA GPUs and Apple GPUs with neural accelerators unless
+# MLX_ENABLE_TF32=0; our MLX backend sets it and checks one product on the device against float32's error bound
+# (inference_engine.backends.mlx.device), and results record the check (engines.ours.device_info.float32_matmul).
 NMSE_MIN_F32 = 1e-10
 # f16 (u = 2^-11, u^2 = 2.4e-7): llama.cpp's F16-weights variant moved SmolLM2's embd by 4.3e-8 (one rounding of the
 # weights); an engine that also rounds the norm's input and output to f16 has ~4 roundings before the first matmul.

@@ -3,7 +3,9 @@
 ``provenance()`` gives ``date`` (UTC), ``git`` (``{sha, dirty}`` of the checkout this package runs from), ``versions``
 (Python, our packages, llama-cpp-python and the ggml build inside it) and ``machine`` (platform, CPU model, logical
 and usable CPUs, memory, and the CPU's instruction set: ``cpu``, ``isa``, ``isa_flags``, ``cpu_isa`` from
-:func:`cpu_provenance`; and ``platform_tricks``, what :func:`inference_engine.platform.configure` applied).
+:func:`cpu_provenance`; ``gpu``, the GPU our engine computed on in this process (:func:`gpu_provenance`: name,
+memory, architecture, MLX's GPU backend and how float32 matmuls ran; None on the CPU); and ``platform_tricks``,
+what :func:`inference_engine.platform.configure` applied). Reports head their tables with :func:`machine_label`.
 Validation, compare and bench results all embed it (``validation.run``, ``bench_compare.results``). It lives on the
 reference side so that both the harness and the validation library import it without a cycle (``bench_compare``
 imports ``validation``, never the reverse).
@@ -33,7 +35,7 @@ def provenance() -> dict[str, Any]:
     the process-wide tricks (:mod:`inference_engine.platform`) were applied in this process when the result was
     built: they apply to everything the process ran, llama.cpp included when ``compare`` runs it beside our Numba
     backend."""
-    machine = {**machine_info(), "platform_tricks": platform_tricks.applied()}
+    machine = {**machine_info(), "gpu": gpu_provenance(), "platform_tricks": platform_tricks.applied()}
     return {"date": utc_now(), "git": git_info(), "versions": package_versions(), "machine": machine}
 
 
@@ -115,6 +117,24 @@ def cpu_isa_label(machine: dict[str, Any]) -> str:
         return str(machine["cpu_isa"])
     cpu, isa = machine.get("cpu") or machine.get("processor") or "?", machine.get("isa")
     return f"{cpu}, {isa}" if isa else str(cpu)
+
+
+def gpu_provenance() -> dict[str, Any] | None:
+    """The GPU the MLX backend computed on in this process (:meth:`Placement.as_dict
+    <inference_engine.backends.mlx.device.Placement.as_dict>`: ``name``, ``memory_bytes``, ``architecture``,
+    ``gpu_backend`` cuda | metal, ``label``, ``float32_matmul``), or None when no MLX backend ran on a GPU here.
+    Read from the MLX device module only if it was imported: a CPU-only run never loads MLX for this."""
+    device = sys.modules.get("inference_engine.backends.mlx.device")
+    placement = device.selected() if device is not None else None
+    return placement.as_dict() if placement is not None and placement.device == "gpu" else None
+
+
+def machine_label(machine: dict[str, Any]) -> str:
+    """What reports head their tables with: :func:`cpu_isa_label`, and the GPU where our engine ran on one
+    (``"AMD EPYC, AVX2; GPU NVIDIA H200, 139.8 GiB (CUDA sm_90)"``)."""
+    gpu = machine.get("gpu")
+    label = cpu_isa_label(machine)
+    return f"{label}; GPU {gpu.get('label') or gpu.get('name') or '?'}" if isinstance(gpu, dict) else label
 
 
 def _cpu_model() -> str:

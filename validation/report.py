@@ -17,7 +17,7 @@ from typing import Any
 from inference_engine.store.atomic import atomic_directory, atomic_write_json, atomic_write_text
 from validation.free_running import GAP_SHIFT_FACTOR, NOISE_FACTOR
 from validation.metrics import NOISE_FLOOR
-from validation.provenance import cpu_isa_label
+from validation.provenance import machine_label
 
 WORST_TENSORS_SHOWN = 15  # rows of the "worst tensors" table; the JSON and Markdown per-layer table hold the rest
 JSON_NAME = "validate.json"
@@ -309,11 +309,13 @@ def _other_mode_lines(result: dict) -> list[str]:
 
 
 def under_test(result: dict) -> str:
-    """What was validated, as headers say it: ``ours:numba/ggml`` or a plugin's spec with its precision class."""
+    """What was validated, as headers say it: ``numba/ggml`` (``mlx/f32 on gpu`` for ours on a GPU) or a plugin's
+    spec with its precision class."""
     precision = (result.get("precision") or {}).get("class")
     engine = result.get("engine") or f"ours:{result.get('backend')}"
     if engine.startswith("ours:"):
-        return f"{result.get('backend')}/{result.get('numerics')}"
+        device = ((result.get("engines") or {}).get("ours") or {}).get("device")
+        return f"{result.get('backend')}/{result.get('numerics')}" + (" on gpu" if device == "gpu" else "")
     return f"{engine} ({precision} precision)" if precision else engine
 
 
@@ -356,7 +358,7 @@ def markdown(result: dict) -> str:
         f"- model: `{m['path']}` ({m.get('architecture')}, {m.get('quant')}), sha256 `{m['sha256']}`",
         f"- prompt: {result['prompt']['n_tokens']} tokens: {result['prompt']['text']!r}",
         f"- date {result.get('date')}, git {result.get('git_sha')}",
-        f"- machine: {cpu_isa_label(result.get('machine') or {})}",
+        f"- machine: {machine_label(result.get('machine') or {})}",
         "",
         "## Checks",
         "",

@@ -44,7 +44,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from inference_engine.backends import BACKENDS
+from inference_engine.backends import BACKENDS, DEVICES
 from inference_engine.defaults import VALIDATE
 from inference_engine.errors import GGUFParityError
 from inference_engine.protocol import Engine, EngineCapabilityError, capture_takes_force, engine_capabilities
@@ -105,6 +105,7 @@ class ValidateOptions:
     corpus: str | None = None
     smoke_tokens: int = DEFAULT_SMOKE_TOKENS
     threads: int | None = None
+    device: str | None = None  # where our engine under test computes (gpu | cpu); None: its backend's default
     # our K/V cache: F32 as the llama.cpp reference's (the defaults table's one exception, inference_engine.defaults)
     kv_type: str = VALIDATE.kv_type
     n_ctx: int = DEFAULT_N_CTX
@@ -119,6 +120,12 @@ class ValidateOptions:
         """Reject bad choices before anything is loaded."""
         REFERENCES.validate(self.against)
         _choice("--backend", self.backend, tuple(BACKENDS))
+        if self.device is not None:
+            _choice("--device", self.device, DEVICES)
+            if self.engine is None:  # ours:<backend>: a device it cannot use here is one line now
+                from inference_engine.backends import resolve_device
+
+                resolve_device(self.backend, self.device)
         _choice("--numerics", self.numerics, tuple(n for n in THRESHOLDS if n in NUMERICS))
         if self.precision is not None:
             _choice("--precision", self.precision, tuple(THRESHOLDS))
@@ -170,8 +177,8 @@ def open_reference(options: ValidateOptions, model_path: Path) -> Engine:
 
 
 def open_numpy_reference(options: ValidateOptions, model_path: Path) -> Engine:
-    """Our NumPy backend as the reference (two of our engines, one code path)."""
-    return _open_ours(model_path, "numpy", options)
+    """Our NumPy backend as the reference (two of our engines, one code path), on the CPU."""
+    return _open_ours(model_path, "numpy", options, device=None)
 
 
 def open_llamacpp_reference(options: ValidateOptions, model_path: Path) -> Engine:
@@ -187,14 +194,14 @@ def open_llamacpp_reference(options: ValidateOptions, model_path: Path) -> Engin
 
 
 def open_ours(options: ValidateOptions, model_path: Path) -> Engine:
-    return _open_ours(model_path, options.backend, options)
+    return _open_ours(model_path, options.backend, options, options.device)
 
 
-def _open_ours(model_path: Path, backend: str, options: ValidateOptions) -> Engine:
+def _open_ours(model_path: Path, backend: str, options: ValidateOptions, device: str | None) -> Engine:
     from inference_engine.engine import OurEngine
 
     return OurEngine(str(model_path), backend=backend, numerics=options.numerics, n_ctx=options.n_ctx,
-                     n_threads=options.threads, kv_type=options.kv_type)
+                     n_threads=options.threads, kv_type=options.kv_type, device=device)
 
 
 # --- the checks -------------------------------------------------------------------------------------------------

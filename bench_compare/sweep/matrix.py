@@ -2,7 +2,8 @@
 
 A cell is keyed by a readable slug of its values plus a short hash of its whole definition (flags included), so a
 changed flag makes a new cell rather than reusing an old result. With the engine ``ours`` each backend is a cell
-(``--engine ours:<backend>``); other engines are not multiplied by the backends.
+(``--engine ours:<backend>``), and each of ``devices`` (``--device``); other engines are not multiplied by them. A
+cell without a device keeps the key it had before devices existed (its definition leaves the field out).
 """
 
 from __future__ import annotations
@@ -30,11 +31,12 @@ class Cell:
     numerics: str | None
     machine: dict[str, str] = field(default_factory=dict)  # node labels the cell must run on
     args: tuple[str, ...] = ()
+    device: str | None = None  # --device of our engine (None: the command's default)
 
     @property
     def key(self) -> str:
         model = Path(self.model).stem if self.model.endswith(".gguf") else self.model
-        parts = [self.command, model, self.engine.replace(":", "."),
+        parts = [self.command, model, self.engine.replace(":", "."), self.device,
                  None if self.threads is None else f"t{self.threads}", self.numerics,
                  "-".join(f"{k}.{v}" for k, v in sorted(self.machine.items())) or None]
         slug = re.sub(r"[^A-Za-z0-9.+]+", "-", "_".join(p for p in parts if p)).strip("-")[:120]
@@ -44,6 +46,8 @@ class Cell:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["args"] = list(self.args)
+        if d["device"] is None:  # the definition (and key) of a cell from before the devices axis
+            del d["device"]
         return d
 
     @classmethod
@@ -60,13 +64,16 @@ class Cell:
             out += [flags["threads"], str(self.threads)]
         if self.numerics is not None:
             out += [flags["numerics"], self.numerics]
+        if self.device is not None:
+            out += [flags["device"], self.device]
         out += list(self.args) + ["--json", json_path]
         if report_dir is not None and self.command == "validate":  # validate writes a report directory anyway
             out += ["--report", report_dir]
         return out
 
 
-def _engine_backends(spec: SweepSpec) -> list[tuple[str, str | None]]:
+def _engine_backends(spec: SweepSpec) -> list[tuple[str, str | None, str | None]]:
+    """(engine, backend, device) of each engine cell: ours on each backend and each device, others once."""
     pairs: list[tuple[str, str | None]] = []
     for engine in spec.engines:
         if engine == OURS and spec.backends:
@@ -74,7 +81,11 @@ def _engine_backends(spec: SweepSpec) -> list[tuple[str, str | None]]:
         else:
             backend = engine.split(":", 1)[1] if engine.startswith(f"{OURS}:") else None
             pairs.append((engine, backend))
-    return pairs
+    out: list[tuple[str, str | None, str | None]] = []
+    for engine, backend in pairs:
+        ours = engine == OURS or engine.startswith(f"{OURS}:")
+        out += [(engine, backend, d) for d in (spec.devices if ours and spec.devices else (None,))]
+    return out
 
 
 def excluded(cell: Cell, entry: dict[str, Any]) -> bool:
@@ -98,10 +109,11 @@ def cells(spec: SweepSpec, machines: list[dict[str, str]] | None = None) -> tupl
         axis = list(spec.machines)
     out: list[Cell] = []
     dropped = 0
-    for command, model, (engine, backend), threads, numerics, machine in itertools.product(
+    for command, model, (engine, backend, device), threads, numerics, machine in itertools.product(
             spec.commands, spec.models, _engine_backends(spec), spec.threads or (None,), spec.numerics or (None,),
             axis):
-        cell = Cell(command, model, engine, backend, threads, numerics, dict(machine), spec.commands[command])
+        cell = Cell(command, model, engine, backend, threads, numerics, dict(machine), spec.commands[command],
+                    device)
         if any(excluded(cell, e) for e in spec.exclude):
             dropped += 1
             continue

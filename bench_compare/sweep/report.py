@@ -37,6 +37,7 @@ from bench_compare.sweep.store import DONE, SweepStore, is_sweep_dir
 from inference_engine.errors import GGUFParityError
 from inference_engine.store.atomic import atomic_write_bytes, atomic_write_text
 from validation.plots import new_figure, png_bytes
+from validation.provenance import machine_label
 
 STATUS_ORDER = ("done", "failed", "unmatched", "pending")
 
@@ -81,9 +82,9 @@ def machine_name(labels: dict[str, str]) -> str:
 
 
 def variant_name(cell: dict[str, Any]) -> str:
-    """A cell's row in the tables: model, engine, threads, numerics (the machine is the column)."""
+    """A cell's row in the tables: model, engine (and its device), threads, numerics (the machine is the column)."""
     model = Path(cell["model"]).name if cell["model"].endswith(".gguf") else cell["model"]
-    bits = [model, cell["engine"]]
+    bits = [model, cell["engine"] + (f" on {cell['device']}" if cell.get("device") else "")]
     if cell.get("threads") is not None:
         bits.append(f"t{cell['threads']}")
     if cell.get("numerics"):
@@ -128,7 +129,7 @@ def machines_section(data: SweepData) -> list[str]:
     for r in data.results:
         machine = r.get("machine") or {}
         if machine.get("cpu_isa"):
-            rows[machine_name(machine_labels_of(r["_cell"]))]["measured"].add(str(machine["cpu_isa"]))
+            rows[machine_name(machine_labels_of(r["_cell"]))]["measured"].add(machine_label(machine))
     table = [[name, row["labels"].get("cpu", "?"), row["labels"].get("isa-full") or row["labels"].get("isa", "?"),
               row["labels"].get("cores", "?"), row["labels"].get("gpu-name") or row["labels"].get("gpu", "?"),
               str(row["done"]), str(row["failed"]), "; ".join(sorted(row["measured"])) or "-"]

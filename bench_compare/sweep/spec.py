@@ -6,6 +6,7 @@
     models = ["smollm2-135m", "path/to/model.gguf"]
     engines = ["ours"]                       # any --engine spec; "ours" takes each of `backends`
     backends = ["numba"]                     # ours' backends (only with the engine "ours")
+    devices = ["gpu", "cpu"]                 # where ours computes: --device (only with our engine)
     threads = [2]
     numerics = ["ggml"]
     machines = [{ isa = "avx2" }, { gpu = true }]   # node labels a cell must run on ({} = any machine),
@@ -38,16 +39,19 @@ else:  # pragma: no cover - Python 3.10
 
 # command -> its flags for what the sweep sets per cell (validate spells threads --threads)
 COMMAND_FLAGS: dict[str, dict[str, str]] = {
-    "compare": {"model": "--model", "engine": "--engine", "threads": "-t", "numerics": "--numerics"},
-    "bench": {"model": "--model", "engine": "--engine", "threads": "-t", "numerics": "--numerics"},
-    "validate": {"model": "--model", "engine": "--engine", "threads": "--threads", "numerics": "--numerics"},
+    "compare": {"model": "--model", "engine": "--engine", "threads": "-t", "numerics": "--numerics",
+                "device": "--device"},
+    "bench": {"model": "--model", "engine": "--engine", "threads": "-t", "numerics": "--numerics",
+              "device": "--device"},
+    "validate": {"model": "--model", "engine": "--engine", "threads": "--threads", "numerics": "--numerics",
+                 "device": "--device"},
 }
 # flags a cell's command line gets from the sweep; a command's args may not set them
-SWEEP_SET_FLAGS = ("-m", "--model", "--engine", "--backend", "-t", "--threads", "--numerics", "--json", "--report",
-                   "-o", "--output")
-AXES = ("models", "engines", "backends", "threads", "numerics", "machines")
+SWEEP_SET_FLAGS = ("-m", "--model", "--engine", "--backend", "-t", "--threads", "--numerics", "--device", "--json",
+                   "--report", "-o", "--output")
+AXES = ("models", "engines", "backends", "devices", "threads", "numerics", "machines")
 TOP_KEYS = ("name", "commands", "exclude", *AXES)
-EXCLUDE_KEYS = ("model", "engine", "backend", "threads", "numerics", "command", "machine")
+EXCLUDE_KEYS = ("model", "engine", "backend", "device", "threads", "numerics", "command", "machine")
 LABEL_VALUE_TYPES = (str, bool, int)
 EACH_MACHINE = "each"
 
@@ -66,6 +70,7 @@ class SweepSpec:
     exclude: tuple[dict[str, Any], ...] = field(default_factory=tuple)
     text: str = ""
     each_machine: bool = False  # machines = "each": every cell once on every machine (the executor's)
+    devices: tuple[str, ...] = ()  # --device of our engine's cells (gpu | cpu); () : the command's default
 
 
 def label_text(value: Any) -> str:
@@ -124,12 +129,14 @@ def parse_spec(raw: dict[str, Any], path: Path, text: str = "") -> SweepSpec:
     if backends and "ours" not in engines:
         raise bad("backends", "applies to the engine \"ours\" only; add \"ours\" to engines or name the engine "
                               "as ours:<backend>")
+    devices = strings("devices")
+    _check_devices(engines, devices, bad)
     return SweepSpec(
         name=name.strip(), path=path, models=strings("models", required=True), engines=engines, backends=backends,
         threads=tuple(threads), numerics=strings("numerics"),
         machines=tuple({k: label_text(v) for k, v in m.items()} for m in machines) or ({},),
         commands=_commands(raw.get("commands"), bad), exclude=_excludes(raw.get("exclude", []), bad), text=text,
-        each_machine=each_machine)
+        each_machine=each_machine, devices=devices)
 
 
 def _check_engines(engines: tuple[str, ...], backends: tuple[str, ...], bad) -> None:
@@ -146,6 +153,17 @@ def _check_engines(engines: tuple[str, ...], backends: tuple[str, ...], bad) -> 
     for backend in backends:
         if backend not in BACKENDS:
             raise bad("backends", f"names {backend!r}, not one of ours ({', '.join(BACKENDS)})")
+
+
+def _check_devices(engines: tuple[str, ...], devices: tuple[str, ...], bad) -> None:
+    """Every device one --device accepts, and our engine among the engines (other engines have their own)."""
+    from inference_engine.backends import DEVICES
+
+    for device in devices:
+        if device not in DEVICES:
+            raise bad("devices", f"names {device!r}, not one of {', '.join(DEVICES)}")
+    if devices and not any(e == "ours" or e.startswith("ours:") for e in engines):
+        raise bad("devices", "applies to our engine only; add \"ours\" (or ours:<backend>) to engines")
 
 
 def _unique(key: str, values: list, bad) -> tuple:
@@ -176,7 +194,8 @@ def _commands(value: Any, bad) -> dict[str, tuple[str, ...]]:
             flag = a.split("=", 1)[0]
             if flag in SWEEP_SET_FLAGS:
                 raise bad(f"{key}.args", f"sets {flag}, which the sweep sets per cell (from its axes and output "
-                                         "directory); use the axes models / engines / backends / threads / numerics")
+                                         "directory); use the axes models / engines / backends / devices / threads / "
+                                         "numerics")
         out[name] = tuple(args)
     return out
 

@@ -41,6 +41,7 @@ from inference_engine.gguf.file import TensorInfo
 from inference_engine.registries import check_numerics
 
 KV_TYPES: tuple[str, ...] = ("f32", "f16")
+DEVICES: tuple[str, ...] = ("gpu", "cpu")  # what --device accepts; each backend says which it can use here
 
 Array = Any  # the backend's array type (np.ndarray, mx.array, ...)
 
@@ -85,15 +86,53 @@ class FusedLayerPlan(NamedTuple):
     head_dim_v: int
 
 
+def cpu_only_reason(name: str) -> str:
+    return f"backend '{name}' computes on the CPU only (a GPU: --backend mlx, where MLX has one)"
+
+
+def choose_device(device: str | None, available: tuple[str, ...], no_gpu_reason) -> str:
+    """``device`` if it is one of ``available`` (None: the first), else one line naming what is available;
+    ``no_gpu_reason()`` says why there is no GPU."""
+    if device is None:
+        return available[0]
+    if device not in DEVICES:
+        raise GGUFParityError(f"unknown device '{device}'; supported: {', '.join(DEVICES)}")
+    if device not in available:
+        raise GGUFParityError(f"--device {device}: {no_gpu_reason()}; available: {', '.join(available)}")
+    return device
+
+
 class Backend(ABC):
     """One implementation of the op set. Instances are cheap; weights live in what ``load_*`` return."""
 
     name: str = ""
     description: str = ""
 
-    def __init__(self, numerics: str = "f32", n_threads: int | None = None):
+    def __init__(self, numerics: str = "f32", n_threads: int | None = None, device: str | None = None):
         self.numerics = check_numerics(numerics)
         self.n_threads = n_threads
+        self.device = self.check_device(device)  # "cpu" | "gpu": where this backend computes
+
+    # --- device ---------------------------------------------------------------------------------------------
+    @staticmethod
+    def devices() -> tuple[str, ...]:
+        """The devices (of :data:`DEVICES`) this backend can compute on in this process, its default first."""
+        return ("cpu",)
+
+    @classmethod
+    def no_gpu_reason(cls) -> str:
+        """Why ``--device gpu`` cannot run on this backend here (the refusal's words)."""
+        return cpu_only_reason(cls.name)
+
+    @classmethod
+    def check_device(cls, device: str | None) -> str:
+        """``device``, or this backend's default for None, if it can compute there; else one line naming what is
+        available (:class:`GGUFParityError`, exit 2)."""
+        return choose_device(device, cls.devices(), cls.no_gpu_reason)
+
+    def device_info(self) -> dict[str, Any]:
+        """Where this backend computes, for results (the MLX backend adds the GPU's name and memory)."""
+        return {"device": self.device}
 
     def versions(self) -> dict[str, str]:
         """Library versions this backend computes with (recorded in results)."""
@@ -252,8 +291,8 @@ class Backend(ABC):
 
     def async_steps(self, model: Any, cache: Any) -> Any | None:
         """Generation steps of ``model`` over ``cache`` that are launched without waiting for the device, where the
-        backend computes asynchronously (MLX: :class:`~inference_engine.backends.mlx.steps.MLXSteps`): ``prefill(ids)``
-        and ``decode(token)`` return a pending step (``token()``: its greedy pick, ``logits()``, ``wait()``),
+        backend computes asynchronously (MLX: :class:`~inference_engine.backends.mlx.steps.MLXSteps`):
+        ``prefill(ids)`` and ``decode(token)`` return a pending step (``token()``: its greedy pick, ``logits()``, ``wait()``),
         ``decode`` also takes a pending step, whose pick it decodes on the device without reading it, and
         ``rewind(n_past)`` forgets a step launched for nothing. None (the default: the CPU backends compute as they
         are called) makes the engine run each step to completion."""

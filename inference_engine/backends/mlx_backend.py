@@ -26,6 +26,13 @@ How each op maps to MLX, and why:
 
 Lazy evaluation: ops only build a graph. ``to_numpy`` / ``synchronize`` evaluate it together with every KV buffer
 written since the last evaluation, so one forward pass (prefill or decode) is one ``mx.eval``.
+
+Device and float32 (:mod:`inference_engine.backends.mlx.device`): ``device="gpu" | "cpu"`` (default: the GPU where
+MLX has one: Metal, or CUDA with MLX's CUDA build) becomes MLX's default device. MLX computes float32 matmuls at
+TF32 precision on NVIDIA GPUs (cuBLASLt ``CUBLAS_COMPUTE_32F_FAST_TF32``) and on Apple GPUs with neural
+accelerators unless ``MLX_ENABLE_TF32=0``, which MLX reads at its first float32 matmul on the GPU: that module sets
+it when this one is imported, refuses the GPU where it is not 0, and checks one float32 product on the chosen device
+(a process that ran MLX on the GPU earlier keeps TF32: refused; recorded in ``device_info()``).
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ import numpy as np
 from inference_engine.backends import numerics as nx
 from inference_engine.backends.base import Backend, check_kv_type
 from inference_engine.backends.mlx import block_kernels
+from inference_engine.backends.mlx import device as mlx_device  # sets MLX_ENABLE_TF32=0 before MLX's first matmul
 from inference_engine.backends.mlx.steps import (
     MLXSteps,
     StepPositions,
@@ -66,17 +74,19 @@ _SQRT_2_OVER_PI = float(nx.SQRT_2_OVER_PI)
 class MLXBackend(Backend):
     name = "mlx"
     step_mode = "compiled"  # generation steps: one of STEP_MODES (async_steps)
+    devices = staticmethod(mlx_device.available)  # the GPU (default) where MLX has one, and the CPU
+    no_gpu_reason = staticmethod(mlx_device.no_gpu_reason)
 
-    def __init__(self, numerics: str = "f32", n_threads: int | None = None):
-        super().__init__(numerics, n_threads)
+    def __init__(self, numerics: str = "f32", n_threads: int | None = None, device: str | None = None):
+        super().__init__(numerics, n_threads, device)
         if numerics not in SUPPORTED_NUMERICS:
             raise GGUFParityError(
                 f"backend 'mlx' does not support numerics '{numerics}'; supported: {', '.join(SUPPORTED_NUMERICS)}"
                 " (ggml numerics: use --backend numpy or numba)"
             )
+        self.placement = mlx_device.select(self.device)  # MLX's default device now; float32 checked there
         # Our kernels for Q2_K/Q3_K/Q6_K run on a GPU only: Metal or CUDA, whichever MLX computes on (None: the CPU).
         self.kernels = block_kernels.gpu_dialect()
-        self.device = str(mx.default_device())
         self.weight_forms: Counter[str] = Counter()  # "Q4_K->mlx-affine" -> number of matrices
         self._pending: dict[int, mx.array] = {}  # KV buffers written since the last evaluation
         self._rope_cache: dict[tuple, tuple[mx.array, mx.array]] = {}
@@ -86,7 +96,7 @@ class MLXBackend(Backend):
     # --- identity -------------------------------------------------------------------------------------------
     @property
     def description(self) -> str:  # type: ignore[override]
-        where = {"metal": "Metal GPU", "cuda": "CUDA GPU"}.get(self.kernels.name if self.kernels else "", "CPU")
+        where = self.placement.label()
         fallback = (
             f"GGUF blocks read by our {self.kernels.name} kernels" if self.kernels else "dequantized float32 (CPU)"
         )
@@ -97,6 +107,9 @@ class MLXBackend(Backend):
             f"exactly as MLX affine 32-groups (float32 scales), Q2_K/Q3_K/Q6_K as {fallback}, floats as float32; "
             f"matrices: {forms}{threads}"
         )
+
+    def device_info(self) -> dict:
+        return self.placement.as_dict()
 
     def versions(self) -> dict[str, str]:
         return {

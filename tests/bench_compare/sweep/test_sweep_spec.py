@@ -140,3 +140,29 @@ def test_a_failed_rerun_leaves_no_earlier_result_beside_it(tmp_path):
     store.write_outcome(cell, {"status": "failed", "result": None, "error": "exit code 1: boom", "log": "boom"})
     assert not store.is_done(cell.key) and not store.result_path(cell.key).exists()
     assert store.record(cell.key)["error"] == "exit code 1: boom"
+
+
+def test_devices_multiply_our_engine_only_and_reach_the_command_line(tmp_path):
+    body = GOOD.replace('numerics = ["ggml"]', 'numerics = ["ggml"]\ndevices = ["gpu", "cpu"]')
+    plain, _ = cells(load_spec(write_sweep(tmp_path, GOOD)))
+    got, _ = cells(load_spec(write_sweep(tmp_path, body, "devices.toml")))
+    ours = [c for c in got if c.engine.startswith("ours:")]
+    assert {c.device for c in ours} == {"gpu", "cpu"} and {c.device for c in got if c.engine == "llamacpp"} == {None}
+    assert len(ours) == 2 * len([c for c in plain if c.engine.startswith("ours:")])
+    cell = next(c for c in ours if c.device == "gpu")
+    argv = cell.argv("o.json")
+    assert argv[argv.index("--device") + 1] == "gpu" and f"{cell.engine.replace(':', '.')}-gpu-" in cell.key
+    # a cell with no device keeps the definition (so the key) it had before the axis existed
+    assert "device" not in plain[0].to_dict() and plain[0].key == type(plain[0]).from_dict(plain[0].to_dict()).key
+
+
+@pytest.mark.parametrize("body, message", [
+    ("models = ['m']\ndevices = ['tpu']\n[commands.compare]\n", "devices names 'tpu', not one of gpu, cpu"),
+    ("models = ['m']\nengines = ['llamacpp']\ndevices = ['gpu']\n[commands.compare]\n",
+     "devices applies to our engine only"),
+    ("models = ['m']\n[commands.compare]\nargs = ['--device', 'gpu']\n", "commands.compare.args sets --device"),
+])
+def test_device_mistakes_are_one_line(tmp_path, body, message):
+    with pytest.raises(GGUFParityError) as exc:
+        load_spec(write_sweep(tmp_path, body))
+    assert message in str(exc.value) and "\n" not in str(exc.value)

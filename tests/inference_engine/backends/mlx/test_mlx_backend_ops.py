@@ -35,11 +35,15 @@ ACTIVATION_ATOL = 1e-6
 MATMUL_RTOL = 1e-5
 
 MATRIX_TYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
+# Every op test on MLX's CPU and, where MLX has one, on its GPU (Metal or CUDA), against the same bounds: on the GPU
+# our f32 numerics are float32 too (MLX_ENABLE_TF32=0, inference_engine.backends.mlx.device).
+DEVICES = ["cpu", pytest.param("gpu", marks=pytest.mark.gpu)]
 
 
-@pytest.fixture(scope="module")
-def mlx_backend():
-    return get_backend("mlx", "f32")
+@pytest.fixture(params=DEVICES)
+def mlx_backend(request):
+    # one per test: making it makes its device MLX's default (process-wide), so no test runs on another's device
+    return get_backend("mlx", "f32", device=request.param)
 
 
 @pytest.fixture(scope="module")

@@ -32,9 +32,9 @@ PROMPT = list(range(3, 15))  # 12 tokens: past gemma3 fixtures' sliding window o
 DECODE = [20, 7, 33, 101]
 
 
-def run(path_or_file, backend: str, kv_type: str = "f32") -> np.ndarray:
+def run(path_or_file, backend: str, kv_type: str = "f32", device: str | None = None) -> np.ndarray:
     """Logits of a prefill and of each following decode step, (1 + len(DECODE), n_vocab)."""
-    engine = OurEngine(path_or_file, backend=backend, numerics="f32", n_ctx=64, kv_type=kv_type)
+    engine = OurEngine(path_or_file, backend=backend, numerics="f32", n_ctx=64, kv_type=kv_type, device=device)
     rows = [engine.prefill(PROMPT)]
     rows += [engine.decode(t) for t in DECODE]
     return np.stack(rows)
@@ -58,10 +58,14 @@ PATH_TYPES = ("F16", "Q5_0", "Q8_0", "Q4_K", "Q6_K")
 CASES = [(arch, qtype) for arch in ARCHITECTURES for qtype in TYPES_PER_ARCH.get(arch, PATH_TYPES)]
 
 
+DEVICES = ["cpu", pytest.param("gpu", marks=pytest.mark.gpu)]  # the GPU: Metal, or CUDA with MLX's CUDA build
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("arch,qtype", CASES)
-def test_logits_match_numpy_backend(tiny_model, arch, qtype):
+def test_logits_match_numpy_backend(tiny_model, arch, qtype, device):
     path = tiny_model(arch, qtype)
-    assert_logits_close(run(path, "mlx"), run(path, "numpy"))
+    assert_logits_close(run(path, "mlx", device=device), run(path, "numpy"))
 
 
 @pytest.mark.parametrize("arch", ["llama", "gemma3"])
@@ -84,10 +88,13 @@ def test_capture_matches_numpy_backend(tiny_model, arch):
         assert rel <= CAPTURE_REL_TOL, f"{name}: {rel:.3g}"
 
 
-def test_model_info_records_backend_and_fallback(tiny_model):
-    engine = OurEngine(tiny_model("llama", "Q6_K"), backend="mlx", numerics="f32", n_ctx=32)
+@pytest.mark.parametrize("device", DEVICES)
+def test_model_info_records_backend_and_fallback(tiny_model, device):
+    engine = OurEngine(tiny_model("llama", "Q6_K"), backend="mlx", numerics="f32", n_ctx=32, device=device)
     info = engine.model_info
     assert info["backend"] == "mlx" and info["numerics"] == "f32"
+    assert info["device"] == device == info["device_info"]["device"]
+    assert info["device_info"]["float32_matmul_error"] <= 1.0  # within float32's bound on either device
     assert "f32 numerics only" in info["backend_description"]
     kernels = engine.backend.kernels  # Q6_K: GGUF blocks read by our Metal / CUDA kernels on a GPU
     form = f"{kernels.name}-kernel" if kernels else "float32"

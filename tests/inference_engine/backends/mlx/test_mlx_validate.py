@@ -21,13 +21,15 @@ SMOKE_TOKENS = 8  # enough greedy steps to go past gemma3 fixtures' sliding wind
 
 
 @pytest.mark.slow  # ~10-15 s each: llama.cpp and our engine, every tensor captured
+@pytest.mark.parametrize("device", ["cpu", pytest.param("gpu", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("arch", ARCHITECTURES)
-def test_validate_against_llamacpp(tiny_model, arch):
+def test_validate_against_llamacpp(tiny_model, arch, device):
     from validation.run import ValidateOptions, validate
 
-    result = validate(
-        ValidateOptions(model=str(tiny_model(arch, "Q4_K")), backend="mlx", numerics="f32", smoke_tokens=SMOKE_TOKENS)
-    )
+    result = validate(ValidateOptions(model=str(tiny_model(arch, "Q4_K")), backend="mlx", numerics="f32",
+                                      smoke_tokens=SMOKE_TOKENS, device=device))
     assert result["backend"] == "mlx" and result["numerics"] == "f32"
+    assert result["engines"]["ours"]["device"] == device
+    assert (result["machine"]["gpu"] is not None) == (device == "gpu")  # the GPU's name and memory when on one
     failed = [name for name in BACKEND_CHECKS if result["checks"][name] is not True]
     assert not failed, f"{failed}; first failing tensor: {result.get('first_failure')}"
