@@ -9,8 +9,9 @@ import pytest
 
 from bench_compare.cli import main
 
-CPU_ONLY = "--device gpu: backend 'numpy' computes on the CPU only (a GPU: --backend mlx, where MLX has one); " \
-           "available: cpu"
+CPU_ONLY = (
+    "--device gpu: backend 'numpy' computes on the CPU only (a GPU: --backend mlx, where MLX has one); available: cpu"
+)
 
 
 def mlx_has_gpu() -> bool:
@@ -24,17 +25,21 @@ def run(capsys, *args: str) -> tuple[int, str, str]:
     return code, out, err
 
 
-@pytest.mark.parametrize("command", [
-    ["generate", "hi", "--backend", "numpy"],
-    ["serve", "--backend", "numpy"],
-    ["bench", "--engine", "ours:numpy", "-p", "8", "-n", "4"],
-    ["compare", "--backend", "numpy", "--no-progress"],
-    ["validate", "--backend", "numpy"],
-])
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["generate", "hi", "--backend", "numpy"],
+        ["serve", "--backend", "numpy"],
+        ["bench", "--engine", "ours:numpy", "-p", "8", "-n", "4"],
+        ["compare", "--backend", "numpy", "--no-progress"],
+        ["validate", "--backend", "numpy"],
+    ],
+)
 def test_a_cpu_backend_on_the_gpu_is_one_line_before_any_work(capsys, command):
     # the model does not exist: the device is refused before it is looked for
-    code, _, err = run(capsys, *command, "--model" if command[0] == "validate" else "-m", "no-such.gguf",
-                       "--device", "gpu")
+    code, _, err = run(
+        capsys, *command, "--model" if command[0] == "validate" else "-m", "no-such.gguf", "--device", "gpu"
+    )
     assert code == 2 and err.strip().splitlines()[-1] == f"error: {CPU_ONLY}"
 
 
@@ -54,16 +59,27 @@ def test_another_engine_takes_no_device(capsys, command):
 
 
 def test_device_and_engine_option_must_agree(capsys):
-    code, _, err = run(capsys, "bench", "-m", "no-such.gguf", "--engine", "ours:numpy", "--engine-opt",
-                       "device=cpu", "--device", "gpu")
+    code, _, err = run(
+        capsys,
+        "bench",
+        "-m",
+        "no-such.gguf",
+        "--engine",
+        "ours:numpy",
+        "--engine-opt",
+        "device=cpu",
+        "--device",
+        "gpu",
+    )
     assert code == 2 and "--device gpu and --engine-opt device=cpu disagree; give one" in err
 
 
 def test_validate_on_mlx_without_a_gpu_says_what_to_install(capsys):
     if mlx_has_gpu():
         pytest.skip("MLX has a GPU here: validate --device gpu runs (tests/inference_engine/backends/mlx)")
-    code, _, err = run(capsys, "validate", "--model", "no-such.gguf", "--backend", "mlx", "--numerics", "f32",
-                       "--device", "gpu")
+    code, _, err = run(
+        capsys, "validate", "--model", "no-such.gguf", "--backend", "mlx", "--numerics", "f32", "--device", "gpu"
+    )
     line = err.strip().splitlines()[-1]
     assert code == 2 and line.startswith("error: --device gpu: MLX ") and "has no GPU" in line
     assert '".[cuda]"' in line and line.endswith("available: cpu")
@@ -74,9 +90,26 @@ def test_validate_records_the_device_it_ran_on(tiny_model, tmp_path, capsys, dev
     """A real run of ``validate --backend mlx --device D`` against our NumPy backend (no llama.cpp needed)."""
     mlx_has_gpu()
     out = tmp_path / "v.json"
-    code, _, err = run(capsys, "validate", "--model", tiny_model("llama", "Q4_K"), "--backend", "mlx", "--numerics",
-                       "f32", "--device", device, "--against", "numpy", "--smoke-tokens", "4", "--json", out,
-                       "--report", tmp_path / "rep")
+    code, _, err = run(
+        capsys,
+        "validate",
+        "--model",
+        tiny_model("llama", "Q4_K"),
+        "--backend",
+        "mlx",
+        "--numerics",
+        "f32",
+        "--device",
+        device,
+        "--against",
+        "numpy",
+        "--smoke-tokens",
+        "4",
+        "--json",
+        out,
+        "--report",
+        tmp_path / "rep",
+    )
     assert code == 0, err
     result = json.loads(out.read_text())
     ours = result["engines"]["ours"]

@@ -27,12 +27,11 @@ In MLX 0.32's sources (``mlx/utils.h``: ``env::enable_tf32()``, default 1):
 MLX reads the variable once, at its first float32 matrix product on the GPU (a function-local static), so it must
 be in the environment before that (importing ``mlx.core`` reads nothing). Importing this module (the MLX backend
 does, when it is imported) sets ``MLX_ENABLE_TF32=0`` unless the environment already names a value; child processes
-inherit it. Our ``f32``
-numerics are float32, so :func:`select` refuses the GPU when the value is not ``0`` (one line: how to start the
-process), and checks what MLX actually does with one small product (:func:`float32_matmul_error`): if this
-process ran a float32 product on the GPU before the variable was set (a script that used MLX first), MLX keeps
-TF32 for the whole process, and the check refuses with the line that says so. The check's error and the variable
-are recorded in every result's provenance (:meth:`Placement.as_dict`).
+inherit it. Our ``f32`` numerics are float32, so :func:`select` refuses the GPU when the value is not ``0`` (one
+line: how to start the process), and checks what MLX actually does with one small product
+(:func:`float32_matmul_error`): if this process ran a float32 product on the GPU before the variable was set (a
+script that used MLX first), MLX keeps TF32 for the whole process, and the check refuses with the line that says
+so. The check's error and the variable are recorded in every result's provenance (:meth:`Placement.as_dict`).
 
 MLX is imported inside the functions only, so the package imports without MLX and a CPU-only run never loads it.
 """
@@ -93,15 +92,24 @@ class Placement:
         return f"{self.name}{memory} ({backend}{arch})"
 
     def float32_note(self) -> str:
-        return (f"float32 matmuls (MLX_ENABLE_TF32={self.tf32_env}; checked: error "
-                f"{self.float32_matmul_error:.2g} of float32's bound)")
+        return (
+            f"float32 matmuls (MLX_ENABLE_TF32={self.tf32_env}; checked: error "
+            f"{self.float32_matmul_error:.2g} of float32's bound)"
+        )
 
     def as_dict(self) -> dict[str, Any]:
         """The record in results: every field, the label, and the float32 note."""
-        return {"device": self.device, "gpu_backend": self.gpu_backend, "name": self.name,
-                "memory_bytes": self.memory_bytes, "architecture": self.architecture, "label": self.label(),
-                "float32_matmul": self.float32_note(), "float32_matmul_error": self.float32_matmul_error,
-                "mlx_enable_tf32": self.tf32_env}
+        return {
+            "device": self.device,
+            "gpu_backend": self.gpu_backend,
+            "name": self.name,
+            "memory_bytes": self.memory_bytes,
+            "architecture": self.architecture,
+            "label": self.label(),
+            "float32_matmul": self.float32_note(),
+            "float32_matmul_error": self.float32_matmul_error,
+            "mlx_enable_tf32": self.tf32_env,
+        }
 
 
 def gpu_backend() -> str | None:
@@ -144,8 +152,10 @@ def select(device: str) -> Placement:
         raise GGUFParityError(f"--device gpu: {no_gpu_reason()}; available: cpu")
     tf32 = os.environ.get(TF32_ENV)
     if device == "gpu" and not tf32_off(tf32):
-        raise GGUFParityError(f"{TF32_ENV}={tf32} lets MLX round float32 matmuls on the GPU to TF32, which is not "
-                              f"our f32 numerics; start the process with {TF32_ENV}=0 (or without it)")
+        raise GGUFParityError(
+            f"{TF32_ENV}={tf32} lets MLX round float32 matmuls on the GPU to TF32, which is not "
+            f"our f32 numerics; start the process with {TF32_ENV}=0 (or without it)"
+        )
     target = mx.gpu if device == "gpu" else mx.cpu
     mx.set_default_device(target)
     error = float32_matmul_error(target) / FLOAT32_BOUND
@@ -153,15 +163,19 @@ def select(device: str) -> Placement:
         raise GGUFParityError(
             f"MLX's float32 matmuls on this {device} are not float32 (error {error:.0f}x float32's bound): this "
             f"process ran MLX on the GPU before {TF32_ENV}=0 was set, and MLX keeps its first reading; start the "
-            f"process with {TF32_ENV}=0, or make the MLX backend before anything else uses MLX")
+            f"process with {TF32_ENV}=0, or make the MLX backend before anything else uses MLX"
+        )
     info = _device_info(mx, target)
     memory = info.get("total_memory", info.get("memory_size"))
     _selected = Placement(
-        device=device, gpu_backend=backend if device == "gpu" else None,
+        device=device,
+        gpu_backend=backend if device == "gpu" else None,
         name=str(info.get("device_name") or ("GPU" if device == "gpu" else "")),
         memory_bytes=int(memory) if memory else None,
         architecture=str(info["architecture"]) if info.get("architecture") else None,
-        float32_matmul_error=error, tf32_env=tf32)
+        float32_matmul_error=error,
+        tf32_env=tf32,
+    )
     return _selected
 
 

@@ -52,8 +52,10 @@ def test_importing_the_device_module_turns_tf32_off():
     assert os.environ[device.TF32_ENV] == "0"
 
 
-@pytest.mark.parametrize("value, off", [(None, False), ("0", True), ("00", True), ("", True), ("no", True),
-                                        ("1", False), (" 2", False), ("-0", True)])
+@pytest.mark.parametrize(
+    "value, off",
+    [(None, False), ("0", True), ("00", True), ("", True), ("no", True), ("1", False), (" 2", False), ("-0", True)],
+)
 def test_the_variable_is_read_as_mlx_reads_it(value, off):
     assert device.tf32_off(value) is off  # C's atoi, default 1
 
@@ -78,8 +80,10 @@ def test_the_cpu_placement_is_recorded():
 def test_a_cpu_backend_refuses_the_gpu_in_one_line(backend):
     with pytest.raises(GGUFParityError) as exc:
         resolve_device(backend, "gpu")
-    assert str(exc.value) == (f"--device gpu: backend '{backend}' computes on the CPU only (a GPU: --backend mlx, "
-                              "where MLX has one); available: cpu")
+    assert str(exc.value) == (
+        f"--device gpu: backend '{backend}' computes on the CPU only (a GPU: --backend mlx, "
+        "where MLX has one); available: cpu"
+    )
 
 
 def test_an_unknown_device_is_one_line():
@@ -144,11 +148,13 @@ def test_a_process_that_used_tf32_first_is_refused():
     neural accelerators has no TF32 path to see)."""
     if device.gpu_backend() != "cuda":
         pytest.skip("a TF32 path is certain on CUDA only")
-    script = ("import os, mlx.core as mx\n"
-              "x = mx.random.normal((256, 256)); mx.eval(x @ x)\n"
-              "os.environ['MLX_ENABLE_TF32'] = '0'\n"
-              "from inference_engine.backends import get_backend\n"
-              "get_backend('mlx', 'f32', device='gpu')\n")
+    script = (
+        "import os, mlx.core as mx\n"
+        "x = mx.random.normal((256, 256)); mx.eval(x @ x)\n"
+        "os.environ['MLX_ENABLE_TF32'] = '0'\n"
+        "from inference_engine.backends import get_backend\n"
+        "get_backend('mlx', 'f32', device='gpu')\n"
+    )
     env = {**os.environ, "MLX_ENABLE_TF32": "1", "PYTHONPATH": str(REPO)}
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode != 0 and "are not float32" in proc.stderr, proc.stderr[-2000:]
