@@ -49,8 +49,8 @@ def graph_nodes(*arrays) -> collections.Counter:
 
 
 def _sync_step(engine, token: int, count: bool) -> tuple[float, float, collections.Counter | None]:
-    """The plain path's step (``OurEngine._run``'s work), timed in its two parts: forward pass built, then evaluated and
-    read back."""
+    """The plain path's step (``OurEngine._run``'s work), timed in two parts: the forward pass built, then evaluated
+    and read back."""
     cache, backend = engine.cache, engine.backend
     t0 = time.perf_counter()
     positions = np.array([cache.n_past], dtype=np.int64)

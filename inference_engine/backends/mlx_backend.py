@@ -48,6 +48,7 @@ from inference_engine.backends.mlx import block_kernels
 from inference_engine.backends.mlx import device as mlx_device  # sets MLX_ENABLE_TF32=0 before MLX's first matmul
 from inference_engine.backends.mlx.steps import (
     MLXSteps,
+    RopeTables,
     StepPositions,
     StepTokens,
     embedding_table,
@@ -90,6 +91,7 @@ class MLXBackend(Backend):
         self.weight_forms: Counter[str] = Counter()  # "Q4_K->mlx-affine" -> number of matrices
         self._pending: dict[int, mx.array] = {}  # KV buffers written since the last evaluation
         self._rope_cache: dict[tuple, tuple[mx.array, mx.array]] = {}
+        self.rope_tables = RopeTables()  # ggml's angles of positions 0..n on the device (steps.py)
         self._mask_cache: dict[tuple, mx.array] = {}
         self.prepared_matrices: dict[str, object] = {}  # GGUF name -> its matrix (a step's token rows come from one)
 
@@ -148,7 +150,7 @@ class MLXBackend(Backend):
 
     def rope(self, x, positions, n_dims, freq_base, neox, freq_scale=1.0, freq_factors=None) -> mx.array:
         if isinstance(positions, StepPositions):  # a compiled step's position on the device (steps.py)
-            cos, sin = positions.rope_angles(rope_key(n_dims, freq_base, freq_scale, freq_factors))  # (1, 1, n_dims/2)
+            cos, sin = positions.rope_angles(rope_key(n_dims, freq_base, freq_scale, freq_factors))  # (1, 1, d/2)
         else:
             cos, sin = self._rope_angles(positions, n_dims, freq_base, freq_scale, freq_factors)  # (T, 1, n_dims/2)
         n_tokens, n_heads, head_dim = x.shape
@@ -272,6 +274,11 @@ class MLXBackend(Backend):
 
     def _rope_angles(self, positions, n_dims, freq_base, freq_scale, freq_factors):
         positions = np.asarray(positions, dtype=np.int64)
+        start = int(positions[0]) if len(positions) else 0
+        if start >= 0 and np.array_equal(positions, np.arange(start, start + len(positions))):  # one sequence's run
+            key = rope_key(n_dims, freq_base, freq_scale, freq_factors)
+            cos, sin = self.rope_tables.rows(key, start + len(positions))
+            return cos[start:, None, :], sin[start:, None, :]  # (T, 1, n_dims/2): a view of the device table
         factors_key = None if freq_factors is None else np.asarray(freq_factors, dtype=np.float32).tobytes()
         key = (positions.tobytes(), n_dims, float(freq_base), float(freq_scale), factors_key)
         angles = self._rope_cache.get(key)

@@ -153,28 +153,28 @@ def _pick(logits: mx.array) -> mx.array:
 
 
 class RopeTables:
-    """Per RoPE setting of a model, cos and sin of the positions ``0 .. L-1`` on the device, grown as ``L`` grows
-    (the new rows computed on the host, once)."""
+    """Per RoPE setting (:func:`rope_key`), cos and sin ``(rows, n_dims/2)`` of the positions ``0 .. rows-1`` on the
+    device: ggml's angles (:func:`~inference_engine.backends.numerics.rope_cos_sin`), each row computed on the host
+    once, when a position past the table is first asked for (the table then at least doubles, in whole blocks of
+    :data:`KEY_BLOCK`). The MLX backend keeps one: a prefill's RoPE takes a slice of it, a compiled step a row."""
 
-    def __init__(self, keys: set[tuple]):
-        self.keys = sorted(keys, key=repr)
+    def __init__(self):
         self._tables: dict[tuple, tuple[mx.array, mx.array]] = {}
-        self._rows = 0
 
-    def upto(self, n: int) -> dict[tuple, tuple[mx.array, mx.array]]:
-        if n > self._rows:
-            positions = np.arange(self._rows, n, dtype=np.int64)
-            for key in self.keys:
-                n_dims, base, scale, factors = key
-                ff = None if factors is None else np.frombuffer(factors, dtype=np.float32)
-                cos, sin = (mx.array(a) for a in nx.rope_cos_sin(positions, n_dims, base, scale, ff))
-                if key in self._tables:
-                    old_cos, old_sin = self._tables[key]
-                    cos, sin = mx.concatenate([old_cos, cos]), mx.concatenate([old_sin, sin])
-                self._tables[key] = (cos, sin)
-            mx.eval(*(a for pair in self._tables.values() for a in pair))
-            self._rows = n
-        return self._tables
+    def rows(self, key: tuple, n: int) -> tuple[mx.array, mx.array]:
+        """cos and sin of the positions ``0 .. n-1`` for ``key``."""
+        cos, sin = self._tables.get(key, (None, None))
+        have = 0 if cos is None else cos.shape[0]
+        if n > have:
+            grown = -(-max(n, 2 * have) // KEY_BLOCK) * KEY_BLOCK
+            n_dims, base, scale, factors = key
+            ff = None if factors is None else np.frombuffer(factors, dtype=np.float32)
+            new = [mx.array(a) for a in nx.rope_cos_sin(np.arange(have, grown), n_dims, base, scale, ff)]
+            if cos is not None:
+                new = [mx.concatenate([old, rows]) for old, rows in zip((cos, sin), new)]
+            mx.eval(*new)
+            self._tables[key] = cos, sin = new[0], new[1]
+        return cos[:n], sin[:n]
 
 
 class MLXSteps:
@@ -190,7 +190,7 @@ class MLXSteps:
         settings = getattr(model, "settings", None)
         if compiled and settings is None:
             self.why_not_compiled = f"{type(model).__name__} has no per-layer settings to trace"
-        self._rope = RopeTables({rope_key(**s.rope) for s in settings or []})
+        self._rope_keys = sorted({rope_key(**s.rope) for s in settings or []}, key=repr)
         self._compiled = mx.compile(self._traced_step) if self.why_not_compiled is None else None
         self._keys: dict[int, mx.array] = {}
         self.traces = 0  # times the decode step was traced (once per block of KEY_BLOCK positions)
@@ -242,12 +242,12 @@ class MLXSteps:
         keys = self._keys.get(n)
         if keys is None:
             keys = self._keys[n] = mx.arange(n, dtype=mx.int32)
-        tables = self._rope.upto(n)
+        tables = [self.backend.rope_tables.rows(key, n) for key in self._rope_keys]
         logits, pick, k, v = self._compiled(
             ids,
             mx.array([pos], dtype=mx.int32),
             keys,
-            [tables[key] for key in self._rope.keys],
+            tables,
             self.cache.k,
             self.cache.v,
         )
@@ -255,7 +255,7 @@ class MLXSteps:
         return self._launch(logits, pick, (*k, *v), launch)
 
     def _traced_step(self, ids, pos, keys, tables, k, v):
-        positions = StepPositions(pos, keys, dict(zip(self._rope.keys, (tuple(t) for t in tables))))
+        positions = StepPositions(pos, keys, dict(zip(self._rope_keys, (tuple(t) for t in tables))))
         cache = StepCache(k, v, positions)
         logits = self.model.forward(StepTokens(ids, self.table), positions, cache)  # (1, n_vocab)
         self.traces += 1

@@ -82,14 +82,27 @@ def test_token_rows_on_the_device_are_the_host_rows(tiny_model, qtype):
 
 
 def test_rope_tables_hold_ggmls_angles_row_by_row():
+    """The device table a prefill slices and a compiled step indexes: row p is ggml's angles of position p alone,
+    whenever the table grew to hold it."""
     key = rope_key(n_dims=64, freq_base=1e6, neox=True)
-    tables = RopeTables({key})
-    tables.upto(5)
-    cos, sin = tables.upto(300)[key]  # grown: rows 5..299 computed apart from rows 0..4
-    for p in (0, 4, 5, 299):
+    tables = RopeTables()
+    tables.rows(key, 5)  # one block of KEY_BLOCK rows
+    cos, sin = tables.rows(key, KEY_BLOCK + 44)  # grown by another block: rows KEY_BLOCK.. computed apart
+    assert cos.shape == sin.shape == (KEY_BLOCK + 44, 32)
+    for p in (0, 4, 5, KEY_BLOCK - 1, KEY_BLOCK, KEY_BLOCK + 43):
         c, s = nx.rope_cos_sin(np.array([p]), 64, 1e6)
         np.testing.assert_array_equal(np.asarray(cos[p]), c[0])
         np.testing.assert_array_equal(np.asarray(sin[p]), s[0])
+
+
+def test_prefill_rope_is_the_tables_rows_and_other_positions_are_computed(tiny_model):
+    backend = engine(tiny_model("qwen2", "Q8_0"), "compiled").backend
+    args = {"n_dims": 64, "freq_base": 1e6, "freq_scale": 1.0, "freq_factors": None}
+    for positions in (np.arange(3, 20), np.array([7, 2, 9])):  # a run of one sequence; rows of several (a batch)
+        cos, sin = backend._rope_angles(positions, **args)
+        c, s = nx.rope_cos_sin(positions, 64, 1e6)
+        np.testing.assert_array_equal(np.asarray(cos)[:, 0], c)
+        np.testing.assert_array_equal(np.asarray(sin)[:, 0], s)
 
 
 @pytest.mark.parametrize("arch", ["llama", "gemma3"])
