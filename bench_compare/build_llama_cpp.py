@@ -10,7 +10,7 @@ programs with CMake::
     cmake --build DIR/build --target llama-bench llama-server -j N
 
 then prints the two paths (``DIR/build/bin/llama-bench``, ``DIR/build/bin/llama-server``). A CPU build takes
-minutes (about 10 on 2 cores); ``--cmake-arg -DGGML_CUDA=ON`` (or ``-DGGML_VULKAN=ON``, ``-DGGML_HIP=ON``;
+10-25 minutes on 2 cores; ``--cmake-arg -DGGML_CUDA=ON`` (or ``-DGGML_VULKAN=ON``, ``-DGGML_HIP=ON``;
 Metal is on by default on macOS) builds for a GPU. Needs ``cmake`` and a C++ compiler (``pip install cmake ninja``
 brings the first). Everything goes under DIR; an existing build there is reused (CMake rebuilds what changed).
 """
