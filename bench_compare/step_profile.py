@@ -15,8 +15,9 @@ step evaluated and read back before the next, the plain path) it measures, after
   limit (host: Python / graph building; device: kernels, their launches, memory);
 * **nodes**: the primitives in one token's graph (``mx.export_to_dot`` before evaluation): on a GPU each is one or
   more kernel launches; a compiled step fuses element-wise chains into ``Compiled...`` nodes;
-* **host syncs**: waits for the device per token in the loop (1: reading the token; the plain path also reads the
-  logits back and picks on the host).
+* **idle ms** = pipelined - wait: per token, how long the device had nothing queued in the loop (the host building
+  the step, or waiting on a read-back: the loop reads one value per token, the token, and the plain path its logits
+  too before it builds the next step); near 0 where launching ahead hides the host.
 
 ``--prefill N`` measures one prefill of N tokens (host build, wait, nodes) instead. A diagnostic for a lent GPU's
 one call; timings on a loaded CPU say little.
@@ -120,7 +121,7 @@ def profile_mode(engine, mode: str, prompt: list[int], steps: int = 30, warmup: 
         "tokens_per_s": 1.0 / pipelined,
         "nodes": int(sum(nodes.values())),
         "node_kinds": dict(nodes.most_common()),
-        "host_syncs_per_token": 1,
+        "idle_ms": max(0.0, pipelined * 1e3 - wait_ms),
         "limit": "host" if host_ms > wait_ms else "device",
     }
     if launched is not None:
@@ -184,11 +185,14 @@ def print_report(p: dict) -> None:
         )
         return
     print(f"decode step at depth {p['depth']}, {p['n_layer']} layers")
-    print(f"  {'mode':<10}{'host ms':>9}{'wait ms':>9}{'serial':>9}{'pipelined':>11}{'tok/s':>9}{'nodes':>7}  limit")
+    print(
+        f"  {'mode':<10}{'host ms':>9}{'wait ms':>9}{'serial':>9}{'pipelined':>11}{'idle':>8}{'tok/s':>9}"
+        f"{'nodes':>7}  limit"
+    )
     for r in p["modes"]:
         print(
             f"  {r['mode']:<10}{r['host_ms']:>9.3f}{r['wait_ms']:>9.3f}{r['serial_ms']:>9.3f}"
-            f"{r['pipelined_ms']:>11.3f}{r['tokens_per_s']:>9.1f}{r['nodes']:>7}  {r['limit']}"
+            f"{r['pipelined_ms']:>11.3f}{r['idle_ms']:>8.3f}{r['tokens_per_s']:>9.1f}{r['nodes']:>7}  {r['limit']}"
         )
     for r in p["modes"]:
         kinds = ", ".join(f"{k} {n}" for k, n in list(r["node_kinds"].items())[:8])
