@@ -31,6 +31,7 @@ import ctypes
 import os
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -127,15 +128,8 @@ class LlamaCppEngine:
         self._model = None
         self._ctx = None
         self._batch = None
-        self._capture_ctx = None
-        self._capture_batch = None
-        self._capture_capacity = 0
-        self._capture_n_tokens = 0
-        self._recorder: GraphRecorder | None = None
-        self._session_ctx = None
-        self._session_batch = None
-        self._session_recorder: GraphRecorder | None = None
-        self._session_n_past = 0
+        self._capture: _RecordingContext | None = None  # capture's, sized for its prompt
+        self._session: _RecordingContext | None = None  # the capture session's (capture_reset / capture_next)
 
         self.path = Path(model_path)
         self._n_ctx = _positive_int(n_ctx, "n_ctx")
@@ -204,25 +198,35 @@ class LlamaCppEngine:
             )
         return ctx
 
-    def _ensure_capture_context(self, n_tokens: int) -> None:
-        if self._capture_ctx is not None and self._capture_capacity >= n_tokens:
-            return
-        self._free_capture_context()
-        self._recorder = GraphRecorder()
-        self._capture_ctx = self._new_context(n_tokens, n_tokens, n_outputs_max=n_tokens, recorder=self._recorder)
-        self._capture_batch = ll.llama_batch_init(n_tokens, 0, 1)
-        self._capture_capacity = n_tokens
+    def _new_recording_context(self, n_ctx: int, n_batch: int) -> _RecordingContext:
+        """A context of ``n_ctx`` cells with the graph callback attached, and a batch of ``n_batch`` tokens."""
+        recorder = GraphRecorder()
+        ctx = self._new_context(n_ctx, n_batch, n_outputs_max=n_batch, recorder=recorder)
+        return _RecordingContext(ctx, ll.llama_batch_init(n_batch, 0, 1), recorder, n_batch)
+
+    def _record(self, graph: _RecordingContext, tokens: list[int], names: Iterable[str] | None,
+                pos0: int) -> dict[str, np.ndarray]:
+        """One ``llama_decode`` of ``tokens`` at positions ``pos0...`` in ``graph``'s context, logits for every one,
+        recorded; then ``graph.n_past`` counts the positions its cache holds."""
+        _fill_batch(graph.batch, tokens, pos0, all_logits=True, last_logits=True)
+        graph.recorder.start(names)
+        try:
+            self._decode(graph.ctx, graph.batch)
+        finally:
+            graph.recorder.stop()
+        graph.n_past = pos0 + len(tokens)
+        return graph.recorder.tensors
+
+    def _ensure_capture_context(self, n_tokens: int) -> _RecordingContext:
+        if self._capture is None or self._capture.capacity < n_tokens:
+            self._free_capture_context()
+            self._capture = self._new_recording_context(n_tokens, n_tokens)
+        return self._capture
 
     def _free_capture_context(self) -> None:
-        if self._capture_batch is not None:
-            ll.llama_batch_free(self._capture_batch)
-            self._capture_batch = None
-        if self._capture_ctx is not None:
-            ll.llama_free(self._capture_ctx)
-            self._capture_ctx = None
-        self._capture_capacity = 0
-        self._capture_n_tokens = 0
-        self._recorder = None  # after llama_free: the context no longer holds the function pointer
+        if self._capture is not None:
+            self._capture.free()
+            self._capture = None
 
     # --- Engine protocol: identity ---------------------------------------------------------------------------------
     @property
@@ -377,15 +381,11 @@ class LlamaCppEngine:
         ``names`` limits what is copied; names the graph does not produce are simply absent.
         The run context's KV cache is untouched.
         """
-        self._run_capture(ids, names)
-        assert self._recorder is not None
-        return self._recorder.tensors
+        return self._run_capture(ids, names).tensors
 
     def graph_nodes(self, ids: list[int]) -> list[GraphNode]:
         """Every node llama.cpp evaluates for a prefill of ``ids``, named or not, in order (for diagnostics)."""
-        self._run_capture(ids, names=())
-        assert self._recorder is not None
-        return list(self._recorder.nodes)
+        return list(self._run_capture(ids, names=()).nodes)
 
     def graph_names(self, ids: list[int]) -> list[str]:
         """The names ``capture`` returns for ``ids``, in evaluation order (each once)."""
@@ -394,27 +394,21 @@ class LlamaCppEngine:
     def capture_logits(self) -> np.ndarray:
         """``(n_tokens, n_vocab)`` logits of the last capture, as llama.cpp hands them out (``llama_get_logits``)."""
         self._require_open()
-        if self._capture_ctx is None or not self._capture_n_tokens:
+        if self._capture is None or not self._capture.n_past:
             raise GGUFParityError("no capture has run yet")
-        n = self._capture_n_tokens
-        ptr = ll.llama_get_logits(self._capture_ctx)
+        n = self._capture.n_past
+        ptr = ll.llama_get_logits(self._capture.ctx)
         return np.ctypeslib.as_array(ptr, shape=(n, self.n_vocab)).copy()
 
-    def _run_capture(self, ids: list[int], names: Iterable[str] | None) -> None:
+    def _run_capture(self, ids: list[int], names: Iterable[str] | None) -> GraphRecorder:
         self._require_open()
         tokens = self._check_ids(list(ids))
         if len(tokens) > self.n_ctx:
             raise GGUFParityError(f"prompt of {len(tokens)} tokens does not fit the context of {self.n_ctx}")
-        self._ensure_capture_context(len(tokens))
-        assert self._recorder is not None
-        ll.llama_memory_clear(ll.llama_get_memory(self._capture_ctx), True)
-        _fill_batch(self._capture_batch, tokens, 0, all_logits=True, last_logits=True)
-        self._recorder.start(names)
-        try:
-            self._decode(self._capture_ctx, self._capture_batch)
-        finally:
-            self._recorder.stop()
-        self._capture_n_tokens = len(tokens)
+        graph = self._ensure_capture_context(len(tokens))
+        ll.llama_memory_clear(ll.llama_get_memory(graph.ctx), True)
+        self._record(graph, tokens, names, 0)
+        return graph.recorder
 
     # --- capture sessions: decode steps and long prompts on top of a prefix --------------------------------------
     def capture_reset(self) -> None:
@@ -422,13 +416,10 @@ class LlamaCppEngine:
         micro-batches of ``n_batch`` tokens (``n_ubatch = n_batch``), the graph callback attached. The run context
         and :meth:`capture`'s context are untouched."""
         self._require_open()
-        if self._session_ctx is None:
-            self._session_recorder = GraphRecorder()
-            self._session_ctx = self._new_context(self._n_ctx, self.n_batch, n_outputs_max=self.n_batch,
-                                                  recorder=self._session_recorder)
-            self._session_batch = ll.llama_batch_init(self.n_batch, 0, 1)
-        ll.llama_memory_clear(ll.llama_get_memory(self._session_ctx), True)
-        self._session_n_past = 0
+        if self._session is None:
+            self._session = self._new_recording_context(self._n_ctx, self.n_batch)
+        ll.llama_memory_clear(ll.llama_get_memory(self._session.ctx), True)
+        self._session.n_past = 0
 
     def capture_next(self, ids: list[int], names: Iterable[str] | None = None) -> dict[str, np.ndarray]:
         """Append ``ids`` (one micro-batch: at most ``n_batch`` tokens) to the capture session's KV cache in one
@@ -439,30 +430,19 @@ class LlamaCppEngine:
         if len(tokens) > self.n_batch:
             raise GGUFParityError(f"capture_next takes one micro-batch of at most {self.n_batch} tokens, "
                                   f"got {len(tokens)}")
-        if self._session_ctx is None:
+        if self._session is None:
             self.capture_reset()
-        if self._session_n_past + len(tokens) > self.n_ctx:
-            raise GGUFParityError(f"{len(tokens)} more tokens after {self._session_n_past} do not fit the context "
+        session = self._session
+        assert session is not None
+        if session.n_past + len(tokens) > self.n_ctx:
+            raise GGUFParityError(f"{len(tokens)} more tokens after {session.n_past} do not fit the context "
                                   f"of {self.n_ctx} tokens")
-        assert self._session_recorder is not None
-        _fill_batch(self._session_batch, tokens, self._session_n_past, all_logits=True, last_logits=True)
-        self._session_recorder.start(names)
-        try:
-            self._decode(self._session_ctx, self._session_batch)
-        finally:
-            self._session_recorder.stop()
-        self._session_n_past += len(tokens)
-        return self._session_recorder.tensors
+        return self._record(session, tokens, names, session.n_past)
 
     def _free_session_context(self) -> None:
-        if self._session_batch is not None:
-            ll.llama_batch_free(self._session_batch)
-            self._session_batch = None
-        if self._session_ctx is not None:
-            ll.llama_free(self._session_ctx)
-            self._session_ctx = None
-        self._session_recorder = None
-        self._session_n_past = 0
+        if self._session is not None:
+            self._session.free()
+            self._session = None
 
     # --- llama.cpp against itself -------------------------------------------------------------------------------
     def rounding_variants(self) -> dict[str, LlamaCppEngine]:
@@ -574,6 +554,23 @@ def _resolved_flash_attn(setting: str, log: list[str]) -> str:
         if "Flash Attention" in line and "resolve_fused_ops" in line:
             return "off" if "disabled" in line else "on"
     return "auto"
+
+
+@dataclass
+class _RecordingContext:
+    """A llama.cpp context of its own with the graph callback attached (capture's, or a capture session's): its
+    recorder, a batch of ``capacity`` tokens, and ``n_past``, the positions its KV cache holds after a recording."""
+
+    ctx: Any
+    batch: Any
+    recorder: GraphRecorder
+    capacity: int
+    n_past: int = 0
+
+    def free(self) -> None:
+        """The batch and the context; the recorder goes with this object (the context held its function pointer)."""
+        ll.llama_batch_free(self.batch)
+        ll.llama_free(self.ctx)
 
 
 def _fill_batch(batch, tokens: list[int], pos0: int, all_logits: bool, last_logits: bool) -> None:
