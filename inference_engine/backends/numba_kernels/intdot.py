@@ -33,12 +33,15 @@ from inference_engine.backends.numba_kernels.isa.int8 import (
     bor8,
     bshl8,
     dot4,
+    dot4_scaled,
     fma_int,
     fsum,
     fzero,
+    iadd,
     iload,
     ishl,
     isub,
+    izero,
     load32,
     load_u32,
     nibbles32,
@@ -76,6 +79,22 @@ def k4_scales(row, off):
     t1 = (u2 & _KMASK2) | (((u0 >> 6) & _KMASK3) << 4)
     t0 = u0 & _KMASK1
     return t0, t1, t2, t3
+
+
+@njit(inline="always", cache=True)
+def k4_sumi(quants, row, o, yq, e, t0, t1):
+    """Q4_K / Q5_K: one super-block's integer sum with the activation from element ``e``, each sub-block's dot
+    scaled by its 6-bit scale (``t0``, ``t1``: :func:`k4_scales`' scale words; ``quants(row, o, j)``: the 64 quants of
+    sub-blocks ``2j``, ``2j + 1`` as two int8 vectors)."""
+    sumi = izero()
+    for j in range(4):
+        q_lo, q_hi = quants(row, o, j)
+        word = t0 if j < 2 else t1
+        sl, sh = byte(word, (2 * j) % 4), byte(word, (2 * j + 1) % 4)
+        lo = dot4_scaled(q_lo, load32(yq, e + 64 * j), sl, sl)
+        hi = dot4_scaled(q_hi, load32(yq, e + 64 * j + 32), sh, sh)
+        sumi = iadd(sumi, iadd(lo, hi))
+    return sumi
 
 
 @njit(inline="always", cache=True)

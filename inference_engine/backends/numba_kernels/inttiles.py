@@ -35,19 +35,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from inference_engine.backends.numba_kernels.intdot import byte
-from inference_engine.backends.numba_kernels.isa.int8 import (
-    dot4,
-    dot4_scaled,
-    fma_int,
-    fsum,
-    fzero,
-    iadd,
-    iload,
-    ishl,
-    isub,
-    load32,
-)
+from inference_engine.backends.numba_kernels.intdot import byte, k4_scales
+from inference_engine.backends.numba_kernels.isa import int8
 from inference_engine.backends.numba_kernels.isa.simd import fma32, load_f16
 
 _F32 = np.float32
@@ -65,25 +54,25 @@ def store_tile(out, r0, r1, t0, t1, t2, t3, v):
 # --- Q4_0, Q5_0 (ya: int32 sums of four quants), Q4_1, Q5_1 (ya: float32 block sums s), Q8_0 ----------------------
 @njit(inline="always", cache=True)
 def step_offset(x0, x1, f0, f1, yq, yd, ya, b, shift, a0, a1):
-    """pair_q4_0 / pair_q5_0's block step for one token and both rows: ``(d_w d_y) * (dot4(q, y) - 8|16 sum4)``."""
-    y, yo = load32(yq, 32 * b), ishl(iload(ya, 8 * b), shift)
-    a0 = fma_int(f0 * yd[b], isub(dot4(x0, y), yo), a0)
-    a1 = fma_int(f1 * yd[b], isub(dot4(x1, y), yo), a1)
+    """pair_q4_0 / pair_q5_0's block step for one token and both rows: ``(d_w d_y) * (int8.dot4(q, y) - 8|16 sum4)``."""
+    y, yo = int8.load32(yq, 32 * b), int8.ishl(int8.iload(ya, 8 * b), shift)
+    a0 = int8.fma_int(f0 * yd[b], int8.isub(int8.dot4(x0, y), yo), a0)
+    a1 = int8.fma_int(f1 * yd[b], int8.isub(int8.dot4(x1, y), yo), a1)
     return a0, a1
 
 
 @njit(inline="always", cache=True)
 def step_min(x0, x1, f0, f1, m0, m1, yq, yd, ya, b, st0, st1):
-    """pair_q4_1 / pair_q5_1's block step: ``acc += (d_w d_y) * dot4(q, y)``, ``c += m * s`` (state (acc, c))."""
-    y = load32(yq, 32 * b)
-    st0 = (fma_int(f0 * yd[b], dot4(x0, y), st0[0]), fma32(m0, ya[b], st0[1]))
-    st1 = (fma_int(f1 * yd[b], dot4(x1, y), st1[0]), fma32(m1, ya[b], st1[1]))
+    """pair_q4_1 / pair_q5_1's block step: ``acc += (d_w d_y) * int8.dot4(q, y)``, ``c += m * s`` (state (acc, c))."""
+    y = int8.load32(yq, 32 * b)
+    st0 = (int8.fma_int(f0 * yd[b], int8.dot4(x0, y), st0[0]), fma32(m0, ya[b], st0[1]))
+    st1 = (int8.fma_int(f1 * yd[b], int8.dot4(x1, y), st1[0]), fma32(m1, ya[b], st1[1]))
     return st0, st1
 
 
 @njit(inline="always", cache=True)
 def close_min(st):
-    return fsum(st[0]) + st[1]
+    return int8.fsum(st[0]) + st[1]
 
 
 # --- K-quants ------------------------------------------------------------------------------------------------------
@@ -96,7 +85,9 @@ def sub_scales(t_lo, t_hi, j):
 
 @njit(inline="always", cache=True)
 def dot_pair(lo, hi, yq, e, sl, sh):
-    return iadd(dot4_scaled(lo, load32(yq, e), sl, sl), dot4_scaled(hi, load32(yq, e + 32), sh, sh))
+    return int8.iadd(
+        int8.dot4_scaled(lo, int8.load32(yq, e), sl, sl), int8.dot4_scaled(hi, int8.load32(yq, e + 32), sh, sh)
+    )
 
 
 # --- K-quants, 1 row x 8 tokens ---------------------------------------------------------------------------------
@@ -106,6 +97,47 @@ def dot_pair(lo, hi, yq, e, sl, sh):
 # (CPU time, 1 thread, 128 tokens, Qwen2.5-1.5B shapes, best of 15): Q4_K 8960x1536 50 -> 44 ms, Q6_K 1536x8960
 # 45 -> 39 ms. Full blocks of 8 tokens go through these; the rest of T through the 4-token tiles (the same outputs).
 TILE8_TOKENS = 8
+
+
+@njit(inline="always", cache=True)
+def k4_rows4(quants, row, o, e, y0, y1, y2, y3, u_lo, u_hi):
+    """Q4_K / Q5_K: one row's integer sums of the super-block at ``o`` (activations from element ``e``) with 4 tokens
+    (``quants``: as :func:`.intdot.k4_sumi`'s)."""
+    i0, i1, i2, i3 = int8.izero(), int8.izero(), int8.izero(), int8.izero()
+    for j in range(4):
+        lo, hi = quants(row, o, j)
+        sl, sh = sub_scales(u_lo, u_hi, j)
+        ej = e + 64 * j
+        i0, i1 = int8.iadd(i0, dot_pair(lo, hi, y0, ej, sl, sh)), int8.iadd(i1, dot_pair(lo, hi, y1, ej, sl, sh))
+        i2, i3 = int8.iadd(i2, dot_pair(lo, hi, y2, ej, sl, sh)), int8.iadd(i3, dot_pair(lo, hi, y3, ej, sl, sh))
+    return i0, i1, i2, i3
+
+
+@njit(inline="always", cache=True)
+def k4_row_tile(quants, close, final, zero, block_bytes, w, yq, yd, ya, t0, t1, t2, t3):
+    """Q4_K / Q5_K: one row x 4 tokens, the whole row in a loop of its own: :func:`k4_rows4`'s integers, then the
+    type's float steps per super-block (``close``, from the state ``zero()``) and its outputs (``final``)."""
+    y0, y1, y2, y3 = yq[t0], yq[t1], yq[t2], yq[t3]
+    d0, d1, d2, d3 = yd[t0], yd[t1], yd[t2], yd[t3]
+    s0, s1, s2, s3 = ya[t0], ya[t1], ya[t2], ya[t3]
+    a0, a1, a2, a3 = zero(), zero(), zero(), zero()
+    for i in range(d0.shape[0]):
+        o = block_bytes * i
+        u0, u1, u2, u3 = k4_scales(w, o + 4)
+        i0, i1, i2, i3 = k4_rows4(quants, w, o, 256 * i, y0, y1, y2, y3, u0, u1)
+        a0 = close(w, o, d0[i], s0, i, u2, u3, i0, a0)
+        a1 = close(w, o, d1[i], s1, i, u2, u3, i1, a1)
+        a2 = close(w, o, d2[i], s2, i, u2, u3, i2, a2)
+        a3 = close(w, o, d3[i], s3, i, u2, u3, i3, a3)
+    return final(a0), final(a1), final(a2), final(a3)
+
+
+@njit(inline="always", cache=True)
+def k4_tile(quants, close, final, zero, block_bytes, w0, w1, yq, yd, ya, t0, t1, t2, t3):
+    """Q4_K / Q5_K: a 2-row x 4-token tile, each row by :func:`k4_row_tile`."""
+    v00, v01, v02, v03 = k4_row_tile(quants, close, final, zero, block_bytes, w0, yq, yd, ya, t0, t1, t2, t3)
+    v10, v11, v12, v13 = k4_row_tile(quants, close, final, zero, block_bytes, w1, yq, yd, ya, t0, t1, t2, t3)
+    return v00, v01, v02, v03, v10, v11, v12, v13
 
 
 @njit(inline="always", cache=True)
@@ -135,17 +167,40 @@ def token_pairs(yq):
 
 # --- the tile loop of the 32-weight types: each one's ``tiled_<type>`` is this loop with its ``tile_<type>`` ----------
 @njit(inline="always", cache=True)
+def tile_rows(tile, w, yq, yd, ya, out, lo, hi, start):
+    """Rows ``lo .. hi`` x tokens ``start ..`` by 2-row x 4-token tiles (``tile``: a type's ``tile_<type>``; a
+    tile past the last token or row repeats it, and stores it once)."""
+    n_tok, n = out.shape
+    for t in range(start, n_tok, TILE_TOKENS):
+        t1, t2, t3 = min(t + 1, n_tok - 1), min(t + 2, n_tok - 1), min(t + 3, n_tok - 1)
+        for r0 in range(lo, hi, 2):
+            r1 = min(r0 + 1, n - 1)
+            store_tile(out, r0, r1, t, t1, t2, t3, tile(w[r0], w[r1], yq, yd, ya, t, t1, t2, t3))
+
+
+@njit(inline="always", cache=True)
 def tiled_pairs(tile, w, yq, yd, ya, out):
     """Row pairs x 4-token tiles, rows in groups of ``GROUP_ROWS`` split over threads (``tile``: a type's
     ``tile_<type>``). Inlined into each type's ``@njit(parallel=True, cache=True)`` kernel, as :mod:`.intdot`'s
     mat-vec loops are."""
-    n_tok, n = out.shape
+    n = out.shape[1]
     for g in prange((n + GROUP_ROWS - 1) // GROUP_ROWS):
-        for t in range(0, n_tok, TILE_TOKENS):
-            t1, t2, t3 = min(t + 1, n_tok - 1), min(t + 2, n_tok - 1), min(t + 3, n_tok - 1)
-            for r0 in range(g * GROUP_ROWS, min(g * GROUP_ROWS + GROUP_ROWS, n), 2):
-                r1 = min(r0 + 1, n - 1)
-                store_tile(out, r0, r1, t, t1, t2, t3, tile(w[r0], w[r1], yq, yd, ya, t, t1, t2, t3))
+        tile_rows(tile, w, yq, yd, ya, out, g * GROUP_ROWS, min(g * GROUP_ROWS + GROUP_ROWS, n), 0)
+
+
+@njit(inline="always", cache=True)
+def fsums(a0, a1, a2, a3, a4, a5, a6, a7):
+    """A tile's 8 outputs from its 8 accumulators."""
+    return (
+        int8.fsum(a0),
+        int8.fsum(a1),
+        int8.fsum(a2),
+        int8.fsum(a3),
+        int8.fsum(a4),
+        int8.fsum(a5),
+        int8.fsum(a6),
+        int8.fsum(a7),
+    )
 
 
 # --- the tile arithmetic of the 32-weight types: ``tile_<type>`` is one of these with its quants and constants ------
@@ -155,8 +210,8 @@ def tile_offset(quants, block_bytes, shift, w0, w1, yq, yd, ya, t0, t1, t2, t3):
     y0, y1, y2, y3 = yq[t0], yq[t1], yq[t2], yq[t3]
     d0, d1, d2, d3 = yd[t0], yd[t1], yd[t2], yd[t3]
     s0, s1, s2, s3 = ya[t0], ya[t1], ya[t2], ya[t3]
-    a00, a01, a02, a03 = fzero(), fzero(), fzero(), fzero()
-    a10, a11, a12, a13 = fzero(), fzero(), fzero(), fzero()
+    a00, a01, a02, a03 = int8.fzero(), int8.fzero(), int8.fzero(), int8.fzero()
+    a10, a11, a12, a13 = int8.fzero(), int8.fzero(), int8.fzero(), int8.fzero()
     for b in range(d0.shape[0]):
         o = block_bytes * b
         x0, x1 = quants(w0, o), quants(w1, o)
@@ -165,7 +220,7 @@ def tile_offset(quants, block_bytes, shift, w0, w1, yq, yd, ya, t0, t1, t2, t3):
         a01, a11 = step_offset(x0, x1, f0, f1, y1, d1, s1, b, shift, a01, a11)
         a02, a12 = step_offset(x0, x1, f0, f1, y2, d2, s2, b, shift, a02, a12)
         a03, a13 = step_offset(x0, x1, f0, f1, y3, d3, s3, b, shift, a03, a13)
-    return fsum(a00), fsum(a01), fsum(a02), fsum(a03), fsum(a10), fsum(a11), fsum(a12), fsum(a13)
+    return fsums(a00, a01, a02, a03, a10, a11, a12, a13)
 
 
 @njit(inline="always", cache=True)
@@ -174,7 +229,7 @@ def tile_min(quants, block_bytes, w0, w1, yq, yd, ya, t0, t1, t2, t3):
     y0, y1, y2, y3 = yq[t0], yq[t1], yq[t2], yq[t3]
     d0, d1, d2, d3 = yd[t0], yd[t1], yd[t2], yd[t3]
     s0, s1, s2, s3 = ya[t0], ya[t1], ya[t2], ya[t3]
-    z = (fzero(), _F32(0.0))
+    z = (int8.fzero(), _F32(0.0))
     a00, a01, a02, a03, a10, a11, a12, a13 = z, z, z, z, z, z, z, z
     for b in range(d0.shape[0]):
         o = block_bytes * b
@@ -185,5 +240,13 @@ def tile_min(quants, block_bytes, w0, w1, yq, yd, ya, t0, t1, t2, t3):
         a01, a11 = step_min(x0, x1, f0, f1, m0, m1, y1, d1, s1, b, a01, a11)
         a02, a12 = step_min(x0, x1, f0, f1, m0, m1, y2, d2, s2, b, a02, a12)
         a03, a13 = step_min(x0, x1, f0, f1, m0, m1, y3, d3, s3, b, a03, a13)
-    return (close_min(a00), close_min(a01), close_min(a02), close_min(a03), close_min(a10), close_min(a11),
-            close_min(a12), close_min(a13))
+    return (
+        close_min(a00),
+        close_min(a01),
+        close_min(a02),
+        close_min(a03),
+        close_min(a10),
+        close_min(a11),
+        close_min(a12),
+        close_min(a13),
+    )

@@ -155,16 +155,7 @@ def tile_q6_k(w0, w1, yq, yd, ya, t0, t1, t2, t3):
         a11 = close_q6_k(w1, o, d1[i], s1, i, i11, a11)
         a12 = close_q6_k(w1, o, d2[i], s2, i, i12, a12)
         a13 = close_q6_k(w1, o, d3[i], s3, i, i13, a13)
-    return (
-        int8.fsum(a00),
-        int8.fsum(a01),
-        int8.fsum(a02),
-        int8.fsum(a03),
-        int8.fsum(a10),
-        int8.fsum(a11),
-        int8.fsum(a12),
-        int8.fsum(a13),
-    )
+    return inttiles.fsums(a00, a01, a02, a03, a10, a11, a12, a13)
 
 
 @njit(inline="always", cache=True)
@@ -279,7 +270,7 @@ def row16z_q6_k(w, yq2, yd, ya, t, out, r):
 def group_q6_k(w, yq, yd, ya, yq2, out, lo, hi):
     """Rows ``lo .. hi`` x every token: blocks of 16 tokens by :func:`row16z_q6_k` where ``yq2`` holds the token
     pairs (AVX-512 VNNI), then blocks of 8 by :func:`row8_q6_k`, the rest by 4-token tiles."""
-    n_tok, n = out.shape
+    n_tok = out.shape[0]
     full16 = n_tok - n_tok % 16 if yq2.shape[0] else 0
     for t in range(0, full16, 16):
         for r in range(lo, hi):
@@ -288,11 +279,7 @@ def group_q6_k(w, yq, yd, ya, yq2, out, lo, hi):
     for t in range(full16, full, inttiles.TILE8_TOKENS):
         for r in range(lo, hi):
             row8_q6_k(w[r], yq, yd, ya, t, out, r)
-    for t in range(full, n_tok, inttiles.TILE_TOKENS):
-        t1, t2, t3 = min(t + 1, n_tok - 1), min(t + 2, n_tok - 1), min(t + 3, n_tok - 1)
-        for r0 in range(lo, hi, 2):
-            r1 = min(r0 + 1, n - 1)
-            inttiles.store_tile(out, r0, r1, t, t1, t2, t3, tile_q6_k(w[r0], w[r1], yq, yd, ya, t, t1, t2, t3))
+    inttiles.tile_rows(tile_q6_k, w, yq, yd, ya, out, lo, hi, full)
 
 
 @njit(inline="always", cache=True)

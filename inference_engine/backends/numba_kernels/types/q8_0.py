@@ -7,7 +7,7 @@ embedding matrices.
 import numpy as np
 from numba import njit, prange
 
-from inference_engine.backends.numba_kernels import intdot
+from inference_engine.backends.numba_kernels import intdot, inttiles
 from inference_engine.backends.numba_kernels.isa import int8, simd, zmm
 
 
@@ -132,13 +132,4 @@ def tile_q8_0(w0, w1, yq, yd, ya, t0, t1, t2, t3):
         a01, a11 = step_q8_0(x0, x1, f0, f1, y1, d1, b, a01, a11)
         a02, a12 = step_q8_0(x0, x1, f0, f1, y2, d2, b, a02, a12)
         a03, a13 = step_q8_0(x0, x1, f0, f1, y3, d3, b, a03, a13)
-    return (
-        int8.fsum(a00),
-        int8.fsum(a01),
-        int8.fsum(a02),
-        int8.fsum(a03),
-        int8.fsum(a10),
-        int8.fsum(a11),
-        int8.fsum(a12),
-        int8.fsum(a13),
-    )
+    return inttiles.fsums(a00, a01, a02, a03, a10, a11, a12, a13)
