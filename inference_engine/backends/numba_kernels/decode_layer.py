@@ -4,8 +4,7 @@ A small model's decode step is mostly calls, not arithmetic: SmolLM2's layer is 
 one-token mat-vecs, the fused attention, SwiGLU, two residual adds) plus the Python between them, ~50 us a layer
 of a ~230 us layer. :func:`prenorm_layer` runs the same kernels in the same order from compiled code, so it gives
 the ops' values bit for bit and leaves only the kernels' own time (and one thread-pool launch per parallel
-kernel). Measured on SmolLM2 Q4_1, 2 threads, AVX2 EPYC, 8 alternating in-process runs of 40 decoded tokens:
-7.13 -> 5.49 ms a token (median), the logits identical.
+kernel); what it saved: docs/PERFORMANCE.md.
 
 The mat-vecs are the one-token kernels (``token_<type>``: quantize the activation, then the integer-dot mat-vec),
 chosen inside compiled code by GGML type id (:func:`.entries.token_matvec`): Numba's cache keeps nothing compiled

@@ -1,6 +1,7 @@
 """The integer-dot mat-vec for the ``ggml`` numerics (llama.cpp's AVX2 ``ggml_vec_dot_<w>_<q8>``, row by row): how
-it works, and the helpers its per-type kernels share. The per-type kernels (``pair_<type>`` / ``row_dot_<type>``,
-``matvec_int_<type>``, ``token_<type>``) live in the type's module of :mod:`.types`.
+it works, and the loops and helpers its per-type kernels share. A type's own arithmetic (``quants_<type>``,
+``row_dot_<type>``) is in its module of :mod:`.types`; its compiled ``matvec_int_<type>`` and ``token_<type>`` (quantize
+one float32 token, then the mat-vec, in one call) are generated into :mod:`.entries` from :data:`.kernel_specs.SPECS`.
 
 The activation arrives quantized once per token (:func:`.activations.quantize_int`): int8 quants ``yq``, their
 block scales ``yd`` and one auxiliary array ``ya`` per type (below). Each weight block is multiplied in integers
@@ -8,7 +9,7 @@ block scales ``yd`` and one auxiliary array ``ya`` per type (below). Each weight
 operations, lanes and order as ggml's AVX2 code (ggml-cpu/arch/x86/quants.c), so the result is libggml's value bit
 for bit where libggml runs that code (tested against it). Q4_0, Q4_1, Q5_0 and Q5_1 take two rows per iteration,
 which share the activation loads (``pair_<type>``); Q8_0 and the K-quants one row (``row_dot_<type>``), so each
-thread's bytes stream in order (see ``types.q8_0.matvec_int_q8_0``). The rows are split over threads; the weight stream is
+thread's bytes stream in order (see ``types.q8_0.matvec_int_loop_q8_0``). The rows are split over threads; the weight stream is
 prefetched a few KB ahead. ``matvec_int_<type>`` takes one token (several tokens: :mod:`.inttiles`; the untiled
 mat-mat kept for measuring is ``bench_compare.untiled_int``).
 
@@ -120,19 +121,6 @@ def bsum_pairs_into(bsums, out):
         out[k] = bsums[2 * k] + bsums[2 * k + 1]
 
 
-# --- the mat-vec kernels: one token -------------------------------------------------------------------------------
-# Written out per type (not made by a factory): Numba's cache keys a closure by its pickled cell contents, which
-# differ between processes for a captured dispatcher, so factory-made kernels were compiled again in every process.
-
-
-# --- one token in one compiled call: quantize the activation, then the mat-vec (a decode step's matmul) -----------
-# The same quantizer and kernel as activations.quantize_int_row + matvec_<type>, so the same bits; one call from
-# Python instead of two, and the quantized activation never becomes a Python object (boxing its three arrays cost
-# more than quantizing). Measured on random Q4_1 blocks, 2 threads, cache-resident: 576x576 27.5 -> 18.6 us a call,
-# 3072x576 89 -> 82 us; a SmolLM2 decode step makes 121 of these calls. The mat-vec keeps its threads when called
-# from here (Numba runs a parallel callee's loop on its pool). Written out per type, as the kernels above are.
-
-
 # --- the mat-vec loops, one per shape: each type's ``matvec_int_<type>`` is one of them with its row arithmetic ------
 # Inlined (``inline="always"``) into the type's own ``@njit(parallel=True, cache=True)`` kernel with its ``pair_<type>``
 # / ``row_dot_<type>`` as a constant there: the same machine code as the loop written out per type (checked), and each
@@ -150,7 +138,7 @@ def pairs_matvec(pair, w, yq, yd, ya, out):
 
 @njit(inline="always", cache=True)
 def rows_matvec(row_dot, w, yq, yd, ys, out):
-    """One row at a time (``row_dot``: a type's ``row_dot_<type>``; see ``types.q8_0.matvec_int_q8_0`` for why)."""
+    """One row at a time (``row_dot``: a type's ``row_dot_<type>``; see ``types.q8_0.matvec_int_loop_q8_0`` for why)."""
     n = out.shape[0]
     ahead = rows_ahead(w)
     for r in prange(n):

@@ -16,8 +16,8 @@ rows in one loop). The min terms of Q4_K / Q5_K are computed in vector code (:fu
 K-quants then take blocks of 8 tokens per row (:func:`row8_q4_k`...) before the 4-token tiles: see the section below.
 On AVX-512 VNNI (:func:`.zmm.has_zmm_vnni`) Q4_K and Q6_K first take blocks of 16 tokens, two tokens per 512-bit
 vector (:func:`row16z_q4_k`, :func:`row16z_q6_k`; Q4_K's 8-token remainder :func:`row8z_q4_k`), on activations
-laid out in token pairs (:func:`token_pairs`). Measured on the Xeon VM (CPU time, 1 thread, 512 tokens, best of
-7-9): Q4_K 8960x1536 122 -> 90 ms; the 1.5B's 512-token prefill (``bench``, 2 threads) 75 -> 91-92 tokens/s.
+laid out in token pairs (:func:`token_pairs`). What each of these choices measured: docs/PERFORMANCE.md,
+"What each CPU-path change measured".
 
 Every output's arithmetic is :mod:`.intdot`'s ``pair_<type>`` / ``row_dot_<type>``: the same integer block dot
 (integer sums in any order are the same integers) and the same float steps in the same order (block scale product,
@@ -93,9 +93,8 @@ def dot_pair(lo, hi, yq, e, sl, sh):
 # --- K-quants, 1 row x 8 tokens ---------------------------------------------------------------------------------
 # The K-quants' per-row work (scales, mins, unpacking 4 / 5 / 6-bit quants) is a large share of a super-block's
 # instructions; 8 tokens per unpacked row halve it per token against the 4-token tiles above. The integer sums of
-# the 8 tokens stay in registers; the float states (touched once per super-block) may live on the stack. Measured
-# (CPU time, 1 thread, 128 tokens, Qwen2.5-1.5B shapes, best of 15): Q4_K 8960x1536 50 -> 44 ms, Q6_K 1536x8960
-# 45 -> 39 ms. Full blocks of 8 tokens go through these; the rest of T through the 4-token tiles (the same outputs).
+# the 8 tokens stay in registers; the float states (touched once per super-block) may live on the stack. Full
+# blocks of 8 tokens go through these; the rest of T through the 4-token tiles (the same outputs).
 TILE8_TOKENS = 8
 
 

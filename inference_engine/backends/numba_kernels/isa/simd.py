@@ -374,15 +374,10 @@ def _literal_tuple(value, n, what) -> list[int]:
 def prefetch(typingctx, arr, offset):
     """Hint the cache line holding byte ``offset`` of a uint8 array into the caches (llvm.prefetch; never faults).
 
-    The mat-vec kernels prefetch a few KB ahead in the weight stream: measured on the AVX2 EPYC on the 178 MB Gemma 3
-    output matrix, 10 -> 15 GB/s on one thread and 21 -> 28 GB/s on two (the hardware prefetcher alone falls short).
-    The hint keeps the line in every level (``prefetcht0``), not non-temporal (``prefetchnta``): where a model
-    (or much of it) fits in the last-level cache, lines fetched non-temporally are not kept there for the next token
-    (the likely reason for what was measured). Measured on the Xeon VM (AVX-512, L3 260 MiB, 2 threads,
-    ``decode_profile``, ms a token, NTA -> T0):
-    Gemma 3 12.7 -> 11.5, Qwen2.5-1.5B 62.9 -> 42.1, and SmolLM2's 4-row mat-vecs (:mod:`.zmm`) 7.4 -> 3.4-3.7
-    (its Q8_0 output matrix 1.86 -> 0.57). On the AVX2 EPYC NTA had measured 2-4% faster on SmolLM2 (best 11.68 vs
-    12.20 ms a token), within that machine's noise.
+    The mat-vec kernels prefetch a few KB ahead in the weight stream (the hardware prefetcher alone falls short). The
+    hint keeps the line in every level (``prefetcht0``), not non-temporal (``prefetchnta``): where a model (or much
+    of it) fits in the last-level cache, lines fetched non-temporally are not kept there for the next token. Both
+    measured: docs/PERFORMANCE.md, "What each CPU-path change measured".
     """
     _check_array(arr, types.uint8, "prefetch")
 

@@ -90,12 +90,9 @@ def tile_q4_k(w0, w1, yq, yd, ya, t0, t1, t2, t3):
 
 # row8_q4_k keeps the 4 sub-block pairs as a loop (a count LLVM cannot see), so the 8 tokens' integer sums stay in
 # registers instead of being spilled, and makes the min terms and d_w * d_y for the 8 tokens at once from the
-# activation's scales and block-sum pairs laid out per 8-token block (scales8, bsum_pairs8). Measured (CPU time,
-# 1 thread, 128 tokens, 2-core AMD EPYC, AVX2, best of 9): Q4_K 8960x1536 41.1 -> 33.8 ms, 1536x8960 47.4 -> 34.9,
-# 1536x1536 7.5 -> 6.1 against the previous kernel (its sub-block loop unrolled, the sums spilled by LLVM; in git
-# history before "Q4_K prefill: dispatch the helper's tiledx_q4_k"). A further variant, two sub-blocks per vpmaddwd
-# (git history: "EXPERIMENTAL Q4_K 8-token kernels"), measured 0.84x of this one in a single noisy run; it is not
-# here until it is measured again and tested.
+# activation's scales and block-sum pairs laid out per 8-token block (scales8, bsum_pairs8). Against the kernel
+# before it (its sub-block loop unrolled, the sums spilled by LLVM) and a variant with two sub-blocks per vpmaddwd:
+# docs/PERFORMANCE.md, "What each CPU-path change measured".
 @njit(cache=True)
 def bsum_pairs8(bsums):
     """(T, 16 nb) -> (T // 8, nb, 64): [g, i, 16 k + 2 t + h] = bsum32_{2k+h} of token 8 g + t in super-block i."""
@@ -303,7 +300,7 @@ def row8z_q4_k(w, yq2, yd8, ya8, t, out, r):
 def row16z_q4_k(w, yq2, yd8, ya8, t, out, r):
     """:func:`row8z_q4_k` for 16 tokens (``t`` a multiple of 16): each sub-block pair unpacked once for 8 vectors.
     (Keeping the float state in memory between chunks of super-blocks, so that a chunk's activations stay in L1
-    for long rows, measured slower: 1536x8960 17.7 -> 24.7 ms, and 1536-wide rows 2.5 -> 4.3.)"""
+    for long rows, measured slower: docs/PERFORMANCE.md.)"""
     p = t // 2
     y0, y1, y2, y3 = yq2[p], yq2[p + 1], yq2[p + 2], yq2[p + 3]
     y4, y5, y6, y7 = yq2[p + 4], yq2[p + 5], yq2[p + 6], yq2[p + 7]

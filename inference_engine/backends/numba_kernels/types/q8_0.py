@@ -91,11 +91,9 @@ def row_dot_q8_0(w0, p0, yq, yd, ya):
 @njit(inline="always", cache=True)
 def matvec_int_loop_q8_0(w, yq, yd, ya, out):
     # One row at a time, not a pair (here and in the K-quants' mat-vecs): each thread then reads its rows' bytes in
-    # strictly ascending order, which the hardware prefetchers follow better than two interleaved rows. Measured on
-    # matrices larger than the L3, 2 threads, 8 alternating runs (AVX2 EPYC), median GB/s of weight bytes, pairs ->
-    # one row (a loop that only reads the bytes): Q8_0 178 MB (Gemma 3's output) 14.2 -> 18.0-18.5 (17.3); Q4_K
-    # 35 MB 14.8 -> 17.3 (17.1); Q6_K 52 MB 14.4 -> 20.7 (18.4); Q5_K 8960x1536 x 10 matrices 15.1 -> 17.7. Q4_0, Q4_1
-    # and Q5_0 gained nothing (Q4_1 53 MB 10.5 vs 10.7: their arithmetic limits them), so they keep their pairs.
+    # strictly ascending order, which the hardware prefetchers follow better than two interleaved rows; Q4_0, Q4_1
+    # and Q5_0 gained nothing (their arithmetic limits them), so they keep their pairs. Measured: docs/PERFORMANCE.md,
+    # "What each CPU-path change measured".
     n = out.shape[0]
     if zmm.has_zmm_vnni() and n >= zmm.ROWS:
         corr = q8_corrections(yq)
