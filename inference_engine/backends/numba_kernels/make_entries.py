@@ -9,6 +9,11 @@ way). ``tests/inference_engine/backends/numba/test_numba_entries.py`` fails when
 
     python -m inference_engine.backends.numba_kernels.make_entries          # rewrite entries.py
     python -m inference_engine.backends.numba_kernels.make_entries --check  # exit 1 if it is stale
+
+The package imports ``entries.py`` when it loads, so the generator runs while the old file still imports: after a
+spec names a new function, or drops one, just run it. Only removing or renaming a whole ``types/`` module breaks the
+old file's imports (and so the generator's own start): drop that module's name from the old file's import by hand,
+then run the generator.
 """
 
 from __future__ import annotations
