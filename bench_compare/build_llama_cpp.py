@@ -13,6 +13,11 @@ then prints the two paths (``DIR/build/bin/llama-bench``, ``DIR/build/bin/llama-
 10-25 minutes on 2 cores; ``--cmake-arg -DGGML_CUDA=ON`` (or ``-DGGML_VULKAN=ON``, ``-DGGML_HIP=ON``;
 Metal is on by default on macOS) builds for a GPU. Needs ``cmake`` and a C++ compiler (``pip install cmake ninja``
 brings the first). Everything goes under DIR; an existing build there is reused (CMake rebuilds what changed).
+
+``--sdist FILE`` builds from an archive already here instead of downloading (a machine without network access):
+llama-cpp-python's sdist, or any ``.tar.gz`` / ``.tar.xz`` whose top folder holds ``vendor/llama.cpp`` (such as
+the trimmed copy ``.device/prepare.sh`` carries to the lent GPU machine). ``--target llama-bench`` builds that
+program alone (and configures without the server: ``-DLLAMA_BUILD_SERVER=OFF``).
 """
 
 from __future__ import annotations
@@ -47,36 +52,80 @@ def fetch_sources(version: str, out: Path) -> Path:
     if (source / "CMakeLists.txt").exists():
         return source
     sdist_dir = out / "sdist"
-    _run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", f"{PACKAGE}=={version}",
-          "-d", str(sdist_dir)], "pip download")
+    _run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--no-binary",
+            ":all:",
+            f"{PACKAGE}=={version}",
+            "-d",
+            str(sdist_dir),
+        ],
+        "pip download",
+    )
     archives = sorted(sdist_dir.glob(f"llama_cpp_python-{version}.tar.gz"))
     if not archives:
         raise GGUFParityError(f"pip download left no llama_cpp_python-{version}.tar.gz in {sdist_dir}")
-    with tarfile.open(archives[0]) as tar:
-        if hasattr(tarfile, "data_filter"):  # Python >= 3.10.12 / 3.11.4: no paths outside ``out``
-            tar.extractall(out, filter="data")
-        else:
-            tar.extractall(out)  # PyPI's own sdist of a pinned version
-    if not (source / "CMakeLists.txt").exists():
-        raise GGUFParityError(f"{archives[0].name} has no vendor/llama.cpp/CMakeLists.txt")
+    return unpack_sources(archives[0], out)
+
+
+def unpack_sources(archive: str | os.PathLike, out: Path) -> Path:
+    """The llama.cpp sources (``<top folder>/vendor/llama.cpp``) of a local sdist ``archive``, unpacked under ``out``
+    (once: an unpacked copy there is reused)."""
+    archive = Path(archive)
+    if not archive.is_file():
+        raise GGUFParityError(f"--sdist {archive}: no such file (give llama-cpp-python's .tar.gz sdist)")
+    try:
+        with tarfile.open(archive) as tar:
+            top = next((m.name.split("/")[0] for m in tar if m.name.split("/")[0] not in ("", ".")), None)
+            source = out / (top or "") / "vendor" / "llama.cpp"
+            if top and not (source / "CMakeLists.txt").exists():
+                if hasattr(tarfile, "data_filter"):  # Python >= 3.10.12 / 3.11.4: no paths outside ``out``
+                    tar.extractall(out, filter="data")
+                else:
+                    tar.extractall(out)  # an sdist the user chose to build
+    except tarfile.TarError as exc:
+        raise GGUFParityError(f"--sdist {archive}: not a readable tar archive ({exc})") from None
+    if not top or not (source / "CMakeLists.txt").exists():
+        raise GGUFParityError(
+            f"{archive.name} has no <top folder>/vendor/llama.cpp/CMakeLists.txt: not llama-cpp-python's sdist"
+        )
     return source
 
 
-def build(out: str | os.PathLike, version: str | None = None, cmake_args: tuple[str, ...] = (),
-          jobs: int | None = None) -> dict[str, Path]:
-    """Build :data:`TARGETS` under ``out``; returns ``{target: path}``."""
+def build(
+    out: str | os.PathLike,
+    version: str | None = None,
+    cmake_args: tuple[str, ...] = (),
+    jobs: int | None = None,
+    sdist: str | os.PathLike | None = None,
+    targets: tuple[str, ...] = TARGETS,
+) -> dict[str, Path]:
+    """Build ``targets`` (some of :data:`TARGETS`) under ``out`` from llama-cpp-python ``version``'s sdist (downloaded)
+    or the local archive ``sdist``; returns ``{target: path}``."""
+    unknown = [t for t in targets if t not in TARGETS]
+    if unknown or not targets:
+        raise GGUFParityError(f"--target {', '.join(unknown) or '(none)'}: supported: {', '.join(TARGETS)}")
     if shutil.which("cmake") is None:
         raise GGUFParityError("cmake is not installed (pip install cmake ninja, or your system's package)")
     out = Path(out).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    source = fetch_sources(version or installed_version(), out)
+    source = unpack_sources(sdist, out) if sdist is not None else fetch_sources(version or installed_version(), out)
     build_dir = out / "build"
     generator = ["-G", "Ninja"] if shutil.which("ninja") and not (build_dir / "Makefile").exists() else []
-    _run(["cmake", "-S", str(source), "-B", str(build_dir), *generator, *CMAKE_ARGS, *cmake_args], "cmake configure")
+    server = [] if "llama-server" in targets else ["-DLLAMA_BUILD_SERVER=OFF"]
+    _run(
+        ["cmake", "-S", str(source), "-B", str(build_dir), *generator, *CMAKE_ARGS, *server, *cmake_args],
+        "cmake configure",
+    )
     if not jobs:
         jobs = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    _run(["cmake", "--build", str(build_dir), "--target", *TARGETS, "-j", str(jobs)], "cmake build")
-    paths = {t: build_dir / "bin" / t for t in TARGETS}
+    _run(["cmake", "--build", str(build_dir), "--target", *targets, "-j", str(jobs)], "cmake build")
+    paths = {t: build_dir / "bin" / t for t in targets}
     missing = [str(p) for p in paths.values() if not p.exists()]
     if missing:
         raise GGUFParityError(f"the build finished without {', '.join(missing)}")
@@ -89,17 +138,50 @@ def _run(command: list[str], what: str) -> None:
         raise GGUFParityError(f"{what} failed (exit {done.returncode}): {' '.join(command)}")
 
 
+def _joined_cmake_args(argv: list[str]) -> list[str]:
+    """``--cmake-arg -DGGML_CUDA=ON`` as ``--cmake-arg=-DGGML_CUDA=ON``: argparse takes a value that starts with '-'
+    for an option and would refuse the documented form."""
+    out: list[str] = []
+    args = iter(argv)
+    for arg in args:
+        value = next(args, None) if arg == "--cmake-arg" else None
+        out.append(arg if value is None else f"{arg}={value}")
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench_compare.build_llama_cpp",
-                                     description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m bench_compare.build_llama_cpp", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("--out", required=True, help="directory for the sources and the build")
-    parser.add_argument("--version", default=None, help=f"{PACKAGE} version whose llama.cpp to build "
-                                                        "(default: the installed one)")
+    parser.add_argument(
+        "--version", default=None, help=f"{PACKAGE} version whose llama.cpp to build (default: the installed one)"
+    )
     parser.add_argument("--cmake-arg", action="append", default=[], help="extra CMake argument, e.g. -DGGML_CUDA=ON")
     parser.add_argument("-j", "--jobs", type=int, default=None, help="parallel build jobs (default: all CPUs)")
-    args = parser.parse_args(argv)
+    parser.add_argument(
+        "--sdist",
+        default=None,
+        metavar="FILE",
+        help="build from this local llama-cpp-python sdist (.tar.gz / .tar.xz) instead of downloading",
+    )
+    parser.add_argument(
+        "--target",
+        action="append",
+        choices=TARGETS,
+        default=None,
+        help="a program to build (repeatable; default: both)",
+    )
+    args = parser.parse_args(_joined_cmake_args(sys.argv[1:] if argv is None else argv))
     try:
-        paths = build(args.out, args.version, tuple(args.cmake_arg), args.jobs)
+        paths = build(
+            args.out,
+            args.version,
+            tuple(args.cmake_arg),
+            args.jobs,
+            sdist=args.sdist,
+            targets=tuple(args.target or TARGETS),
+        )
     except GGUFParityError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
