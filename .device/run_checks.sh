@@ -1,0 +1,279 @@
+#!/usr/bin/env bash
+# .device/run_checks.sh: issue 30's checks on the lent GPU machine. Runs THERE, in the repo root, with $OUT set
+# (the device tool's `run`); prepared and tried here by .device/prepare.sh, which prints the calls that use it.
+#
+#   bash .device/run_checks.sh STEP...      steps, in the order given:
+#     probe            the machine: GPU, driver, Python, the packages we rely on, cmake/nvcc (seconds)
+#     build-llama      start building CUDA llama-bench from the carried llama.cpp sources in the background
+#                      (setsid: it outlives this call while the machine stays warm; ~209 s on 16 cores)
+#     gpu-tests        pytest -m gpu over the MLX backend and --device tests, then the block-kernel and steps tests
+#     validate-tiny    validate --backend mlx --numerics f32 on tiny models of every architecture and type
+#     speed            decode_profile (decode, prefill 512) and bench -p 512 -n 128 on the 1.5B-shaped Q4_K_M model
+#                      and smollm2-135m (the real file if carried, else its shape)
+#     llama-bench      waits for (or runs) the build, then compare --against llama-bench:PATH on the 1.5B shape
+#     validate-smollm2 validate --backend mlx --numerics f32 on the real smollm2-135m (carried in pieces)
+#     speed-smollm2    speed's measurements on the real smollm2-135m (its issue-30 goal: decode >= 800 t/s)
+#
+# Every call first assembles what the carried pieces allow (they are copied to $CARRY_TMP, /tmp, by the call's
+# command: `cp .devcarry/pN/* /tmp/`), checks each file's sha256 and installs the wheels into the machine's own
+# python3 (not --target: MLX's CUDA library then finds the NVIDIA libraries PyTorch's wheels put there); all of it
+# is done once per warm machine. Each step runs under its own `timeout`, logs to $OUT/<step>.log, and its exit
+# code goes to $OUT/summary.txt; a failing step does not stop the next (set -u, no set -e). Other results (JSON)
+# go to $OUT/results.tgz: at most 8 files come back from $OUT.
+#
+# Knobs (environment): DRY_RUN=1 prints each step's commands instead of running them (no GPU, no pieces needed);
+# DEVICE=cpu runs the steps that make sense on MLX's CPU build there (validate-tiny, speed) to try the script on a
+# CPU machine; SPEED_SHAPE=tiny, DECODE_STEPS, PREFILL, BENCH_ARGS shrink the speed step; INSTALL=0 skips the pip
+# installs (an environment that has them); PYTHON (python3), CARRY_TMP (/tmp), GP_DIR (/tmp/gp: everything this
+# script writes outside $OUT). Never a bare `wait` here: device.md's tee trap (this script uses no process
+# substitution; the background build is waited for by its pid file).
+set -u
+
+cd "$(dirname "$0")/.." || exit 2
+ROOT=$PWD
+PY=${PYTHON:-python3}
+DRY_RUN=${DRY_RUN:-0}
+DEVICE=${DEVICE:-gpu}
+INSTALL=${INSTALL:-1}
+CARRY_TMP=${CARRY_TMP:-/tmp}
+GP_DIR=${GP_DIR:-/tmp/gp}
+SPEED_SHAPE=${SPEED_SHAPE:-qwen2-1.5b}
+DECODE_STEPS=${DECODE_STEPS:-50}
+PREFILL=${PREFILL:-512}
+BENCH_ARGS=${BENCH_ARGS:--p 512 -n 128}
+OUT=${OUT:-$GP_DIR/out}
+BUNDLE=gp-bundle.tar                  # prepare.sh's one ordered tar, cut into $BUNDLE.part00, part01, ...
+FILES=$GP_DIR/files                    # its members, each kept once its sha256 matches $BUNDLE.sha256
+LLAMA_OUT=$GP_DIR/llama                # the llama-bench build (bench_compare.build_llama_cpp --out)
+LLAMA_BENCH=$LLAMA_OUT/build/bin/llama-bench
+MODELS=$GP_DIR/models
+SMOLLM2=SmolLM2-135M-Instruct.Q4_1.gguf
+STEPS="probe build-llama gpu-tests validate-tiny speed llama-bench validate-smollm2 speed-smollm2"
+export PYTHONPATH=$ROOT:$ROOT/tests${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+export GGUF_PARITY_CACHE=$GP_DIR/cache   # the named models' cache: validate-smollm2 puts the carried file there
+
+# Each step's seconds under `timeout` (the device tool stops a call at 600 s; these leave room for the rest).
+declare -A LIMIT=([probe]=60 [build-llama]=30 [gpu-tests]=300 [validate-tiny]=240 [speed]=360 [llama-bench]=480
+                  [validate-smollm2]=180 [speed-smollm2]=150)
+
+# --- helpers ---------------------------------------------------------------------------------------------------
+run() {  # one command: printed (on stderr: a step's log), then run unless DRY_RUN=1
+  echo "+ $*" >&2
+  [ "$DRY_RUN" = 1 ] || "$@"
+}
+bench_compare() { run "$PY" -m bench_compare.cli "$@"; }   # bench-compare, without installing its script
+have() { [ -f "$FILES/$1" ]; }
+
+assemble() {  # join the consecutive pieces present, extract, keep each member whose sha256 matches
+  mkdir -p "$FILES"
+  [ -f "$CARRY_TMP/$BUNDLE.sha256" ] || { echo "assemble: no $CARRY_TMP/$BUNDLE.sha256 (no pieces carried yet)"; return 0; }
+  cp "$CARRY_TMP/$BUNDLE.sha256" "$FILES/" || return 1
+  local parts=() i=0 want missing=0 name
+  while [ -f "$CARRY_TMP/$BUNDLE.part$(printf %02d $i)" ]; do parts+=("$CARRY_TMP/$BUNDLE.part$(printf %02d $i)"); i=$((i + 1)); done
+  while read -r _ name; do [ -f "$FILES/$name" ] || missing=$((missing + 1)); done < "$FILES/$BUNDLE.sha256"
+  echo "assemble: ${#parts[@]} consecutive piece(s) in $CARRY_TMP, $missing file(s) still to unpack"
+  if [ "$missing" -gt 0 ] && [ "${#parts[@]}" -gt 0 ]; then
+    rm -rf "$GP_DIR/unpack" && mkdir -p "$GP_DIR/unpack"
+    cat "${parts[@]}" | tar -x -C "$GP_DIR/unpack" 2>/dev/null   # the last member may be cut off: sha256 decides
+    while read -r want name; do
+      [ -f "$FILES/$name" ] && continue
+      if [ -f "$GP_DIR/unpack/$name" ] && [ "$(sha256sum "$GP_DIR/unpack/$name" | cut -d' ' -f1)" = "$want" ]; then
+        mv "$GP_DIR/unpack/$name" "$FILES/$name"
+      fi
+    done < "$FILES/$BUNDLE.sha256"
+    rm -rf "$GP_DIR/unpack"
+  fi
+  while read -r _ name; do
+    if have "$name"; then echo "  have    $name"; else echo "  missing $name"; fi
+  done < "$FILES/$BUNDLE.sha256"
+}
+
+install_wheels() {  # once per machine: the carried wheels into python3 itself
+  local wheels=() w
+  for w in "$FILES"/*.whl; do [ -f "$w" ] && wheels+=("$w"); done
+  if ! ls "$FILES"/mlx_cuda_13-*.whl > /dev/null 2>&1; then echo "install: MLX's CUDA wheel not complete yet"; return 0; fi
+  if [ -f "$GP_DIR/installed" ]; then echo "install: done earlier on this machine"; return 0; fi
+  run "$PY" -m pip install -q --no-index --no-deps --no-compile "${wheels[@]}" && touch "$GP_DIR/installed"
+}
+
+mlx_ready() {
+  [ "$DRY_RUN" = 1 ] || "$PY" -c "import mlx.core, gguf" 2> /dev/null \
+    || { echo "MLX (or gguf) is not importable: carry the pieces with MLX's wheels first"; return 3; }
+}
+
+model_path() {  # the speed models: written here once per machine (40 s for the 1.5B shape)
+  local shape=$1 path=$MODELS/$1.gguf
+  run "$PY" .device/models.py "$shape" "$path" > /dev/null || return 1
+  echo "$path"
+}
+
+smollm2_path() {  # the real smollm2-135m where carried (or $1 = real), else its shape
+  if have "$SMOLLM2.zst" || [ "${1:-}" = real ]; then
+    mkdir -p "$GGUF_PARITY_CACHE/smollm2-135m"
+    [ -f "$GGUF_PARITY_CACHE/smollm2-135m/$SMOLLM2" ] \
+      || run zstd -q -d "$FILES/$SMOLLM2.zst" -o "$GGUF_PARITY_CACHE/smollm2-135m/$SMOLLM2" >&2 || return 1
+    echo "$GGUF_PARITY_CACHE/smollm2-135m/$SMOLLM2"
+  else
+    model_path smollm2-135m
+  fi
+}
+
+build_running() { [ -f "$LLAMA_OUT/build.pid" ] && kill -0 "$(cat "$LLAMA_OUT/build.pid")" 2> /dev/null; }
+
+wait_for_build() {  # the background build, polled by its pid file (never `wait`)
+  local waited=0
+  while build_running && [ "$waited" -lt "$1" ]; do sleep 5; waited=$((waited + 5)); done
+  [ "$waited" -gt 0 ] && echo "waited $waited s for the llama-bench build"
+  ! build_running
+}
+
+# --- steps (each runs in its own process, its output in $OUT/<step>.log) ------------------------------------------
+step_probe() {
+  run nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv
+  run "$PY" -c "import sys; print(sys.version)"
+  run "$PY" -c 'import importlib.metadata as m
+for n in ("mlx", "mlx-cuda-13", "gguf", "numpy", "numba", "torch", "nvidia-cublas", "nvidia-cuda-nvrtc", "scipy"):
+    try:
+        print(n, m.version(n))
+    except m.PackageNotFoundError:
+        print(n, "not installed")' 
+  [ "$DRY_RUN" = 1 ] || "$PY" -c "import mlx.core as mx; print('mlx', mx.__version__, mx.default_device(), mx.device_info())" 2>&1
+  run cmake --version
+  run nvcc --version
+  run nproc
+}
+
+step_build_llama() {
+  local sdist
+  sdist=$(find "$FILES" -maxdepth 1 -name 'llama_cpp_python-*.tar.xz' 2> /dev/null | head -1)
+  [ -n "$sdist" ] || [ "$DRY_RUN" = 1 ] || { echo "the llama.cpp sources are not carried yet"; return 3; }
+  [ -x "$LLAMA_BENCH" ] && { echo "llama-bench already built: $LLAMA_BENCH"; return 0; }
+  build_running && { echo "the build is already running (pid $(cat "$LLAMA_OUT/build.pid"))"; return 0; }
+  # setsid: its own session, so it outlives this call; nice: it shares the CPUs with the correctness steps that run
+  # meanwhile (the speed steps wait for it to end)
+  local cmd=(setsid nice -n 10 "$PY" -m bench_compare.build_llama_cpp --out "$LLAMA_OUT" --sdist "${sdist:-SDIST}"
+             --target llama-bench --cmake-arg -DGGML_CUDA=ON --cmake-arg -DCMAKE_CUDA_ARCHITECTURES=90)
+  echo "+ ${cmd[*]} > $LLAMA_OUT/build.log 2>&1 &"
+  [ "$DRY_RUN" = 1 ] && return 0
+  mkdir -p "$LLAMA_OUT"
+  "${cmd[@]}" > "$LLAMA_OUT/build.log" 2>&1 < /dev/null &
+  echo $! > "$LLAMA_OUT/build.pid"
+  echo "build started in the background (pid $(cat "$LLAMA_OUT/build.pid")), log $LLAMA_OUT/build.log"
+}
+
+step_gpu_tests() {
+  mlx_ready || return
+  local rc=0
+  # Not -x: a first run on a GPU should show every failure (--maxfail bounds a broken install's output).
+  run "$PY" -m pytest -p no:cacheprovider -q -rfE --maxfail=30 --timeout=120 -m gpu \
+      tests/inference_engine/backends/mlx tests/bench_compare/test_device_flag.py || rc=$?
+  run "$PY" -m pytest -p no:cacheprovider -q -rfE --maxfail=30 --timeout=120 \
+      tests/inference_engine/backends/mlx/test_mlx_block_kernels.py tests/inference_engine/backends/mlx/test_mlx_steps.py \
+      || rc=$?
+  return $rc
+}
+
+step_validate_tiny() {
+  mlx_ready || return
+  local rc=0 model
+  # the command itself once, as a user runs it, then the grid in one process (its table ends the log)
+  model=$(model_path tiny) || return 1
+  bench_compare validate --model "$model" --backend mlx --numerics f32 --device "$DEVICE" --against numpy \
+     --json "$WORK/validate-cli.json" --report "$WORK/validate-cli" || rc=$?
+  run "$PY" .device/validate_tiny.py "$WORK" --device "$DEVICE" || rc=$?
+  return $rc
+}
+
+speed_of() {  # $1: name, $2: model
+  local rc=0
+  run "$PY" -m bench_compare.decode_profile "$2" --backend mlx --steps "$DECODE_STEPS" --json "$WORK/$1-decode.json" || rc=$?
+  run "$PY" -m bench_compare.decode_profile "$2" --backend mlx --prefill "$PREFILL" --json "$WORK/$1-prefill.json" || rc=$?
+  # shellcheck disable=SC2086  # BENCH_ARGS is a list of flags
+  bench_compare bench -m "$2" --engine ours:mlx --numerics f32 --device "$DEVICE" $BENCH_ARGS -o md --no-progress \
+     --json "$WORK/$1-bench.json" || rc=$?
+  return $rc
+}
+
+step_speed() {
+  mlx_ready || return
+  wait_for_build 120 || echo "WARNING: the llama-bench build is still running: timings below share the CPUs with it"
+  local rc=0 model
+  model=$(model_path "$SPEED_SHAPE") || return 1
+  speed_of "$SPEED_SHAPE" "$model" || rc=$?
+  model=$(smollm2_path) || return 1
+  speed_of smollm2-135m "$model" || rc=$?
+  return $rc
+}
+
+step_llama_bench() {
+  mlx_ready || return
+  if ! [ -x "$LLAMA_BENCH" ] && [ "$DRY_RUN" != 1 ]; then
+    build_running || step_build_llama || return
+    wait_for_build 300 || { echo "the llama-bench build did not finish in time"; tail -5 "$LLAMA_OUT/build.log"; return 1; }
+    tail -3 "$LLAMA_OUT/build.log"
+    [ -x "$LLAMA_BENCH" ] || { echo "no llama-bench after the build:"; tail -30 "$LLAMA_OUT/build.log"; return 1; }
+  fi
+  local model
+  model=$(model_path "$SPEED_SHAPE") || return 1
+  bench_compare compare -m "$model" --backend mlx --numerics f32 --device "$DEVICE" --against "llama-bench:$LLAMA_BENCH" \
+     --no-cold --no-progress --json "$WORK/compare-llama-bench.json" --report "$WORK/compare-llama-bench"
+}
+
+step_validate_smollm2() {
+  mlx_ready || return
+  have "$SMOLLM2.zst" || [ "$DRY_RUN" = 1 ] || { echo "smollm2-135m is not carried yet (its pieces come last)"; return 3; }
+  smollm2_path real > /dev/null || return 1
+  bench_compare validate --model smollm2-135m --backend mlx --numerics f32 --device "$DEVICE" --against numpy \
+     --json "$WORK/validate-smollm2.json" --report "$WORK/validate-smollm2"
+}
+
+step_speed_smollm2() {
+  mlx_ready || return
+  have "$SMOLLM2.zst" || [ "$DRY_RUN" = 1 ] || { echo "smollm2-135m is not carried yet (its pieces come last)"; return 3; }
+  local model
+  model=$(smollm2_path real) || return 1
+  speed_of smollm2-135m-real "$model"
+}
+
+# --- main ---------------------------------------------------------------------------------------------------------
+if [ "${1:-}" = "--step" ]; then  # the inner call: one step, in its own process under `timeout`
+  WORK=$GP_DIR/work/$2
+  mkdir -p "$WORK"
+  "step_${2//-/_}"
+  exit $?
+fi
+
+[ $# -ge 1 ] || { echo "usage: bash .device/run_checks.sh STEP... (steps: $STEPS)" >&2; exit 2; }
+for s in "$@"; do
+  case " $STEPS " in *" $s "*) ;; *) echo "unknown step '$s'; steps: $STEPS" >&2; exit 2 ;; esac
+done
+mkdir -p "$GP_DIR" "$OUT"
+{
+  echo "commit $(git rev-parse --short HEAD 2> /dev/null || echo '?'), device $DEVICE, steps: $*"
+  if [ "$DRY_RUN" != 1 ]; then
+    assemble
+    if [ "$INSTALL" = 1 ]; then install_wheels; else echo "install: skipped (INSTALL=0)"; fi
+  fi
+} > "$OUT/setup.log" 2>&1
+cat "$OUT/setup.log"
+
+summary=$OUT/summary.txt
+: > "$summary"
+for s in "$@"; do
+  start=$(date +%s)
+  timeout -k 10 "${LIMIT[$s]}" bash "$0" --step "$s" > "$OUT/$s.log" 2>&1
+  rc=$?
+  secs=$(( $(date +%s) - start ))
+  [ "$rc" = 124 ] && note=" (timed out at ${LIMIT[$s]} s)" || note=""
+  echo "$s rc=$rc ${secs}s$note" >> "$summary"
+  echo "=== $s: rc=$rc, ${secs} s$note; last lines of $OUT/$s.log:"
+  tail -n 25 "$OUT/$s.log"
+done
+[ -d "$GP_DIR/work" ] && tar -czf "$OUT/results.tgz" --exclude='*.gguf' -C "$GP_DIR/work" . 2> /dev/null
+[ -f "$LLAMA_OUT/build.log" ] && cp "$LLAMA_OUT/build.log" "$OUT/llama-build.log"
+if [ "$(find "$OUT" -mindepth 1 -maxdepth 1 | wc -l)" -gt 8 ]; then  # at most 8 files come back: one log then
+  for s in setup "$@"; do echo "===== $s.log"; cat "$OUT/$s.log"; rm -f "$OUT/$s.log"; done > "$OUT/steps.log"
+fi
+echo "=== summary ($OUT: setup.log and <step>.log (or all in steps.log), llama-build.log, summary.txt, results.tgz)"
+cat "$summary"
+! grep -q -v " rc=0 " "$summary"

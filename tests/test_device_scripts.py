@@ -1,0 +1,126 @@
+""".device/run_checks.sh (issue 30's checks on the lent GPU machine) without a GPU: its dry mode lists every step's
+commands, and each file, module and flag those commands name exists here, so a lent session's minutes are not
+spent on a typo. The steps themselves ran end to end on MLX's CPU build once (DEVICE=cpu, see .device/); that
+takes minutes and is not repeated here.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / ".device" / "run_checks.sh"
+PREPARE = ROOT / ".device" / "prepare.sh"
+STEPS = (
+    "probe",
+    "build-llama",
+    "gpu-tests",
+    "validate-tiny",
+    "speed",
+    "llama-bench",
+    "validate-smollm2",
+    "speed-smollm2",
+)
+# CLIs the steps call through ``python3 -m``, and how to get their flags
+HELP = {
+    "bench_compare.cli": lambda sub: ["-m", "bench_compare.cli", sub, "--help"],
+    "bench_compare.decode_profile": lambda _: ["-m", "bench_compare.decode_profile", "--help"],
+    "bench_compare.build_llama_cpp": lambda _: ["-m", "bench_compare.build_llama_cpp", "--help"],
+}
+
+
+def flat(commands: dict[str, list[str]]) -> list[str]:
+    return [c for step in commands.values() for c in step]
+
+
+def dry_run(tmp_path: Path, *steps: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "DRY_RUN": "1", "GP_DIR": str(tmp_path / "gp"), "OUT": str(tmp_path / "out")}
+    return subprocess.run(
+        ["bash", str(SCRIPT), *steps], capture_output=True, text=True, env=env, timeout=60, check=False
+    )
+
+
+@pytest.fixture(scope="module")
+def commands(tmp_path_factory) -> dict[str, list[str]]:
+    """Every step's commands, as the dry run prints them ('+ ...' lines of $OUT/steps.log, one section a step)."""
+    tmp = tmp_path_factory.mktemp("dry")
+    done = dry_run(tmp, *STEPS)
+    assert done.returncode == 0, done.stdout + done.stderr
+    summary = (tmp / "out" / "summary.txt").read_text().splitlines()
+    assert [line.split()[:2] for line in summary] == [[s, "rc=0"] for s in STEPS]
+    log = (tmp / "out" / "steps.log").read_text()  # more than 8 files: the logs come back as one
+    sections = dict(re.findall(r"^===== ([\w-]+)\.log\n(.*?)(?=^===== |\Z)", log, re.MULTILINE | re.DOTALL))
+    return {s: [line[2:] for line in sections[s].splitlines() if line.startswith("+ ")] for s in STEPS}
+
+
+def test_the_scripts_parse():
+    for script in (SCRIPT, PREPARE):
+        subprocess.run(["bash", "-n", str(script)], check=True, timeout=30)
+    shellcheck = shutil.which("shellcheck")
+    if shellcheck:
+        done = subprocess.run(
+            [shellcheck, str(SCRIPT), str(PREPARE)], capture_output=True, text=True, timeout=60, check=False
+        )
+        assert done.returncode == 0, done.stdout
+
+
+def test_every_step_prints_its_commands(commands):
+    assert all(commands[s] for s in STEPS), [s for s in STEPS if not commands[s]]
+    assert any("-m gpu tests/inference_engine/backends/mlx" in c for c in commands["gpu-tests"])
+    assert any("build_llama_cpp" in c and "--sdist" in c and "-DGGML_CUDA=ON" in c for c in commands["build-llama"])
+    assert any("--against llama-bench:" in c for c in commands["llama-bench"])
+    assert all("--device gpu" in c for c in flat(commands) if "bench_compare.cli" in c)
+
+
+def test_every_file_and_module_the_commands_name_exists(commands):
+    text = "\n".join(flat(commands)) + SCRIPT.read_text() + PREPARE.read_text()
+    paths = set(
+        re.findall(r"(?<![\w/.])((?:\.device|tests|bench_compare|inference_engine|validation)/[\w/.-]*\w)", text)
+    )
+    modules = set(re.findall(r"-m ((?:bench_compare|inference_engine|validation)[\w.]*)", text))
+    assert paths and modules
+    missing = [p for p in paths if not (ROOT / p).exists()]
+    missing += [m for m in modules if not (ROOT / (m.replace(".", "/") + ".py")).exists()]
+    assert not missing, missing
+
+
+def test_every_flag_the_commands_give_is_one_the_program_takes(commands):
+    checked = 0
+    for line in flat(commands):
+        words = line.split()
+        module = next((w for w in words if w in HELP), None)
+        if module is None:
+            continue
+        sub = words[words.index(module) + 1] if module == "bench_compare.cli" else ""
+        helptext = subprocess.run(
+            [sys.executable, *HELP[module](sub)], capture_output=True, text=True, cwd=ROOT, timeout=120, check=True
+        ).stdout
+        given = words[words.index(module) + 1 :]  # the program's own flags, not nice's or python's
+        for flag in (w.split("=")[0] for w in given if re.fullmatch(r"--?[a-z][\w-]*(=.*)?", w)):
+            assert re.search(rf"(?<![\w-]){re.escape(flag)}\b", helptext), f"{flag} in: {line}"
+            checked += 1
+    assert checked > 20
+
+
+def test_an_unknown_step_is_one_line(tmp_path):
+    done = dry_run(tmp_path, "gpu-tests", "benchmark")
+    assert done.returncode == 2 and done.stderr.count("\n") == 1
+    assert "unknown step 'benchmark'" in done.stderr and "validate-tiny" in done.stderr
+
+
+def test_the_model_writer_refuses_an_unknown_shape():
+    done = subprocess.run(
+        [sys.executable, str(ROOT / ".device" / "models.py"), "qwen2-7b", "x.gguf"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2 and "qwen2-1.5b|smollm2-135m|tiny" in done.stderr
