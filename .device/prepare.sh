@@ -128,16 +128,20 @@ if mlx == n:  # nothing comes after MLX's call: the speed and llama-bench steps 
 cost = {"probe": 10, "build-llama": 2, "gpu-tests": 150, "validate-tiny": 90, "speed": 150, "llama-bench": 120,
         "validate-smollm2": 40, "speed-smollm2": 40}
 total = 120  # a cold start, counted
+fits = []
 print("\nNext session with a GPU (device tool `run`, no kind: nvidia-h100-x1 or an H200). One call after the other,")
 print("each within ~30 s of the last (the machine keeps /tmp only while warm); give_back after the last. Device time:")
 for call in sorted(steps):
     carry = f'[".devcarry/p{call}"]' if call <= n else "[]"
     get = f"cp .devcarry/p{call}/* /tmp/ && " if call <= n else ""
     secs = 15 + (25 if call == mlx else 0) + sum(cost[s] for s in steps[call])  # transfer; MLX's install
-    total += secs
+    total += secs + 20  # and ~20 s idle before the next call (the session reading this one's output)
+    if total <= 900:
+        fits.append(call)
     cmd = f"{get}bash .device/run_checks.sh {' '.join(steps[call])}" if steps[call] else f"{get}true"
     print(f"  call {call}: carry {carry}, timeout_s 600 (~{secs} s; {total // 60} min {total % 60:02d} s so far)")
     print(f"           command: {cmd}")
+print(f"Within 15 minutes (900 s) by these estimates: calls {', '.join(map(str, fits)) or 'none'}.")
 print("Estimates, not measurements: llama-bench's build (209 s) runs in the background from build-llama on, while")
 print("the tests run; speed waits for it (<= 120 s) so timings do not share the CPUs with it. If time runs short,")
 print("stop after the speed + llama-bench call: smollm2 comes last. Results: each call's $OUT (summary.txt, logs,")
