@@ -191,25 +191,18 @@ def test_dequantize_kernel_equals_ggml_bit_for_bit(host_kernels, qtype):
     np.testing.assert_array_equal(out.view(np.uint32), gguf_quants.dequantize(rows, qtype).view(np.uint32))
 
 
-@pytest.mark.parametrize("n_tok", MATVEC_TOKENS)
+# (kernel, tokens, seed scale): the mat-vec at decode's token counts, the tiled mat-mul at prefill's
+PRODUCT_CASES = [("matvec", n, 10) for n in MATVEC_TOKENS] + [("matmul", n, 100) for n in MATMUL_TOKENS]
+
+
+@pytest.mark.parametrize(("kernel", "n_tok", "seed_scale"), PRODUCT_CASES, ids=lambda v: str(v))
 @pytest.mark.parametrize("qtype", KERNEL_TYPES, ids=lambda t: t.name)
-def test_matvec_kernel_gives_the_products(host_kernels, qtype, n_tok):
-    rng = np.random.default_rng(int(qtype) * 10 + n_tok)
+def test_product_kernels_give_the_products(host_kernels, qtype, kernel, n_tok, seed_scale):
+    rng = np.random.default_rng(int(qtype) * seed_scale + n_tok)
     rows = random_rows(qtype, N_OUT, rng)
     x = rng.standard_normal((n_tok, N_IN)).astype(np.float32)
     y = np.full((n_tok, N_OUT), np.nan, dtype=np.float32)
-    getattr(host_kernels, f"{qtype.name.lower()}_matvec")(_ptr(rows), _ptr(x), _ptr(y), N_OUT, N_IN, n_tok)
-    assert_products_close(y, rows, qtype, x)
-
-
-@pytest.mark.parametrize("n_tok", MATMUL_TOKENS)
-@pytest.mark.parametrize("qtype", KERNEL_TYPES, ids=lambda t: t.name)
-def test_matmul_kernel_gives_the_products(host_kernels, qtype, n_tok):
-    rng = np.random.default_rng(int(qtype) * 100 + n_tok)
-    rows = random_rows(qtype, N_OUT, rng)
-    x = rng.standard_normal((n_tok, N_IN)).astype(np.float32)
-    y = np.full((n_tok, N_OUT), np.nan, dtype=np.float32)
-    getattr(host_kernels, f"{qtype.name.lower()}_matmul")(_ptr(rows), _ptr(x), _ptr(y), N_OUT, N_IN, n_tok)
+    getattr(host_kernels, f"{qtype.name.lower()}_{kernel}")(_ptr(rows), _ptr(x), _ptr(y), N_OUT, N_IN, n_tok)
     assert_products_close(y, rows, qtype, x)
 
 
