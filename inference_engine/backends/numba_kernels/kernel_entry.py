@@ -1,10 +1,10 @@
-"""What the dispatcher needs to know about one tensor type (:class:`Kernels`), and how a type module describes its
-kernels (:class:`KernelSpec`) for the generated entry points (:mod:`.entries`, made by :mod:`.make_entries`).
+"""What the dispatcher needs to know about one tensor type (:class:`Kernels`), and how a type's kernels are described
+(:class:`KernelSpec`) for the generated entry points (:mod:`.entries`, made by :mod:`.make_entries`).
 
-Each ``types/<type>.py`` holds the type's arithmetic and ends with its ``SPEC = KernelSpec(...)``: for each kernel,
-the shared loop it is made of and the type's functions (and constants) handed to that loop. :mod:`.entries` turns
-every spec into compiled, cached functions (``matvec_float_<type>``, ``dequant_<type>``, ``matvec_int_<type>``,
-``token_<type>``, ``tiled_<type>``) and the kernel table's :class:`Kernels` entries.
+``types/<type>.py`` holds a type's arithmetic; its :class:`KernelSpec` in the table :data:`.kernel_specs.SPECS` says,
+for each kernel, the shared loop it is made of and the type's functions (and constants) handed to that loop.
+:mod:`.entries` turns every spec into compiled, cached functions (``matvec_float_<type>``, ``dequant_<type>``,
+``matvec_int_<type>``, ``token_<type>``, ``tiled_<type>``) and the kernel table's :class:`Kernels` entries.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The kernel table: tensor type -> its compiled kernels (:class:`~.kernel_entry.Kernels`), the entries
-:mod:`.make_entries` generated from each type module's ``SPEC`` into :mod:`.entries`."""
+:mod:`.make_entries` generated from :data:`.kernel_specs.SPECS` into :mod:`.entries`."""
 
 from gguf import GGMLQuantizationType as T
 
