@@ -37,13 +37,15 @@ class Kernels:
 LAYOUT = "layout"
 PAIR = "pair"
 TILE = "tile"
+# ... and one for a number: the spec's block bytes (``layout[0]``), written as a literal.
+BLOCK_BYTES = "block_bytes"
 
 
 @dataclass(frozen=True)
 class Call:
     """``fn(*args, <the kernel's own arguments>)``: a loop (shared, or the type's own) and what the type hands it:
-    its functions, integer constants, or :data:`LAYOUT` / :data:`PAIR` / :data:`TILE` (the type's generated
-    helper)."""
+    its functions, integer constants, :data:`BLOCK_BYTES` (its layout's block bytes), or :data:`LAYOUT` /
+    :data:`PAIR` / :data:`TILE` (the type's generated helper)."""
 
     fn: Callable
     args: tuple[Any, ...] = ()

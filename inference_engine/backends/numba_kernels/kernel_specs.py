@@ -13,7 +13,7 @@ from gguf import GGMLQuantizationType as T
 from inference_engine.backends.numba_kernels import float_blocks as fb
 from inference_engine.backends.numba_kernels import intdot, inttiles
 from inference_engine.backends.numba_kernels.isa import simd
-from inference_engine.backends.numba_kernels.kernel_entry import LAYOUT, PAIR, TILE, Call, KernelSpec
+from inference_engine.backends.numba_kernels.kernel_entry import BLOCK_BYTES, LAYOUT, PAIR, TILE, Call, KernelSpec
 from inference_engine.backends.numba_kernels.types import q2_k, q3_k, q4_0, q4_1, q4_k, q5_0, q5_1, q5_k, q6_k, q8_0
 
 
@@ -44,9 +44,9 @@ SPECS: tuple[KernelSpec, ...] = (
         T.Q4_0, "q8_0", 32, (18, 8.0), int_activation="q8_0_sum4",
         matvec_float=Call(fb.pairs_matvec_float, fb.offset_block, q4_0.unpack_q4_0, LAYOUT),
         dequant=Call(fb.blocks_dequant, fb.offset_dequant, q4_0.unpack_q4_0, LAYOUT),
-        pair=Call(intdot.pair_offset, q4_0.quants_q4_0, 18, 3),  # block bytes, log2 of the offset 8
+        pair=Call(intdot.pair_offset, q4_0.quants_q4_0, BLOCK_BYTES, 3),  # log2 of the offset 8
         matvec_int=Call(intdot.pairs_matvec, PAIR),
-        tile=Call(inttiles.tile_offset, q4_0.quants_q4_0, 18, 3),
+        tile=Call(inttiles.tile_offset, q4_0.quants_q4_0, BLOCK_BYTES, 3),
         tiled=Call(inttiles.tiled_pairs, TILE),
     ),
     KernelSpec(
@@ -54,25 +54,25 @@ SPECS: tuple[KernelSpec, ...] = (
         matvec_float=Call(fb.pairs_matvec_float, fb.min_block, q4_1.unpack_q4_1, LAYOUT),
         dequant=Call(fb.blocks_dequant, fb.min_dequant, q4_1.unpack_q4_1, LAYOUT),
         matvec_int=Call(q4_1.matvec_int_loop_q4_1),
-        tile=Call(inttiles.tile_min, q4_1.quants_q4_1, 20),
+        tile=Call(inttiles.tile_min, q4_1.quants_q4_1, BLOCK_BYTES),
         tiled=Call(inttiles.tiled_pairs, TILE),
     ),
     KernelSpec(
         T.Q5_0, "q8_0", 32, (22, 16.0), int_activation="q8_0_sum4",
         matvec_float=Call(fb.pairs_matvec_float, fb.offset_block, q5_0.unpack_q5_0, LAYOUT),
         dequant=Call(fb.blocks_dequant, fb.offset_dequant, q5_0.unpack_q5_0, LAYOUT),
-        pair=Call(intdot.pair_offset, q5_0.quants_q5_0, 22, 4),  # block bytes, log2 of the offset 16
+        pair=Call(intdot.pair_offset, q5_0.quants_q5_0, BLOCK_BYTES, 4),  # log2 of the offset 16
         matvec_int=Call(intdot.pairs_matvec, PAIR),
-        tile=Call(inttiles.tile_offset, q5_0.quants_q5_0, 22, 4),
+        tile=Call(inttiles.tile_offset, q5_0.quants_q5_0, BLOCK_BYTES, 4),
         tiled=Call(inttiles.tiled_pairs, TILE),
     ),
     KernelSpec(
         T.Q5_1, "q8_1", 32, (24, -1.0), int_activation="q8_1",
         matvec_float=Call(fb.pairs_matvec_float, fb.min_block, q5_1.unpack_q5_1, LAYOUT),
         dequant=Call(fb.blocks_dequant, fb.min_dequant, q5_1.unpack_q5_1, LAYOUT),
-        pair=Call(intdot.pair_min, q5_1.quants_q5_1, 24),
+        pair=Call(intdot.pair_min, q5_1.quants_q5_1, BLOCK_BYTES),
         matvec_int=Call(intdot.pairs_matvec, PAIR),
-        tile=Call(inttiles.tile_min, q5_1.quants_q5_1, 24),
+        tile=Call(inttiles.tile_min, q5_1.quants_q5_1, BLOCK_BYTES),
         tiled=Call(inttiles.tiled_pairs, TILE),
     ),
     KernelSpec(

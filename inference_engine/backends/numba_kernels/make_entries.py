@@ -21,7 +21,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from inference_engine.backends.numba_kernels.kernel_entry import LAYOUT, PAIR, TILE, Call, KernelSpec
+from inference_engine.backends.numba_kernels.kernel_entry import BLOCK_BYTES, LAYOUT, PAIR, TILE, Call, KernelSpec
 
 ENTRIES_PATH = Path(__file__).resolve().parent / "entries.py"
 PACKAGE = "inference_engine.backends.numba_kernels"
@@ -50,19 +50,20 @@ generated: :mod:`.make_entries`), each type's :class:`~.kernel_entry.Kernels` en
 '''
 
 
+def _python_function(fn):
+    """The Python function behind ``fn`` (a Numba dispatcher, an intrinsic or a plain function)."""
+    return getattr(fn, "py_func", None) or getattr(fn, "_defn", None) or fn
+
+
 def _module_of(fn) -> str:
-    """The dotted module that defines ``fn`` (a Numba dispatcher, an intrinsic or a plain function)."""
-    py = getattr(fn, "py_func", None) or getattr(fn, "_defn", None) or fn
-    return py.__module__
+    """The dotted module that defines ``fn``."""
+    return _python_function(fn).__module__
 
 
-def _name_of(fn) -> str:
-    py = getattr(fn, "py_func", None) or getattr(fn, "_defn", None) or fn
-    return py.__name__
-
-
-def _ref(value, type_name: str, imports: set[str]) -> str:
+def _ref(value, type_name: str, block_bytes: int, imports: set[str]) -> str:
     """Source text for one argument of a :class:`Call`."""
+    if value is BLOCK_BYTES:
+        return str(block_bytes)
     if value is LAYOUT or value is PAIR or value is TILE:
         return f"{value}_{type_name}"
     if isinstance(value, bool) or not isinstance(value, int):
@@ -71,15 +72,16 @@ def _ref(value, type_name: str, imports: set[str]) -> str:
             if not module.startswith(PACKAGE + "."):
                 raise ValueError(f"{type_name}: {value!r} is not a kernel of {PACKAGE}")
             imports.add(module)
-            return f"{module.rsplit('.', 1)[1]}.{_name_of(value)}"
-        raise ValueError(f"{type_name}: a Call takes kernels, integers or LAYOUT / PAIR / TILE, not {value!r}")
+            return f"{module.rsplit('.', 1)[1]}.{_python_function(value).__name__}"
+        raise ValueError(f"{type_name}: a Call takes kernels, integers or BLOCK_BYTES / LAYOUT / PAIR / TILE, not {value!r}")
     return repr(value)
 
 
-def _function(role: str, type_name: str, call: Call, imports: set[str]) -> str:
+def _function(role: str, spec: KernelSpec, call: Call, imports: set[str]) -> str:
     decorator, params, returns = ROLES[role]
-    args = [_ref(value, type_name, imports) for value in call.args]
-    body = f"{_ref(call.fn, type_name, imports)}({', '.join([*args, params])})"
+    type_name, block_bytes = spec.qtype.name.lower(), int(spec.layout[0])
+    args = [_ref(value, type_name, block_bytes, imports) for value in call.args]
+    body = f"{_ref(call.fn, type_name, block_bytes, imports)}({', '.join([*args, params])})"
     return f"{decorator}\ndef {role}_{type_name}({params}):\n    {'return ' if returns else ''}{body}\n"
 
 
@@ -101,7 +103,7 @@ def _type_block(spec: KernelSpec, imports: set[str]) -> tuple[str, str]:
     for role in ROLES:
         call = getattr(spec, role)
         if call is not None:
-            parts.append(_function(role, t, call, imports))
+            parts.append(_function(role, spec, call, imports))
     parts[0] = f"# --- {spec.qtype.name} " + "-" * (113 - len(spec.qtype.name)) + "\n" + parts[0]
     if spec.matvec_int is not None:
         parts.append(_token(t, spec.int_activation))
