@@ -73,7 +73,9 @@ def _ref(value, type_name: str, block_bytes: int, imports: set[str]) -> str:
                 raise ValueError(f"{type_name}: {value!r} is not a kernel of {PACKAGE}")
             imports.add(module)
             return f"{module.rsplit('.', 1)[1]}.{_python_function(value).__name__}"
-        raise ValueError(f"{type_name}: a Call takes kernels, integers or BLOCK_BYTES / LAYOUT / PAIR / TILE, not {value!r}")
+        raise ValueError(
+            f"{type_name}: a Call takes kernels, integers or BLOCK_BYTES / LAYOUT / PAIR / TILE, not {value!r}"
+        )
     return repr(value)
 
 
