@@ -142,6 +142,15 @@ for call in sorted(steps):
     print(f"  call {call}: carry {carry}, timeout_s 600 (~{secs} s; {total // 60} min {total % 60:02d} s so far)")
     print(f"           command: {cmd}")
 print(f"Within 15 minutes (900 s) by these estimates: calls {', '.join(map(str, fits)) or 'none'}.")
+# Issue 30 point 6 (llama.cpp's CPU build crashed there on every model): four CPU builds at once (~60-90 s on 16
+# cores; pip's whole build took 52 s) and 14 one-second checks (torch's import a few seconds), gdb's rerun.
+crash = 15 + 150
+extra = max(steps) + 1
+print(f"  optional call {extra}, only if {crash // 60 + 1} min of device time are left (status) and the machine is still")
+print(f"           warm (it reuses the sources unpacked in /tmp/gp): carry [], timeout_s 400 (~{crash} s)")
+print("           command: bash .device/run_checks.sh cpu-crash")
+print(f"  A session that takes point 6 first puts cpu-crash before build-llama in call {sources} instead (the sources")
+print("  are complete there; the builds would share the CPUs). Reads: $OUT/cpu-crash.log (its table and reading).")
 print("Estimates, not measurements: llama-bench's build (209 s) runs in the background from build-llama on, while")
 print("the tests run; speed waits for it (<= 120 s) so timings do not share the CPUs with it. If time runs short,")
 print("stop after the speed + llama-bench call: smollm2 comes last. Results: each call's $OUT (summary.txt, logs,")

@@ -13,6 +13,9 @@
 #     llama-bench      waits for (or runs) the build, then compare --against llama-bench:PATH on the 1.5B shape
 #     validate-smollm2 validate --backend mlx --numerics f32 on the real smollm2-135m (carried in pieces)
 #     speed-smollm2    speed's measurements on the real smollm2-135m (its issue-30 goal: decode >= 800 t/s)
+#     cpu-crash        optional (issue 30, point 6): why llama.cpp's CPU build died here on every model; builds
+#                      four CPU variants at once (native, no AMX, no OpenMP, AVX2) and runs the 1-layer F32
+#                      canary through each, C++ and Python (.device/cpu_crash.py; ~150 s on 16 cores)
 #
 # Every call first assembles what the carried pieces allow (they are copied to $CARRY_TMP, /tmp, by the call's
 # command: `cp .devcarry/pN/* /tmp/`), checks each file's sha256 and installs the wheels into the machine's own
@@ -48,13 +51,13 @@ LLAMA_OUT=$GP_DIR/llama                # the llama-bench build (bench_compare.bu
 LLAMA_BENCH=$LLAMA_OUT/build/bin/llama-bench
 MODELS=$GP_DIR/models
 SMOLLM2=SmolLM2-135M-Instruct.Q4_1.gguf
-STEPS="probe build-llama gpu-tests validate-tiny speed llama-bench validate-smollm2 speed-smollm2"
+STEPS="probe build-llama gpu-tests validate-tiny speed llama-bench validate-smollm2 speed-smollm2 cpu-crash"
 export PYTHONPATH=$ROOT:$ROOT/tests${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 export GGUF_PARITY_CACHE=$GP_DIR/cache   # the named models' cache: validate-smollm2 puts the carried file there
 
 # Each step's seconds under `timeout` (the device tool stops a call at 600 s; these leave room for the rest).
 declare -A LIMIT=([probe]=60 [build-llama]=30 [gpu-tests]=300 [validate-tiny]=240 [speed]=360 [llama-bench]=480
-                  [validate-smollm2]=180 [speed-smollm2]=150)
+                  [validate-smollm2]=180 [speed-smollm2]=150 [cpu-crash]=300)
 
 # --- helpers ---------------------------------------------------------------------------------------------------
 run() {  # one command: printed (on stderr: a step's log), then run unless DRY_RUN=1
@@ -233,6 +236,19 @@ step_speed_smollm2() {
   local model
   model=$(smollm2_path real) || return 1
   speed_of smollm2-135m-real "$model"
+}
+
+step_cpu_crash() {  # its builds and logs in $GP_DIR/cpu-crash (not $WORK: results.tgz gets the table and logs only)
+  local sources wheel dir=$GP_DIR/cpu-crash rc=0
+  sources=$(find "$FILES" -maxdepth 1 -name 'llama_cpp_python-*.tar.xz' 2> /dev/null | head -1)
+  [ -n "$sources" ] || [ "$DRY_RUN" = 1 ] || { echo "the llama.cpp sources are not carried yet"; return 3; }
+  wheel=$(find "$FILES" -maxdepth 1 -name 'gguf-*.whl' 2> /dev/null | head -1)   # the canary's writer, if not installed
+  build_running && echo "WARNING: the CUDA llama-bench build is still running: these builds share the CPUs with it"
+  local cmd=("$PY" .device/cpu_crash.py --sources "${sources:-SOURCES}" --work "$dir" ${wheel:+--gguf-wheel "$wheel"})
+  if [ "$DRY_RUN" = 1 ]; then run "${cmd[@]}"; "${cmd[@]}" --dry-run; return; fi   # and the commands it would run
+  "${cmd[@]}" || rc=$?
+  cp -r "$dir"/cpu-crash.json "$dir"/runs "$dir"/build-*.log "$WORK"/ 2> /dev/null
+  return $rc
 }
 
 # --- main ---------------------------------------------------------------------------------------------------------

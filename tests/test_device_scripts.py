@@ -6,6 +6,7 @@ takes minutes and is not repeated here.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import shutil
@@ -17,6 +18,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / ".device" / "run_checks.sh"
+CPU_CRASH = ROOT / ".device" / "cpu_crash.py"
 PREPARE = ROOT / ".device" / "prepare.sh"
 STEPS = (
     "probe",
@@ -27,6 +29,7 @@ STEPS = (
     "llama-bench",
     "validate-smollm2",
     "speed-smollm2",
+    "cpu-crash",
 )
 # CLIs the steps call through ``python3 -m``, and how to get their flags
 HELP = {
@@ -124,3 +127,82 @@ def test_the_model_writer_refuses_an_unknown_shape():
         check=False,
     )
     assert done.returncode == 2 and "qwen2-1.5b|smollm2-135m|tiny" in done.stderr
+
+
+def cpu_crash_module():
+    spec = importlib.util.spec_from_file_location("cpu_crash", CPU_CRASH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_cpu_crash_builds_every_variant_and_runs_every_check(commands):
+    lines = commands["cpu-crash"]
+    configures = [c for c in lines if c.startswith("cmake -S")]
+    assert len(configures) == 4 and all("-DCMAKE_SKIP_BUILD_RPATH=ON" in c for c in configures)
+    for variant, flag in (
+        ("native", "-DGGML_NATIVE=ON"),
+        ("noamx", "-mno-amx-int8"),
+        ("noomp", "-DGGML_OPENMP=OFF"),
+        ("avx2", "-DGGML_NATIVE=OFF"),
+    ):
+        assert any(f"build-{variant} " in c and flag in c for c in configures), variant
+    assert sum("--target llama-simple" in c for c in lines) == 1
+    assert sum("--target ggml-cpu" in c for c in lines) == 3
+    runs = [c for c in lines if "llama-simple -m" in c or " child --model" in c]
+    assert len(runs) == 3 * 4 + 2  # simple, probe, high-16 on every variant; probe-bufts, torch-16 on native
+    assert all("LD_LIBRARY_PATH=" in c for c in runs)
+    assert sum("--torch-first" in c for c in runs) == 1 and sum("--extra-bufts" in c for c in runs) == 1
+
+
+@pytest.mark.parametrize(
+    ("table", "phrase"),
+    [
+        (
+            {
+                "native": {"simple": "signal 11 (SIGSEGV)"},
+                "noamx": {"simple": "ok"},
+                "noomp": {"simple": "signal 11"},
+            },
+            "AMX",
+        ),
+        ({"native": {"probe": "signal 11"}, "noamx": {"probe": "signal 11"}, "noomp": {"probe": "ok"}}, "OpenMP"),
+        ({"native": {"probe": "ok", "torch-16": "signal 11"}, "noamx": {"probe": "ok"}}, "torch imported first"),
+        (
+            {"native": {"simple": "ok", "probe": "signal 11"}, "avx2": {"simple": "ok", "probe": "signal 11"}},
+            "the Python side",
+        ),
+        (
+            {
+                "native": {"simple": "signal 11"},
+                "noamx": {"simple": "signal 11"},
+                "noomp": {"simple": "signal 11"},
+                "avx2": {"simple": "signal 11"},
+            },
+            "every variant crashes",
+        ),
+        ({"native": {"simple": "ok"}, "avx2": {"simple": "ok"}}, "nothing crashed"),
+        ({"native": {}, "avx2": {}}, "no variant built"),
+    ],
+)
+def test_the_cpu_crash_reading_names_the_hypothesis(table, phrase):
+    assert phrase in cpu_crash_module().reading(table)
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler")
+def test_crash_report_says_where_a_child_died_and_the_child_still_dies(tmp_path):
+    helper = tmp_path / "crash_report.so"
+    subprocess.run(
+        ["cc", "-shared", "-fPIC", "-O1", "-o", str(helper), str(ROOT / ".device" / "crash_report.c"), "-ldl"],
+        check=True,
+        timeout=60,
+    )
+    code = f"import ctypes; ctypes.CDLL({str(helper)!r}); ctypes.string_at(1)"  # reads address 1
+    done = subprocess.run(
+        [sys.executable, "-X", "faulthandler", "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == -11, done.stderr
+    assert "crash_report: signal 11 code 1 addr 0x1" in done.stderr
+    assert "crash_report: AMX permission" in done.stderr
+    assert "Fatal Python error: Segmentation fault" in done.stderr  # faulthandler's Python stack after ours
+    assert cpu_crash_module().outcome(done.returncode) == "signal 11 (SIGSEGV)"
