@@ -46,13 +46,14 @@ from gguf import GGMLQuantizationType as T
 
 from bench_compare import blocked_prefill, untiled_int
 from bench_compare.bandwidth import BANDWIDTH_BYTES, best_of, read_bandwidth
-from inference_engine.backends.numba_kernels.ops import activations
 from inference_engine.backends.numba_kernels import dispatch as mm
+from inference_engine.backends.numba_kernels import ktiles
+from inference_engine.backends.numba_kernels.ops import activations
 from inference_engine.cpu_features import cpu_features
 from inference_engine.errors import GGUFParityError
-from inference_engine.store.named_models import get_named_model
 from inference_engine.quants import quant_for
 from inference_engine.store.atomic import atomic_write_json
+from inference_engine.store.named_models import get_named_model
 
 MODELS = ("smollm2-135m", "gemma3-270m")
 SECTIONS = ("types", "decode", "prefill", "int_prefill", "compile")
@@ -328,6 +329,9 @@ def section_int_prefill(args, rng) -> list[dict]:
                 "matvec": per_token if n_tokens <= INT_MATVEC_MAX_TOKENS else None,
                 "untiled": partial(untiled_int.MATMUL_INT[qtype], w.rows, yq, yd, ya, out),
                 "tiled": partial(k.matmul_tiled, w.rows, yq, yd, ya, out),
+                "ktiled": partial(k.matmul_ktiled, w.rows, yq, yd, ya, out)
+                if k.matmul_ktiled is not None and n_tokens >= ktiles.MIN_TOKENS and ktiles.compiled_for_vnni()
+                else None,
                 "float_tiles": partial(mm.matmul_by_tiles, w, xv, xs, "ggml", tile_gemm="numba") if n_tokens > 1
                 else None,
             }
@@ -348,8 +352,8 @@ def section_int_prefill(args, rng) -> list[dict]:
         "ggml-numerics mat-mat: T tokens through one matrix, integer paths vs float tiles, ms and GB/s of weights",
         rows,
         [("type", 5), ("shape", 11), ("tokens", 6), ("matvec_ms", 9), ("untiled_ms", 10), ("tiled_ms", 9),
-         ("float_tiles_ms", 14), ("matvec_gbs", 10), ("untiled_gbs", 11), ("tiled_gbs", 9), ("float_tiles_gbs", 15),
-         ("fastest", 11), ("dispatch", 8)],
+         ("ktiled_ms", 9), ("float_tiles_ms", 14), ("matvec_gbs", 10), ("untiled_gbs", 11), ("tiled_gbs", 9),
+         ("ktiled_gbs", 10), ("float_tiles_gbs", 15), ("fastest", 11), ("dispatch", 8)],
     )
     return rows
 
@@ -360,6 +364,7 @@ t0 = time.perf_counter()
 from gguf import GGMLQuantizationType as T
 from inference_engine.quants import quant_for
 from inference_engine.backends.numba_kernels import dispatch as mm
+from inference_engine.backends.numba_kernels import ktiles
 t1 = time.perf_counter()
 rng = np.random.default_rng(0)
 per_type = {}

@@ -158,6 +158,61 @@ class GGMLOracle:
                 y[i, j] = self.vec_dot(weight_type, w[j], act)
         return y
 
+    def mul_mat(self, weight_type: T, weight_rows: np.ndarray, x: np.ndarray, n_threads: int = 1) -> np.ndarray:
+        """``x (T, K) @ W.T`` by ggml's own ``mul_mat`` op: a one-node graph computed by the CPU backend, so llama.cpp
+        picks its kernel as in a model (``vec_dot`` below 8 tokens; from 8 the tiled K-quant mat-mul, llamafile's
+        sgemm for Q8_0 / Q4_0 / Q5_0). The weight sits in a plain buffer: never the repacked (``CPU_REPACK``)
+        layouts a model's Q4_0 / Q4_K / Q2_K / IQ4_NL weights get on x86."""
+        weight_type = T(int(weight_type))
+        w = np.ascontiguousarray(weight_rows).view(np.uint8)
+        x = np.ascontiguousarray(np.atleast_2d(x), dtype=np.float32)
+        n_out, (n_tok, n_in) = w.shape[0], x.shape
+        base, cpu = self.base, self.cpu
+        base.ggml_init.restype = _vp
+        base.ggml_init.argtypes = [_InitParams]
+        base.ggml_new_tensor_2d.restype = _vp
+        base.ggml_new_tensor_2d.argtypes = [_vp, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+        base.ggml_get_data.restype = _vp
+        base.ggml_get_data.argtypes = [_vp]
+        base.ggml_mul_mat.restype = _vp
+        base.ggml_mul_mat.argtypes = [_vp, _vp, _vp]
+        base.ggml_new_graph.restype = _vp
+        base.ggml_new_graph.argtypes = [_vp]
+        base.ggml_build_forward_expand.restype = None
+        base.ggml_build_forward_expand.argtypes = [_vp, _vp]
+        base.ggml_free.restype = None
+        base.ggml_free.argtypes = [_vp]
+        cpu.ggml_graph_compute_with_ctx.restype = ctypes.c_int
+        cpu.ggml_graph_compute_with_ctx.argtypes = [_vp, _vp, ctypes.c_int]
+        # tensors, graph and the op's work buffer (the activation in its vec_dot type; the tiled kernel's 512 KB
+        # a thread) all live in the context's one allocation
+        size = w.nbytes + 3 * x.nbytes + 4 * n_tok * n_out + n_threads * (1 << 20) + (16 << 20)
+        ctx = base.ggml_init(_InitParams(size, None, False))
+        if not ctx:
+            raise GGUFParityError(f"ggml_init could not allocate {size} bytes")
+        try:
+            a = base.ggml_new_tensor_2d(ctx, int(weight_type), n_in, n_out)
+            b = base.ggml_new_tensor_2d(ctx, int(T.F32), n_in, n_tok)
+            ctypes.memmove(base.ggml_get_data(a), w.ctypes.data, w.nbytes)
+            ctypes.memmove(base.ggml_get_data(b), x.ctypes.data, x.nbytes)
+            out = base.ggml_mul_mat(ctx, a, b)
+            graph = base.ggml_new_graph(ctx)
+            base.ggml_build_forward_expand(graph, out)
+            status = cpu.ggml_graph_compute_with_ctx(ctx, graph, n_threads)
+            if status != 0:
+                raise GGUFParityError(f"ggml_graph_compute_with_ctx failed with status {status}")
+            y = np.empty((n_tok, n_out), np.float32)
+            ctypes.memmove(y.ctypes.data, base.ggml_get_data(out), y.nbytes)
+            return y
+        finally:
+            base.ggml_free(ctx)
+
+
+class _InitParams(ctypes.Structure):
+    """``struct ggml_init_params`` (ggml.h), passed by value to ``ggml_init``."""
+
+    _fields_ = [("mem_size", ctypes.c_size_t), ("mem_buffer", ctypes.c_void_p), ("no_alloc", ctypes.c_bool)]
+
 
 @lru_cache(maxsize=1)
 def get_oracle() -> GGMLOracle:

@@ -8,6 +8,10 @@
 - **Several tokens, ggml numerics on the int8 family** (prefill, the server's batched decode): from
   ``TILED_MIN_TOKENS[type]`` (2 to 4) tokens on, the register-tiled integer kernels of :mod:`.inttiles` (2 rows
   x 4 tokens per tile, the mat-vec's outputs bit for bit) for every type that has one; measured below.
+- **A K-quant (Q4_K, Q5_K, Q6_K) from ``KTILED_MIN_TOKENS[type]`` (8 or 16) tokens, ggml numerics, AVX-512 VNNI**:
+  llama.cpp's own tiled mat-mul (:mod:`.ktiles`), which is what ggml runs there for 8 tokens or more: its outputs
+  bit for bit (tested against ggml's ``mul_mat``), not ``vec_dot``'s; 1.3-3x the 4-token tiles' speed on 64+ tokens
+  (docs/PERFORMANCE.md).
 - **Prefill (more than ``MATVEC_MAX_TOKENS``), otherwise**: the weight is dequantized a tile of rows at a time
   (``dequant_<type>``, exactly ggml's values) into a reused float32 buffer, and each tile is multiplied with all
   the tokens by BLAS ``sgemm`` on one thread, by the Numba GEMM (:mod:`.gemm`) on more (``TILE_GEMM``); the
@@ -29,7 +33,7 @@ import numba
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
-from inference_engine.backends.numba_kernels import gemm, inttiles
+from inference_engine.backends.numba_kernels import gemm, inttiles, ktiles
 from inference_engine.backends.numba_kernels.kernel_entry import Kernels
 from inference_engine.backends.numba_kernels.kernel_table import KERNELS
 from inference_engine.backends.numba_kernels.ops import activations
@@ -79,6 +83,12 @@ TILED_MIN_TOKENS: dict[T, int] = {T.Q6_K: 2, T.Q4_K: 3, T.Q5_K: 3, T.Q5_0: 3, T.
                                   T.Q8_0: 4}
 # The same rule decides the last tile of a longer run: a remainder of fewer than the type's TILED_MIN_TOKENS goes
 # through the mat-vec (matmul_by_int_tiles).
+# From how many tokens a K-quant takes llama.cpp's tiled mat-mul (ktiles; AVX-512 VNNI). Q5_K and Q6_K: from ggml's
+# own floor (ktiles.MIN_TOKENS), where llama.cpp switches to it: its values bit for bit, and faster than the 4-token
+# tiles from there on. Q4_K: llama.cpp repacks Q4_K weights in a model (its own gemm), so ktiles buys only speed,
+# which it does from 16 tokens (1 thread, Qwen2.5-1.5B's shapes, ms tiled / ktiled: 8 tokens 0.74 / 1.37, 16 1.36 /
+# 1.37, 24 2.04 / 2.01, 32 2.72 / 2.02 on 8960x1536: unpacking the weight once costs as much as a group of 16).
+KTILED_MIN_TOKENS: dict[T, int] = {T.Q4_K: 16, T.Q5_K: ktiles.MIN_TOKENS, T.Q6_K: ktiles.MIN_TOKENS}
 
 
 def matvec_family(features: CPUFeatures | None = None) -> str:
@@ -221,7 +231,8 @@ def matmul(w: QMatrix, x: np.ndarray, numerics: str = "f32", quantized: dict | N
         raise GGUFParityError(f"matmul with '{w.name}' expects activations (..., {w.n_in}), got shape {x.shape}")
     int_kernel = int_kernel_for(w, x2.shape[0]) if numerics == "ggml" and matvec_family() == "int8" else ""
     if int_kernel:
-        y = matmul_by_int_tiles(w, x2, quantized) if int_kernel == "tiled" else matmul_by_int_matvec(w, x2, quantized)
+        by_kernel = {"ktiled": matmul_by_ktiles, "tiled": matmul_by_int_tiles, "matvec": matmul_by_int_matvec}
+        y = by_kernel[int_kernel](w, x2, quantized)
         return y[0] if squeeze else y.reshape(*x.shape[:-1], w.n_out)
     xv, xs = activations.prepare(x2, numerics, w.kernels.vec_dot_type, w.kernels.sub)
     if x2.shape[0] <= MATVEC_MAX_TOKENS:
@@ -278,12 +289,14 @@ def matmul_by_int_matvec(w: QMatrix, x: np.ndarray, quantized: dict | None = Non
 
 
 def int_kernel_for(w: QMatrix, n_tokens: int) -> str:
-    """Which integer-dot kernel multiplies ``n_tokens`` tokens with ``w`` (ggml numerics, int8 family): "tiled"
-    (:mod:`.inttiles`), "matvec" (one mat-vec per token), or ""
+    """Which integer-dot kernel multiplies ``n_tokens`` tokens with ``w`` (ggml numerics, int8 family): "ktiled"
+    (:mod:`.ktiles`, llama.cpp's tiled mat-mul), "tiled" (:mod:`.inttiles`), "matvec" (one mat-vec per token), or ""
     (no integer kernel for this type and count: the float paths)."""
     k = w.kernels
     if k.matvec_int is None:
         return ""
+    if k.matmul_ktiled is not None and ktiled_applies(w, n_tokens):
+        return "ktiled"
     if k.matmul_tiled is not None and n_tokens >= TILED_MIN_TOKENS[w.qtype]:
         return "tiled"
     if n_tokens <= MATVEC_MAX_TOKENS:
@@ -303,6 +316,21 @@ def matmul_by_int_tiles(w: QMatrix, x: np.ndarray, quantized: dict | None = None
         for t in range(n_tiled, x.shape[0]):
             k.matvec_int(w.rows, yq[t], yd[t], ya[t], y[t])
     k.matmul_tiled(w.rows, yq[:n_tiled], yd[:n_tiled], ya[:n_tiled], y[:n_tiled])
+    return y
+
+
+def ktiled_applies(w: QMatrix, n_tokens: int) -> bool:
+    """Whether ``n_tokens`` tokens through ``w`` take :mod:`.ktiles`: a K-quant from its ``KTILED_MIN_TOKENS``, at
+    least one band of rows, kernels compiled for AVX-512 VNNI."""
+    first = KTILED_MIN_TOKENS.get(w.qtype)
+    return first is not None and n_tokens >= first and w.n_out >= ktiles.BAND and ktiles.compiled_for_vnni()
+
+
+def matmul_by_ktiles(w: QMatrix, x: np.ndarray, quantized: dict | None = None) -> np.ndarray:
+    """ggml numerics through llama.cpp's tiled K-quant mat-mul (:mod:`.ktiles`): every token, as ggml does."""
+    yq, yd, ya = quantize_once(x, w.kernels.int_activation, quantized)
+    y = np.empty((x.shape[0], w.n_out), np.float32)
+    w.kernels.matmul_ktiled(w.rows, yq, yd, ya, y)
     return y
 
 

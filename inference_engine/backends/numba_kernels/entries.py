@@ -10,7 +10,7 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 from numba import njit
 
-from inference_engine.backends.numba_kernels import float_blocks, intdot, inttiles
+from inference_engine.backends.numba_kernels import float_blocks, intdot, inttiles, ktiles
 from inference_engine.backends.numba_kernels.isa import simd
 from inference_engine.backends.numba_kernels.kernel_entry import Kernels
 from inference_engine.backends.numba_kernels.ops import activations
@@ -318,6 +318,11 @@ def tiled_q4_k(w, yq, yd, ya, out):
     q4_k.tiled_loop_q4_k(w, yq, yd, ya, out)
 
 
+@njit(parallel=True, cache=True)
+def ktiled_q4_k(w, yq, yd, ya, out):
+    ktiles.ktiled(q4_k.unpack_rows_q4_k, 32, 0, True, w, yq, yd, ya, out)
+
+
 @njit(cache=True)
 def token_q4_k(w, x, out):
     yq, yd, ya = activations.row_q8_K(x)
@@ -350,6 +355,11 @@ def tiled_q5_k(w, yq, yd, ya, out):
     q5_k.tiled_loop_q5_k(w, yq, yd, ya, out)
 
 
+@njit(parallel=True, cache=True)
+def ktiled_q5_k(w, yq, yd, ya, out):
+    ktiles.ktiled(q5_k.unpack_rows_q5_k, 32, 0, True, w, yq, yd, ya, out)
+
+
 @njit(cache=True)
 def token_q5_k(w, x, out):
     yq, yd, ya = activations.row_q8_K(x)
@@ -380,6 +390,11 @@ def matvec_int_q6_k(w, yq, yd, ya, out):
 @njit(parallel=True, cache=True)
 def tiled_q6_k(w, yq, yd, ya, out):
     q6_k.tiled_loop_q6_k(w, yq, yd, ya, out)
+
+
+@njit(parallel=True, cache=True)
+def ktiled_q6_k(w, yq, yd, ya, out):
+    ktiles.ktiled(q6_k.unpack_rows_q6_k, 16, 32, False, w, yq, yd, ya, out)
 
 
 @njit(cache=True)
@@ -431,7 +446,37 @@ ENTRIES: dict[T, Kernels] = {
     T.Q8_0: Kernels(matvec_float_q8_0, dequant_q8_0, "q8_0", 0, matvec_int_q8_0, "q8_0", tiled_q8_0, token_q8_0),
     T.Q2_K: Kernels(matvec_float_q2_k, dequant_q2_k, "q8_K", 16),
     T.Q3_K: Kernels(matvec_float_q3_k, dequant_q3_k, "q8_K", 16),
-    T.Q4_K: Kernels(matvec_float_q4_k, dequant_q4_k, "q8_K", 32, matvec_int_q4_k, "q8_K", tiled_q4_k, token_q4_k),
-    T.Q5_K: Kernels(matvec_float_q5_k, dequant_q5_k, "q8_K", 32, matvec_int_q5_k, "q8_K", tiled_q5_k, token_q5_k),
-    T.Q6_K: Kernels(matvec_float_q6_k, dequant_q6_k, "q8_K", 16, matvec_int_q6_k, "q8_K", tiled_q6_k, token_q6_k),
+    T.Q4_K: Kernels(
+        matvec_float_q4_k,
+        dequant_q4_k,
+        "q8_K",
+        32,
+        matvec_int_q4_k,
+        "q8_K",
+        tiled_q4_k,
+        token_q4_k,
+        matmul_ktiled=ktiled_q4_k,
+    ),
+    T.Q5_K: Kernels(
+        matvec_float_q5_k,
+        dequant_q5_k,
+        "q8_K",
+        32,
+        matvec_int_q5_k,
+        "q8_K",
+        tiled_q5_k,
+        token_q5_k,
+        matmul_ktiled=ktiled_q5_k,
+    ),
+    T.Q6_K: Kernels(
+        matvec_float_q6_k,
+        dequant_q6_k,
+        "q8_K",
+        16,
+        matvec_int_q6_k,
+        "q8_K",
+        tiled_q6_k,
+        token_q6_k,
+        matmul_ktiled=ktiled_q6_k,
+    ),
 }

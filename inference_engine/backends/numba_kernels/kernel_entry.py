@@ -4,7 +4,7 @@
 ``types/<type>.py`` holds a type's arithmetic; its :class:`KernelSpec` in the table :data:`.kernel_specs.SPECS` says,
 for each kernel, the shared loop it is made of and the type's functions (and constants) handed to that loop.
 :mod:`.entries` turns every spec into compiled, cached functions (``matvec_float_<type>``, ``dequant_<type>``,
-``matvec_int_<type>``, ``token_<type>``, ``tiled_<type>``) and the kernel table's :class:`Kernels` entries.
+``matvec_int_<type>``, ``token_<type>``, ``tiled_<type>``, ``ktiled_<type>``) and the kernel table's :class:`Kernels` entries.
 """
 
 from __future__ import annotations
@@ -30,6 +30,8 @@ class Kernels:
     int_activation: str = ""
     matmul_tiled: Callable | None = None  # the register-tiled T-token kernel (tiled_<type>, same arguments)
     matvec_token: Callable | None = None  # one float32 token: quantize + matvec_int in one call ((w, x, out))
+    # llama.cpp's tiled K-quant mat-mul (ktiles: AVX-512 VNNI, 8 tokens or more; same arguments as matvec_int)
+    matmul_ktiled: Callable | None = None
 
 
 # Placeholders in a :class:`Call`'s arguments: the type's generated layout, one-row-pair or tile function (see
@@ -75,5 +77,6 @@ class KernelSpec:
     int_activation: str = ""  # the activations.row_<int_activation> quantizer of token_<type>
     matvec_int: Call | None = None  # -> matvec_int_<type>(w, yq, yd, ya, out), parallel; token_<type>(w, x, out)
     tiled: Call | None = None  # -> tiled_<type>(w, yq, yd, ya, out), parallel
+    ktiled: Call | None = None  # -> ktiled_<type>(w, yq, yd, ya, out), parallel (ktiles: llama.cpp's tiled mat-mul)
     pair: Call | None = None
     tile: Call | None = None

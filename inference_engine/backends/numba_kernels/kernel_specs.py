@@ -11,7 +11,7 @@ minimum (Q2_K / Q4_K / Q5_K: 1) or offset (Q3_K: 4, Q6_K: 32); the float types h
 from gguf import GGMLQuantizationType as T
 
 from inference_engine.backends.numba_kernels import float_blocks as fb
-from inference_engine.backends.numba_kernels import intdot, inttiles
+from inference_engine.backends.numba_kernels import intdot, inttiles, ktiles
 from inference_engine.backends.numba_kernels.isa import simd
 from inference_engine.backends.numba_kernels.kernel_entry import BLOCK_BYTES, LAYOUT, PAIR, TILE, Call, KernelSpec
 from inference_engine.backends.numba_kernels.types import q2_k, q3_k, q4_0, q4_1, q4_k, q5_0, q5_1, q5_k, q6_k, q8_0
@@ -87,13 +87,16 @@ SPECS: tuple[KernelSpec, ...] = (
     _superblocks(
         T.Q4_K, 32, (144, 1.0), q4_k.q4_k_superblock, q4_k.dequant_superblock_q4_k, int_activation="q8_K",
         matvec_int=Call(intdot.rows_matvec_bsum_pairs, q4_k.row_dot_q4_k), tiled=Call(q4_k.tiled_loop_q4_k),
+        ktiled=Call(ktiles.ktiled, q4_k.unpack_rows_q4_k, 32, 0, True),  # sub-block, offset, min terms
     ),
     _superblocks(
         T.Q5_K, 32, (176, 1.0), q5_k.q5_k_superblock, q5_k.dequant_superblock_q5_k, int_activation="q8_K",
         matvec_int=Call(intdot.rows_matvec_bsum_pairs, q5_k.row_dot_q5_k), tiled=Call(q5_k.tiled_loop_q5_k),
+        ktiled=Call(ktiles.ktiled, q5_k.unpack_rows_q5_k, 32, 0, True),  # sub-block, offset, min terms
     ),
     _superblocks(
         T.Q6_K, 16, (210, 32.0), q6_k.q6_k_superblock, q6_k.dequant_superblock_q6_k, int_activation="q8_K",
         matvec_int=Call(intdot.rows_matvec, q6_k.row_dot_q6_k), tiled=Call(q6_k.tiled_loop_q6_k),
+        ktiled=Call(ktiles.ktiled, q6_k.unpack_rows_q6_k, 16, 32, False),  # sub-block, offset, min terms
     ),
 )  # fmt: skip

@@ -8,7 +8,7 @@ bit ``2j`` (low half) / ``2j + 1`` (high half) of ``qh[l]``.
 import numpy as np
 from numba import njit, prange
 
-from inference_engine.backends.numba_kernels import float_blocks, intdot, inttiles
+from inference_engine.backends.numba_kernels import float_blocks, intdot, inttiles, ktiles
 from inference_engine.backends.numba_kernels.isa import int8, simd
 
 _F32 = np.float32
@@ -134,3 +134,21 @@ def tiled_loop_q5_k(w, yq, yd, ya, out):
     ya = intdot.bsum_pairs(ya)
     for g in prange((n + inttiles.GROUP_ROWS - 1) // inttiles.GROUP_ROWS):
         group_q5_k(w, yq, yd, ya, out, g * inttiles.GROUP_ROWS, min(g * inttiles.GROUP_ROWS + inttiles.GROUP_ROWS, n))
+
+
+# --- llama.cpp's tiled mat-mul (AVX-512 VNNI, 8 tokens or more: :mod:`..ktiles`) ---------------------------------
+@njit(inline="always", cache=True)
+def unpack_rows_q5_k(w, r, codes, sc, mn, dd, dm):
+    """Rows ``r .. r + 7``: their quants in element order, one a byte (0..31; ggml's ``tiled_unpack_src0``), the
+    6-bit sub-block scales and mins as int32, ``d`` and ``dmin`` as float32."""
+    for j in range(codes.shape[0]):
+        row, dst = w[r + j], codes[j]
+        for i in range(dd.shape[1]):
+            o, e = 176 * i, 256 * i
+            for c in range(4):
+                q = o + 48 + 32 * c
+                for l in range(32):
+                    h = row[o + 16 + l]
+                    dst[e + 64 * c + l] = (row[q + l] & 15) | (((h >> (2 * c)) & 1) << 4)
+                    dst[e + 64 * c + 32 + l] = (row[q + l] >> 4) | (((h >> (2 * c + 1)) & 1) << 4)
+            ktiles.k4_scales_mins(row, o, j, i, sc, mn, dd, dm)

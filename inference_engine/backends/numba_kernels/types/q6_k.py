@@ -291,3 +291,26 @@ def tiled_loop_q6_k(w, yq, yd, ya, out):
         group_q6_k(
             w, yq, yd, ya, yq2, out, g * inttiles.GROUP_ROWS, min(g * inttiles.GROUP_ROWS + inttiles.GROUP_ROWS, n)
         )
+
+
+# --- llama.cpp's tiled mat-mul (AVX-512 VNNI, 8 tokens or more: :mod:`..ktiles`) ---------------------------------
+@njit(inline="always", cache=True)
+def unpack_rows_q6_k(w, r, codes, sc, mn, dd, dm):
+    """Rows ``r .. r + 7``: their quants in element order, one a byte (0..63; ggml's ``tiled_unpack_src0``), the
+    int8 sub-block scales as int32, ``d`` as float32 (``mn``, ``dm``: Q6_K has no min terms)."""
+    for j in range(codes.shape[0]):
+        row, dst = w[r + j], codes[j]
+        for i in range(dd.shape[1]):
+            o, e = 210 * i, 256 * i
+            for n in range(2):
+                ql, qh, base = o + 64 * n, o + 128 + 32 * n, e + 128 * n
+                for l in range(32):
+                    a, b, h = row[ql + l], row[ql + 32 + l], row[qh + l]
+                    dst[base + l] = (a & 15) | ((h & 3) << 4)
+                    dst[base + 32 + l] = (b & 15) | (((h >> 2) & 3) << 4)
+                    dst[base + 64 + l] = (a >> 4) | (((h >> 4) & 3) << 4)
+                    dst[base + 96 + l] = (b >> 4) | ((h >> 6) << 4)
+            for s in range(16):
+                sc[j, 16 * i + s] = np.int32(np.int8(row[o + 192 + s]))
+            dd[j, i] = simd.load_f16(row, o + 208)
+            dm[j, i] = _F32(0.0)

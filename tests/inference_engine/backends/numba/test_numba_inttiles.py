@@ -63,10 +63,11 @@ def test_tiled_results_do_not_depend_on_threads(qtype, rng, threads):
 
 @pytest.mark.parametrize("qtype", TILED_TYPES, ids=lambda t: t.name)
 def test_ggml_matmul_takes_the_tiled_path_and_is_libggml(qtype, rng, oracle, monkeypatch):
-    """From TILED_MIN_TOKENS on, dispatch picks the tiled kernel on an int8 CPU; the result is libggml's."""
+    """From TILED_MIN_TOKENS on, dispatch picks the tiled kernel on an int8 CPU; the result is libggml's. (7 tokens:
+    from 8 on, the K-quants take llama.cpp's tiled mat-mul on AVX-512 VNNI, test_numba_ktiles.)"""
     monkeypatch.setattr(dispatch, "cpu_features", lambda: AVX2)
     w, rows = random_weight(qtype, N_OUT, N_IN, rng)
-    n_tokens = 9
+    n_tokens = 7
     assert dispatch.int_kernel_for(w, n_tokens) == "tiled"
     called = []
     real = dispatch.matmul_by_int_tiles

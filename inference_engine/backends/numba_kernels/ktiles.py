@@ -1,0 +1,255 @@
+"""llama.cpp's tiled K-quant mat-mul on AVX-512 VNNI (ggml numerics, prefill): ``out (T, N) = x (T, K) @ W.T``.
+
+Since late 2026 ggml multiplies a batch of 8 or more tokens with a Q2_K..Q6_K weight by its ``tiled`` mat-mul
+(``ggml-cpu/tiled/``; Q4_K and Q2_K only where their weights are not repacked at load), not by ``vec_dot`` row by
+row. Its VNNI micro-kernel (``tiled_run_micro_vnni_8x16``) holds 16 tokens in a vector (:mod:`.isa.tokens16`): per
+sub-block of 16 or 32 weights, 8 rows x 16 tokens of exact int32 dot products (one ``vpdpbusd`` per row and 4
+positions), less ``BIAS`` times the activation's block sums, times the sub-block's scale, summed over the
+super-block (``s1``; the min terms ``s2`` likewise); then once per super-block, for each row and token,
+``acc = fma(float(s1) * d - dmin * float(s2), d_y, acc)`` (:func:`.tokens16.superblock_step`). The integers are
+``vec_dot``'s; the float steps are the tiled kernel's, in its order (super-blocks in order, from 0), so these
+outputs are llama.cpp's own prefill values, not its ``vec_dot``'s (which the 4-token tiles of :mod:`.inttiles`
+reproduce): the two differ by float32 rounding.
+
+Work per call: the activations are laid out once, 16 tokens per group (:func:`token_groups`, :func:`group_bsums`,
+:func:`group_scales`). Threads take bands of ``BAND`` = 8 rows; a band's weights are unpacked once into one
+quant per byte, int32 scales and float32 ``d`` / ``dmin`` (the type's ``unpack_rows_<type>``, in ``types/``),
+then every token group passes, all super-blocks of a row band accumulating in registers. A band past the last row
+starts at ``N - BAND`` (the rows it shares with the band before get the same values); tokens past ``T`` are
+zeros, computed and not stored.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from inference_engine.backends.numba_kernels.intdot import byte, k4_scales
+from inference_engine.backends.numba_kernels.isa.simd import load_f16, vload, vstore, vzero
+from inference_engine.backends.numba_kernels.isa.tokens16 import (
+    codes64,
+    dpbusd_row,
+    iload16,
+    imul,
+    imul_add,
+    iscale_add,
+    superblock_step,
+    superblock_step_min,
+)
+from inference_engine.backends.numba_kernels.isa.zmm import has_zmm_vnni, izero16
+
+QK_K = 256
+GROUP = 16  # tokens per vector
+BAND = 8  # weight rows per pass (ggml's 8x16 band: 8 int32 sums, 8 scaled sums, 8 float sums in registers)
+MIN_TOKENS = 8  # ggml_tiled_min_batch: ggml takes its tiled kernel from this many tokens on, vec_dot below
+
+
+@njit(cache=True)
+def _compiled_for_vnni():
+    return has_zmm_vnni()
+
+
+_VNNI: list[bool] = []  # whether the kernels are compiled with vpdpbusd (asked once)
+
+
+def compiled_for_vnni() -> bool:
+    """Whether Numba compiles these kernels for AVX-512 VNNI (the compile target's, not just the CPU's, features):
+    elsewhere ``dpbusd_row`` is portable IR (the same values, slowly), and ggml's AVX2 tiled kernel adds in another
+    order, so the engine uses this kernel only here."""
+    if not _VNNI:
+        _VNNI.append(bool(_compiled_for_vnni()))
+    return _VNNI[0]
+
+
+@njit(cache=True)
+def token_groups(yq):
+    """``(T, K)`` int8 quants -> ``(ceil(T / 16), 16 K)`` uint8: for each group of 16 tokens and each 4 positions
+    ``k .. k + 3``, 64 bytes: token ``t``'s 4 quants at ``4t``. Tokens past ``T`` are zeros."""
+    n_tok, k = yq.shape
+    n_groups = (n_tok + GROUP - 1) // GROUP
+    out = np.zeros((n_groups, GROUP * k), np.uint8)
+    src = yq.view(np.uint8)
+    for g in prange(n_groups):
+        for t in range(min(GROUP, n_tok - GROUP * g)):
+            row = src[GROUP * g + t]
+            dst = out[g]
+            for q in range(k // 4):
+                for b in range(4):
+                    dst[64 * q + 4 * t + b] = row[4 * q + b]
+    return out
+
+
+@njit(cache=True)
+def group_bsums(bsums, sub):
+    """``(T, K / 16)`` int16 block sums -> ``(G, 16 K / sub)`` int32: each sub-block's sum (``sub`` 16 or 32: one or
+    two of ggml's per-16 sums), token ``t`` of a group in lane ``t``."""
+    n_tok, n16 = bsums.shape
+    per = sub // 16
+    n_groups = (n_tok + GROUP - 1) // GROUP
+    out = np.zeros((n_groups, GROUP * (n16 // per)), np.int32)
+    for g in range(n_groups):
+        for t in range(min(GROUP, n_tok - GROUP * g)):
+            for s in range(n16 // per):
+                acc = np.int32(0)
+                for u in range(per):
+                    acc += np.int32(bsums[GROUP * g + t, per * s + u])
+                out[g, GROUP * s + t] = acc
+    return out
+
+
+@njit(cache=True)
+def group_scales(yd):
+    """``(T, K / 256)`` float32 super-block scales -> ``(G, 16 K / 256)``: token ``t`` of a group in lane ``t``."""
+    n_tok, nsb = yd.shape
+    n_groups = (n_tok + GROUP - 1) // GROUP
+    out = np.zeros((n_groups, GROUP * nsb), np.float32)
+    for g in range(n_groups):
+        for t in range(min(GROUP, n_tok - GROUP * g)):
+            for i in range(nsb):
+                out[g, GROUP * i + t] = yd[GROUP * g + t, i]
+    return out
+
+
+@njit(inline="always", cache=True)
+def k4_scales_mins(row, o, j, i, sc, mn, dd, dm):
+    """Q4_K / Q5_K: super-block ``i`` of row ``j`` (block at byte ``o``): its 8 six-bit scales and mins as int32 and
+    its ``d``, ``dmin`` as float32 (ggml's ``utmp`` unpacking, :func:`.intdot.k4_scales`)."""
+    t0, t1, t2, t3 = k4_scales(row, o + 4)
+    for s in range(4):
+        sc[j, 8 * i + s], sc[j, 8 * i + 4 + s] = byte(t0, s), byte(t1, s)
+        mn[j, 8 * i + s], mn[j, 8 * i + 4 + s] = byte(t2, s), byte(t3, s)
+    dd[j, i], dm[j, i] = load_f16(row, o), load_f16(row, o + 2)
+
+
+@njit(inline="always", cache=True)
+def _dots8(a, codes, w, o):
+    """``a[j] += `` row ``j``'s 4 quants at ``o`` dotted with each token's 4 activation quants."""
+    return (
+        dpbusd_row(a[0], w[0], o, codes),
+        dpbusd_row(a[1], w[1], o, codes),
+        dpbusd_row(a[2], w[2], o, codes),
+        dpbusd_row(a[3], w[3], o, codes),
+        dpbusd_row(a[4], w[4], o, codes),
+        dpbusd_row(a[5], w[5], o, codes),
+        dpbusd_row(a[6], w[6], o, codes),
+        dpbusd_row(a[7], w[7], o, codes),
+    )
+
+
+@njit(inline="always", cache=True)
+def _scaled8(s1, a, bias, sc, j):
+    return (
+        iscale_add(s1[0], a[0], bias, sc[0, j]),
+        iscale_add(s1[1], a[1], bias, sc[1, j]),
+        iscale_add(s1[2], a[2], bias, sc[2, j]),
+        iscale_add(s1[3], a[3], bias, sc[3, j]),
+        iscale_add(s1[4], a[4], bias, sc[4, j]),
+        iscale_add(s1[5], a[5], bias, sc[5, j]),
+        iscale_add(s1[6], a[6], bias, sc[6, j]),
+        iscale_add(s1[7], a[7], bias, sc[7, j]),
+    )
+
+
+@njit(inline="always", cache=True)
+def _mins8(s2, bs, mn, j):
+    return (
+        imul_add(s2[0], bs, mn[0, j]),
+        imul_add(s2[1], bs, mn[1, j]),
+        imul_add(s2[2], bs, mn[2, j]),
+        imul_add(s2[3], bs, mn[3, j]),
+        imul_add(s2[4], bs, mn[4, j]),
+        imul_add(s2[5], bs, mn[5, j]),
+        imul_add(s2[6], bs, mn[6, j]),
+        imul_add(s2[7], bs, mn[7, j]),
+    )
+
+
+@njit(inline="always", cache=True)
+def _zeros8():
+    z = izero16()
+    return z, z, z, z, z, z, z, z
+
+
+@njit(inline="always", cache=True)
+def _step8(acc, s1, s2, dd, dm, i, d1, has_min):
+    if has_min:
+        return (
+            superblock_step_min(acc[0], s1[0], s2[0], dd[0, i], dm[0, i], d1),
+            superblock_step_min(acc[1], s1[1], s2[1], dd[1, i], dm[1, i], d1),
+            superblock_step_min(acc[2], s1[2], s2[2], dd[2, i], dm[2, i], d1),
+            superblock_step_min(acc[3], s1[3], s2[3], dd[3, i], dm[3, i], d1),
+            superblock_step_min(acc[4], s1[4], s2[4], dd[4, i], dm[4, i], d1),
+            superblock_step_min(acc[5], s1[5], s2[5], dd[5, i], dm[5, i], d1),
+            superblock_step_min(acc[6], s1[6], s2[6], dd[6, i], dm[6, i], d1),
+            superblock_step_min(acc[7], s1[7], s2[7], dd[7, i], dm[7, i], d1),
+        )
+    return (
+        superblock_step(acc[0], s1[0], dd[0, i], d1),
+        superblock_step(acc[1], s1[1], dd[1, i], d1),
+        superblock_step(acc[2], s1[2], dd[2, i], d1),
+        superblock_step(acc[3], s1[3], dd[3, i], d1),
+        superblock_step(acc[4], s1[4], dd[4, i], d1),
+        superblock_step(acc[5], s1[5], dd[5, i], d1),
+        superblock_step(acc[6], s1[6], dd[6, i], d1),
+        superblock_step(acc[7], s1[7], dd[7, i], d1),
+    )
+
+
+@njit(inline="always", cache=True)
+def band_group(codes, sc, mn, dd, dm, yg, bg, dg, sub, bias_k, has_min):
+    """8 rows (``codes``: their quants, one a byte; ``sc`` / ``mn``: int32 sub-block scales / mins; ``dd`` / ``dm``:
+    float32 super-block ``d`` / ``dmin``) x one group of 16 tokens (``yg``, ``bg``, ``dg``: its row of
+    :func:`token_groups`, :func:`group_bsums`, :func:`group_scales`): 8 F32x16 of outputs, token ``t`` in lane
+    ``t``."""
+    w = (codes[0], codes[1], codes[2], codes[3], codes[4], codes[5], codes[6], codes[7])
+    nb = QK_K // sub
+    f = vzero()
+    acc = (f, f, f, f, f, f, f, f)
+    for i in range(dd.shape[1]):
+        s1, s2 = _zeros8(), _zeros8()
+        for s in range(nb):
+            j = nb * i + s
+            bias = imul(iload16(bg, GROUP * j), bias_k)
+            a = _zeros8()
+            for q in range(sub // 4):
+                o = QK_K * i + sub * s + 4 * q
+                a = _dots8(a, codes64(yg, GROUP * o), w, o)
+            s1 = _scaled8(s1, a, bias, sc, j)
+        if has_min:  # after the sums, as ggml does: 8 more vectors live in the loop above would not fit in 32
+            for s in range(nb):
+                j = nb * i + s
+                s2 = _mins8(s2, iload16(bg, GROUP * j), mn, j)
+        acc = _step8(acc, s1, s2, dd, dm, i, vload(dg, GROUP * i), has_min)
+    return acc
+
+
+@njit(inline="always", cache=True)
+def _store8(out, r, t0, acc, tmp):
+    n = min(GROUP, out.shape[0] - t0)
+    for j in range(BAND):
+        vstore(tmp, 0, acc[j])
+        for t in range(n):
+            out[t0 + t, r + j] = tmp[t]
+
+
+@njit(inline="always", cache=True)
+def ktiled(unpack_rows, sub, bias_k, has_min, w, yq, yd, ya, out):
+    """``out = yq @ W.T`` by the tiled kernel for a K-quant with ``unpack_rows(w, r, codes, sc, mn, dd, dm)`` (its
+    rows ``r .. r + 7`` unpacked), sub-blocks of ``sub`` weights, offset ``bias_k`` and min terms or not. Inlined
+    into each type's compiled entry point."""
+    n_out, k = out.shape[1], yq.shape[1]
+    nsb = k // QK_K
+    yg, bg, dg = token_groups(yq), group_bsums(ya, sub), group_scales(yd)
+    n_bands = (n_out + BAND - 1) // BAND
+    for band in prange(n_bands):
+        r = min(BAND * band, n_out - BAND)
+        codes = np.empty((BAND, k), np.uint8)
+        sc = np.empty((BAND, nsb * (QK_K // sub)), np.int32)
+        mn = np.empty((BAND, nsb * (QK_K // sub)), np.int32)
+        dd = np.empty((BAND, nsb), np.float32)
+        dm = np.empty((BAND, nsb), np.float32)
+        unpack_rows(w, r, codes, sc, mn, dd, dm)
+        tmp = np.empty(GROUP, np.float32)
+        for g in range(yg.shape[0]):
+            acc = band_group(codes, sc, mn, dd, dm, yg[g], bg[g], dg[g], sub, bias_k, has_min)
+            _store8(out, r, GROUP * g, acc, tmp)

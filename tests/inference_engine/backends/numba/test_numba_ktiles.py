@@ -1,0 +1,158 @@
+"""llama.cpp's tiled K-quant mat-mul (ktiles): ggml's own ``mul_mat`` bit for bit on AVX-512 VNNI, and everywhere
+the same integers as the mat-vec, summed in another float order.
+
+Shapes: rows at, past and not a multiple of the 8-row band (8, 37: the last band overlaps the one before);
+token counts at ggml's floor (8), past it and not a multiple of the 16-token group (9, 31), two groups (32);
+rows of one and of seven super-blocks (the float state carried over many super-blocks).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as T
+from numba import njit
+from test_numba_inttiles import per_token_matvec
+from test_numba_kernels import dequantized, random_activation, random_weight, summation_error
+
+from inference_engine.backends.numba_kernels import dispatch, ktiles
+from inference_engine.backends.numba_kernels.isa import tokens16, zmm
+from inference_engine.backends.numba_kernels.isa.zmm import izero16
+from inference_engine.backends.numba_kernels.ops import activations
+
+KTILED_TYPES = [t for t, k in dispatch.KERNELS.items() if k.matmul_ktiled is not None]
+SHAPES = [(8, 256), (37, 7 * 256)]
+TOKEN_COUNTS = [8, 9, 31, 32]
+VNNI = ktiles.compiled_for_vnni()
+needs_vnni = pytest.mark.skipif(
+    not VNNI,
+    reason="llama.cpp's tiled mat-mul runs its VNNI kernel (the one ktiles reproduces) on AVX-512 VNNI only; "
+    "this CPU's build adds in another order",
+)
+# |ktiled - vec_dot| / sum|w*a| per output: the same exact integers per super-block, float32 steps in another order
+# (one rounding per super-block and output either way, plus vec_dot's final 8-lane sum). Measured worst 6e-8 on
+# these shapes and scales, about one float32 epsilon; the ggml matmul tests' GGML_MATMUL_TOL for the same reason.
+SUM_ORDER_TOL = 1e-6
+
+
+def ktiled(w, yq, yd, ya):
+    out = np.full((yq.shape[0], w.n_out), np.nan, np.float32)  # an output left unwritten stays NaN
+    w.kernels.matmul_ktiled(w.rows, yq, yd, ya, out)
+    return out
+
+
+def test_the_k_quants_have_the_tiled_kernel():
+    """The types llama.cpp's tiled mat-mul takes and the engine has integer kernels for: Q4_K_M's and Q5_K_M's."""
+    assert set(KTILED_TYPES) == {T.Q4_K, T.Q5_K, T.Q6_K}
+
+
+@needs_vnni
+@pytest.mark.parametrize("qtype", KTILED_TYPES, ids=lambda t: t.name)
+def test_ktiled_is_llamacpp_mul_mat_bit_for_bit(qtype, rng, oracle):
+    for n_out, n_in in SHAPES:
+        w, rows = random_weight(qtype, n_out, n_in, rng)
+        for n_tokens in TOKEN_COUNTS:
+            for scale in (1e-3, 50.0):
+                x = random_activation(rng, n_tokens, n_in, scale)
+                yq, yd, ya = activations.quantize_int(x, w.kernels.int_activation)
+                np.testing.assert_array_equal(
+                    ktiled(w, yq, yd, ya), oracle.mul_mat(qtype, rows, x), err_msg=f"{n_out}x{n_in}, T={n_tokens}"
+                )
+
+
+@pytest.mark.parametrize("qtype", KTILED_TYPES, ids=lambda t: t.name)
+def test_ktiled_is_the_matvec_to_float_rounding(qtype, rng):
+    """On any CPU (elsewhere than AVX-512 VNNI through portable IR): the mat-vec's sums, rounded another way."""
+    n_out, n_in = SHAPES[1]
+    w, rows = random_weight(qtype, n_out, n_in, rng)
+    for n_tokens in (9, 31):
+        x = random_activation(rng, n_tokens, n_in)
+        yq, yd, ya = activations.quantize_int(x, w.kernels.int_activation)
+        ours, ref = ktiled(w, yq, yd, ya), per_token_matvec(w, yq, yd, ya)
+        xv, _ = activations.prepare(x, "ggml", w.kernels.vec_dot_type, w.kernels.sub)
+        assert summation_error(ours, ref, dequantized(qtype, rows), xv) <= SUM_ORDER_TOL
+        assert not np.array_equal(ours, ref), "the float steps are the tiled kernel's, not vec_dot's"
+
+
+@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K], ids=lambda t: t.name)
+def test_ktiled_results_do_not_depend_on_threads(qtype, rng, threads):
+    w, _ = random_weight(qtype, 37, 512, rng)
+    yq, yd, ya = activations.quantize_int(random_activation(rng, 31, 512), w.kernels.int_activation)
+    with threads(1):
+        one = ktiled(w, yq, yd, ya)
+    with threads(2):
+        two = ktiled(w, yq, yd, ya)
+    np.testing.assert_array_equal(one, two)
+
+
+@needs_vnni
+@pytest.mark.parametrize("qtype", KTILED_TYPES, ids=lambda t: t.name)
+def test_ggml_matmul_takes_the_tiled_path_from_its_threshold(qtype, rng, oracle):
+    """dispatch.matmul from the type's KTILED_MIN_TOKENS (Q5_K, Q6_K: ggml's floor of 8; Q4_K: 16, where it starts
+    to pay): every token through ktiles (no remainder split off), the result llama.cpp's mul_mat's; 7 tokens keep
+    the 4-token tiles (vec_dot's values), as ggml keeps vec_dot. (Q4_K from 8 to 15 tokens: the 4-token tiles, which
+    a model's repacked Q4_K in llama.cpp matches no better.)"""
+    w, rows = random_weight(qtype, 37, 512, rng)
+    first = dispatch.KTILED_MIN_TOKENS[qtype]
+    assert dispatch.int_kernel_for(w, first - 1) == "tiled"
+    assert dispatch.int_kernel_for(w, first) == "ktiled"
+    for n_tokens in (7, 17):
+        x = random_activation(rng, n_tokens, 512)
+        np.testing.assert_array_equal(dispatch.matmul(w, x, "ggml"), oracle.mul_mat(qtype, rows, x))
+    assert ktiles.MIN_TOKENS <= first <= 16 and (qtype == T.Q4_K) == (first > ktiles.MIN_TOKENS)
+
+
+def test_fewer_rows_than_a_band_keep_the_4_token_tiles(rng):
+    w, _ = random_weight(T.Q6_K, ktiles.BAND - 1, 256, rng)
+    assert dispatch.int_kernel_for(w, 64) == "tiled"
+
+
+@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K, T.Q8_0], ids=lambda t: t.name)
+def test_the_oracles_mul_mat_below_8_tokens_is_vec_dot(qtype, rng, oracle):
+    """The oracle's graph path picks ggml's kernel as a model does: below 8 tokens, vec_dot (bit for bit)."""
+    _, rows = random_weight(qtype, 16, 512, rng)
+    x = random_activation(rng, 3, 512)
+    np.testing.assert_array_equal(oracle.mul_mat(qtype, rows, x, n_threads=2), oracle.matmul(qtype, rows, x))
+
+
+def _compile_row_dots():
+    """A fresh, uncached function over the 16-token steps (so the test's lowering applies)."""
+
+    @njit
+    def dots(w, codes, bsums, k, out):
+        a = tokens16.dpbusd_row(izero16(), w, 0, tokens16.codes64(codes, 0))
+        a = tokens16.dpbusd_row(a, w, 4, tokens16.codes64(codes, 64))
+        bs = tokens16.iload16(bsums, 0)
+        zmm.istore16(out, 0, a)
+        zmm.istore16(out, 16, tokens16.iscale_add(izero16(), a, tokens16.imul(bs, 32), k))
+        zmm.istore16(out, 32, tokens16.imul_add(a, bs, k))
+
+    return dots
+
+
+@pytest.mark.parametrize("lowering", ["target", "portable"])
+def test_16_token_steps_on_every_lowering(lowering, rng, monkeypatch):
+    """dpbusd_row and the int32 scale steps give the exact integers through ``vpdpbusd`` (AVX-512 VNNI targets) and
+    through the portable IR (forced by hiding the target's features), weights 0 / 255, activations +-127."""
+    if lowering == "portable":
+        monkeypatch.setattr(zmm, "target_features", lambda context: frozenset())
+    dots = _compile_row_dots()
+    for _ in range(5):
+        w = rng.integers(0, 256, 8, dtype=np.uint8)
+        w[:2] = [0, 255]
+        codes = rng.integers(-127, 128, 128).astype(np.int8)
+        codes[:2] = [-127, 127]
+        bsums = rng.integers(-16 * 127, 16 * 127 + 1, 16).astype(np.int32)
+        k = int(rng.integers(-128, 128))
+        out = np.empty(48, np.int32)
+        dots(w, codes.view(np.uint8), bsums, k, out)
+        tokens = codes.astype(np.int64).reshape(2, 16, 4)  # (4-position group, token, byte)
+        ref = (tokens[0] * w[:4]).sum(1) + (tokens[1] * w[4:]).sum(1)
+        np.testing.assert_array_equal(out[:16], ref)
+        np.testing.assert_array_equal(out[16:32], (ref - 32 * bsums) * k)
+        np.testing.assert_array_equal(out[32:], ref + bsums * k)
+    asm = dots.inspect_asm(dots.signatures[0])
+    if lowering == "target" and VNNI:
+        assert "vpdpbusd" in asm and "zmm" in asm
+    if lowering == "portable":
+        assert "vpdpbusd" not in asm
