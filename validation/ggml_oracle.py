@@ -158,43 +158,39 @@ class GGMLOracle:
                 y[i, j] = self.vec_dot(weight_type, w[j], act)
         return y
 
-    def mul_mat(self, weight_type: T, weight_rows: np.ndarray, x: np.ndarray, n_threads: int = 1) -> np.ndarray:
+    def mul_mat(
+        self, weight_type: T, weight_rows: np.ndarray, x: np.ndarray, n_threads: int = 1, repacked: bool = False
+    ) -> np.ndarray:
         """``x (T, K) @ W.T`` by ggml's own ``mul_mat`` op: a one-node graph computed by the CPU backend, so llama.cpp
         picks its kernel as in a model (``vec_dot`` below 8 tokens; from 8 the tiled K-quant mat-mul, llamafile's
-        sgemm for Q8_0 / Q4_0 / Q5_0). The weight sits in a plain buffer: never the repacked (``CPU_REPACK``)
-        layouts a model's Q4_0 / Q4_K / Q2_K / IQ4_NL weights get on x86."""
+        sgemm for Q8_0 / Q4_0 / Q5_0). ``repacked``: the weight in the ``CPU_REPACK`` buffer, as a model's Q4_0 /
+        Q4_K / Q2_K / IQ4_NL weights are on x86 (llama.cpp's default, ``use_extra_bufts``): repacked as it is set,
+        then multiplied by the repacked layout's gemm / gemv; otherwise a plain buffer."""
         weight_type = T(int(weight_type))
         w = np.ascontiguousarray(weight_rows).view(np.uint8)
         x = np.ascontiguousarray(np.atleast_2d(x), dtype=np.float32)
         n_out, (n_tok, n_in) = w.shape[0], x.shape
-        base, cpu = self.base, self.cpu
-        base.ggml_init.restype = _vp
-        base.ggml_init.argtypes = [_InitParams]
-        base.ggml_new_tensor_2d.restype = _vp
-        base.ggml_new_tensor_2d.argtypes = [_vp, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
-        base.ggml_get_data.restype = _vp
-        base.ggml_get_data.argtypes = [_vp]
-        base.ggml_mul_mat.restype = _vp
-        base.ggml_mul_mat.argtypes = [_vp, _vp, _vp]
-        base.ggml_new_graph.restype = _vp
-        base.ggml_new_graph.argtypes = [_vp]
-        base.ggml_build_forward_expand.restype = None
-        base.ggml_build_forward_expand.argtypes = [_vp, _vp]
-        base.ggml_free.restype = None
-        base.ggml_free.argtypes = [_vp]
-        cpu.ggml_graph_compute_with_ctx.restype = ctypes.c_int
-        cpu.ggml_graph_compute_with_ctx.argtypes = [_vp, _vp, ctypes.c_int]
+        base, cpu = self._graph_api()
         # tensors, graph and the op's work buffer (the activation in its vec_dot type; the tiled kernel's 512 KB
         # a thread) all live in the context's one allocation
         size = w.nbytes + 3 * x.nbytes + 4 * n_tok * n_out + n_threads * (1 << 20) + (16 << 20)
         ctx = base.ggml_init(_InitParams(size, None, False))
-        if not ctx:
+        weights_ctx = base.ggml_init(_InitParams(1 << 16, None, True)) if repacked else None
+        weights_buffer = None
+        if not ctx or (repacked and not weights_ctx):
             raise GGUFParityError(f"ggml_init could not allocate {size} bytes")
         try:
-            a = base.ggml_new_tensor_2d(ctx, int(weight_type), n_in, n_out)
             b = base.ggml_new_tensor_2d(ctx, int(T.F32), n_in, n_tok)
-            ctypes.memmove(base.ggml_get_data(a), w.ctypes.data, w.nbytes)
             ctypes.memmove(base.ggml_get_data(b), x.ctypes.data, x.nbytes)
+            if repacked:
+                a = base.ggml_new_tensor_2d(weights_ctx, int(weight_type), n_in, n_out)
+                weights_buffer = base.ggml_backend_alloc_ctx_tensors_from_buft(weights_ctx, cpu.repack_buffer_type())
+                if not weights_buffer:
+                    raise GGUFParityError("ggml could not allocate the weight in the CPU_REPACK buffer")
+                base.ggml_backend_tensor_set(a, w.ctypes.data, 0, w.nbytes)  # repacks
+            else:
+                a = base.ggml_new_tensor_2d(ctx, int(weight_type), n_in, n_out)
+                ctypes.memmove(base.ggml_get_data(a), w.ctypes.data, w.nbytes)
             out = base.ggml_mul_mat(ctx, a, b)
             graph = base.ggml_new_graph(ctx)
             base.ggml_build_forward_expand(graph, out)
@@ -206,6 +202,36 @@ class GGMLOracle:
             return y
         finally:
             base.ggml_free(ctx)
+            if weights_buffer:
+                base.ggml_backend_buffer_free(weights_buffer)
+            if weights_ctx:
+                base.ggml_free(weights_ctx)
+
+    def _graph_api(self) -> tuple[ctypes.CDLL, ctypes.CDLL]:
+        """libggml-base and libggml-cpu with the signatures of the graph API :meth:`mul_mat` calls."""
+        base, cpu = self.base, self.cpu
+        signatures = {
+            (base, "ggml_init"): (_vp, [_InitParams]),
+            (base, "ggml_new_tensor_2d"): (_vp, [_vp, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]),
+            (base, "ggml_get_data"): (_vp, [_vp]),
+            (base, "ggml_mul_mat"): (_vp, [_vp, _vp, _vp]),
+            (base, "ggml_new_graph"): (_vp, [_vp]),
+            (base, "ggml_build_forward_expand"): (None, [_vp, _vp]),
+            (base, "ggml_free"): (None, [_vp]),
+            (base, "ggml_backend_alloc_ctx_tensors_from_buft"): (_vp, [_vp, _vp]),
+            (base, "ggml_backend_tensor_set"): (None, [_vp, _vp, ctypes.c_size_t, ctypes.c_size_t]),
+            (base, "ggml_backend_buffer_free"): (None, [_vp]),
+            (cpu, "ggml_graph_compute_with_ctx"): (ctypes.c_int, [_vp, _vp, ctypes.c_int]),
+            # C++ linkage: ggml_backend_cpu_repack_buffer_type() (ggml-cpu/repack.cpp), exported under its mangled name
+            (cpu, "_Z35ggml_backend_cpu_repack_buffer_typev"): (_vp, []),
+        }
+        for (lib, name), (restype, argtypes) in signatures.items():
+            fn = getattr(lib, name, None)
+            if fn is None:
+                raise GGUFParityError(f"{self.lib_dir}: libggml does not export {name}")
+            fn.restype, fn.argtypes = restype, argtypes
+        cpu.repack_buffer_type = cpu._Z35ggml_backend_cpu_repack_buffer_typev
+        return base, cpu
 
 
 class _InitParams(ctypes.Structure):

@@ -8,10 +8,10 @@
 - **Several tokens, ggml numerics on the int8 family** (prefill, the server's batched decode): from
   ``TILED_MIN_TOKENS[type]`` (2 to 4) tokens on, the register-tiled integer kernels of :mod:`.inttiles` (2 rows
   x 4 tokens per tile, the mat-vec's outputs bit for bit) for every type that has one; measured below.
-- **A K-quant (Q4_K, Q5_K, Q6_K) from ``KTILED_MIN_TOKENS[type]`` (8 or 16) tokens, ggml numerics, AVX-512 VNNI**:
-  llama.cpp's own tiled mat-mul (:mod:`.ktiles`), which is what ggml runs there for 8 tokens or more: its outputs
-  bit for bit (tested against ggml's ``mul_mat``), not ``vec_dot``'s; 1.3-3x the 4-token tiles' speed on 64+ tokens
-  (docs/PERFORMANCE.md).
+- **Q4_K, Q5_K, Q6_K and Q4_0 from ``KTILED_MIN_TOKENS[type]`` (5 to 16) tokens, ggml numerics, AVX-512 VNNI**:
+  16 tokens a vector (:mod:`.ktiles`) with the float steps of what llama.cpp runs there: its tiled K-quant mat-mul
+  (8 tokens or more) and its repacked Q4_0 gemm; their outputs bit for bit (tested against ggml's ``mul_mat``), not
+  ``vec_dot``'s; 1.3-4x the 4-token tiles' speed on 64+ tokens (docs/PERFORMANCE.md).
 - **Prefill (more than ``MATVEC_MAX_TOKENS``), otherwise**: the weight is dequantized a tile of rows at a time
   (``dequant_<type>``, exactly ggml's values) into a reused float32 buffer, and each tile is multiplied with all
   the tokens by BLAS ``sgemm`` on one thread, by the Numba GEMM (:mod:`.gemm`) on more (``TILE_GEMM``); the
@@ -88,7 +88,12 @@ TILED_MIN_TOKENS: dict[T, int] = {T.Q6_K: 2, T.Q4_K: 3, T.Q5_K: 3, T.Q5_0: 3, T.
 # tiles from there on. Q4_K: llama.cpp repacks Q4_K weights in a model (its own gemm), so ktiles buys only speed,
 # which it does from 16 tokens (1 thread, Qwen2.5-1.5B's shapes, ms tiled / ktiled: 8 tokens 0.74 / 1.37, 16 1.36 /
 # 1.37, 24 2.04 / 2.01, 32 2.72 / 2.02 on 8960x1536: unpacking the weight once costs as much as a group of 16).
-KTILED_MIN_TOKENS: dict[T, int] = {T.Q4_K: 16, T.Q5_K: ktiles.MIN_TOKENS, T.Q6_K: ktiles.MIN_TOKENS}
+# Q4_0: llama.cpp repacks a model's Q4_0 weights at load (rows a multiple of 8, x86 with AVX2) and multiplies them
+# by its gemm / gemv at every token count, whose float steps ktiles.ktiled_blocks takes; from 5 tokens on it is the
+# faster kernel here (1 thread, ms tiled / ktiled, 8960x1536: 4 tokens 0.99 / 1.01, 6 1.99 / 1.03, 16 4.14 / 0.99).
+# Rows not a multiple of 8 stay unrepacked in llama.cpp (llamafile's sgemm: vec_dot's values): the 4-token tiles.
+KTILED_MIN_TOKENS: dict[T, int] = {T.Q4_0: 5, T.Q4_K: 16, T.Q5_K: ktiles.MIN_TOKENS, T.Q6_K: ktiles.MIN_TOKENS}
+REPACKED_ROWS = {T.Q4_0: 8}  # a type's ktiles only where llama.cpp repacks it: rows a multiple of this
 
 
 def matvec_family(features: CPUFeatures | None = None) -> str:
@@ -320,10 +325,12 @@ def matmul_by_int_tiles(w: QMatrix, x: np.ndarray, quantized: dict | None = None
 
 
 def ktiled_applies(w: QMatrix, n_tokens: int) -> bool:
-    """Whether ``n_tokens`` tokens through ``w`` take :mod:`.ktiles`: a K-quant from its ``KTILED_MIN_TOKENS``, at
-    least one band of rows, kernels compiled for AVX-512 VNNI."""
+    """Whether ``n_tokens`` tokens through ``w`` take :mod:`.ktiles`: a type from its ``KTILED_MIN_TOKENS``, at least
+    one band of rows (and for Q4_0 rows llama.cpp repacks), kernels compiled for AVX-512 VNNI."""
     first = KTILED_MIN_TOKENS.get(w.qtype)
-    return first is not None and n_tokens >= first and w.n_out >= ktiles.BAND and ktiles.compiled_for_vnni()
+    if first is None or n_tokens < first or w.n_out < ktiles.BAND or w.n_out % REPACKED_ROWS.get(w.qtype, 1):
+        return False
+    return ktiles.compiled_for_vnni()
 
 
 def matmul_by_ktiles(w: QMatrix, x: np.ndarray, quantized: dict | None = None) -> np.ndarray:

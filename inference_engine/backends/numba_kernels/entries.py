@@ -101,6 +101,11 @@ def tiled_q4_0(w, yq, yd, ya, out):
     inttiles.tiled_pairs(tile_q4_0, w, yq, yd, ya, out)
 
 
+@njit(parallel=True, cache=True)
+def ktiled_q4_0(w, yq, yd, ya, out):
+    ktiles.ktiled_blocks(q4_0.unpack_rows_q4_0, 8, w, yq, yd, ya, out)
+
+
 @njit(cache=True)
 def token_q4_0(w, x, out):
     yq, yd, ya = activations.row_q8_0_sum4(x)
@@ -436,7 +441,15 @@ ENTRIES: dict[T, Kernels] = {
     T.F16: Kernels(matvec_float_f16, dequant_f16, "f16", 0),
     T.BF16: Kernels(matvec_float_bf16, dequant_bf16, "bf16", 0),
     T.Q4_0: Kernels(
-        matvec_float_q4_0, dequant_q4_0, "q8_0", 32, matvec_int_q4_0, "q8_0_sum4", tiled_q4_0, token_q4_0
+        matvec_float_q4_0,
+        dequant_q4_0,
+        "q8_0",
+        32,
+        matvec_int_q4_0,
+        "q8_0_sum4",
+        tiled_q4_0,
+        token_q4_0,
+        matmul_ktiled=ktiled_q4_0,
     ),
     T.Q4_1: Kernels(matvec_float_q4_1, dequant_q4_1, "q8_1", 32, matvec_int_q4_1, "q8_1", tiled_q4_1, token_q4_1),
     T.Q5_0: Kernels(

@@ -48,6 +48,7 @@ SPECS: tuple[KernelSpec, ...] = (
         matvec_int=Call(intdot.pairs_matvec, PAIR),
         tile=Call(inttiles.tile_offset, q4_0.quants_q4_0, BLOCK_BYTES, 3),
         tiled=Call(inttiles.tiled_pairs, TILE),
+        ktiled=Call(ktiles.ktiled_blocks, q4_0.unpack_rows_q4_0, 8),  # the offset
     ),
     KernelSpec(
         T.Q4_1, "q8_1", 32, (20, -1.0), int_activation="q8_1",

@@ -1,20 +1,26 @@
-"""llama.cpp's tiled K-quant mat-mul on AVX-512 VNNI (ggml numerics, prefill): ``out (T, N) = x (T, K) @ W.T``.
+"""16 tokens a vector on AVX-512 VNNI (ggml numerics, prefill): ``out (T, N) = x (T, K) @ W.T`` as llama.cpp computes
+it there for a batch: its tiled K-quant mat-mul and its repacked Q4_0 gemm, bit for bit.
 
-Since late 2026 ggml multiplies a batch of 8 or more tokens with a Q2_K..Q6_K weight by its ``tiled`` mat-mul
-(``ggml-cpu/tiled/``; Q4_K and Q2_K only where their weights are not repacked at load), not by ``vec_dot`` row by
-row. Its VNNI micro-kernel (``tiled_run_micro_vnni_8x16``) holds 16 tokens in a vector (:mod:`.isa.tokens16`): per
-sub-block of 16 or 32 weights, 8 rows x 16 tokens of exact int32 dot products (one ``vpdpbusd`` per row and 4
-positions), less ``BIAS`` times the activation's block sums, times the sub-block's scale, summed over the
-super-block (``s1``; the min terms ``s2`` likewise); then once per super-block, for each row and token,
-``acc = fma(float(s1) * d - dmin * float(s2), d_y, acc)`` (:func:`.tokens16.superblock_step`). The integers are
-``vec_dot``'s; the float steps are the tiled kernel's, in its order (super-blocks in order, from 0), so these
+**K-quants** (:func:`ktiled`). Since late 2026 ggml multiplies a batch of 8 or more tokens with a Q2_K..Q6_K weight
+by its ``tiled`` mat-mul (``ggml-cpu/tiled/``; Q4_K and Q2_K only where their weights are not repacked at load),
+not by ``vec_dot`` row by row. Its VNNI micro-kernel (``tiled_run_micro_vnni_8x16``) holds 16 tokens in a vector
+(:mod:`.isa.tokens16`): per sub-block of 16 or 32 weights, 8 rows x 16 tokens of exact int32 dot products (one
+``vpdpbusd`` per row and 4 positions), less ``BIAS`` times the activation's block sums, times the sub-block's scale,
+summed over the super-block (``s1``; the min terms ``s2`` likewise); then once per super-block, for each row and
+token, ``acc = fma(float(s1) * d - dmin * float(s2), d_y, acc)`` (:func:`.tokens16.superblock_step`). The integers
+are ``vec_dot``'s; the float steps are the tiled kernel's, in its order (super-blocks in order, from 0), so these
 outputs are llama.cpp's own prefill values, not its ``vec_dot``'s (which the 4-token tiles of :mod:`.inttiles`
 reproduce): the two differ by float32 rounding.
 
-Work per call: the activations are laid out once, 16 tokens per group (:func:`token_groups`, :func:`group_bsums`,
+**Q4_0** (:func:`ktiled_blocks`). llama.cpp repacks a model's Q4_0 weights at load (rows a multiple of 8) and
+multiplies them, at every token count, by ``ggml_gemm_q4_0_8x8_q8_0`` / ``gemv``: per 32-weight block, the exact
+integer dot product, then ``acc = fma(float(s), d_w * d_y, acc)`` (:func:`.tokens16.block_step`). The same layout
+computes that.
+
+Work per call: the activations are laid out once, 16 tokens per group (:func:`token_groups`, :func:`group_sums`,
 :func:`group_scales`). Threads take bands of ``BAND`` = 8 rows; a band's weights are unpacked once into one
 quant per byte, int32 scales and float32 ``d`` / ``dmin`` (the type's ``unpack_rows_<type>``, in ``types/``),
-then every token group passes, all super-blocks of a row band accumulating in registers. A band past the last row
+then every token group passes, all blocks of a row band accumulating in registers. A band past the last row
 starts at ``N - BAND`` (the rows it shares with the band before get the same values); tokens past ``T`` are
 zeros, computed and not stored.
 """
@@ -27,6 +33,7 @@ from numba import njit, prange
 from inference_engine.backends.numba_kernels.intdot import byte, k4_scales
 from inference_engine.backends.numba_kernels.isa.simd import load_f16, vload, vstore, vzero
 from inference_engine.backends.numba_kernels.isa.tokens16 import (
+    block_step,
     codes64,
     dpbusd_row,
     iload16,
@@ -80,19 +87,19 @@ def token_groups(yq):
 
 
 @njit(cache=True)
-def group_bsums(bsums, sub):
-    """``(T, K / 16)`` int16 block sums -> ``(G, 16 K / sub)`` int32: each sub-block's sum (``sub`` 16 or 32: one or
-    two of ggml's per-16 sums), token ``t`` of a group in lane ``t``."""
-    n_tok, n16 = bsums.shape
-    per = sub // 16
+def group_sums(sums, per):
+    """``(T, n)`` block sums of the activation's quants (Q8_K's int16 per 16, Q8_0's int32 per 4) -> ``(G, 16 n /
+    per)`` int32: each run of ``per`` of them added (a sub-block's or block's sum), token ``t`` of a group in lane
+    ``t``."""
+    n_tok, n = sums.shape
     n_groups = (n_tok + GROUP - 1) // GROUP
-    out = np.zeros((n_groups, GROUP * (n16 // per)), np.int32)
+    out = np.zeros((n_groups, GROUP * (n // per)), np.int32)
     for g in range(n_groups):
         for t in range(min(GROUP, n_tok - GROUP * g)):
-            for s in range(n16 // per):
+            for s in range(n // per):
                 acc = np.int32(0)
                 for u in range(per):
-                    acc += np.int32(bsums[GROUP * g + t, per * s + u])
+                    acc += np.int32(sums[GROUP * g + t, per * s + u])
                 out[g, GROUP * s + t] = acc
     return out
 
@@ -199,7 +206,7 @@ def _step8(acc, s1, s2, dd, dm, i, d1, has_min):
 def band_group(codes, sc, mn, dd, dm, yg, bg, dg, sub, bias_k, has_min):
     """8 rows (``codes``: their quants, one a byte; ``sc`` / ``mn``: int32 sub-block scales / mins; ``dd`` / ``dm``:
     float32 super-block ``d`` / ``dmin``) x one group of 16 tokens (``yg``, ``bg``, ``dg``: its row of
-    :func:`token_groups`, :func:`group_bsums`, :func:`group_scales`): 8 F32x16 of outputs, token ``t`` in lane
+    :func:`token_groups`, :func:`group_sums`, :func:`group_scales`): 8 F32x16 of outputs, token ``t`` in lane
     ``t``."""
     w = (codes[0], codes[1], codes[2], codes[3], codes[4], codes[5], codes[6], codes[7])
     nb = QK_K // sub
@@ -239,7 +246,7 @@ def ktiled(unpack_rows, sub, bias_k, has_min, w, yq, yd, ya, out):
     into each type's compiled entry point."""
     n_out, k = out.shape[1], yq.shape[1]
     nsb = k // QK_K
-    yg, bg, dg = token_groups(yq), group_bsums(ya, sub), group_scales(yd)
+    yg, bg, dg = token_groups(yq), group_sums(ya, sub // 16), group_scales(yd)
     n_bands = (n_out + BAND - 1) // BAND
     for band in prange(n_bands):
         r = min(BAND * band, n_out - BAND)
@@ -253,3 +260,52 @@ def ktiled(unpack_rows, sub, bias_k, has_min, w, yq, yd, ya, out):
         for g in range(yg.shape[0]):
             acc = band_group(codes, sc, mn, dd, dm, yg[g], bg[g], dg[g], sub, bias_k, has_min)
             _store8(out, r, GROUP * g, acc, tmp)
+
+
+# --- 32-weight blocks: Q4_0 as llama.cpp multiplies it in a model (repacked at load: ggml_gemm_q4_0_8x8_q8_0) -------
+@njit(inline="always", cache=True)
+def _blocks8(acc, a, bias, dd, b, dy):
+    return (
+        block_step(acc[0], a[0], bias, dd[0, b], dy),
+        block_step(acc[1], a[1], bias, dd[1, b], dy),
+        block_step(acc[2], a[2], bias, dd[2, b], dy),
+        block_step(acc[3], a[3], bias, dd[3, b], dy),
+        block_step(acc[4], a[4], bias, dd[4, b], dy),
+        block_step(acc[5], a[5], bias, dd[5, b], dy),
+        block_step(acc[6], a[6], bias, dd[6, b], dy),
+        block_step(acc[7], a[7], bias, dd[7, b], dy),
+    )
+
+
+@njit(inline="always", cache=True)
+def band_group_blocks(codes, dd, yg, bg, dg, offset):
+    """:func:`band_group` for 32-weight blocks: per block, 8 rows x 16 tokens of exact dot products less ``offset``
+    times the block's activation sum, then ``acc = fma(float(s), d_y * d_w, acc)`` (ggml's repacked Q4_0 gemm and
+    gemv, every token count)."""
+    w = (codes[0], codes[1], codes[2], codes[3], codes[4], codes[5], codes[6], codes[7])
+    f = vzero()
+    acc = (f, f, f, f, f, f, f, f)
+    for b in range(dd.shape[1]):
+        a = _zeros8()
+        for q in range(8):
+            o = 32 * b + 4 * q
+            a = _dots8(a, codes64(yg, GROUP * o), w, o)
+        acc = _blocks8(acc, a, imul(iload16(bg, GROUP * b), offset), dd, b, vload(dg, GROUP * b))
+    return acc
+
+
+@njit(inline="always", cache=True)
+def ktiled_blocks(unpack_rows, offset, w, yq, yd, ya, out):
+    """``out = yq @ W.T`` for a 32-weight type with ``unpack_rows(w, r, codes, dd)`` (rows ``r .. r + 7``: quants one
+    a byte, block scales as float32) and quants stored ``offset`` above their value (Q4_0: 8). ``ya``: the
+    activation's int32 sums of 4 quants (``q8_0_sum4``)."""
+    n_out, k = out.shape[1], yq.shape[1]
+    yg, bg, dg = token_groups(yq), group_sums(ya, 8), group_scales(yd)
+    for band in prange((n_out + BAND - 1) // BAND):
+        r = min(BAND * band, n_out - BAND)
+        codes = np.empty((BAND, k), np.uint8)
+        dd = np.empty((BAND, k // 32), np.float32)
+        unpack_rows(w, r, codes, dd)
+        tmp = np.empty(GROUP, np.float32)
+        for g in range(yg.shape[0]):
+            _store8(out, r, GROUP * g, band_group_blocks(codes, dd, yg[g], bg[g], dg[g], offset), tmp)

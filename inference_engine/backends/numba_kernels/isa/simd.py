@@ -20,7 +20,7 @@ Vocabulary (all usable only inside ``@njit`` code):
   ``vsum(v)`` (horizontal sum to a float32), ``vstore(f32_array, index, v)``, ``vlane(v, i)`` (lane i
   broadcast), ``vload_high8(f32_array, index)`` (8 floats into lanes 8..15, zeros below), ``vhalves(a, b)``
   (scalar ``a`` in lanes 0..7, ``b`` in 8..15).
-- ``U8x16`` (16 bytes to take apart nibbles and bit fields): ``bload(u8, off)``, ``band(v, k)``, ``bshr(v, k)``,
+- ``U8x16`` (16 bytes to take apart nibbles and bit fields): ``bload(u8, off)``, ``bstore(u8, off, v)``, ``band(v, k)``, ``bshr(v, k)``,
   ``bshl(v, k)``, ``bor(a, b)``, ``bbits(u8, off, first_bit)`` (16 consecutive bits of the little-endian word at
   ``off``, one per byte as 0/1), ``bto_f32(v)`` (unsigned bytes -> floats), ``bto_f32_signed(v)`` (int8 -> floats),
   and for unpacking scale fields: ``bshuffle(v, pattern)``, ``bshr_lanes(v, amounts)``, ``bselect(mask, a, b)``
@@ -491,6 +491,20 @@ def bload(typingctx, arr, offset):
         return builder.load(_typed_ptr(context, builder, sig.args[0], args[0], args[1], _VB), align=1)
 
     return U8x16(arr, offset), codegen
+
+
+@intrinsic
+def bstore(typingctx, arr, offset, v):
+    """Store the 16 bytes of ``v`` at byte ``offset`` of a uint8 array."""
+    _check_array(arr, types.uint8, "bstore")
+    if v != U8x16:
+        raise TypingError(f"bstore expects a U8x16, got {v}")
+
+    def codegen(context, builder, sig, args):
+        builder.store(args[2], _typed_ptr(context, builder, sig.args[0], args[0], args[1], _VB), align=1)
+        return context.get_dummy_value()
+
+    return types.void(arr, offset, U8x16), codegen
 
 
 def _byte_op(op_name):

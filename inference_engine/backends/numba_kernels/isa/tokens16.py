@@ -15,6 +15,8 @@ Vocabulary (``@njit`` code only; ``I8x64`` / ``I32x16`` are :mod:`.zmm`'s types)
   bytes at ``w_u8[off:off+4]`` with the token's 4 signed activation bytes (``vpdpbusd`` with a broadcast operand).
 - ``iload16(i32, index)``, ``iscale_add(acc, v, bias, k)`` = ``acc + (v - bias) * k``, ``imul_add(acc, v, k)`` =
   ``acc + v * k`` (int32, ``k`` a scalar), ``imul(v, k)``.
+- ``block_step(acc, s, bias, dw, dy)`` = ``fma(float(s - bias), dy * dw, acc)``: a 32-weight block's float step
+  (llama.cpp's repacked Q4_0 gemm).
 - ``superblock_step(acc, s1, d, d1)`` = ``fma(float(s1) * d, d1, acc)`` and ``superblock_step_min(acc, s1, s2, d,
   dmin, d1)`` = ``fma(fnmadd(dmin, float(s2), float(s1) * d), d1, acc)``: the float steps of ggml's VNNI kernel
   per super-block, in its order and with its roundings (its epilogue compiles to ``vcvtdq2ps``, ``vmulps``,
@@ -170,3 +172,20 @@ def superblock_step_min(typingctx, acc, s1, s2, d, dmin, d1):
         return _call(builder, "llvm.fma.v16f32", _VF16, [r, args[5], args[0]])
 
     return F32x16(acc, s1, s2, d, dmin, d1), codegen
+
+
+@intrinsic
+def block_step(typingctx, acc, s, bias, dw, dy):
+    """``fma(float(s - bias), dy * dw, acc)``: a 32-weight block's float step for 16 tokens (``dw`` the row's block
+    scale, ``dy`` the tokens'): ggml's repacked Q4_0 gemm / gemv (``_mm512_fmadd_ps(_mm512_cvtepi32_ps(iacc),
+    _mm512_mul_ps(col_scale, row_scale), acc)``)."""
+    if acc != F32x16 or s != I32x16 or bias != I32x16 or dy != F32x16 or not isinstance(dw, types.Float):
+        raise TypingError(f"block_step expects F32x16, I32x16, I32x16, a float and F32x16, got {acc}, {s}, {dw}")
+
+    def codegen(context, builder, sig, args):
+        d = builder.fmul(_fscalar(context, builder, args[3], sig.args[3]), args[4])
+        return _call(
+            builder, "llvm.fma.v16f32", _VF16, [builder.sitofp(builder.sub(args[1], args[2]), _VF16), d, args[0]]
+        )
+
+    return F32x16(acc, s, bias, dw, dy), codegen

@@ -1,9 +1,10 @@
-"""llama.cpp's tiled K-quant mat-mul (ktiles): ggml's own ``mul_mat`` bit for bit on AVX-512 VNNI, and everywhere
-the same integers as the mat-vec, summed in another float order.
+"""16 tokens a vector (ktiles): ggml's own ``mul_mat`` bit for bit on AVX-512 VNNI (its tiled K-quant mat-mul; its
+repacked Q4_0 gemm), and everywhere the same integers as the mat-vec, summed in another float order.
 
-Shapes: rows at, past and not a multiple of the 8-row band (8, 37: the last band overlaps the one before);
-token counts at ggml's floor (8), past it and not a multiple of the 16-token group (9, 31), two groups (32);
-rows of one and of seven super-blocks (the float state carried over many super-blocks).
+Shapes: rows at, past and not a multiple of the 8-row band (8, 37: the last band overlaps the one before; Q4_0: 40,
+as llama.cpp repacks only rows a multiple of 8); token counts at ggml's floor (8), past it and not a multiple of the
+16-token group (9, 31), two groups (32); rows of one and of seven super-blocks (the float state carried over many
+blocks).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from inference_engine.backends.numba_kernels.isa.zmm import izero16
 from inference_engine.backends.numba_kernels.ops import activations
 
 KTILED_TYPES = [t for t, k in dispatch.KERNELS.items() if k.matmul_ktiled is not None]
-SHAPES = [(8, 256), (37, 7 * 256)]
+SHAPES = [(8, 256), (37, 7 * 256)]  # Q4_0: 40 rows for 37 (llama.cpp repacks only rows a multiple of 8)
 TOKEN_COUNTS = [8, 9, 31, 32]
 VNNI = ktiles.compiled_for_vnni()
 needs_vnni = pytest.mark.skipif(
@@ -35,35 +36,48 @@ needs_vnni = pytest.mark.skipif(
 SUM_ORDER_TOL = 1e-6
 
 
+def shape_for(qtype, shape):
+    n_out, n_in = shape
+    multiple = dispatch.REPACKED_ROWS.get(qtype, 1)
+    return -(-n_out // multiple) * multiple, n_in
+
+
+def llamacpp(oracle, qtype, rows, x):
+    """ggml's mul_mat on the weight as a model holds it: Q4_0 repacked at load (llama.cpp's default)."""
+    return oracle.mul_mat(qtype, rows, x, repacked=qtype in dispatch.REPACKED_ROWS)
+
+
 def ktiled(w, yq, yd, ya):
     out = np.full((yq.shape[0], w.n_out), np.nan, np.float32)  # an output left unwritten stays NaN
     w.kernels.matmul_ktiled(w.rows, yq, yd, ya, out)
     return out
 
 
-def test_the_k_quants_have_the_tiled_kernel():
-    """The types llama.cpp's tiled mat-mul takes and the engine has integer kernels for: Q4_K_M's and Q5_K_M's."""
-    assert set(KTILED_TYPES) == {T.Q4_K, T.Q5_K, T.Q6_K}
+def test_the_k_quants_and_q4_0_have_the_tiled_kernel():
+    """The types llama.cpp's tiled mat-mul takes that the engine has integer kernels for (Q4_K_M's and Q5_K_M's),
+    and Q4_0, which llama.cpp repacks."""
+    assert set(KTILED_TYPES) == {T.Q4_0, T.Q4_K, T.Q5_K, T.Q6_K}
 
 
 @needs_vnni
 @pytest.mark.parametrize("qtype", KTILED_TYPES, ids=lambda t: t.name)
 def test_ktiled_is_llamacpp_mul_mat_bit_for_bit(qtype, rng, oracle):
-    for n_out, n_in in SHAPES:
+    for shape in SHAPES:
+        n_out, n_in = shape_for(qtype, shape)
         w, rows = random_weight(qtype, n_out, n_in, rng)
         for n_tokens in TOKEN_COUNTS:
             for scale in (1e-3, 50.0):
                 x = random_activation(rng, n_tokens, n_in, scale)
                 yq, yd, ya = activations.quantize_int(x, w.kernels.int_activation)
                 np.testing.assert_array_equal(
-                    ktiled(w, yq, yd, ya), oracle.mul_mat(qtype, rows, x), err_msg=f"{n_out}x{n_in}, T={n_tokens}"
+                    ktiled(w, yq, yd, ya), llamacpp(oracle, qtype, rows, x), err_msg=f"{n_out}x{n_in}, T={n_tokens}"
                 )
 
 
 @pytest.mark.parametrize("qtype", KTILED_TYPES, ids=lambda t: t.name)
 def test_ktiled_is_the_matvec_to_float_rounding(qtype, rng):
     """On any CPU (elsewhere than AVX-512 VNNI through portable IR): the mat-vec's sums, rounded another way."""
-    n_out, n_in = SHAPES[1]
+    n_out, n_in = shape_for(qtype, SHAPES[1])
     w, rows = random_weight(qtype, n_out, n_in, rng)
     for n_tokens in (9, 31):
         x = random_activation(rng, n_tokens, n_in)
@@ -74,9 +88,9 @@ def test_ktiled_is_the_matvec_to_float_rounding(qtype, rng):
         assert not np.array_equal(ours, ref), "the float steps are the tiled kernel's, not vec_dot's"
 
 
-@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", [T.Q4_0, T.Q4_K, T.Q6_K], ids=lambda t: t.name)
 def test_ktiled_results_do_not_depend_on_threads(qtype, rng, threads):
-    w, _ = random_weight(qtype, 37, 512, rng)
+    w, _ = random_weight(qtype, 37, 512, rng)  # the last band overlaps the one before (also for Q4_0's kernel)
     yq, yd, ya = activations.quantize_int(random_activation(rng, 31, 512), w.kernels.int_activation)
     with threads(1):
         one = ktiled(w, yq, yd, ya)
@@ -88,18 +102,25 @@ def test_ktiled_results_do_not_depend_on_threads(qtype, rng, threads):
 @needs_vnni
 @pytest.mark.parametrize("qtype", KTILED_TYPES, ids=lambda t: t.name)
 def test_ggml_matmul_takes_the_tiled_path_from_its_threshold(qtype, rng, oracle):
-    """dispatch.matmul from the type's KTILED_MIN_TOKENS (Q5_K, Q6_K: ggml's floor of 8; Q4_K: 16, where it starts
-    to pay): every token through ktiles (no remainder split off), the result llama.cpp's mul_mat's; 7 tokens keep
-    the 4-token tiles (vec_dot's values), as ggml keeps vec_dot. (Q4_K from 8 to 15 tokens: the 4-token tiles, which
-    a model's repacked Q4_K in llama.cpp matches no better.)"""
-    w, rows = random_weight(qtype, 37, 512, rng)
+    """dispatch.matmul from the type's KTILED_MIN_TOKENS (Q5_K, Q6_K: ggml's floor of 8; Q4_K: 16 and Q4_0: 5, where
+    it starts to pay): every token through ktiles (no remainder split off), the result llama.cpp's mul_mat's; below,
+    the 4-token tiles (vec_dot's values), as ggml keeps vec_dot for the K-quants below 8 tokens. (Q4_K from 8 to 15
+    tokens: the 4-token tiles, which a model's repacked Q4_K in llama.cpp matches no better.)"""
+    w, rows = random_weight(qtype, shape_for(qtype, (37, 512))[0], 512, rng)
     first = dispatch.KTILED_MIN_TOKENS[qtype]
     assert dispatch.int_kernel_for(w, first - 1) == "tiled"
     assert dispatch.int_kernel_for(w, first) == "ktiled"
-    for n_tokens in (7, 17):
+    for n_tokens in (first, 17):
         x = random_activation(rng, n_tokens, 512)
+        np.testing.assert_array_equal(dispatch.matmul(w, x, "ggml"), llamacpp(oracle, qtype, rows, x))
+    if qtype in (T.Q5_K, T.Q6_K):
+        x = random_activation(rng, 7, 512)
         np.testing.assert_array_equal(dispatch.matmul(w, x, "ggml"), oracle.mul_mat(qtype, rows, x))
-    assert ktiles.MIN_TOKENS <= first <= 16 and (qtype == T.Q4_K) == (first > ktiles.MIN_TOKENS)
+
+
+def test_q4_0_rows_llamacpp_does_not_repack_keep_the_4_token_tiles(rng):
+    w, _ = random_weight(T.Q4_0, 37, 512, rng)
+    assert dispatch.int_kernel_for(w, 64) == "tiled"
 
 
 def test_fewer_rows_than_a_band_keep_the_4_token_tiles(rng):
