@@ -8,7 +8,7 @@
 - **Several tokens, ggml numerics on the int8 family** (prefill, the server's batched decode): from
   ``TILED_MIN_TOKENS[type]`` (2 to 4) tokens on, the register-tiled integer kernels of :mod:`.inttiles` (2 rows
   x 4 tokens per tile, the mat-vec's outputs bit for bit) for every type that has one; measured below.
-- **Q4_K, Q5_K, Q6_K and Q4_0 from ``KTILED_MIN_TOKENS[type]`` (5 to 16) tokens, ggml numerics, AVX-512 VNNI**:
+- **Every K-quant and Q4_0 from ``KTILED_MIN_TOKENS[type]`` (5 to 16) tokens, ggml numerics, AVX-512 VNNI**:
   16 tokens a vector (:mod:`.ktiles`) with the float steps of what llama.cpp runs there: its tiled K-quant mat-mul
   (8 tokens or more) and its repacked Q4_0 gemm; their outputs bit for bit (tested against ggml's ``mul_mat``), not
   ``vec_dot``'s; 1.3-4x the 4-token tiles' speed on 64+ tokens (docs/PERFORMANCE.md).
@@ -92,7 +92,18 @@ TILED_MIN_TOKENS: dict[T, int] = {T.Q6_K: 2, T.Q4_K: 3, T.Q5_K: 3, T.Q5_0: 3, T.
 # by its gemm / gemv at every token count, whose float steps ktiles.ktiled_blocks takes; from 5 tokens on it is the
 # faster kernel here (1 thread, ms tiled / ktiled, 8960x1536: 4 tokens 0.99 / 1.01, 6 1.99 / 1.03, 16 4.14 / 0.99).
 # Rows not a multiple of 8 stay unrepacked in llama.cpp (llamafile's sgemm: vec_dot's values): the 4-token tiles.
-KTILED_MIN_TOKENS: dict[T, int] = {T.Q4_0: 5, T.Q4_K: 16, T.Q5_K: ktiles.MIN_TOKENS, T.Q6_K: ktiles.MIN_TOKENS}
+# Q2_K, Q3_K (no integer mat-vec: fewer tokens take the float kernels, dequantized tiles x the Numba GEMM): Q3_K
+# from ggml's floor, where llama.cpp takes its tiled kernel (2 threads, 8960x1536, ms float tiles / ktiles: 8 tokens
+# 1.45 / 1.74, 64 8.82 / 2.91, 512 68.4 / 14.5); Q2_K, which llama.cpp repacks on AVX-512 (its own gemm), from where
+# ktiles is faster: 8 tokens 1.38 / 1.54, 12 2.20 / 1.57, 512 56.2 / 15.5.
+KTILED_MIN_TOKENS: dict[T, int] = {
+    T.Q4_0: 5,
+    T.Q2_K: 12,
+    T.Q3_K: ktiles.MIN_TOKENS,
+    T.Q4_K: 16,
+    T.Q5_K: ktiles.MIN_TOKENS,
+    T.Q6_K: ktiles.MIN_TOKENS,
+}
 REPACKED_ROWS = {T.Q4_0: 8}  # a type's ktiles only where llama.cpp repacks it: rows a multiple of this
 
 
@@ -298,10 +309,10 @@ def int_kernel_for(w: QMatrix, n_tokens: int) -> str:
     (:mod:`.ktiles`, llama.cpp's tiled mat-mul), "tiled" (:mod:`.inttiles`), "matvec" (one mat-vec per token), or ""
     (no integer kernel for this type and count: the float paths)."""
     k = w.kernels
-    if k.matvec_int is None:
-        return ""
     if k.matmul_ktiled is not None and ktiled_applies(w, n_tokens):
         return "ktiled"
+    if k.matvec_int is None:
+        return ""
     if k.matmul_tiled is not None and n_tokens >= TILED_MIN_TOKENS[w.qtype]:
         return "tiled"
     if n_tokens <= MATVEC_MAX_TOKENS:

@@ -281,6 +281,11 @@ def dequant_q2_k(w, row0, out):
     float_blocks.superblocks_dequant(q2_k.dequant_superblock_q2_k, layout_q2_k, w, row0, out)
 
 
+@njit(parallel=True, cache=True)
+def ktiled_q2_k(w, yq, yd, ya, out):
+    ktiles.ktiled(q2_k.unpack_rows_q2_k, 16, 0, True, w, yq, yd, ya, out)
+
+
 # --- Q3_K -------------------------------------------------------------------------------------------------------------
 @njit(inline="always", cache=True)
 def layout_q3_k():
@@ -295,6 +300,11 @@ def matvec_float_q3_k(w, xv, xs, out):
 @njit(parallel=True, cache=True)
 def dequant_q3_k(w, row0, out):
     float_blocks.superblocks_dequant(q3_k.dequant_superblock_q3_k, layout_q3_k, w, row0, out)
+
+
+@njit(parallel=True, cache=True)
+def ktiled_q3_k(w, yq, yd, ya, out):
+    ktiles.ktiled(q3_k.unpack_rows_q3_k, 16, 4, False, w, yq, yd, ya, out)
 
 
 # --- Q4_K -------------------------------------------------------------------------------------------------------------
@@ -457,8 +467,8 @@ ENTRIES: dict[T, Kernels] = {
     ),
     T.Q5_1: Kernels(matvec_float_q5_1, dequant_q5_1, "q8_1", 32, matvec_int_q5_1, "q8_1", tiled_q5_1, token_q5_1),
     T.Q8_0: Kernels(matvec_float_q8_0, dequant_q8_0, "q8_0", 0, matvec_int_q8_0, "q8_0", tiled_q8_0, token_q8_0),
-    T.Q2_K: Kernels(matvec_float_q2_k, dequant_q2_k, "q8_K", 16),
-    T.Q3_K: Kernels(matvec_float_q3_k, dequant_q3_k, "q8_K", 16),
+    T.Q2_K: Kernels(matvec_float_q2_k, dequant_q2_k, "q8_K", 16, int_activation="q8_K", matmul_ktiled=ktiled_q2_k),
+    T.Q3_K: Kernels(matvec_float_q3_k, dequant_q3_k, "q8_K", 16, int_activation="q8_K", matmul_ktiled=ktiled_q3_k),
     T.Q4_K: Kernels(
         matvec_float_q4_k,
         dequant_q4_k,

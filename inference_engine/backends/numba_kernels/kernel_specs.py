@@ -83,8 +83,14 @@ SPECS: tuple[KernelSpec, ...] = (
         matvec_int=Call(q8_0.matvec_int_loop_q8_0),
         tiled=Call(inttiles.tiled_pairs, q8_0.tile_q8_0),
     ),
-    _superblocks(T.Q2_K, 16, (84, 1.0), q2_k.q2_k_superblock, q2_k.dequant_superblock_q2_k),
-    _superblocks(T.Q3_K, 16, (110, 4.0), q3_k.q3_k_superblock, q3_k.dequant_superblock_q3_k),
+    _superblocks(
+        T.Q2_K, 16, (84, 1.0), q2_k.q2_k_superblock, q2_k.dequant_superblock_q2_k, int_activation="q8_K",
+        ktiled=Call(ktiles.ktiled, q2_k.unpack_rows_q2_k, 16, 0, True),  # sub-block, offset, min terms
+    ),
+    _superblocks(
+        T.Q3_K, 16, (110, 4.0), q3_k.q3_k_superblock, q3_k.dequant_superblock_q3_k, int_activation="q8_K",
+        ktiled=Call(ktiles.ktiled, q3_k.unpack_rows_q3_k, 16, 4, False),  # sub-block, offset, min terms
+    ),
     _superblocks(
         T.Q4_K, 32, (144, 1.0), q4_k.q4_k_superblock, q4_k.dequant_superblock_q4_k, int_activation="q8_K",
         matvec_int=Call(intdot.rows_matvec_bsum_pairs, q4_k.row_dot_q4_k), tiled=Call(q4_k.tiled_loop_q4_k),

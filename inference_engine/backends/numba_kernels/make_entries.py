@@ -117,6 +117,11 @@ def _type_block(spec: KernelSpec, imports: set[str]) -> tuple[str, str]:
             f'"{spec.int_activation}", tiled_{t}, token_{t}'
             + (f", matmul_ktiled=ktiled_{t})" if spec.ktiled is not None else ")")
         )
+    elif spec.ktiled is not None:
+        entry = (
+            f'Kernels(matvec_float_{t}, dequant_{t}, "{spec.vec_dot_type}", {spec.sub}, '
+            f'int_activation="{spec.int_activation}", matmul_ktiled=ktiled_{t})'
+        )
     else:
         entry = f'Kernels(matvec_float_{t}, dequant_{t}, "{spec.vec_dot_type}", {spec.sub})'
     return "\n\n".join(parts), entry
@@ -133,8 +138,8 @@ def render(specs: list[KernelSpec] | None = None) -> str:
     for spec in specs:
         if spec.matvec_int is not None and (spec.tiled is None or not spec.int_activation):
             raise ValueError(f"{spec.qtype.name}: an integer-dot mat-vec needs its tiled kernel and int_activation")
-        if spec.ktiled is not None and spec.matvec_int is None:
-            raise ValueError(f"{spec.qtype.name}: llama.cpp's tiled kernel needs the integer-dot mat-vec beside it")
+        if spec.ktiled is not None and not spec.int_activation:
+            raise ValueError(f"{spec.qtype.name}: a ktiled kernel needs the int_activation it reads")
         block, entry = _type_block(spec, imports)
         blocks.append(block)
         line = f"    T.{spec.qtype.name}: {entry},"

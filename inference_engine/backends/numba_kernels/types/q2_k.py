@@ -40,3 +40,22 @@ def dequant_superblock_q2_k(row, o, dst, y):
                 dl, ml = simd.vsplat(d * _F32(sc & 15)), simd.vsplat(dmin * _F32(sc >> 4))
                 u = simd.bto_f32(simd.band(simd.bshr(simd.bload(row, o + 16 + 32 * n + 16 * h), 2 * j), 3))
                 simd.vstore(dst, y + 16 * k, simd.vsub(simd.vmul(dl, u), ml))
+
+
+# --- llama.cpp's tiled mat-mul (AVX-512 VNNI, 8 tokens or more: :mod:`..ktiles`) ---------------------------------
+@njit(inline="always", cache=True)
+def unpack_rows_q2_k(w, r, codes, sc, mn, dd, dm):
+    """Rows ``r .. r + 7``: their quants in element order, one a byte (0..3; ggml's ``tiled_unpack_src0``), the
+    4-bit sub-block scales and mins as int32, ``d`` and ``dmin`` as float32."""
+    for j in range(codes.shape[0]):
+        row, dst = w[r + j], codes[j]
+        for i in range(dd.shape[1]):
+            o, e = 84 * i, 256 * i
+            for n in range(2):
+                for g in range(4):
+                    for l in range(32):
+                        dst[e + 128 * n + 32 * g + l] = (row[o + 16 + 32 * n + l] >> (2 * g)) & 3
+            for s in range(16):
+                sc[j, 16 * i + s] = row[o + s] & 15
+                mn[j, 16 * i + s] = row[o + s] >> 4
+            dd[j, i], dm[j, i] = simd.load_f16(row, o + 80), simd.load_f16(row, o + 82)

@@ -63,3 +63,24 @@ def dequant_superblock_q3_k(row, o, dst, y):
                 high = simd.bshl(simd.band(simd.bshr(simd.bload(row, o + 16 * h), 4 * n + j), 1), 2)
                 q = simd.vsub(simd.bto_f32(simd.bor(low, high)), simd.vsplat(_F32(4.0)))
                 simd.vstore(dst, y + 16 * k, simd.vmul(dl, q))
+
+
+# --- llama.cpp's tiled mat-mul (AVX-512 VNNI, 8 tokens or more: :mod:`..ktiles`) ---------------------------------
+@njit(inline="always", cache=True)
+def unpack_rows_q3_k(w, r, codes, sc, mn, dd, dm):
+    """Rows ``r .. r + 7``: their quants in element order, one a byte (0..7, 4 above the value; ggml's
+    ``tiled_unpack_src0``), the signed 6-bit sub-block scales as int32, ``d`` as float32 (no min terms)."""
+    for j in range(codes.shape[0]):
+        row, dst = w[r + j], codes[j]
+        for i in range(dd.shape[1]):
+            o, e = 110 * i, 256 * i
+            for n in range(2):
+                for g in range(4):
+                    for l in range(32):
+                        low = (row[o + 32 + 32 * n + l] >> (2 * g)) & 3
+                        high = (row[o + l] >> (4 * n + g)) & 1
+                        dst[e + 128 * n + 32 * g + l] = low | (high << 2)
+            for s in range(16):
+                sc[j, 16 * i + s] = scale_q3_k(row, o + 96, s)
+            dd[j, i] = simd.load_f16(row, o + 108)
+            dm[j, i] = _F32(0.0)

@@ -81,8 +81,10 @@ def test_ggml_matmul_takes_the_tiled_path_and_is_libggml(qtype, rng, oracle, mon
 
 def test_types_without_a_tiled_kernel_keep_their_paths(rng):
     w, _ = random_weight(T.Q3_K, 8, 256, rng)
-    assert w.kernels.matmul_tiled is None
-    assert dispatch.int_kernel_for(w, 64) == ""
+    assert w.kernels.matmul_tiled is None and w.kernels.matvec_int is None
+    assert dispatch.int_kernel_for(w, 4) == ""  # (from 8 tokens, ktiles on AVX-512 VNNI: test_numba_ktiles)
+    f16, _ = random_weight(T.F16, 8, 256, rng)
+    assert dispatch.int_kernel_for(f16, 64) == ""
     q4k, _ = random_weight(T.Q4_K, 8, 256, rng)
     assert dispatch.int_kernel_for(q4k, 1) == "matvec"
 

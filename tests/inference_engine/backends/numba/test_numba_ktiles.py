@@ -54,9 +54,8 @@ def ktiled(w, yq, yd, ya):
 
 
 def test_the_k_quants_and_q4_0_have_the_tiled_kernel():
-    """The types llama.cpp's tiled mat-mul takes that the engine has integer kernels for (Q4_K_M's and Q5_K_M's),
-    and Q4_0, which llama.cpp repacks."""
-    assert set(KTILED_TYPES) == {T.Q4_0, T.Q4_K, T.Q5_K, T.Q6_K}
+    """Every K-quant (llama.cpp's tiled mat-mul takes them all) and Q4_0, which llama.cpp repacks."""
+    assert set(KTILED_TYPES) == {T.Q4_0, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K}
 
 
 @needs_vnni
@@ -82,8 +81,12 @@ def test_ktiled_is_the_matvec_to_float_rounding(qtype, rng):
     for n_tokens in (9, 31):
         x = random_activation(rng, n_tokens, n_in)
         yq, yd, ya = activations.quantize_int(x, w.kernels.int_activation)
-        ours, ref = ktiled(w, yq, yd, ya), per_token_matvec(w, yq, yd, ya)
-        xv, _ = activations.prepare(x, "ggml", w.kernels.vec_dot_type, w.kernels.sub)
+        xv, xs = activations.prepare(x, "ggml", w.kernels.vec_dot_type, w.kernels.sub)
+        if w.kernels.matvec_int is not None:
+            ref = per_token_matvec(w, yq, yd, ya)
+        else:  # Q2_K, Q3_K: the float mat-vec on ggml's activation (vec_dot's sums, rounded its own way)
+            ref = dispatch.matmul_by_matvec(w, xv, xs)
+        ours = ktiled(w, yq, yd, ya)
         assert summation_error(ours, ref, dequantized(qtype, rows), xv) <= SUM_ORDER_TOL
         assert not np.array_equal(ours, ref), "the float steps are the tiled kernel's, not vec_dot's"
 
@@ -108,12 +111,13 @@ def test_ggml_matmul_takes_the_tiled_path_from_its_threshold(qtype, rng, oracle)
     tokens: the 4-token tiles, which a model's repacked Q4_K in llama.cpp matches no better.)"""
     w, rows = random_weight(qtype, shape_for(qtype, (37, 512))[0], 512, rng)
     first = dispatch.KTILED_MIN_TOKENS[qtype]
-    assert dispatch.int_kernel_for(w, first - 1) == "tiled"
+    below = "tiled" if w.kernels.matmul_tiled is not None else ""  # Q2_K, Q3_K: the float paths below
+    assert dispatch.int_kernel_for(w, first - 1) == below
     assert dispatch.int_kernel_for(w, first) == "ktiled"
     for n_tokens in (first, 17):
         x = random_activation(rng, n_tokens, 512)
         np.testing.assert_array_equal(dispatch.matmul(w, x, "ggml"), llamacpp(oracle, qtype, rows, x))
-    if qtype in (T.Q5_K, T.Q6_K):
+    if qtype in (T.Q5_K, T.Q6_K):  # (Q2_K, Q3_K below 8 tokens: the float kernels, vec_dot's sums to rounding)
         x = random_activation(rng, 7, 512)
         np.testing.assert_array_equal(dispatch.matmul(w, x, "ggml"), oracle.mul_mat(qtype, rows, x))
 
