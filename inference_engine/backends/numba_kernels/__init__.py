@@ -16,9 +16,9 @@ Modules:
   ``dequant_<type>(w, row0, out)`` (ggml's exact dequantization of rows); for the types ggml's x86 code multiplies
   in integers (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K) the ``ggml``-numerics integer-dot mat-vec
   ``matvec_int_<type>(w, yq, yd, ya, out)`` bit-exact with libggml's ``vec_dot``, the one-token ``token_<type>``
-  and the register-tiled ``tiled_<type>``; for Q4_0 and every K-quant ``ktiled_<type>``, 16 tokens a vector with the
-  float steps of llama.cpp's tiled K-quant mat-mul and repacked Q4_0 gemm (AVX-512 VNNI: ggml's ``mul_mat`` bit for
-  bit); ``token_matvec`` (one token by type id, inside compiled code); the
+  and the register-tiled ``tiled_<type>``; for every quantized type ``ktiled_<type>``, 16 tokens a vector with the
+  float steps of llama.cpp's batched kernels (tiled K-quant mat-mul, repacked Q4_0 gemm, ``vec_dot``'s order; AVX-512
+  VNNI: ggml's ``mul_mat`` bit for bit); ``token_matvec`` (one token by type id, inside compiled code); the
   kernel table's entries, :data:`.kernel_table.KERNELS`.
 - :mod:`.decode_layer`: a decoded token through a whole pre-norm layer in one compiled call (the kernels above and
   :mod:`.ops`, called from compiled code).

@@ -8,10 +8,11 @@
 - **Several tokens, ggml numerics on the int8 family** (prefill, the server's batched decode): from
   ``TILED_MIN_TOKENS[type]`` (2 to 4) tokens on, the register-tiled integer kernels of :mod:`.inttiles` (2 rows
   x 4 tokens per tile, the mat-vec's outputs bit for bit) for every type that has one; measured below.
-- **Every K-quant and Q4_0 from ``KTILED_MIN_TOKENS[type]`` (5 to 16) tokens, ggml numerics, AVX-512 VNNI**:
-  16 tokens a vector (:mod:`.ktiles`) with the float steps of what llama.cpp runs there: its tiled K-quant mat-mul
-  (8 tokens or more) and its repacked Q4_0 gemm; their outputs bit for bit (tested against ggml's ``mul_mat``), not
-  ``vec_dot``'s; 1.3-4x the 4-token tiles' speed on 64+ tokens (docs/PERFORMANCE.md).
+- **Every quantized type with integer kernels, from ``KTILED_MIN_TOKENS[type]`` (5 to 16) tokens, ggml numerics,
+  AVX-512 VNNI**: 16 tokens a vector (:mod:`.ktiles`) with the float steps of what llama.cpp runs there: its tiled
+  K-quant mat-mul (8 tokens or more), its repacked Q4_0 gemm, ``vec_dot``'s order for Q4_1, Q5_0, Q5_1, Q8_0 (as its
+  llamafile sgemm); their outputs bit for bit (tested against ggml's ``mul_mat``); 1.4-4x the 4-token tiles' speed
+  on 64+ tokens (docs/PERFORMANCE.md).
 - **Prefill (more than ``MATVEC_MAX_TOKENS``), otherwise**: the weight is dequantized a tile of rows at a time
   (``dequant_<type>``, exactly ggml's values) into a reused float32 buffer, and each tile is multiplied with all
   the tokens by BLAS ``sgemm`` on one thread, by the Numba GEMM (:mod:`.gemm`) on more (``TILE_GEMM``); the
@@ -96,8 +97,16 @@ TILED_MIN_TOKENS: dict[T, int] = {T.Q6_K: 2, T.Q4_K: 3, T.Q5_K: 3, T.Q5_0: 3, T.
 # from ggml's floor, where llama.cpp takes its tiled kernel (2 threads, 8960x1536, ms float tiles / ktiles: 8 tokens
 # 1.45 / 1.74, 64 8.82 / 2.91, 512 68.4 / 14.5); Q2_K, which llama.cpp repacks on AVX-512 (its own gemm), from where
 # ktiles is faster: 8 tokens 1.38 / 1.54, 12 2.20 / 1.57, 512 56.2 / 15.5.
+# Q4_1, Q5_0, Q5_1, Q8_0 (ktiles.ktiled_lanes: vec_dot's float order, so the same values as the 4-token tiles and
+# llamafile's sgemm): from where they are faster, 1 thread, ms tiles / ktiles, 8960x1536: Q4_1 8 tokens 2.36 / 1.91,
+# 16 4.77 / 2.04, 128 38.0 / 11.3; Q5_1 8 2.50 / 2.05; Q5_0 8 2.29 / 1.84, 16 4.60 / 1.79; Q8_0 8 1.91 / 1.91, 12
+# 2.91 / 2.23, 16 4.27 / 2.31 (at 4 to 6 tokens the tiles, or the tiles plus a mat-vec, are faster for each).
 KTILED_MIN_TOKENS: dict[T, int] = {
     T.Q4_0: 5,
+    T.Q4_1: 8,
+    T.Q5_0: 8,
+    T.Q5_1: 8,
+    T.Q8_0: 9,
     T.Q2_K: 12,
     T.Q3_K: ktiles.MIN_TOKENS,
     T.Q4_K: 16,

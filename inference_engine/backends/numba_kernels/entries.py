@@ -143,6 +143,16 @@ def tiled_q4_1(w, yq, yd, ya, out):
     inttiles.tiled_pairs(tile_q4_1, w, yq, yd, ya, out)
 
 
+@njit(cache=True)  # not inlined: the parfor pass's array analysis rejects its tuple states
+def lanes_q4_1(codes, dd, mm, yg, og, dg, sg):
+    return ktiles.band_group_lanes(True, codes, dd, mm, yg, og, dg, sg)
+
+
+@njit(parallel=True, cache=True)
+def ktiled_q4_1(w, yq, yd, ya, out):
+    ktiles.ktiled_lanes(q4_1.unpack_rows_q4_1, lanes_q4_1, 0, True, w, yq, yd, ya, out)
+
+
 @njit(cache=True)
 def token_q4_1(w, x, out):
     yq, yd, ya = activations.row_q8_1(x)
@@ -183,6 +193,16 @@ def tile_q5_0(w0, w1, yq, yd, ya, t0, t1, t2, t3):
 @njit(parallel=True, cache=True)
 def tiled_q5_0(w, yq, yd, ya, out):
     inttiles.tiled_pairs(tile_q5_0, w, yq, yd, ya, out)
+
+
+@njit(cache=True)  # not inlined: the parfor pass's array analysis rejects its tuple states
+def lanes_q5_0(codes, dd, mm, yg, og, dg, sg):
+    return ktiles.band_group_lanes(False, codes, dd, mm, yg, og, dg, sg)
+
+
+@njit(parallel=True, cache=True)
+def ktiled_q5_0(w, yq, yd, ya, out):
+    ktiles.ktiled_lanes(q5_0.unpack_rows_q5_0, lanes_q5_0, 16, False, w, yq, yd, ya, out)
 
 
 @njit(cache=True)
@@ -227,6 +247,16 @@ def tiled_q5_1(w, yq, yd, ya, out):
     inttiles.tiled_pairs(tile_q5_1, w, yq, yd, ya, out)
 
 
+@njit(cache=True)  # not inlined: the parfor pass's array analysis rejects its tuple states
+def lanes_q5_1(codes, dd, mm, yg, og, dg, sg):
+    return ktiles.band_group_lanes(True, codes, dd, mm, yg, og, dg, sg)
+
+
+@njit(parallel=True, cache=True)
+def ktiled_q5_1(w, yq, yd, ya, out):
+    ktiles.ktiled_lanes(q5_1.unpack_rows_q5_1, lanes_q5_1, 0, True, w, yq, yd, ya, out)
+
+
 @njit(cache=True)
 def token_q5_1(w, x, out):
     yq, yd, ya = activations.row_q8_1(x)
@@ -257,6 +287,16 @@ def matvec_int_q8_0(w, yq, yd, ya, out):
 @njit(parallel=True, cache=True)
 def tiled_q8_0(w, yq, yd, ya, out):
     inttiles.tiled_pairs(q8_0.tile_q8_0, w, yq, yd, ya, out)
+
+
+@njit(cache=True)  # not inlined: the parfor pass's array analysis rejects its tuple states
+def lanes_q8_0(codes, dd, mm, yg, og, dg, sg):
+    return ktiles.band_group_lanes(False, codes, dd, mm, yg, og, dg, sg)
+
+
+@njit(parallel=True, cache=True)
+def ktiled_q8_0(w, yq, yd, ya, out):
+    ktiles.ktiled_lanes(q8_0.unpack_rows_q8_0, lanes_q8_0, 128, False, w, yq, yd, ya, out)
 
 
 @njit(cache=True)
@@ -461,12 +501,50 @@ ENTRIES: dict[T, Kernels] = {
         token_q4_0,
         matmul_ktiled=ktiled_q4_0,
     ),
-    T.Q4_1: Kernels(matvec_float_q4_1, dequant_q4_1, "q8_1", 32, matvec_int_q4_1, "q8_1", tiled_q4_1, token_q4_1),
-    T.Q5_0: Kernels(
-        matvec_float_q5_0, dequant_q5_0, "q8_0", 32, matvec_int_q5_0, "q8_0_sum4", tiled_q5_0, token_q5_0
+    T.Q4_1: Kernels(
+        matvec_float_q4_1,
+        dequant_q4_1,
+        "q8_1",
+        32,
+        matvec_int_q4_1,
+        "q8_1",
+        tiled_q4_1,
+        token_q4_1,
+        matmul_ktiled=ktiled_q4_1,
     ),
-    T.Q5_1: Kernels(matvec_float_q5_1, dequant_q5_1, "q8_1", 32, matvec_int_q5_1, "q8_1", tiled_q5_1, token_q5_1),
-    T.Q8_0: Kernels(matvec_float_q8_0, dequant_q8_0, "q8_0", 0, matvec_int_q8_0, "q8_0", tiled_q8_0, token_q8_0),
+    T.Q5_0: Kernels(
+        matvec_float_q5_0,
+        dequant_q5_0,
+        "q8_0",
+        32,
+        matvec_int_q5_0,
+        "q8_0_sum4",
+        tiled_q5_0,
+        token_q5_0,
+        matmul_ktiled=ktiled_q5_0,
+    ),
+    T.Q5_1: Kernels(
+        matvec_float_q5_1,
+        dequant_q5_1,
+        "q8_1",
+        32,
+        matvec_int_q5_1,
+        "q8_1",
+        tiled_q5_1,
+        token_q5_1,
+        matmul_ktiled=ktiled_q5_1,
+    ),
+    T.Q8_0: Kernels(
+        matvec_float_q8_0,
+        dequant_q8_0,
+        "q8_0",
+        0,
+        matvec_int_q8_0,
+        "q8_0",
+        tiled_q8_0,
+        token_q8_0,
+        matmul_ktiled=ktiled_q8_0,
+    ),
     T.Q2_K: Kernels(matvec_float_q2_k, dequant_q2_k, "q8_K", 16, int_activation="q8_K", matmul_ktiled=ktiled_q2_k),
     T.Q3_K: Kernels(matvec_float_q3_k, dequant_q3_k, "q8_K", 16, int_activation="q8_K", matmul_ktiled=ktiled_q3_k),
     T.Q4_K: Kernels(

@@ -39,6 +39,7 @@ class Kernels:
 LAYOUT = "layout"
 PAIR = "pair"
 TILE = "tile"
+LANES = "lanes"
 # ... and one for a number: the spec's block bytes (``layout[0]``), written as a literal.
 BLOCK_BYTES = "block_bytes"
 
@@ -47,7 +48,7 @@ BLOCK_BYTES = "block_bytes"
 class Call:
     """``fn(*args, <the kernel's own arguments>)``: a loop (shared, or the type's own) and what the type hands it:
     its functions, integer constants, :data:`BLOCK_BYTES` (its layout's block bytes), or :data:`LAYOUT` /
-    :data:`PAIR` / :data:`TILE` (the type's generated helper)."""
+    :data:`PAIR` / :data:`TILE` / :data:`LANES` (the type's generated helper)."""
 
     fn: Callable
     args: tuple[Any, ...] = ()
@@ -80,3 +81,4 @@ class KernelSpec:
     ktiled: Call | None = None  # -> ktiled_<type>(w, yq, yd, ya, out), parallel (ktiles: llama.cpp's tiled mat-mul)
     pair: Call | None = None
     tile: Call | None = None
+    lanes: Call | None = None  # -> lanes_<type>(codes, dd, mm, yg, og, dg, sg): ktiles.ktiled_lanes' 2-row pass

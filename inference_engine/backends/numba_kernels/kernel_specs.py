@@ -13,7 +13,15 @@ from gguf import GGMLQuantizationType as T
 from inference_engine.backends.numba_kernels import float_blocks as fb
 from inference_engine.backends.numba_kernels import intdot, inttiles, ktiles
 from inference_engine.backends.numba_kernels.isa import simd
-from inference_engine.backends.numba_kernels.kernel_entry import BLOCK_BYTES, LAYOUT, PAIR, TILE, Call, KernelSpec
+from inference_engine.backends.numba_kernels.kernel_entry import (
+    BLOCK_BYTES,
+    LANES,
+    LAYOUT,
+    PAIR,
+    TILE,
+    Call,
+    KernelSpec,
+)
 from inference_engine.backends.numba_kernels.types import q2_k, q3_k, q4_0, q4_1, q4_k, q5_0, q5_1, q5_k, q6_k, q8_0
 
 
@@ -57,6 +65,8 @@ SPECS: tuple[KernelSpec, ...] = (
         matvec_int=Call(q4_1.matvec_int_loop_q4_1),
         tile=Call(inttiles.tile_min, q4_1.quants_q4_1, BLOCK_BYTES),
         tiled=Call(inttiles.tiled_pairs, TILE),
+        lanes=Call(ktiles.band_group_lanes, True),  # min terms
+        ktiled=Call(ktiles.ktiled_lanes, q4_1.unpack_rows_q4_1, LANES, 0, True),
     ),
     KernelSpec(
         T.Q5_0, "q8_0", 32, (22, 16.0), int_activation="q8_0_sum4",
@@ -66,6 +76,8 @@ SPECS: tuple[KernelSpec, ...] = (
         matvec_int=Call(intdot.pairs_matvec, PAIR),
         tile=Call(inttiles.tile_offset, q5_0.quants_q5_0, BLOCK_BYTES, 4),
         tiled=Call(inttiles.tiled_pairs, TILE),
+        lanes=Call(ktiles.band_group_lanes, False),  # min terms
+        ktiled=Call(ktiles.ktiled_lanes, q5_0.unpack_rows_q5_0, LANES, 16, False),
     ),
     KernelSpec(
         T.Q5_1, "q8_1", 32, (24, -1.0), int_activation="q8_1",
@@ -75,6 +87,8 @@ SPECS: tuple[KernelSpec, ...] = (
         matvec_int=Call(intdot.pairs_matvec, PAIR),
         tile=Call(inttiles.tile_min, q5_1.quants_q5_1, BLOCK_BYTES),
         tiled=Call(inttiles.tiled_pairs, TILE),
+        lanes=Call(ktiles.band_group_lanes, True),  # min terms
+        ktiled=Call(ktiles.ktiled_lanes, q5_1.unpack_rows_q5_1, LANES, 0, True),
     ),
     KernelSpec(
         T.Q8_0, "q8_0", 0, (34, 0.0), int_activation="q8_0",
@@ -82,6 +96,8 @@ SPECS: tuple[KernelSpec, ...] = (
         dequant=Call(fb.blocks_dequant, fb.offset_dequant, q8_0.unpack_q8_0, LAYOUT),
         matvec_int=Call(q8_0.matvec_int_loop_q8_0),
         tiled=Call(inttiles.tiled_pairs, q8_0.tile_q8_0),
+        lanes=Call(ktiles.band_group_lanes, False),  # min terms
+        ktiled=Call(ktiles.ktiled_lanes, q8_0.unpack_rows_q8_0, LANES, 128, False),  # weights as q + 128
     ),
     _superblocks(
         T.Q2_K, 16, (84, 1.0), q2_k.q2_k_superblock, q2_k.dequant_superblock_q2_k, int_activation="q8_K",

@@ -1,5 +1,5 @@
 """16 tokens a vector on AVX-512 VNNI (ggml numerics, prefill): ``out (T, N) = x (T, K) @ W.T`` as llama.cpp computes
-it there for a batch: its tiled K-quant mat-mul and its repacked Q4_0 gemm, bit for bit.
+it there for a batch, bit for bit: its tiled K-quant mat-mul, its repacked Q4_0 gemm, ``vec_dot``'s order.
 
 **K-quants** (:func:`ktiled`). Since late 2026 ggml multiplies a batch of 8 or more tokens with a Q2_K..Q6_K weight
 by its ``tiled`` mat-mul (``ggml-cpu/tiled/``; Q4_K and Q2_K only where their weights are not repacked at load),
@@ -17,6 +17,13 @@ multiplies them, at every token count, by ``ggml_gemm_q4_0_8x8_q8_0`` / ``gemv``
 integer dot product, then ``acc = fma(float(s), d_w * d_y, acc)`` (:func:`.tokens16.block_step`). The same layout
 computes that.
 
+**Q4_1, Q5_0, Q5_1, Q8_0** (:func:`ktiled_lanes`). llama.cpp multiplies these by ``vec_dot`` or, for a batch of
+Q8_0 / Q5_0, llamafile's sgemm, which keeps ``vec_dot``'s float order: 8 float lanes per output, lane ``i`` fed
+``fma(d_w * d_y, float(the block's positions 4i..4i+3), lane)`` block by block, then ``hsum_float_8`` (plus the
+``m * s`` terms of Q4_1 / Q5_1). Each ``vpdpbusd`` here is one such lane for 16 tokens, so 2 rows keep their 16
+lane vectors in registers (:func:`band_group_lanes`, compiled per type on its own: the parfor pass rejects its
+tuple states inlined): the 4-token tiles' values, bit for bit, at 1.4-3x their speed.
+
 Work per call: the activations are laid out once, 16 tokens per group (:func:`token_groups`, :func:`group_sums`,
 :func:`group_scales`). Threads take bands of ``BAND`` = 8 rows; a band's weights are unpacked once into one
 quant per byte, int32 scales and float32 ``d`` / ``dmin`` (the type's ``unpack_rows_<type>``, in ``types/``),
@@ -31,7 +38,7 @@ import numpy as np
 from numba import njit, prange
 
 from inference_engine.backends.numba_kernels.intdot import byte, k4_scales
-from inference_engine.backends.numba_kernels.isa.simd import load_f16, vload, vstore, vzero
+from inference_engine.backends.numba_kernels.isa.simd import load_f16, vadd, vfma, vload, vmul, vsplat, vstore, vzero
 from inference_engine.backends.numba_kernels.isa.tokens16 import (
     block_step,
     codes64,
@@ -40,6 +47,7 @@ from inference_engine.backends.numba_kernels.isa.tokens16 import (
     imul,
     imul_add,
     iscale_add,
+    lane_step,
     superblock_step,
     superblock_step_min,
 )
@@ -309,3 +317,117 @@ def ktiled_blocks(unpack_rows, offset, w, yq, yd, ya, out):
         tmp = np.empty(GROUP, np.float32)
         for g in range(yg.shape[0]):
             _store8(out, r, GROUP * g, band_group_blocks(codes, dd, yg[g], bg[g], dg[g], offset), tmp)
+
+
+# --- 32-weight blocks in vec_dot's float order (Q4_1, Q5_0, Q5_1, Q8_0; llamafile's sgemm has the same) ----------
+LANE_BAND = 2  # rows per pass: 8 lane accumulators a row (vec_dot's 8 float lanes), 16 vectors for 2 rows
+LANE_TASK_ROWS = 8  # rows per thread task (ktiles.BAND: the dispatcher's floor on rows holds for both loops)
+
+
+@njit(cache=True)
+def group_offsets(yq, offset):
+    """``-offset`` times each token's sum of 4 quants ``(G, 4 K)`` int32, token ``t`` in lane ``t`` (the start of each
+    4-position dot product: quants stored ``offset`` above their value)."""
+    n_tok, k = yq.shape
+    n_groups = (n_tok + GROUP - 1) // GROUP
+    out = np.zeros((n_groups, GROUP * (k // 4)), np.int32)
+    src = yq.view(np.int8)
+    for g in range(n_groups):
+        for t in range(min(GROUP, n_tok - GROUP * g)):
+            row = src[GROUP * g + t]
+            for q in range(k // 4):
+                s = (
+                    np.int32(row[4 * q])
+                    + np.int32(row[4 * q + 1])
+                    + np.int32(row[4 * q + 2])
+                    + np.int32(row[4 * q + 3])
+                )
+                out[g, GROUP * q + t] = -offset * s
+    return out
+
+
+@njit(inline="always", cache=True)
+def _hsum8(a):
+    """``hsum_float_8``'s order over vec_dot's 8 lanes: ``((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7))``."""
+    return vadd(vadd(vadd(a[0], a[4]), vadd(a[2], a[6])), vadd(vadd(a[1], a[5]), vadd(a[3], a[7])))
+
+
+@njit(inline="always", cache=True)
+def _lane2(x, y, d0, d1, w0, w1, o, yg, og):
+    """Lane ``o / 4 % 8`` of a block (positions ``o .. o + 3``) of two rows for 16 tokens."""
+    codes = codes64(yg, GROUP * o)
+    start = iload16(og, GROUP * (o // 4))
+    return lane_step(x, d0, dpbusd_row(start, w0, o, codes)), lane_step(y, d1, dpbusd_row(start, w1, o, codes))
+
+
+@njit(inline="always", cache=True)
+def _block2(a, b, d0, d1, w0, w1, e, yg, og):
+    """One 32-weight block (from element ``e``) of two rows: vec_dot's 8 lanes each."""
+    a0, b0 = _lane2(a[0], b[0], d0, d1, w0, w1, e, yg, og)
+    a1, b1 = _lane2(a[1], b[1], d0, d1, w0, w1, e + 4, yg, og)
+    a2, b2 = _lane2(a[2], b[2], d0, d1, w0, w1, e + 8, yg, og)
+    a3, b3 = _lane2(a[3], b[3], d0, d1, w0, w1, e + 12, yg, og)
+    a4, b4 = _lane2(a[4], b[4], d0, d1, w0, w1, e + 16, yg, og)
+    a5, b5 = _lane2(a[5], b[5], d0, d1, w0, w1, e + 20, yg, og)
+    a6, b6 = _lane2(a[6], b[6], d0, d1, w0, w1, e + 24, yg, og)
+    a7, b7 = _lane2(a[7], b[7], d0, d1, w0, w1, e + 28, yg, og)
+    return (a0, a1, a2, a3, a4, a5, a6, a7), (b0, b1, b2, b3, b4, b5, b6, b7)
+
+
+@njit(inline="always", cache=True)
+def band_group_lanes(has_min, codes, dd, mm, yg, og, dg, sg):
+    """Two rows x one group of 16 tokens in ``vec_dot``'s float order: per block ``d = d_w * d_y``, each of its 8
+    lanes ``fma(d, float(partial), lane)``, then ``hsum_float_8`` (plus, with min terms, ``fma(m, s, c)`` per block
+    added last, as ``*s = hsum_float_8(acc) + summs``)."""
+    w0 = codes[0]
+    w1 = codes[1]
+    f = vzero()
+    a = (f, f, f, f, f, f, f, f)
+    b = (f, f, f, f, f, f, f, f)
+    c0 = f
+    c1 = f
+    for blk in range(dd.shape[1]):
+        dy = vload(dg, GROUP * blk)
+        d0, d1 = vmul(vsplat(dd[0, blk]), dy), vmul(vsplat(dd[1, blk]), dy)
+        ab = _block2(a, b, d0, d1, w0, w1, 32 * blk, yg, og)
+        a = ab[0]
+        b = ab[1]
+        if has_min:
+            s = vload(sg, GROUP * blk)
+            c0, c1 = vfma(vsplat(mm[0, blk]), s, c0), vfma(vsplat(mm[1, blk]), s, c1)
+    if has_min:
+        return vadd(_hsum8(a), c0), vadd(_hsum8(b), c1)
+    return _hsum8(a), _hsum8(b)
+
+
+@njit(inline="always", cache=True)
+def ktiled_lanes(unpack_rows, lanes, offset, has_min, w, yq, yd, ya, out):
+    """``out = yq @ W.T`` for a 32-weight type in ``vec_dot``'s float order, 16 tokens a vector: ``unpack_rows(w, r,
+    codes, dd, mm)`` (rows ``r``, ``r + 1``: quants one a byte, block ``d`` and ``m`` as float32), ``lanes`` the
+    type's compiled :func:`band_group_lanes`, quants stored ``offset`` above their value, ``has_min``: ``ya`` holds
+    the activation's block sums ``s`` (``q8_1``)."""
+    n_out, k = out.shape[1], yq.shape[1]
+    yg, dg = token_groups(yq), group_scales(yd)
+    og = group_offsets(yq, offset)  # all zeros without an offset (Q4_1, Q5_1): the dot products start at 0
+    sg = group_scales(ya) if has_min else dg
+    for task in prange((n_out + LANE_TASK_ROWS - 1) // LANE_TASK_ROWS):
+        first = min(LANE_TASK_ROWS * task, n_out - LANE_TASK_ROWS)  # the last task overlaps the one before
+        # a task's rows unpacked at once, its buffers allocated once (per 2-row band it cost more than the work)
+        codes = np.empty((LANE_TASK_ROWS, k), np.uint8)
+        dd = np.empty((LANE_TASK_ROWS, k // 32), np.float32)
+        mm = np.empty((LANE_TASK_ROWS, k // 32), np.float32)
+        for r in range(0, LANE_TASK_ROWS, LANE_BAND):
+            unpack_rows(w, first + r, codes[r : r + LANE_BAND], dd[r : r + LANE_BAND], mm[r : r + LANE_BAND])
+        tmp = np.empty(GROUP, np.float32)
+        for g in range(yg.shape[0]):
+            n = min(GROUP, out.shape[0] - GROUP * g)
+            for r in range(0, LANE_TASK_ROWS, LANE_BAND):
+                v0, v1 = lanes(
+                    codes[r : r + LANE_BAND], dd[r : r + LANE_BAND], mm[r : r + LANE_BAND], yg[g], og[g], dg[g], sg[g]
+                )
+                vstore(tmp, 0, v0)
+                for t in range(n):
+                    out[GROUP * g + t, first + r] = tmp[t]
+                vstore(tmp, 0, v1)
+                for t in range(n):
+                    out[GROUP * g + t, first + r + 1] = tmp[t]

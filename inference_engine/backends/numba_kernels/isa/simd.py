@@ -20,7 +20,7 @@ Vocabulary (all usable only inside ``@njit`` code):
   ``vsum(v)`` (horizontal sum to a float32), ``vstore(f32_array, index, v)``, ``vlane(v, i)`` (lane i
   broadcast), ``vload_high8(f32_array, index)`` (8 floats into lanes 8..15, zeros below), ``vhalves(a, b)``
   (scalar ``a`` in lanes 0..7, ``b`` in 8..15).
-- ``U8x16`` (16 bytes to take apart nibbles and bit fields): ``bload(u8, off)``, ``bstore(u8, off, v)``, ``band(v, k)``, ``bshr(v, k)``,
+- ``U8x16`` (16 bytes to take apart nibbles and bit fields): ``bload(u8, off)``, ``bstore(u8, off, v)``, ``band(v, k)``, ``bxor(v, k)``, ``bshr(v, k)``,
   ``bshl(v, k)``, ``bor(a, b)``, ``bbits(u8, off, first_bit)`` (16 consecutive bits of the little-endian word at
   ``off``, one per byte as 0/1), ``bto_f32(v)`` (unsigned bytes -> floats), ``bto_f32_signed(v)`` (int8 -> floats),
   and for unpacking scale fields: ``bshuffle(v, pattern)``, ``bshr_lanes(v, amounts)``, ``bselect(mask, a, b)``
@@ -525,6 +525,7 @@ def _byte_op(op_name):
 
 
 band = intrinsic(_byte_op("and_"))
+bxor = intrinsic(_byte_op("xor"))
 bshr = intrinsic(_byte_op("lshr"))
 bshl = intrinsic(_byte_op("shl"))
 

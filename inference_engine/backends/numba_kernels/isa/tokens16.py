@@ -17,6 +17,7 @@ Vocabulary (``@njit`` code only; ``I8x64`` / ``I32x16`` are :mod:`.zmm`'s types)
   ``acc + v * k`` (int32, ``k`` a scalar), ``imul(v, k)``.
 - ``block_step(acc, s, bias, dw, dy)`` = ``fma(float(s - bias), dy * dw, acc)``: a 32-weight block's float step
   (llama.cpp's repacked Q4_0 gemm).
+- ``lane_step(acc, d, s)`` = ``fma(d, float(s), acc)``: one of ``vec_dot``'s 8 float lanes, for 16 tokens.
 - ``superblock_step(acc, s1, d, d1)`` = ``fma(float(s1) * d, d1, acc)`` and ``superblock_step_min(acc, s1, s2, d,
   dmin, d1)`` = ``fma(fnmadd(dmin, float(s2), float(s1) * d), d1, acc)``: the float steps of ggml's VNNI kernel
   per super-block, in its order and with its roundings (its epilogue compiles to ``vcvtdq2ps``, ``vmulps``,
@@ -189,3 +190,16 @@ def block_step(typingctx, acc, s, bias, dw, dy):
         )
 
     return F32x16(acc, s, bias, dw, dy), codegen
+
+
+@intrinsic
+def lane_step(typingctx, acc, d, s):
+    """``fma(d, float(s), acc)``: one of ``vec_dot``'s 8 float lanes (its 4-position partial sum ``s``) for 16
+    tokens: ggml's ``_mm256_fmadd_ps(d, mul_sum_i8_pairs_float(qx, qy), acc)``."""
+    if acc != F32x16 or d != F32x16 or s != I32x16:
+        raise TypingError(f"lane_step expects F32x16, F32x16, I32x16, got {acc}, {d}, {s}")
+
+    def codegen(context, builder, sig, args):
+        return _call(builder, "llvm.fma.v16f32", _VF16, [args[1], builder.sitofp(args[2], _VF16), args[0]])
+
+    return F32x16(acc, d, s), codegen

@@ -58,3 +58,17 @@ def matvec_int_loop_q4_1(w, yq, yd, ya, out):
             zmm.store_rows_plus(out, r, lo, hi, c)
     else:
         intdot.pairs_matvec(pair_q4_1, w, yq, yd, ya, out)
+
+
+@njit(inline="always", cache=True)
+def unpack_rows_q4_1(w, r, codes, dd, mm):
+    """Rows ``r``, ``r + 1`` for :func:`..ktiles.ktiled_lanes`: quants in element order, one a byte (0..15), block
+    ``d`` and ``m`` as float32."""
+    for j in range(codes.shape[0]):
+        row, dst = w[r + j], codes[j]
+        for b in range(dd.shape[1]):
+            o = 20 * b
+            v = simd.bload(row, o + 4)
+            simd.bstore(dst, 32 * b, simd.band(v, 15))
+            simd.bstore(dst, 32 * b + 16, simd.bshr(v, 4))
+            dd[j, b], mm[j, b] = simd.load_f16(row, o), simd.load_f16(row, o + 2)

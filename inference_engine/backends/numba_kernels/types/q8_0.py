@@ -131,3 +131,18 @@ def tile_q8_0(w0, w1, yq, yd, ya, t0, t1, t2, t3):
         a02, a12 = step_q8_0(x0, x1, f0, f1, y2, d2, b, a02, a12)
         a03, a13 = step_q8_0(x0, x1, f0, f1, y3, d3, b, a03, a13)
     return inttiles.fsums(a00, a01, a02, a03, a10, a11, a12, a13)
+
+
+# --- 16 tokens a vector in vec_dot's order (:func:`..ktiles.ktiled_lanes`) ----------------------------------------
+@njit(inline="always", cache=True)
+def unpack_rows_q8_0(w, r, codes, dd, mm):
+    """Rows ``r``, ``r + 1``: their signed quants as unsigned bytes ``q + 128`` (``vpdpbusd`` multiplies unsigned by
+    signed; the ``-128 sum4(y)`` start of each dot takes it back off), block ``d`` as float32 (no ``m``)."""
+    for j in range(codes.shape[0]):
+        row, dst = w[r + j], codes[j]
+        for b in range(dd.shape[1]):
+            o = 34 * b
+            simd.bstore(dst, 32 * b, simd.bxor(simd.bload(row, o + 2), 128))
+            simd.bstore(dst, 32 * b + 16, simd.bxor(simd.bload(row, o + 18), 128))
+            dd[j, b] = simd.load_f16(row, o)
+            mm[j, b] = 0.0

@@ -53,9 +53,14 @@ def ktiled(w, yq, yd, ya):
     return out
 
 
-def test_the_k_quants_and_q4_0_have_the_tiled_kernel():
-    """Every K-quant (llama.cpp's tiled mat-mul takes them all) and Q4_0, which llama.cpp repacks."""
-    assert set(KTILED_TYPES) == {T.Q4_0, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K}
+# the types ktiles multiplies in vec_dot's float order (ktiled_lanes): the same values as the 4-token tiles
+VEC_DOT_ORDER = {T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0}
+
+
+def test_every_quantized_type_has_the_16_token_kernel():
+    """Every K-quant (llama.cpp's tiled mat-mul takes them all), Q4_0 (which llama.cpp repacks) and the other 32-weight
+    types (vec_dot's order)."""
+    assert set(KTILED_TYPES) == {T.Q4_0, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K} | VEC_DOT_ORDER
 
 
 @needs_vnni
@@ -75,7 +80,8 @@ def test_ktiled_is_llamacpp_mul_mat_bit_for_bit(qtype, rng, oracle):
 
 @pytest.mark.parametrize("qtype", KTILED_TYPES, ids=lambda t: t.name)
 def test_ktiled_is_the_matvec_to_float_rounding(qtype, rng):
-    """On any CPU (elsewhere than AVX-512 VNNI through portable IR): the mat-vec's sums, rounded another way."""
+    """On any CPU (elsewhere than AVX-512 VNNI through portable IR): the mat-vec's sums, rounded another way (Q4_1,
+    Q5_0, Q5_1, Q8_0: the same way, so the same bits)."""
     n_out, n_in = shape_for(qtype, SHAPES[1])
     w, rows = random_weight(qtype, n_out, n_in, rng)
     for n_tokens in (9, 31):
@@ -87,11 +93,14 @@ def test_ktiled_is_the_matvec_to_float_rounding(qtype, rng):
         else:  # Q2_K, Q3_K: the float mat-vec on ggml's activation (vec_dot's sums, rounded its own way)
             ref = dispatch.matmul_by_matvec(w, xv, xs)
         ours = ktiled(w, yq, yd, ya)
+        if qtype in VEC_DOT_ORDER:
+            np.testing.assert_array_equal(ours, ref)
+            continue
         assert summation_error(ours, ref, dequantized(qtype, rows), xv) <= SUM_ORDER_TOL
         assert not np.array_equal(ours, ref), "the float steps are the tiled kernel's, not vec_dot's"
 
 
-@pytest.mark.parametrize("qtype", [T.Q4_0, T.Q4_K, T.Q6_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", [T.Q4_0, T.Q4_1, T.Q4_K, T.Q6_K], ids=lambda t: t.name)
 def test_ktiled_results_do_not_depend_on_threads(qtype, rng, threads):
     w, _ = random_weight(qtype, 37, 512, rng)  # the last band overlaps the one before (also for Q4_0's kernel)
     yq, yd, ya = activations.quantize_int(random_activation(rng, 31, 512), w.kernels.int_activation)

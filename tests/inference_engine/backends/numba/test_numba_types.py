@@ -31,9 +31,9 @@ def test_each_type_module_holds_its_own_types_arithmetic():
     modules = {path.stem for path in package.glob("*.py") if path.stem != "__init__"}
     quantized = {spec.qtype.name.lower() for spec in SPECS if spec.qtype not in (T.F32, T.F16, T.BF16)}
     assert modules == quantized
-    shared = {"float_blocks", "intdot", "inttiles", "simd"}
+    shared = {"float_blocks", "intdot", "inttiles", "ktiles", "simd"}
     for spec in SPECS:
-        for role in ("matvec_float", "dequant", "pair", "matvec_int", "tile", "tiled"):
+        for role in ("matvec_float", "dequant", "pair", "matvec_int", "tile", "tiled", "lanes", "ktiled"):
             call = getattr(spec, role)
             for fn in [call.fn, *call.args] if call is not None else []:
                 if callable(fn):
@@ -43,7 +43,7 @@ def test_each_type_module_holds_its_own_types_arithmetic():
 
 def test_a_type_entry_names_its_own_kernels():
     """Each entry holds its type's kernels, named for the activation they read: ``matvec_float_<type>`` (float),
-    ``matvec_int_<type>`` / ``token_<type>`` / ``tiled_<type>`` (quantized), ``dequant_<type>``."""
+    ``matvec_int_<type>`` / ``token_<type>`` / ``tiled_<type>`` / ``ktiled_<type>`` (quantized), ``dequant_<type>``."""
     for spec in SPECS:
         t, k = spec.qtype.name.lower(), KERNELS.get(spec.qtype)
         assert (k.matvec.__name__, k.dequant.__name__) == (f"matvec_float_{t}", f"dequant_{t}")
@@ -54,6 +54,8 @@ def test_a_type_entry_names_its_own_kernels():
             assert names == (f"matvec_int_{t}", f"token_{t}", f"tiled_{t}")
             assert k.matvec_int is getattr(entries, f"matvec_int_{t}")
             assert k.int_activation == spec.int_activation
+        if k.matmul_ktiled is not None:  # every quantized type's 16-token kernel (ktiles), Q2_K and Q3_K's included
+            assert k.matmul_ktiled is getattr(entries, f"ktiled_{t}") and k.int_activation == spec.int_activation
 
 
 def test_regenerating_the_entries_changes_nothing():
