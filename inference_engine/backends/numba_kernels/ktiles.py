@@ -114,7 +114,8 @@ def group_sums(sums, per):
 
 @njit(cache=True)
 def group_scales(yd):
-    """``(T, K / 256)`` float32 super-block scales -> ``(G, 16 K / 256)``: token ``t`` of a group in lane ``t``."""
+    """``(T, n)`` float32 per-block values (scales ``d``; Q8_1's sums ``s``) -> ``(G, 16 n)``: block ``i``'s of the
+    group's 16 tokens at ``16 i``, token ``t`` in lane ``t`` (past ``T``: zeros)."""
     n_tok, nsb = yd.shape
     n_groups = (n_tok + GROUP - 1) // GROUP
     out = np.zeros((n_groups, GROUP * nsb), np.float32)
