@@ -16,10 +16,11 @@ PACKAGES = ("inference_engine", "validation", "bench_compare")
 SOURCE_SUFFIXES = (".py", ".c", ".metal")
 
 
-def tracked_sources() -> list[str]:
+def tracked_sources(*where: str) -> list[str]:
+    """The tracked sources under ``where`` (default: the three packages and the examples)."""
     try:
-        out = subprocess.run(["git", "ls-files", *PACKAGES, "examples"], cwd=ROOT, capture_output=True, text=True,
-                             timeout=30, check=True).stdout
+        out = subprocess.run(["git", "ls-files", *(where or (*PACKAGES, "examples"))], cwd=ROOT, capture_output=True,
+                             text=True, timeout=30, check=True).stdout
     except (OSError, subprocess.SubprocessError):
         pytest.skip("needs a git checkout")
     return [f for f in out.split() if f.endswith(SOURCE_SUFFIXES) and not f.endswith("__init__.py")]
@@ -43,7 +44,8 @@ def test_every_module_is_in_the_architecture_doc():
 
 def test_every_module_the_doc_names_exists():
     doc = DOC.read_text(encoding="utf-8")
-    names = {Path(f).name for f in tracked_sources()} | {"__init__.py"}
+    # the doc also maps the device scripts (.device/): a name that exists there is not stale
+    names = {Path(f).name for f in tracked_sources() + tracked_sources(".device")} | {"__init__.py"}
     named = set(re.findall(r"(?<![\w*])([a-z][a-z0-9_]*\.py)\b", doc))
     stale = sorted(n for n in named if n not in names and not list((ROOT / "tests").rglob(n)))  # tests named too
     assert not stale, "docs/ARCHITECTURE.md names modules that are not in the tree: " + ", ".join(stale)
