@@ -84,7 +84,7 @@ TILED_MIN_TOKENS: dict[T, int] = {T.Q6_K: 2, T.Q4_K: 3, T.Q5_K: 3, T.Q5_0: 3, T.
                                   T.Q8_0: 4}
 # The same rule decides the last tile of a longer run: a remainder of fewer than the type's TILED_MIN_TOKENS goes
 # through the mat-vec (matmul_by_int_tiles).
-# From how many tokens a K-quant takes llama.cpp's tiled mat-mul (ktiles; AVX-512 VNNI). Q5_K and Q6_K: from ggml's
+# From how many tokens a type takes ktiles (16 tokens a vector; AVX-512 VNNI). Q5_K and Q6_K: from ggml's
 # own floor (ktiles.MIN_TOKENS), where llama.cpp switches to it: its values bit for bit, and faster than the 4-token
 # tiles from there on. Q4_K: llama.cpp repacks Q4_K weights in a model (its own gemm), so ktiles buys only speed,
 # which it does from 16 tokens (1 thread, Qwen2.5-1.5B's shapes, ms tiled / ktiled: 8 tokens 0.74 / 1.37, 16 1.36 /
@@ -315,7 +315,7 @@ def matmul_by_int_matvec(w: QMatrix, x: np.ndarray, quantized: dict | None = Non
 
 def int_kernel_for(w: QMatrix, n_tokens: int) -> str:
     """Which integer-dot kernel multiplies ``n_tokens`` tokens with ``w`` (ggml numerics, int8 family): "ktiled"
-    (:mod:`.ktiles`, llama.cpp's tiled mat-mul), "tiled" (:mod:`.inttiles`), "matvec" (one mat-vec per token), or ""
+    (:mod:`.ktiles`, 16 tokens a vector), "tiled" (:mod:`.inttiles`), "matvec" (one mat-vec per token), or ""
     (no integer kernel for this type and count: the float paths)."""
     k = w.kernels
     if k.matmul_ktiled is not None and ktiled_applies(w, n_tokens):
@@ -354,7 +354,8 @@ def ktiled_applies(w: QMatrix, n_tokens: int) -> bool:
 
 
 def matmul_by_ktiles(w: QMatrix, x: np.ndarray, quantized: dict | None = None) -> np.ndarray:
-    """ggml numerics through llama.cpp's tiled K-quant mat-mul (:mod:`.ktiles`): every token, as ggml does."""
+    """ggml numerics through :mod:`.ktiles` (16 tokens a vector, llama.cpp's float steps): every token in one call,
+    as ggml's batched kernels take them."""
     yq, yd, ya = quantize_once(x, w.kernels.int_activation, quantized)
     y = np.empty((x.shape[0], w.n_out), np.float32)
     w.kernels.matmul_ktiled(w.rows, yq, yd, ya, y)
