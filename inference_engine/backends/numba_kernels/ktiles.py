@@ -34,11 +34,23 @@ zeros, computed and not stored.
 
 from __future__ import annotations
 
+from functools import cache
+
 import numpy as np
 from numba import njit, prange
 
 from inference_engine.backends.numba_kernels.intdot import byte, k4_scales
-from inference_engine.backends.numba_kernels.isa.simd import load_f16, vadd, vfma, vload, vmul, vsplat, vstore, vzero
+from inference_engine.backends.numba_kernels.isa import simd
+from inference_engine.backends.numba_kernels.isa.simd import (
+    load_f16,
+    vadd,
+    vfma,
+    vload,
+    vmul,
+    vsplat,
+    vstore,
+    vzero,
+)
 from inference_engine.backends.numba_kernels.isa.tokens16 import (
     block_step,
     codes64,
@@ -64,16 +76,12 @@ def _compiled_for_vnni():
     return has_zmm_vnni()
 
 
-_VNNI: list[bool] = []  # whether the kernels are compiled with vpdpbusd (asked once)
-
-
+@cache
 def compiled_for_vnni() -> bool:
     """Whether Numba compiles these kernels for AVX-512 VNNI (the compile target's, not just the CPU's, features):
     elsewhere ``dpbusd_row`` is portable IR (the same values, slowly), and ggml's AVX2 tiled kernel adds in another
-    order, so the engine uses this kernel only here."""
-    if not _VNNI:
-        _VNNI.append(bool(_compiled_for_vnni()))
-    return _VNNI[0]
+    order, so the engine uses this kernel only here. Asked once."""
+    return bool(_compiled_for_vnni())
 
 
 @njit(cache=True)
@@ -84,7 +92,7 @@ def token_groups(yq):
     n_groups = (n_tok + GROUP - 1) // GROUP
     out = np.zeros((n_groups, GROUP * k), np.uint8)
     src = yq.view(np.uint8)
-    for g in prange(n_groups):
+    for g in range(n_groups):
         for t in range(min(GROUP, n_tok - GROUP * g)):
             row = src[GROUP * g + t]
             dst = out[g]
@@ -271,6 +279,42 @@ def ktiled(unpack_rows, sub, bias_k, has_min, w, yq, yd, ya, out):
             _store8(out, r, GROUP * g, acc, tmp)
 
 
+# --- 32-weight blocks: one byte a quant ------------------------------------------------------------------------
+@njit(inline="always", cache=True)
+def nibble_halves(row, off):
+    """The 32 four-bit quants of the 16 bytes at ``off``: elements 0..15 (low nibbles) and 16..31 (high nibbles), a
+    byte each."""
+    v = simd.bload(row, off)
+    return simd.band(v, 15), simd.bshr(v, 4)
+
+
+@njit(inline="always", cache=True)
+def five_bit_halves(row, qh_off, qs_off):
+    """Q5_0 / Q5_1: the nibbles at ``qs_off`` with the fifth bits of the 32-bit ``qh`` at ``qh_off`` (element j: bit
+    j), elements 0..15 and 16..31, a byte each."""
+    lo, hi = nibble_halves(row, qs_off)
+    return (
+        simd.bor(lo, simd.bshl(simd.bbits(row, qh_off, 0), 4)),
+        simd.bor(hi, simd.bshl(simd.bbits(row, qh_off, 16), 4)),
+    )
+
+
+@njit(inline="always", cache=True)
+def unpack_blocks(halves, block_bytes, m_at, w, r, codes, dd, mm):
+    """Rows ``r .. r + len(codes) - 1`` of a 32-weight type, for :func:`ktiled_blocks` / :func:`ktiled_lanes`:
+    ``halves(row, o)`` gives the block at byte ``o``'s quants 0..15 and 16..31, a byte each; ``d`` is the block's
+    first f16, ``m`` its f16 at byte ``m_at`` (0: the type has none, and ``mm`` is 0)."""
+    for j in range(codes.shape[0]):
+        row, dst = w[r + j], codes[j]
+        for b in range(dd.shape[1]):
+            o = block_bytes * b
+            lo, hi = halves(row, o)
+            simd.bstore(dst, 32 * b, lo)
+            simd.bstore(dst, 32 * b + 16, hi)
+            dd[j, b] = load_f16(row, o)
+            mm[j, b] = load_f16(row, o + m_at) if m_at else np.float32(0.0)
+
+
 # --- 32-weight blocks: Q4_0 as llama.cpp multiplies it in a model (repacked at load: ggml_gemm_q4_0_8x8_q8_0) -------
 @njit(inline="always", cache=True)
 def _blocks8(acc, a, bias, dd, b, dy):
@@ -305,16 +349,17 @@ def band_group_blocks(codes, dd, yg, bg, dg, offset):
 
 @njit(inline="always", cache=True)
 def ktiled_blocks(unpack_rows, offset, w, yq, yd, ya, out):
-    """``out = yq @ W.T`` for a 32-weight type with ``unpack_rows(w, r, codes, dd)`` (rows ``r .. r + 7``: quants one
-    a byte, block scales as float32) and quants stored ``offset`` above their value (Q4_0: 8). ``ya``: the
-    activation's int32 sums of 4 quants (``q8_0_sum4``)."""
+    """``out = yq @ W.T`` for a 32-weight type with ``unpack_rows(w, r, codes, dd, mm)`` (rows ``r .. r + 7``:
+    :func:`unpack_blocks`) and quants stored ``offset`` above their value (Q4_0: 8). ``ya``: the activation's int32
+    sums of 4 quants (``q8_0_sum4``)."""
     n_out, k = out.shape[1], yq.shape[1]
     yg, bg, dg = token_groups(yq), group_sums(ya, 8), group_scales(yd)
     for band in prange((n_out + BAND - 1) // BAND):
         r = min(BAND * band, n_out - BAND)
         codes = np.empty((BAND, k), np.uint8)
         dd = np.empty((BAND, k // 32), np.float32)
-        unpack_rows(w, r, codes, dd)
+        mm = np.empty((BAND, k // 32), np.float32)  # Q4_0 has no m: zeros, unread
+        unpack_rows(w, r, codes, dd, mm)
         tmp = np.empty(GROUP, np.float32)
         for g in range(yg.shape[0]):
             _store8(out, r, GROUP * g, band_group_blocks(codes, dd, yg[g], bg[g], dg[g], offset), tmp)

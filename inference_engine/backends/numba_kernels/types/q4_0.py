@@ -6,8 +6,8 @@ Q4_0 (18 bytes, 32 weights): ``| d f16 | qs[16] |``; ``w[j] = d * (lo(qs[j]) - 8
 
 from numba import njit
 
-from inference_engine.backends.numba_kernels import float_blocks
-from inference_engine.backends.numba_kernels.isa import int8, simd
+from inference_engine.backends.numba_kernels import float_blocks, ktiles
+from inference_engine.backends.numba_kernels.isa import int8
 
 
 @njit(inline="always", cache=True)
@@ -23,14 +23,12 @@ def quants_q4_0(row, o):
 
 
 @njit(inline="always", cache=True)
-def unpack_rows_q4_0(w, r, codes, dd):
-    """Rows ``r .. r + 7`` for :func:`..ktiles.ktiled_blocks`: their quants in element order, one a byte (0..15,
-    8 above the value), and each block's ``d`` as float32."""
-    for j in range(codes.shape[0]):
-        row, dst = w[r + j], codes[j]
-        for b in range(dd.shape[1]):
-            o = 18 * b
-            v = simd.bload(row, o + 2)
-            simd.bstore(dst, 32 * b, simd.band(v, 15))
-            simd.bstore(dst, 32 * b + 16, simd.bshr(v, 4))
-            dd[j, b] = simd.load_f16(row, o)
+def halves_q4_0(row, o):
+    return ktiles.nibble_halves(row, o + 2)
+
+
+@njit(inline="always", cache=True)
+def unpack_rows_q4_0(w, r, codes, dd, mm):
+    """Rows ``r ..`` for :func:`..ktiles.ktiled_blocks` (:func:`..ktiles.unpack_blocks`): nibbles 0..15, 8 above the
+    value; ``d``."""
+    ktiles.unpack_blocks(halves_q4_0, 18, 0, w, r, codes, dd, mm)

@@ -6,7 +6,7 @@ Q4_1 (20 bytes, 32 weights): ``| d f16 | m f16 | qs[16] |``; ``w[j] = d * lo(qs[
 
 from numba import njit, prange
 
-from inference_engine.backends.numba_kernels import float_blocks, intdot
+from inference_engine.backends.numba_kernels import float_blocks, intdot, ktiles
 from inference_engine.backends.numba_kernels.isa import int8, simd, zmm
 
 
@@ -61,14 +61,12 @@ def matvec_int_loop_q4_1(w, yq, yd, ya, out):
 
 
 @njit(inline="always", cache=True)
+def halves_q4_1(row, o):
+    return ktiles.nibble_halves(row, o + 4)
+
+
+@njit(inline="always", cache=True)
 def unpack_rows_q4_1(w, r, codes, dd, mm):
-    """Rows ``r``, ``r + 1`` for :func:`..ktiles.ktiled_lanes`: quants in element order, one a byte (0..15), block
-    ``d`` and ``m`` as float32."""
-    for j in range(codes.shape[0]):
-        row, dst = w[r + j], codes[j]
-        for b in range(dd.shape[1]):
-            o = 20 * b
-            v = simd.bload(row, o + 4)
-            simd.bstore(dst, 32 * b, simd.band(v, 15))
-            simd.bstore(dst, 32 * b + 16, simd.bshr(v, 4))
-            dd[j, b], mm[j, b] = simd.load_f16(row, o), simd.load_f16(row, o + 2)
+    """Rows ``r ..`` for :func:`..ktiles.ktiled_lanes` (:func:`..ktiles.unpack_blocks`): nibbles 0..15; ``d`` and
+    ``m``."""
+    ktiles.unpack_blocks(halves_q4_1, 20, 2, w, r, codes, dd, mm)

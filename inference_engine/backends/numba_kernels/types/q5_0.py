@@ -6,8 +6,7 @@ hi(qs[j]) | bit_{j+16}(qh) << 4``; ``w = d * (q - 16)``.
 
 from numba import njit
 
-from inference_engine.backends.numba_kernels import float_blocks, intdot
-from inference_engine.backends.numba_kernels.isa import simd
+from inference_engine.backends.numba_kernels import float_blocks, intdot, ktiles
 
 
 @njit(inline="always", cache=True)
@@ -23,15 +22,12 @@ def quants_q5_0(row, o):
 
 
 @njit(inline="always", cache=True)
+def halves_q5_0(row, o):
+    return ktiles.five_bit_halves(row, o + 2, o + 6)
+
+
+@njit(inline="always", cache=True)
 def unpack_rows_q5_0(w, r, codes, dd, mm):
-    """Rows ``r``, ``r + 1`` for :func:`..ktiles.ktiled_lanes`: quants in element order, one a byte (0..31, 16 above
-    the value), block ``d`` as float32 (no ``m``)."""
-    for j in range(codes.shape[0]):
-        row, dst = w[r + j], codes[j]
-        for b in range(dd.shape[1]):
-            o = 22 * b
-            v = simd.bload(row, o + 6)
-            simd.bstore(dst, 32 * b, simd.bor(simd.band(v, 15), simd.bshl(simd.bbits(row, o + 2, 0), 4)))
-            simd.bstore(dst, 32 * b + 16, simd.bor(simd.bshr(v, 4), simd.bshl(simd.bbits(row, o + 2, 16), 4)))
-            dd[j, b] = simd.load_f16(row, o)
-            mm[j, b] = 0.0
+    """Rows ``r ..`` for :func:`..ktiles.ktiled_lanes` (:func:`..ktiles.unpack_blocks`): 5-bit quants 0..31, 16
+    above the value; ``d``."""
+    ktiles.unpack_blocks(halves_q5_0, 22, 0, w, r, codes, dd, mm)

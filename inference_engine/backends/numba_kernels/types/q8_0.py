@@ -7,7 +7,7 @@ embedding matrices.
 import numpy as np
 from numba import njit, prange
 
-from inference_engine.backends.numba_kernels import intdot, inttiles
+from inference_engine.backends.numba_kernels import intdot, inttiles, ktiles
 from inference_engine.backends.numba_kernels.isa import int8, simd, zmm
 
 
@@ -135,14 +135,13 @@ def tile_q8_0(w0, w1, yq, yd, ya, t0, t1, t2, t3):
 
 # --- 16 tokens a vector in vec_dot's order (:func:`..ktiles.ktiled_lanes`) ----------------------------------------
 @njit(inline="always", cache=True)
+def q8_0_halves(row, o):
+    """The block at ``o``'s signed quants as unsigned bytes ``q + 128``, elements 0..15 and 16..31."""
+    return simd.bxor(simd.bload(row, o + 2), 128), simd.bxor(simd.bload(row, o + 18), 128)
+
+
+@njit(inline="always", cache=True)
 def unpack_rows_q8_0(w, r, codes, dd, mm):
-    """Rows ``r``, ``r + 1``: their signed quants as unsigned bytes ``q + 128`` (``vpdpbusd`` multiplies unsigned by
-    signed; the ``-128 sum4(y)`` start of each dot takes it back off), block ``d`` as float32 (no ``m``)."""
-    for j in range(codes.shape[0]):
-        row, dst = w[r + j], codes[j]
-        for b in range(dd.shape[1]):
-            o = 34 * b
-            simd.bstore(dst, 32 * b, simd.bxor(simd.bload(row, o + 2), 128))
-            simd.bstore(dst, 32 * b + 16, simd.bxor(simd.bload(row, o + 18), 128))
-            dd[j, b] = simd.load_f16(row, o)
-            mm[j, b] = 0.0
+    """Rows ``r ..`` for :func:`..ktiles.ktiled_lanes` (:func:`..ktiles.unpack_blocks`): ``q + 128`` (``vpdpbusd``
+    multiplies unsigned by signed; the ``-128 sum4(y)`` start of each dot takes it back off); ``d``."""
+    ktiles.unpack_blocks(q8_0_halves, 34, 0, w, r, codes, dd, mm)
