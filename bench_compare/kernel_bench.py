@@ -330,7 +330,7 @@ def section_int_prefill(args, rng) -> list[dict]:
                 "untiled": partial(untiled_int.MATMUL_INT[qtype], w.rows, yq, yd, ya, out),
                 "tiled": partial(k.matmul_tiled, w.rows, yq, yd, ya, out),
                 "ktiled": partial(k.matmul_ktiled, w.rows, yq, yd, ya, out)
-                if k.matmul_ktiled is not None and n_tokens >= ktiles.MIN_TOKENS and ktiles.compiled_for_vnni()
+                if n_tokens >= ktiles.MIN_TOKENS and qtype in mm.KTILED_MIN_TOKENS.get(ktiles.compiled_target(), {})
                 else None,
                 "float_tiles": partial(mm.matmul_by_tiles, w, xv, xs, "ggml", tile_gemm="numba") if n_tokens > 1
                 else None,

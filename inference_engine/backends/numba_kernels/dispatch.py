@@ -8,11 +8,12 @@
 - **Several tokens, ggml numerics on the int8 family** (prefill, the server's batched decode): from
   ``TILED_MIN_TOKENS[type]`` (2 to 4) tokens on, the register-tiled integer kernels of :mod:`.inttiles` (2 rows
   x 4 tokens per tile, the mat-vec's outputs bit for bit) for every type that has one; measured below.
-- **Every quantized type with integer kernels, from ``KTILED_MIN_TOKENS[type]`` (5 to 16) tokens, ggml numerics,
-  AVX-512 VNNI**: 16 tokens a vector (:mod:`.ktiles`) with the float steps of what llama.cpp runs there: its tiled
-  K-quant mat-mul (8 tokens or more), its repacked Q4_0 gemm, ``vec_dot``'s order for Q4_1, Q5_0, Q5_1, Q8_0 (as its
-  llamafile sgemm); their outputs bit for bit (tested against ggml's ``mul_mat``); 1.4-4x the 4-token tiles' speed
-  on 64+ tokens (docs/PERFORMANCE.md).
+- **Every quantized type with integer kernels, from ``KTILED_MIN_TOKENS[target][type]`` tokens, ggml numerics,
+  AVX-512 VNNI (5 to 16 tokens) or AVX2 (12 to 32; not Q4_1, Q5_1, Q8_0)**: 16 tokens a vector (:mod:`.ktiles`)
+  with the float steps of what llama.cpp runs there: its tiled K-quant mat-mul (8 tokens or more), its repacked
+  Q4_0 gemm, ``vec_dot``'s order for Q4_1, Q5_0, Q5_1, Q8_0 (as its llamafile sgemm); their outputs bit for bit
+  (tested against ggml's ``mul_mat``); on 64+ tokens 1.4-4x the 4-token tiles' speed on AVX-512 VNNI, 1.1-1.9x on
+  AVX2 (docs/PERFORMANCE.md).
 - **Prefill (more than ``MATVEC_MAX_TOKENS``), otherwise**: the weight is dequantized a tile of rows at a time
   (``dequant_<type>``, exactly ggml's values) into a reused float32 buffer, and each tile is multiplied with all
   the tokens by BLAS ``sgemm`` on one thread, by the Numba GEMM (:mod:`.gemm`) on more (``TILE_GEMM``); the
@@ -84,7 +85,8 @@ TILED_MIN_TOKENS: dict[T, int] = {T.Q6_K: 2, T.Q4_K: 3, T.Q5_K: 3, T.Q5_0: 3, T.
                                   T.Q8_0: 4}
 # The same rule decides the last tile of a longer run: a remainder of fewer than the type's TILED_MIN_TOKENS goes
 # through the mat-vec (matmul_by_int_tiles).
-# From how many tokens a type takes ktiles (16 tokens a vector; AVX-512 VNNI). Q5_K and Q6_K: from ggml's
+# From how many tokens a type takes ktiles (16 tokens a vector), per compile target (ktiles.compiled_target).
+# AVX-512 VNNI: Q5_K and Q6_K: from ggml's
 # own floor (ktiles.MIN_TOKENS), where llama.cpp switches to it: its values bit for bit, and faster than the 4-token
 # tiles from there on. Q4_K: llama.cpp repacks Q4_K weights in a model (its own gemm), so ktiles buys only speed,
 # which it does from 16 tokens (1 thread, Qwen2.5-1.5B's shapes, ms tiled / ktiled: 8 tokens 0.74 / 1.37, 16 1.36 /
@@ -101,7 +103,7 @@ TILED_MIN_TOKENS: dict[T, int] = {T.Q6_K: 2, T.Q4_K: 3, T.Q5_K: 3, T.Q5_0: 3, T.
 # llamafile's sgemm): from where they are faster, 1 thread, ms tiles / ktiles, 8960x1536: Q4_1 8 tokens 2.36 / 1.91,
 # 16 4.77 / 2.04, 128 38.0 / 11.3; Q5_1 8 2.50 / 2.05; Q5_0 8 2.29 / 1.84, 16 4.60 / 1.79; Q8_0 8 1.91 / 1.91, 12
 # 2.91 / 2.23, 16 4.27 / 2.31 (at 4 to 6 tokens the tiles, or the tiles plus a mat-vec, are faster for each).
-KTILED_MIN_TOKENS: dict[T, int] = {
+_KTILED_MIN_TOKENS_VNNI: dict[T, int] = {
     T.Q4_0: 5,
     T.Q4_1: 8,
     T.Q5_0: 8,
@@ -113,6 +115,23 @@ KTILED_MIN_TOKENS: dict[T, int] = {
     T.Q5_K: ktiles.MIN_TOKENS,
     T.Q6_K: ktiles.MIN_TOKENS,
 }
+# AVX2 (two 8-token halves a step, 16 registers; measured on AVX2 code, a Zen 4 compiled for Haswell, 1 thread,
+# 8960x1536, ms without ktiles (the 4-token tiles; Q2_K, Q3_K: the float tiles) / with): Q4_0 8 tokens 2.14 / 2.37,
+# 12 3.21 / 2.38, 64 17.4 / 9.4; Q5_0 16 5.14 / 4.21, 24 7.93 / 8.16, 32 10.5 / 7.8; Q2_K 8 4.26 / 4.87, 12 7.15 / 4.91;
+# Q3_K 8 4.61 / 4.70 (the same), 12 7.62 / 4.76; Q4_K 24 3.99 / 4.95, 32 5.32 / 5.11, 64 10.6 / 9.6; Q5_K 8 1.92 / 2.64,
+# 12 2.65 / 2.58, 16 3.43 / 2.62; Q6_K 12 2.23 / 2.54, 16 2.84 / 2.54, 24 4.24 / 4.79, 32 5.62 / 4.89. Q4_1 and Q5_1
+# never faster (64: 19.4 / 21.6, 22.9 / 22.2), Q8_0 not exact there (dpbusd_row's AVX2 bound): the 4-token tiles,
+# which are vec_dot's values as ktiled_lanes' are.
+_KTILED_MIN_TOKENS_AVX2: dict[T, int] = {
+    T.Q4_0: 12,
+    T.Q5_0: 32,
+    T.Q2_K: 12,
+    T.Q3_K: ktiles.MIN_TOKENS,
+    T.Q4_K: 32,
+    T.Q5_K: 12,
+    T.Q6_K: 16,
+}
+KTILED_MIN_TOKENS: dict[str, dict[T, int]] = {"avx512_vnni": _KTILED_MIN_TOKENS_VNNI, "avx2": _KTILED_MIN_TOKENS_AVX2}
 REPACKED_ROWS = {T.Q4_0: 8}  # a type's ktiles only where llama.cpp repacks it: rows a multiple of this
 
 
@@ -345,12 +364,11 @@ def matmul_by_int_tiles(w: QMatrix, x: np.ndarray, quantized: dict | None = None
 
 
 def ktiled_applies(w: QMatrix, n_tokens: int) -> bool:
-    """Whether ``n_tokens`` tokens through ``w`` take :mod:`.ktiles`: a type from its ``KTILED_MIN_TOKENS``, at least
-    one band of rows (and for Q4_0 rows llama.cpp repacks), kernels compiled for AVX-512 VNNI."""
-    first = KTILED_MIN_TOKENS.get(w.qtype)
-    if first is None or n_tokens < first or w.n_out < ktiles.BAND or w.n_out % REPACKED_ROWS.get(w.qtype, 1):
-        return False
-    return ktiles.compiled_for_vnni()
+    """Whether ``n_tokens`` tokens through ``w`` take :mod:`.ktiles`: a type from its ``KTILED_MIN_TOKENS`` for the
+    kernels' compile target (AVX-512 VNNI or AVX2), at least one band of rows (and for Q4_0 rows llama.cpp
+    repacks)."""
+    first = KTILED_MIN_TOKENS.get(ktiles.compiled_target(), {}).get(w.qtype)
+    return not (first is None or n_tokens < first or w.n_out < ktiles.BAND or w.n_out % REPACKED_ROWS.get(w.qtype, 1))
 
 
 def matmul_by_ktiles(w: QMatrix, x: np.ndarray, quantized: dict | None = None) -> np.ndarray:

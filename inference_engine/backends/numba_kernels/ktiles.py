@@ -1,5 +1,8 @@
-"""16 tokens a vector on AVX-512 VNNI (ggml numerics, prefill): ``out (T, N) = x (T, K) @ W.T`` as llama.cpp computes
-it there for a batch, bit for bit: its tiled K-quant mat-mul, its repacked Q4_0 gemm, ``vec_dot``'s order.
+"""16 tokens a vector on AVX-512 VNNI and AVX2 (ggml numerics, prefill): ``out (T, N) = x (T, K) @ W.T`` as llama.cpp
+computes it there for a batch, bit for bit: its tiled K-quant mat-mul, its repacked Q4_0 gemm, ``vec_dot``'s order.
+On AVX2 each step is two 8-token halves (:func:`.tokens16.dpbusd_row`); ggml's AVX2 micro-kernel
+(``tiled_run_microtile_avx2``) sums the same integers and takes the same float steps as its VNNI one, so the values
+are the same on both (:func:`compiled_target`).
 
 **K-quants** (:func:`ktiled`). Since late 2026 ggml multiplies a batch of 8 or more tokens with a Q2_K..Q6_K weight
 by its ``tiled`` mat-mul (``ggml-cpu/tiled/``; Q4_K and Q2_K only where their weights are not repacked at load),
@@ -63,7 +66,7 @@ from inference_engine.backends.numba_kernels.isa.tokens16 import (
     superblock_step,
     superblock_step_min,
 )
-from inference_engine.backends.numba_kernels.isa.zmm import has_zmm_vnni, izero16
+from inference_engine.backends.numba_kernels.isa.zmm import compiled_isa, izero16
 
 QK_K = 256
 GROUP = 16  # tokens per vector
@@ -72,16 +75,22 @@ MIN_TOKENS = 8  # ggml_tiled_min_batch: ggml takes its tiled kernel from this ma
 
 
 @njit(cache=True)
-def _compiled_for_vnni():
-    return has_zmm_vnni()
+def _compiled_isa():
+    return compiled_isa()
+
+
+TARGETS = ("portable", "avx2", "avx512_vnni")  # compiled_isa()'s 0, 1, 2
 
 
 @cache
-def compiled_for_vnni() -> bool:
-    """Whether Numba compiles these kernels for AVX-512 VNNI (the compile target's, not just the CPU's, features):
-    elsewhere ``dpbusd_row`` is portable IR (the same values, slowly), and ggml's AVX2 tiled kernel adds in another
-    order, so the engine uses this kernel only here. Asked once."""
-    return bool(_compiled_for_vnni())
+def compiled_target() -> str:
+    """What Numba compiles these kernels for (the compile target's features, not just the CPU's): "avx512_vnni"
+    (``vpdpbusd``, 16 tokens a register), "avx2" (``vpmaddubsw`` + ``vpmaddwd``, 8 tokens a register, two per
+    step; no Q8_0: its quants would saturate ``vpmaddubsw``) or "portable" (IR any target compiles: the same values,
+    slowly; the engine does not use it). ggml's tiled kernel computes the same values with either instruction set
+    (its AVX2 and VNNI micro-kernels sum the same integers and take the same float steps; checked against an AVX2
+    build of llama.cpp, docs/PERFORMANCE.md). Asked once."""
+    return TARGETS[_compiled_isa()]
 
 
 @njit(cache=True)

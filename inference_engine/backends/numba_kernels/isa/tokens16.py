@@ -1,4 +1,5 @@
-"""Sixteen tokens per 512-bit vector (AVX-512 VNNI): the steps of llama.cpp's tiled K-quant mat-mul (:mod:`.ktiles`).
+"""Sixteen tokens per 512-bit vector (AVX-512 VNNI; on AVX2 two 256-bit halves): the steps of llama.cpp's tiled
+K-quant mat-mul (:mod:`.ktiles`).
 
 ggml's ``tiled`` mat-mul (``ggml-cpu/tiled/tiled-kernel.cpp``, ``tiled_run_micro_vnni_8x16``) turns the usual
 layout around: an int32 lane holds one *token*, not four positions of one row. The activations of 16 tokens are
@@ -23,8 +24,9 @@ Vocabulary (``@njit`` code only; ``I8x64`` / ``I32x16`` are :mod:`.zmm`'s types)
   per super-block, in its order and with its roundings (its epilogue compiles to ``vcvtdq2ps``, ``vmulps``,
   ``vfnmadd``, ``vfmadd``; seen in the disassembly of the llama.cpp build that ``validate`` runs).
 
-Elsewhere than AVX-512 VNNI ``dpbusd_row`` lowers to portable IR (correct, slow; the tests run it on any machine);
-the engine uses these steps only where :func:`.zmm.has_zmm_vnni` holds.
+On an AVX2 target (without AVX-512 VNNI) ``dpbusd_row`` is two 8-token halves of ``vpmaddubsw`` + ``vpmaddwd``, as
+ggml's AVX2 tiled micro-kernel multiplies; elsewhere portable IR (correct, slow; the tests run it on any machine),
+which the engine does not use (:func:`.ktiles.compiled_target`).
 """
 
 from __future__ import annotations
@@ -36,13 +38,16 @@ from numba.extending import intrinsic
 
 from inference_engine.backends.numba_kernels.isa.int8 import _call, _ptr, _splat, _vconst
 from inference_engine.backends.numba_kernels.isa.simd import F32x16
-from inference_engine.backends.numba_kernels.isa.zmm import I8x64, I32x16, _zmm_vnni
+from inference_engine.backends.numba_kernels.isa.zmm import I8x64, I32x16, _ymm_int8, _zmm_vnni
 
 _I8, _I32 = ir.IntType(8), ir.IntType(32)
 _F32 = ir.FloatType()
 _B64 = ir.VectorType(_I8, 64)
 _VI16 = ir.VectorType(_I32, 16)
 _VF16 = ir.VectorType(_F32, 16)
+_V16I16 = ir.VectorType(ir.IntType(16), 16)
+_V8I32 = ir.VectorType(_I32, 8)
+_ONES16 = ir.Constant(_V16I16, [1] * 16)
 
 
 def _check(arr, dtype, what):
@@ -64,7 +69,9 @@ def codes64(typingctx, arr, offset):
 @intrinsic
 def dpbusd_row(typingctx, acc, w, offset, codes):
     """``acc`` plus, in each int32 lane ``t``, ``sum_b w[offset + b] * codes[4t + b]`` (unsigned weights, signed
-    activations): ``vpdpbusd`` with the row's 4 bytes broadcast."""
+    activations): ``vpdpbusd`` with the row's 4 bytes broadcast. On AVX2, per 8 tokens ``vpmaddubsw`` (pairs
+    to int16) then ``vpmaddwd`` with ones: exact only while a pair ``2 * w * 127`` fits int16, so callers there keep
+    the weights below 129 (every type's quants but Q8_0's ``q + 128``)."""
     if acc != I32x16 or codes != I8x64:
         raise TypingError(f"dpbusd_row expects an I32x16 and an I8x64, got {acc}, {codes}")
     _check(w, types.uint8, "dpbusd_row")
@@ -76,6 +83,17 @@ def dpbusd_row(typingctx, acc, w, offset, codes):
             return _call(
                 builder, "llvm.x86.avx512.vpdpbusd.512", _VI16, [args[0], u, builder.bitcast(args[3], _VI16)]
             )
+        if _ymm_int8(context):  # two halves of 8 tokens: vpmaddubsw, vpmaddwd with ones
+            ub = builder.bitcast(u, _B64)
+            halves = []
+            for h in range(2):
+                pick = _vconst(ir.VectorType(_I32, 32), range(32 * h, 32 * h + 32))
+                uh = builder.shuffle_vector(ub, ub, pick)
+                ch = builder.shuffle_vector(args[3], args[3], pick)
+                pairs = _call(builder, "llvm.x86.avx2.pmadd.ub.sw", _V16I16, [uh, ch])
+                halves.append(_call(builder, "llvm.x86.avx2.pmadd.wd", _V8I32, [pairs, _ONES16]))
+            both = builder.shuffle_vector(halves[0], halves[1], _vconst(ir.VectorType(_I32, 16), range(16)))
+            return builder.add(args[0], both)
         wide = ir.VectorType(_I32, 64)  # portable IR: the same integers
         p = builder.mul(builder.zext(builder.bitcast(u, _B64), wide), builder.sext(args[3], wide))
         for n in (64, 32):

@@ -65,6 +65,22 @@ def _zmm_vnni(context) -> bool:
     return {"+avx512f", "+avx512bw", "+avx512vnni"} <= feats
 
 
+def _ymm_int8(context) -> bool:
+    """AVX2 without AVX-512 VNNI: 256-bit ``vpmaddubsw`` / ``vpmaddwd``, 16 vector registers."""
+    return "+avx2" in target_features(context) and not _zmm_vnni(context)
+
+
+@intrinsic
+def compiled_isa(typingctx):
+    """The compile target as the 16-token kernels see it: 2 for AVX-512 VNNI, 1 for AVX2 (without it), 0 for
+    anything else (portable IR). A constant."""
+
+    def codegen(context, builder, sig, args):
+        return ir.Constant(ir.IntType(64), 2 if _zmm_vnni(context) else int(_ymm_int8(context)))
+
+    return types.int64(), codegen
+
+
 @intrinsic
 def has_zmm_vnni(typingctx):
     """Whether the code is compiled for AVX-512 VNNI + BW: a constant, so the branch not taken is compiled away."""

@@ -1,5 +1,5 @@
-"""16 tokens a vector (ktiles): ggml's own ``mul_mat`` bit for bit on AVX-512 VNNI (its tiled K-quant mat-mul; its
-repacked Q4_0 gemm), and everywhere the same integers as the mat-vec, summed in another float order.
+"""16 tokens a vector (ktiles): ggml's own ``mul_mat`` bit for bit on AVX-512 VNNI and on AVX2 (its tiled K-quant
+mat-mul; its repacked Q4_0 gemm), and everywhere the same integers as the mat-vec, summed in another float order.
 
 Shapes: rows at, past and not a multiple of the 8-row band (8, 37: the last band overlaps the one before; Q4_0: 40,
 as llama.cpp repacks only rows a multiple of 8); token counts at ggml's floor (8), past it and not a multiple of the
@@ -24,12 +24,20 @@ from inference_engine.backends.numba_kernels.ops import activations
 KTILED_TYPES = [t for t, k in dispatch.KERNELS.items() if k.matmul_ktiled is not None]
 SHAPES = [(8, 256), (37, 7 * 256)]  # Q4_0: 40 rows for 37 (llama.cpp repacks only rows a multiple of 8)
 TOKEN_COUNTS = [8, 9, 31, 32]
-VNNI = ktiles.compiled_for_vnni()
-needs_vnni = pytest.mark.skipif(
-    not VNNI,
-    reason="llama.cpp's tiled mat-mul runs its VNNI kernel (the one ktiles reproduces) on AVX-512 VNNI only; "
-    "this CPU's build adds in another order",
-)
+TARGET = ktiles.compiled_target()
+VNNI = TARGET == "avx512_vnni"
+# the types the engine sends through ktiles on this compile target (AVX2: not Q4_1 / Q5_1, slower there, nor Q8_0,
+# whose quants would saturate vpmaddubsw): where the kernels must be llama.cpp's mul_mat bit for bit
+TARGET_TYPES = set(dispatch.KTILED_MIN_TOKENS.get(TARGET, {}))
+# exact everywhere (dpbusd_row's AVX2 lowering holds weights below 129; Q8_0's are q + 128)
+EXACT_TYPES = [t for t in KTILED_TYPES if TARGET != "avx2" or t != T.Q8_0]
+
+
+def on_this_target(qtype):
+    if qtype not in TARGET_TYPES:
+        pytest.skip(f"ktiles is not used for {qtype.name} on this compile target ({TARGET})")
+
+
 # |ktiled - vec_dot| / sum|w*a| per output: the same exact integers per super-block, float32 steps in another order
 # (one rounding per super-block and output either way, plus vec_dot's final 8-lane sum). Measured worst 6e-8 on
 # these shapes and scales, about one float32 epsilon; the ggml matmul tests' GGML_MATMUL_TOL for the same reason.
@@ -63,9 +71,11 @@ def test_every_quantized_type_has_the_16_token_kernel():
     assert set(KTILED_TYPES) == {T.Q4_0, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K} | VEC_DOT_ORDER
 
 
-@needs_vnni
 @pytest.mark.parametrize("qtype", KTILED_TYPES, ids=lambda t: t.name)
 def test_ktiled_is_llamacpp_mul_mat_bit_for_bit(qtype, rng, oracle):
+    """On AVX-512 VNNI and on AVX2 alike: ggml's two micro-kernels sum the same integers with the same float steps
+    (and so does its repacked Q4_0 gemm, and vec_dot's 8 lanes on both)."""
+    on_this_target(qtype)
     for shape in SHAPES:
         n_out, n_in = shape_for(qtype, shape)
         w, rows = random_weight(qtype, n_out, n_in, rng)
@@ -78,10 +88,10 @@ def test_ktiled_is_llamacpp_mul_mat_bit_for_bit(qtype, rng, oracle):
                 )
 
 
-@pytest.mark.parametrize("qtype", KTILED_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", EXACT_TYPES, ids=lambda t: t.name)
 def test_ktiled_is_the_matvec_to_float_rounding(qtype, rng):
-    """On any CPU (elsewhere than AVX-512 VNNI through portable IR): the mat-vec's sums, rounded another way (Q4_1,
-    Q5_0, Q5_1, Q8_0: the same way, so the same bits)."""
+    """On any CPU (elsewhere than AVX-512 VNNI and AVX2 through portable IR): the mat-vec's sums, rounded another way
+    (Q4_1, Q5_0, Q5_1, Q8_0: the same way, so the same bits)."""
     n_out, n_in = shape_for(qtype, SHAPES[1])
     w, rows = random_weight(qtype, n_out, n_in, rng)
     for n_tokens in (9, 31):
@@ -111,19 +121,20 @@ def test_ktiled_results_do_not_depend_on_threads(qtype, rng, threads):
     np.testing.assert_array_equal(one, two)
 
 
-@needs_vnni
 @pytest.mark.parametrize("qtype", KTILED_TYPES, ids=lambda t: t.name)
 def test_ggml_matmul_takes_the_tiled_path_from_its_threshold(qtype, rng, oracle):
-    """dispatch.matmul from the type's KTILED_MIN_TOKENS (Q5_K, Q6_K: ggml's floor of 8; Q4_K: 16 and Q4_0: 5, where
-    it starts to pay): every token through ktiles (no remainder split off), the result llama.cpp's mul_mat's; below,
-    the 4-token tiles (vec_dot's values), as ggml keeps vec_dot for the K-quants below 8 tokens. (Q4_K from 8 to 15
-    tokens: the 4-token tiles, which a model's repacked Q4_K in llama.cpp matches no better.)"""
+    """dispatch.matmul from the type's KTILED_MIN_TOKENS for this target (AVX-512 VNNI: Q5_K, Q6_K from ggml's floor
+    of 8; Q4_K 16, Q4_0 5, where it starts to pay; AVX2: 8 to 32): every token through ktiles (no remainder split
+    off), the result llama.cpp's mul_mat's; below, the 4-token tiles (vec_dot's values), as ggml keeps vec_dot for
+    the K-quants below 8 tokens. (Q4_K below its threshold: the 4-token tiles, which a model's repacked Q4_K in
+    llama.cpp matches no better.)"""
+    on_this_target(qtype)
     w, rows = random_weight(qtype, shape_for(qtype, (37, 512))[0], 512, rng)
-    first = dispatch.KTILED_MIN_TOKENS[qtype]
+    first = dispatch.KTILED_MIN_TOKENS[TARGET][qtype]
     below = "tiled" if w.kernels.matmul_tiled is not None else ""  # Q2_K, Q3_K: the float paths below
     assert dispatch.int_kernel_for(w, first - 1) == below
     assert dispatch.int_kernel_for(w, first) == "ktiled"
-    for n_tokens in (first, 17):
+    for n_tokens in (first, first + 9):  # + 9: not a whole number of 16-token groups
         x = random_activation(rng, n_tokens, 512)
         np.testing.assert_array_equal(dispatch.matmul(w, x, "ggml"), llamacpp(oracle, qtype, rows, x))
     if qtype in (T.Q5_K, T.Q6_K):  # (Q2_K, Q3_K below 8 tokens: the float kernels, vec_dot's sums to rounding)
@@ -164,16 +175,24 @@ def _compile_row_dots():
     return dots
 
 
-@pytest.mark.parametrize("lowering", ["target", "portable"])
+# an AVX2 target as the intrinsics see it (the code still runs on this CPU: every AVX2 instruction is legal here)
+AVX2_FEATURES = frozenset({"+avx", "+avx2", "+fma", "+f16c", "+bmi2"})
+
+
+@pytest.mark.parametrize("lowering", ["target", "avx2", "portable"])
 def test_16_token_steps_on_every_lowering(lowering, rng, monkeypatch):
-    """dpbusd_row and the int32 scale steps give the exact integers through ``vpdpbusd`` (AVX-512 VNNI targets) and
-    through the portable IR (forced by hiding the target's features), weights 0 / 255, activations +-127."""
+    """dpbusd_row and the int32 scale steps give the exact integers through ``vpdpbusd`` (AVX-512 VNNI targets),
+    ``vpmaddubsw`` + ``vpmaddwd`` (AVX2 targets, forced by showing only AVX2's features) and the portable IR (forced
+    by hiding the target's features): weights 0 / 255 (AVX2: 0 / 128, its bound), activations +-127."""
     if lowering == "portable":
         monkeypatch.setattr(zmm, "target_features", lambda context: frozenset())
+    if lowering == "avx2":
+        monkeypatch.setattr(zmm, "target_features", lambda context: AVX2_FEATURES)
+    w_max = 128 if lowering == "avx2" or (lowering == "target" and TARGET == "avx2") else 255
     dots = _compile_row_dots()
     for _ in range(5):
-        w = rng.integers(0, 256, 8, dtype=np.uint8)
-        w[:2] = [0, 255]
+        w = rng.integers(0, w_max + 1, 8, dtype=np.uint8)
+        w[:2] = [0, w_max]
         codes = rng.integers(-127, 128, 128).astype(np.int8)
         codes[:2] = [-127, 127]
         bsums = rng.integers(-16 * 127, 16 * 127 + 1, 16).astype(np.int32)
@@ -188,5 +207,109 @@ def test_16_token_steps_on_every_lowering(lowering, rng, monkeypatch):
     asm = dots.inspect_asm(dots.signatures[0])
     if lowering == "target" and VNNI:
         assert "vpdpbusd" in asm and "zmm" in asm
+    if lowering == "avx2":
+        assert "vpmaddubsw" in asm and "vpdpbusd" not in asm
     if lowering == "portable":
-        assert "vpdpbusd" not in asm
+        assert "vpdpbusd" not in asm and "vpmaddubsw" not in asm
+
+
+_AVX2_CHILD = """
+import sys, numpy as np
+from gguf import GGMLQuantizationType as T
+from inference_engine.backends.numba_kernels import dispatch, ktiles
+from inference_engine.backends.numba_kernels.ops import activations
+assert ktiles.compiled_target() == "avx2", ktiles.compiled_target()
+data = np.load(sys.argv[1])
+for name in sys.argv[3:]:
+    rows, x = data[name + "_rows"], data[name + "_x"]
+    w = dispatch.pack_matrix(name, T[name], rows, (rows.shape[0], x.shape[1]))
+    yq, yd, ya = activations.quantize_int(x, w.kernels.int_activation)
+    out = np.full((x.shape[0], w.n_out), np.nan, np.float32)
+    w.kernels.matmul_ktiled(w.rows, yq, yd, ya, out)
+    np.save(sys.argv[2] + "_" + name + ".npy", out)
+"""
+
+
+def haswell_features() -> str:
+    """``NUMBA_CPU_FEATURES`` for AVX2 code on this x86 CPU: its LLVM features with all that Haswell lacks off (the
+    CPU name alone keeps the host's AVX-512 with Numba 0.68)."""
+    import llvmlite.binding as llvm
+
+    haswell = {
+        "64bit",
+        "aes",
+        "avx",
+        "avx2",
+        "bmi",
+        "bmi2",
+        "cmov",
+        "crc32",
+        "cx16",
+        "cx8",
+        "f16c",
+        "fma",
+        "fsgsbase",
+        "fxsr",
+        "invpcid",
+        "lzcnt",
+        "mmx",
+        "movbe",
+        "pclmul",
+        "popcnt",
+        "rdrnd",
+        "sahf",
+        "sse",
+        "sse2",
+        "sse3",
+        "sse4.1",
+        "sse4.2",
+        "ssse3",
+        "x87",
+        "xsave",
+        "xsaveopt",
+    }
+    return ",".join(
+        ("+" if on and name in haswell else "-") + name for name, on in llvm.get_host_cpu_features().items()
+    )
+
+
+@pytest.mark.skipif(
+    not VNNI,
+    reason="an AVX2 build is checked against this machine's AVX-512 VNNI results (on an "
+    "AVX2 machine the tests above check it against llama.cpp's AVX2 build directly)",
+)
+def test_ktiles_compiled_for_avx2_gives_llamacpps_values(rng, oracle, tmp_path):
+    """ktiles compiled for an AVX2 target (a fresh process with Numba's CPU set to Haswell: two 8-token halves a
+    step, 16 registers) gives llama.cpp's mul_mat values bit for bit, one type of each kernel family (tiled K-quant,
+    repacked Q4_0 blocks, vec_dot's lanes). (llama.cpp's AVX2 build gives these same values: its AVX2 tiled
+    micro-kernel sums the same integers with the same float steps; checked against a build with
+    ``-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_AVX512=OFF``, docs/PERFORMANCE.md.)"""
+    import os
+    import subprocess
+    import sys
+
+    types = [T.Q6_K, T.Q4_0, T.Q5_0]
+    cases = {}
+    for qtype in types:
+        n_out, n_in = shape_for(qtype, (37, 3 * 256))
+        _, rows = random_weight(qtype, n_out, n_in, rng)
+        cases[f"{qtype.name}_rows"], cases[f"{qtype.name}_x"] = rows, random_activation(rng, 31, n_in, 50.0)
+    np.savez(tmp_path / "cases.npz", **cases)
+    env = dict(os.environ, NUMBA_CPU_NAME="haswell", NUMBA_CPU_FEATURES=haswell_features())
+    subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            _AVX2_CHILD,
+            str(tmp_path / "cases.npz"),
+            str(tmp_path / "out"),
+            *(t.name for t in types),
+        ],
+        env=env,
+        check=True,
+        timeout=600,
+    )
+    for qtype in types:
+        ours = np.load(tmp_path / f"out_{qtype.name}.npy")
+        rows, x = cases[f"{qtype.name}_rows"], cases[f"{qtype.name}_x"]
+        np.testing.assert_array_equal(ours, llamacpp(oracle, qtype, rows, x), err_msg=qtype.name)
