@@ -136,7 +136,7 @@ class NumbaBackend(NumpyBackend):
             fused = self._fused.get(id(ws[i]))
             n = len(fused.parts) if fused is not None else 1
             if (fused is not None and len(ws) - i >= n and all(a is b for a, b in zip(ws[i : i + n], fused.parts))
-                    and kernels.fused_is_exact(fused.matrix, self.numerics)):
+                    and kernels.fused_is_exact(fused, self.numerics)):
                 runs.append(fused)
             else:
                 n = 1

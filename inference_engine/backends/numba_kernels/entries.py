@@ -88,7 +88,7 @@ def pair_q4_0(w0, w1, p0, p1, yq, yd, ya):
 
 @njit(parallel=True, cache=True)
 def matvec_int_q4_0(w, yq, yd, ya, out):
-    intdot.pairs_matvec(pair_q4_0, w, yq, yd, ya, out)
+    q4_0.matvec_int_loop_q4_0(pair_q4_0, w, yq, yd, ya, out)
 
 
 @njit(cache=True)  # not inlined: the parfor pass's array analysis rejects its tuple states

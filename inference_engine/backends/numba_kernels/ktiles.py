@@ -1,8 +1,8 @@
 """16 tokens a vector on AVX-512 VNNI and AVX2 (ggml numerics, prefill): ``out (T, N) = x (T, K) @ W.T`` as llama.cpp
 computes it there for a batch, bit for bit: its tiled K-quant mat-mul, its repacked Q4_0 gemm, ``vec_dot``'s order.
-On AVX2 each step is two 8-token halves (:func:`.tokens16.dpbusd_row`); ggml's AVX2 micro-kernel
-(``tiled_run_microtile_avx2``) sums the same integers and takes the same float steps as its VNNI one, so the values
-are the same on both (:func:`compiled_target`).
+On AVX2 each step is two 8-token halves (:func:`.tokens16.dpbusd_row`) and a K-quant band's 8 rows go in two passes
+of 4 (:func:`band_group8`: 16 registers); ggml's AVX2 micro-kernel (``tiled_run_microtile_avx2``) sums the same
+integers and takes the same float steps as its VNNI one, so the values are the same on both (:func:`compiled_target`).
 
 **K-quants** (:func:`ktiled`). Since late 2026 ggml multiplies a batch of 8 or more tokens with a Q2_K..Q6_K weight
 by its ``tiled`` mat-mul (``ggml-cpu/tiled/``; Q4_K and Q2_K only where their weights are not repacked at load),
@@ -154,106 +154,139 @@ def k4_scales_mins(row, o, j, i, sc, mn, dd, dm):
     dd[j, i], dm[j, i] = load_f16(row, o), load_f16(row, o + 2)
 
 
+# --- a band's rows as tuples of vectors: four rows a helper (AVX2: 16 registers), eight as two fours ---------------
 @njit(inline="always", cache=True)
-def _dots8(a, codes, w, o):
+def _dots4(a, codes, w, o):
     """``a[j] += `` row ``j``'s 4 quants at ``o`` dotted with each token's 4 activation quants."""
     return (
         dpbusd_row(a[0], w[0], o, codes),
         dpbusd_row(a[1], w[1], o, codes),
         dpbusd_row(a[2], w[2], o, codes),
         dpbusd_row(a[3], w[3], o, codes),
-        dpbusd_row(a[4], w[4], o, codes),
-        dpbusd_row(a[5], w[5], o, codes),
-        dpbusd_row(a[6], w[6], o, codes),
-        dpbusd_row(a[7], w[7], o, codes),
     )
 
 
 @njit(inline="always", cache=True)
-def _scaled8(s1, a, bias, sc, j):
+def _dots8(a, codes, w, o):
+    return _dots4(a[:4], codes, w[:4], o) + _dots4(a[4:], codes, w[4:], o)
+
+
+@njit(inline="always", cache=True)
+def _scaled4(s1, a, bias, sc, j):
     return (
         iscale_add(s1[0], a[0], bias, sc[0, j]),
         iscale_add(s1[1], a[1], bias, sc[1, j]),
         iscale_add(s1[2], a[2], bias, sc[2, j]),
         iscale_add(s1[3], a[3], bias, sc[3, j]),
-        iscale_add(s1[4], a[4], bias, sc[4, j]),
-        iscale_add(s1[5], a[5], bias, sc[5, j]),
-        iscale_add(s1[6], a[6], bias, sc[6, j]),
-        iscale_add(s1[7], a[7], bias, sc[7, j]),
     )
 
 
 @njit(inline="always", cache=True)
-def _mins8(s2, bs, mn, j):
+def _scaled8(s1, a, bias, sc, j):
+    return _scaled4(s1[:4], a[:4], bias, sc[:4], j) + _scaled4(s1[4:], a[4:], bias, sc[4:], j)
+
+
+@njit(inline="always", cache=True)
+def _mins4(s2, bs, mn, j):
     return (
         imul_add(s2[0], bs, mn[0, j]),
         imul_add(s2[1], bs, mn[1, j]),
         imul_add(s2[2], bs, mn[2, j]),
         imul_add(s2[3], bs, mn[3, j]),
-        imul_add(s2[4], bs, mn[4, j]),
-        imul_add(s2[5], bs, mn[5, j]),
-        imul_add(s2[6], bs, mn[6, j]),
-        imul_add(s2[7], bs, mn[7, j]),
     )
 
 
 @njit(inline="always", cache=True)
-def _zeros8():
-    z = izero16()
-    return z, z, z, z, z, z, z, z
+def _mins8(s2, bs, mn, j):
+    return _mins4(s2[:4], bs, mn[:4], j) + _mins4(s2[4:], bs, mn[4:], j)
 
 
 @njit(inline="always", cache=True)
-def _step8(acc, s1, s2, dd, dm, i, d1, has_min):
+def _zeros4():
+    z = izero16()
+    return z, z, z, z
+
+
+@njit(inline="always", cache=True)
+def _zeros8():
+    return _zeros4() + _zeros4()
+
+
+@njit(inline="always", cache=True)
+def _fzeros4():
+    f = vzero()
+    return f, f, f, f
+
+
+@njit(inline="always", cache=True)
+def _fzeros8():
+    return _fzeros4() + _fzeros4()
+
+
+@njit(inline="always", cache=True)
+def _step4(acc, s1, s2, dd, dm, i, d1, has_min):
     if has_min:
         return (
             superblock_step_min(acc[0], s1[0], s2[0], dd[0, i], dm[0, i], d1),
             superblock_step_min(acc[1], s1[1], s2[1], dd[1, i], dm[1, i], d1),
             superblock_step_min(acc[2], s1[2], s2[2], dd[2, i], dm[2, i], d1),
             superblock_step_min(acc[3], s1[3], s2[3], dd[3, i], dm[3, i], d1),
-            superblock_step_min(acc[4], s1[4], s2[4], dd[4, i], dm[4, i], d1),
-            superblock_step_min(acc[5], s1[5], s2[5], dd[5, i], dm[5, i], d1),
-            superblock_step_min(acc[6], s1[6], s2[6], dd[6, i], dm[6, i], d1),
-            superblock_step_min(acc[7], s1[7], s2[7], dd[7, i], dm[7, i], d1),
         )
     return (
         superblock_step(acc[0], s1[0], dd[0, i], d1),
         superblock_step(acc[1], s1[1], dd[1, i], d1),
         superblock_step(acc[2], s1[2], dd[2, i], d1),
         superblock_step(acc[3], s1[3], dd[3, i], d1),
-        superblock_step(acc[4], s1[4], dd[4, i], d1),
-        superblock_step(acc[5], s1[5], dd[5, i], d1),
-        superblock_step(acc[6], s1[6], dd[6, i], d1),
-        superblock_step(acc[7], s1[7], dd[7, i], d1),
     )
 
 
 @njit(inline="always", cache=True)
-def band_group(codes, sc, mn, dd, dm, yg, bg, dg, sub, bias_k, has_min):
-    """8 rows (``codes``: their quants, one a byte; ``sc`` / ``mn``: int32 sub-block scales / mins; ``dd`` / ``dm``:
-    float32 super-block ``d`` / ``dmin``) x one group of 16 tokens (``yg``, ``bg``, ``dg``: its row of
-    :func:`token_groups`, :func:`group_sums`, :func:`group_scales`): 8 F32x16 of outputs, token ``t`` in lane
-    ``t``."""
-    w = (codes[0], codes[1], codes[2], codes[3], codes[4], codes[5], codes[6], codes[7])
+def _step8(acc, s1, s2, dd, dm, i, d1, has_min):
+    lo = _step4(acc[:4], s1[:4], s2[:4], dd[:4], dm[:4], i, d1, has_min)
+    return lo + _step4(acc[4:], s1[4:], s2[4:], dd[4:], dm[4:], i, d1, has_min)
+
+
+@njit(inline="always", cache=True)
+def band_group(zeros, fzeros, dots, scaled, mins, step, w, sc, mn, dd, dm, yg, bg, dg, sub, bias_k, has_min):
+    """Rows ``w`` (their quants, one a byte: 4 or 8 rows, ``zeros`` .. ``step`` the helpers for that many rows;
+    ``sc`` / ``mn``: int32 sub-block scales / mins; ``dd`` / ``dm``: float32 super-block ``d`` / ``dmin``) x one
+    group of 16 tokens (``yg``, ``bg``, ``dg``: its row of :func:`token_groups`, :func:`group_sums`,
+    :func:`group_scales`): an F32x16 of outputs a row, token ``t`` in lane ``t``."""
     nb = QK_K // sub
-    f = vzero()
-    acc = (f, f, f, f, f, f, f, f)
+    acc = fzeros()
     for i in range(dd.shape[1]):
-        s1, s2 = _zeros8(), _zeros8()
+        s1, s2 = zeros(), zeros()
         for s in range(nb):
             j = nb * i + s
             bias = imul(iload16(bg, GROUP * j), bias_k)
-            a = _zeros8()
+            a = zeros()
             for q in range(sub // 4):
                 o = QK_K * i + sub * s + 4 * q
-                a = _dots8(a, codes64(yg, GROUP * o), w, o)
-            s1 = _scaled8(s1, a, bias, sc, j)
+                a = dots(a, codes64(yg, GROUP * o), w, o)
+            s1 = scaled(s1, a, bias, sc, j)
         if has_min:  # after the sums, as ggml does: 8 more vectors live in the loop above would not fit in 32
             for s in range(nb):
                 j = nb * i + s
-                s2 = _mins8(s2, iload16(bg, GROUP * j), mn, j)
-        acc = _step8(acc, s1, s2, dd, dm, i, vload(dg, GROUP * i), has_min)
+                s2 = mins(s2, iload16(bg, GROUP * j), mn, j)
+        acc = step(acc, s1, s2, dd, dm, i, vload(dg, GROUP * i), has_min)
     return acc
+
+
+@njit(inline="always", cache=True)
+def band_group8(codes, sc, mn, dd, dm, yg, bg, dg, sub, bias_k, has_min):
+    """A band's 8 rows x one group of 16 tokens (:func:`band_group`): in one pass on AVX-512 (8 rows share each
+    load of the tokens' quants; 32 registers hold 8 rows' sums), in two passes of 4 rows on AVX2 (16 registers)."""
+    if compiled_isa() == 1:  # each pass's rows and arrays sliced with constants (a computed slice was slower)
+        w0 = (codes[0], codes[1], codes[2], codes[3])
+        w1 = (codes[4], codes[5], codes[6], codes[7])
+        lo = band_group(_zeros4, _fzeros4, _dots4, _scaled4, _mins4, _step4, w0, sc[:4], mn[:4], dd[:4], dm[:4],
+                        yg, bg, dg, sub, bias_k, has_min)  # fmt: skip
+        hi = band_group(_zeros4, _fzeros4, _dots4, _scaled4, _mins4, _step4, w1, sc[4:], mn[4:], dd[4:], dm[4:],
+                        yg, bg, dg, sub, bias_k, has_min)  # fmt: skip
+        return lo + hi
+    w = (codes[0], codes[1], codes[2], codes[3], codes[4], codes[5], codes[6], codes[7])
+    return band_group(_zeros8, _fzeros8, _dots8, _scaled8, _mins8, _step8, w, sc, mn, dd, dm,
+                      yg, bg, dg, sub, bias_k, has_min)  # fmt: skip
 
 
 @njit(inline="always", cache=True)
@@ -284,7 +317,7 @@ def ktiled(unpack_rows, sub, bias_k, has_min, w, yq, yd, ya, out):
         unpack_rows(w, r, codes, sc, mn, dd, dm)
         tmp = np.empty(GROUP, np.float32)
         for g in range(yg.shape[0]):
-            acc = band_group(codes, sc, mn, dd, dm, yg[g], bg[g], dg[g], sub, bias_k, has_min)
+            acc = band_group8(codes, sc, mn, dd, dm, yg[g], bg[g], dg[g], sub, bias_k, has_min)
             _store8(out, r, GROUP * g, acc, tmp)
 
 
@@ -343,10 +376,10 @@ def _blocks8(acc, a, bias, dd, b, dy):
 def band_group_blocks(codes, dd, yg, bg, dg, offset):
     """:func:`band_group` for 32-weight blocks: per block, 8 rows x 16 tokens of exact dot products less ``offset``
     times the block's activation sum, then ``acc = fma(float(s), d_y * d_w, acc)`` (ggml's repacked Q4_0 gemm and
-    gemv, every token count)."""
+    gemv, every token count). In one pass of 8 rows on AVX2 too (measured: two passes of 4, as the K-quants take
+    there, were slower: 1 thread, 8960x1536, 64 tokens, 9.3 -> 11.4 ms)."""
     w = (codes[0], codes[1], codes[2], codes[3], codes[4], codes[5], codes[6], codes[7])
-    f = vzero()
-    acc = (f, f, f, f, f, f, f, f)
+    acc = _fzeros8()
     for b in range(dd.shape[1]):
         a = _zeros8()
         for q in range(8):

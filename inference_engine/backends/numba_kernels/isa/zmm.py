@@ -161,8 +161,7 @@ def signed_dots(typingctx, w0, w1, w2, w3, offset, yq, yoffset, corr, coffset):
     ``corr[coffset + lane]`` (int32, ``-128 * sum4(y)``: :func:`.intdot.q8_corrections`), which takes the 128s back
     out: lane ``i`` = ``sum w * y`` over its four bytes, the same integer as :func:`.int8.dot4_signed`."""
     _rows((w0, w1, w2, w3, yq), "signed_dots")
-    if not isinstance(corr, types.Array) or corr.ndim != 1 or corr.dtype != types.int32:
-        raise TypingError(f"signed_dots expects 1-D int32 corrections, got {corr}")
+    _check_starts(corr, "signed_dots")
 
     def codegen(context, builder, sig, args):
         flip = ir.Constant(_B64, [0x80] * 64)
@@ -173,13 +172,61 @@ def signed_dots(typingctx, w0, w1, w2, w3, offset, yq, yoffset, corr, coffset):
                          flip)
         y0 = _broadcast16(context, builder, sig.args[5], args[5], args[6])
         y1 = _broadcast16(context, builder, sig.args[5], args[5], builder.add(args[6], ir.Constant(args[6].type, 16)))
-        c8 = builder.load(_ptr(context, builder, sig.args[7], args[7], args[8], ir.VectorType(_I32, 8)), align=4)
-        c0 = builder.shuffle_vector(c8, c8, _vconst(_VI16, [i % 4 for i in range(16)]))
-        c1 = builder.shuffle_vector(c8, c8, _vconst(_VI16, [4 + i % 4 for i in range(16)]))
+        c0, c1 = _starts(context, builder, sig.args[7], args[7], args[8])
         return context.make_tuple(builder, sig.return_type, [_dot4_acc(context, builder, c0, lo, y0),
                                                               _dot4_acc(context, builder, c1, hi, y1)])
 
     return types.UniTuple(I32x16, 2)(w0, w1, w2, w3, offset, yq, yoffset, corr, coffset), codegen
+
+
+def _check_starts(corr, what):
+    if not isinstance(corr, types.Array) or corr.ndim != 1 or corr.dtype != types.int32:
+        raise TypingError(f"{what} expects 1-D int32 start values, got {corr}")
+
+
+def _starts(context, builder, arrty, arr, index):
+    """``arr[index .. index + 7]`` (int32) as the start values of ``lo`` (lanes 0..3) and ``hi`` (4..7), repeated in
+    each row's 128-bit lane."""
+    c8 = builder.load(_ptr(context, builder, arrty, arr, index, ir.VectorType(_I32, 8)), align=4)
+    c0 = builder.shuffle_vector(c8, c8, _vconst(_VI16, [i % 4 for i in range(16)]))
+    c1 = builder.shuffle_vector(c8, c8, _vconst(_VI16, [4 + i % 4 for i in range(16)]))
+    return c0, c1
+
+
+@intrinsic
+def offset_nibble_dots(typingctx, w0, w1, w2, w3, offset, yq, yoffset, corr, coffset):
+    """:func:`nibble_dots` with each lane starting from ``corr[coffset + lane]``: Q4_0's ``-8 * sum4(y)``, so that
+    the lanes hold ``(q - 8) . y``, the integers of ggml's signed nibbles."""
+    _rows((w0, w1, w2, w3, yq), "offset_nibble_dots")
+    _check_starts(corr, "offset_nibble_dots")
+
+    def codegen(context, builder, sig, args):
+        q = _concat4(builder, _quad_weights(context, builder, sig, args, args[4]))
+        lo = builder.and_(q, ir.Constant(_B64, [15] * 64))
+        hi = builder.lshr(q, ir.Constant(_B64, [4] * 64))
+        y0 = _broadcast16(context, builder, sig.args[5], args[5], args[6])
+        y1 = _broadcast16(context, builder, sig.args[5], args[5], builder.add(args[6], ir.Constant(args[6].type, 16)))
+        c0, c1 = _starts(context, builder, sig.args[7], args[7], args[8])
+        return context.make_tuple(builder, sig.return_type, [_dot4_acc(context, builder, c0, lo, y0),
+                                                              _dot4_acc(context, builder, c1, hi, y1)])
+
+    return types.UniTuple(I32x16, 2)(w0, w1, w2, w3, offset, yq, yoffset, corr, coffset), codegen
+
+
+@intrinsic
+def block_sums(typingctx, lo, hi):
+    """Each row's whole-block integer sum (its four lanes of ``lo`` and of ``hi`` added), in all four of its
+    lanes."""
+    if lo != I32x16 or hi != I32x16:
+        raise TypingError(f"block_sums expects two I32x16, got {lo}, {hi}")
+
+    def codegen(context, builder, sig, args):
+        s = builder.add(args[0], args[1])
+        for step in (1, 2):
+            s = builder.add(s, builder.shuffle_vector(s, s, _vconst(_VI16, [i ^ step for i in range(16)])))
+        return s
+
+    return I32x16(lo, hi), codegen
 
 
 @intrinsic
@@ -286,6 +333,20 @@ def store_rows(typingctx, out, index, lo, hi):
         return _store4(context, builder, sig.args[0], args[0], args[1], _row_sums(builder, args[2], args[3]))
 
     return types.void(out, index, lo, hi), codegen
+
+
+@intrinsic
+def store_first_lanes(typingctx, out, index, v):
+    """``out[index + r]`` = lane ``4r`` of ``v`` (a row's value held in each of its four lanes)."""
+    _check_out(out, "store_first_lanes")
+    if v != F32x16:
+        raise TypingError(f"store_first_lanes expects an F32x16, got {v}")
+
+    def codegen(context, builder, sig, args):
+        firsts = builder.shuffle_vector(args[2], args[2], _vconst(ir.VectorType(_I32, 4), [0, 4, 8, 12]))
+        return _store4(context, builder, sig.args[0], args[0], args[1], firsts)
+
+    return types.void(out, index, v), codegen
 
 
 @intrinsic

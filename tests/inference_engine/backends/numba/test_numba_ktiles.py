@@ -91,7 +91,8 @@ def test_ktiled_is_llamacpp_mul_mat_bit_for_bit(qtype, rng, oracle):
 @pytest.mark.parametrize("qtype", EXACT_TYPES, ids=lambda t: t.name)
 def test_ktiled_is_the_matvec_to_float_rounding(qtype, rng):
     """On any CPU (elsewhere than AVX-512 VNNI and AVX2 through portable IR): the mat-vec's sums, rounded another way
-    (Q4_1, Q5_0, Q5_1, Q8_0: the same way, so the same bits)."""
+    (Q4_1, Q5_0, Q5_1, Q8_0: the same way, so the same bits; Q4_0 on AVX-512 VNNI too, where its mat-vec takes the
+    repacked gemv's order, test_numba_q4_0)."""
     n_out, n_in = shape_for(qtype, SHAPES[1])
     w, rows = random_weight(qtype, n_out, n_in, rng)
     for n_tokens in (9, 31):
@@ -103,7 +104,7 @@ def test_ktiled_is_the_matvec_to_float_rounding(qtype, rng):
         else:  # Q2_K, Q3_K: the float mat-vec on ggml's activation (vec_dot's sums, rounded its own way)
             ref = dispatch.matmul_by_matvec(w, xv, xs)
         ours = ktiled(w, yq, yd, ya)
-        if qtype in VEC_DOT_ORDER:
+        if qtype in VEC_DOT_ORDER or dispatch.repacked_order(w):  # the same order (Q4_0: the repacked gemv's)
             np.testing.assert_array_equal(ours, ref)
             continue
         assert summation_error(ours, ref, dequantized(qtype, rows), xv) <= SUM_ORDER_TOL
@@ -132,6 +133,8 @@ def test_ggml_matmul_takes_the_tiled_path_from_its_threshold(qtype, rng, oracle)
     w, rows = random_weight(qtype, shape_for(qtype, (37, 512))[0], 512, rng)
     first = dispatch.KTILED_MIN_TOKENS[TARGET][qtype]
     below = "tiled" if w.kernels.matmul_tiled is not None else ""  # Q2_K, Q3_K: the float paths below
+    if dispatch.repacked_order(w):  # Q4_0 on AVX-512 VNNI: one mat-vec per token, in the repacked gemv's order
+        below = "matvec"
     assert dispatch.int_kernel_for(w, first - 1) == below
     assert dispatch.int_kernel_for(w, first) == "ktiled"
     for n_tokens in (first, first + 9):  # + 9: not a whole number of 16-token groups
