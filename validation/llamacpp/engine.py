@@ -21,8 +21,9 @@ default it off, for two reasons: (1) on machines that report AMX-INT8 but cannot
 project's build machine: the kernel grants the AMX permission, then ``ggml_backend_amx_mul_mat`` segfaults on any
 batch of more than one token) llama.cpp would kill the process on the first prompt; (2) with it off every matmul
 goes through ggml's plain path (activation quantized to the weight's ``vec_dot_type``, then ``ggml_vec_dot_*`` or
-llamafile's sgemm), which is what our ``ggml`` numerics mode emulates. Turn it on to benchmark llama.cpp's fastest
-CPU path where it works; it is recorded in ``model_info``.
+llamafile's sgemm), which is what our ``ggml`` numerics mode emulates (but for Q4_0 weights with rows a multiple of
+8, which it multiplies as the repacked kernels do: float rounding apart here). Turn it on to benchmark llama.cpp's
+fastest CPU path where it works; it is recorded in ``model_info``.
 """
 
 from __future__ import annotations
