@@ -140,18 +140,25 @@ def nibble_dots(typingctx, w0, w1, w2, w3, offset, yq, yoffset):
     _rows((w0, w1, w2, w3, yq), "nibble_dots")
 
     def codegen(context, builder, sig, args):
-        q = _concat4(builder, _quad_weights(context, builder, sig, args, args[4]))
-        lo = builder.and_(q, ir.Constant(_B64, [15] * 64))
-        hi = builder.lshr(q, ir.Constant(_B64, [4] * 64))
-        y0 = _broadcast16(context, builder, sig.args[5], args[5], args[6])
-        y1 = _broadcast16(context, builder, sig.args[5], args[5],
-                          builder.add(args[6], ir.Constant(args[6].type, 16)))
         zero = ir.Constant(_VI16, [0] * 16)
-        pair = context.make_tuple(builder, sig.return_type, [_dot4_acc(context, builder, zero, lo, y0),
-                                                              _dot4_acc(context, builder, zero, hi, y1)])
-        return pair
+        return _dots_pair(context, builder, sig, args, *_nibble_halves(context, builder, sig, args), zero, zero)
 
     return types.UniTuple(I32x16, 2)(w0, w1, w2, w3, offset, yq, yoffset), codegen
+
+
+def _nibble_halves(context, builder, sig, args):
+    """The four rows' 16 nibble bytes at ``args[4]``: low nibbles (elements 0..15) and high ones (16..31)."""
+    q = _concat4(builder, _quad_weights(context, builder, sig, args, args[4]))
+    return builder.and_(q, ir.Constant(_B64, [15] * 64)), builder.lshr(q, ir.Constant(_B64, [4] * 64))
+
+
+def _dots_pair(context, builder, sig, args, lo, hi, c0, c1):
+    """``(c0 + dot4(lo, y[0:16]), c1 + dot4(hi, y[16:32]))``, the activation ``y`` at ``args[6]`` of ``args[5]``
+    broadcast to the four rows' 128-bit lanes: the tuple the quad steps return."""
+    y0 = _broadcast16(context, builder, sig.args[5], args[5], args[6])
+    y1 = _broadcast16(context, builder, sig.args[5], args[5], builder.add(args[6], ir.Constant(args[6].type, 16)))
+    return context.make_tuple(builder, sig.return_type, [_dot4_acc(context, builder, c0, lo, y0),
+                                                          _dot4_acc(context, builder, c1, hi, y1)])
 
 
 @intrinsic
@@ -170,11 +177,8 @@ def signed_dots(typingctx, w0, w1, w2, w3, offset, yq, yoffset, corr, coffset):
         lo = builder.xor(_concat4(builder, _quad_weights(context, builder, sig, args, off)), flip)
         hi = builder.xor(_concat4(builder, _quad_weights(context, builder, sig, args, builder.add(off, sixteen))),
                          flip)
-        y0 = _broadcast16(context, builder, sig.args[5], args[5], args[6])
-        y1 = _broadcast16(context, builder, sig.args[5], args[5], builder.add(args[6], ir.Constant(args[6].type, 16)))
         c0, c1 = _starts(context, builder, sig.args[7], args[7], args[8])
-        return context.make_tuple(builder, sig.return_type, [_dot4_acc(context, builder, c0, lo, y0),
-                                                              _dot4_acc(context, builder, c1, hi, y1)])
+        return _dots_pair(context, builder, sig, args, lo, hi, c0, c1)
 
     return types.UniTuple(I32x16, 2)(w0, w1, w2, w3, offset, yq, yoffset, corr, coffset), codegen
 
@@ -201,14 +205,9 @@ def offset_nibble_dots(typingctx, w0, w1, w2, w3, offset, yq, yoffset, corr, cof
     _check_starts(corr, "offset_nibble_dots")
 
     def codegen(context, builder, sig, args):
-        q = _concat4(builder, _quad_weights(context, builder, sig, args, args[4]))
-        lo = builder.and_(q, ir.Constant(_B64, [15] * 64))
-        hi = builder.lshr(q, ir.Constant(_B64, [4] * 64))
-        y0 = _broadcast16(context, builder, sig.args[5], args[5], args[6])
-        y1 = _broadcast16(context, builder, sig.args[5], args[5], builder.add(args[6], ir.Constant(args[6].type, 16)))
+        lo, hi = _nibble_halves(context, builder, sig, args)
         c0, c1 = _starts(context, builder, sig.args[7], args[7], args[8])
-        return context.make_tuple(builder, sig.return_type, [_dot4_acc(context, builder, c0, lo, y0),
-                                                              _dot4_acc(context, builder, c1, hi, y1)])
+        return _dots_pair(context, builder, sig, args, lo, hi, c0, c1)
 
     return types.UniTuple(I32x16, 2)(w0, w1, w2, w3, offset, yq, yoffset, corr, coffset), codegen
 
