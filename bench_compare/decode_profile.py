@@ -3,8 +3,10 @@
 Wraps every op of the engine's backend with a timer, runs warm decode steps (or, with ``--prefill N``, one prefill
 of N tokens after an untimed one) and prints per op: milliseconds per token, calls per token, microseconds per call,
 and the rate it ran at, GB/s of bytes it read (weights, K/V, activations) and GFLOP/s; what is left over is the
-Python glue of the forward pass, also given per layer. Where the backend runs a whole layer as one op
-(``decode_layer``), that op is what it times; ``--unfused`` turns that off, so the layer's ops are timed one by one.
+Python of the forward pass, also given per layer. The step's time, and so what is left over, come from twin steps
+run between the recorded ones without the recording (the bytes, FLOPs and timeline of every call cost tens of
+microseconds a call). Where the backend runs a whole layer as one op (``decode_layer``), that op is what it times;
+``--unfused`` turns that off, so the layer's ops are timed one by one.
 
 On the MLX backend, whose ops only build a graph, it profiles steps instead (:mod:`bench_compare.step_profile`: host
 time building a step vs time waiting for the device, per step mode, and the graph's nodes per token); ``--ops``
@@ -19,7 +21,7 @@ GGUF) plus its input and output, and does ``2 * tokens * rows * cols`` FLOPs; at
 the position (F16: 2 bytes an element) and does ``2 * tokens * heads * positions * (d_k + d_v)``; a fused layer is
 the sum of its layer's matrices and its attention; element-wise ops read and write their arrays (the K/V cache is F16, as
 in compare). ``--depth N`` fills the cache with N tokens first: where the time goes at long context. A diagnostic for
-backend authors (timers add ~1 us per call), not a benchmark: speed is measured against llama.cpp with
+backend authors, not a benchmark: speed is measured against llama.cpp with
 ``bench-compare compare``.
 """
 
@@ -267,54 +269,65 @@ def profile_engine(engine, weights: WeightMap | None = None, prompt: str = "The 
     backend = engine.backend
     if not fuse_layers:
         backend.fuse_layers = False  # the numba backend's switch; a backend without fused layers has none to turn off
-    profile = Profile()
-    origin = [time.perf_counter()]
-    instrument(backend, CostModel(engine, weights or WeightMap()), profile, origin)
     ids = engine.tokenize(prompt)
     filler = [ids[i % len(ids)] for i in range(depth)]
+    tokens = [ids[i % len(ids)] for i in range(prefill)]
 
     def fill() -> None:
         engine.reset()
         for start in range(0, depth, 512):  # in llama-bench's n_batch chunks
             engine.prefill(filler[start:start + 512])
 
+    profile = Profile()
+    origin = [0.0]
+    instrument(backend, CostModel(engine, weights or WeightMap()), profile, origin)
+    # Each timed step runs twice, alternately: as it runs (the op timers alone, about a microsecond a call), which
+    # gives the step's time, and recording every op's bytes, FLOPs and timeline event, bookkeeping that costs tens of
+    # microseconds a call outside the ops' own times; so what is left outside the ops comes from the first kind.
+    # Alternating puts both kinds under the same machine noise.
+    plain: list[float] = []
     steps_run: list[tuple[float, float]] = []
+
+    def timed(step, record: bool) -> None:
+        profile.recording = record
+        s = time.perf_counter()
+        step()
+        took = time.perf_counter() - s
+        profile.recording = False
+        if record:
+            steps_run.append((s - origin[0], took))
+        else:
+            plain.append(took)
+
+    fill()
     if prefill:
-        tokens = [ids[i % len(ids)] for i in range(prefill)]
-        fill()
         engine.prefill(tokens)  # untimed: first calls of a size compile or allocate
-        fill()
-        profile.recording = True
-        origin[0] = start = time.perf_counter()
-        engine.prefill(tokens)
-        end = time.perf_counter()
-        steps_run.append((0.0, end - start))
+        origin[0] = time.perf_counter()
+        for record in (False, True):
+            fill()
+            timed(lambda: engine.prefill(tokens), record)
         per, unit = prefill, "prefill"
     else:
-        fill()
         engine.prefill(ids)
         for _ in range(warmup):
             engine.decode(ids[-1])
-        profile.recording = True
         origin[0] = time.perf_counter()
         for _ in range(steps):
-            s = time.perf_counter()
-            engine.decode(ids[-1])
-            steps_run.append((s - origin[0], time.perf_counter() - s))
+            for record in (False, True):
+                timed(lambda: engine.decode(ids[-1]), record)
         per, unit = steps, "decode"
-    profile.recording = False
-    total_s = sum(d for _, d in steps_run)
-    step_s = total_s / per
+    plain_s = sum(plain) / per
+    step_s = sum(d for _, d in steps_run) / per
     ops = {op: {"ms_per_token": profile.totals[op] / per * 1e3, "calls_per_token": profile.calls[op] / per,
                 "us_per_call": profile.totals[op] / profile.calls[op] * 1e6,
                 "gb_per_s": profile.bytes[op] / profile.totals[op] / 1e9 if profile.totals[op] else 0.0,
                 "gflop_per_s": profile.flops[op] / profile.totals[op] / 1e9 if profile.totals[op] else 0.0}
            for op in profile.totals}
-    glue_s = step_s - sum(profile.totals.values()) / per
+    glue_s = plain_s - sum(profile.totals.values()) / per
     n_layer = engine.model.hp.n_layer
-    return {"mode": unit, "tokens": per, "step_ms": step_s * 1e3, "tokens_per_s": 1.0 / step_s, "n_layer": n_layer,
-            "ops": ops, "glue_ms_per_token": glue_s * 1e3, "glue_us_per_layer": glue_s / n_layer * 1e6,
-            "events": profile.events, "steps": steps_run}
+    return {"mode": unit, "tokens": per, "step_ms": plain_s * 1e3, "tokens_per_s": 1.0 / plain_s,
+            "profiled_step_ms": step_s * 1e3, "n_layer": n_layer, "ops": ops, "glue_ms_per_token": glue_s * 1e3,
+            "glue_us_per_layer": glue_s / n_layer * 1e6, "events": profile.events, "steps": steps_run}
 
 
 def profile_decode(engine, prompt: str = "The capital of France is", steps: int = 30, warmup: int = 3,
@@ -378,7 +391,7 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"--mlx-modes: unknown {', '.join(sorted(unknown))}; supported: {', '.join(step_profile.MODES)}")
     if args.steps < 1 or args.prefill < 0 or args.depth < 0:
         parser.error("--steps must be at least 1, --prefill and --depth at least 0")
-    n_ctx = max(2048, args.depth + max(args.prefill, 64 + args.steps + 8))
+    n_ctx = max(2048, args.depth + max(args.prefill, 64 + 2 * args.steps + 8))  # each step runs twice
     with recording_weights(get_backend_class(args.backend)) as weights:
         engine = load_engine(args.model, backend=args.backend, numerics=args.numerics, n_threads=args.threads,
                              n_ctx=n_ctx, kv_type="f16")
@@ -396,7 +409,12 @@ def main(argv: list[str] | None = None) -> None:
     for op, row in sorted(p["ops"].items(), key=lambda kv: -kv[1]["ms_per_token"]):
         print(f"  {op:<16}{row['ms_per_token']:>10.3f}{row['calls_per_token']:>8.1f}{row['us_per_call']:>10.1f}"
               f"{row['gb_per_s']:>8.1f}{row['gflop_per_s']:>9.1f}")
-    print(f"  {'python glue':<16}{p['glue_ms_per_token']:>10.3f}   ({p['glue_us_per_layer']:.1f} us per layer)")
+    if p["glue_ms_per_token"] >= 0:
+        outside = f"{p['glue_ms_per_token']:>10.3f}   ({p['glue_us_per_layer']:.1f} us per layer: the forward pass's Python"
+    else:  # the untimed step ran faster than its ops did under the timers
+        outside = f"{0.0:>10.3f}   (below the timers' noise: the forward pass's Python"
+    print(f"  {'outside the ops':<16}{outside}, from the untimed step; the op timers made the step "
+          f"{p['profiled_step_ms']:.3f} ms)")
     if args.trace:
         title = f"{engine.gguf.path.name} {what}, {args.backend} {args.numerics}"
         atomic_write_text(args.trace, json.dumps(chrome_trace(p, title)))

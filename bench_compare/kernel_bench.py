@@ -46,6 +46,7 @@ from gguf import GGMLQuantizationType as T
 
 from bench_compare import blocked_prefill, untiled_int
 from bench_compare.bandwidth import BANDWIDTH_BYTES, best_of, read_bandwidth
+from inference_engine.backends import numba_kernels
 from inference_engine.backends.numba_kernels import dispatch as mm
 from inference_engine.backends.numba_kernels import ktiles
 from inference_engine.backends.numba_kernels.ops import activations
@@ -453,6 +454,7 @@ def main(argv: list[str] | None = None) -> int:
             get_named_model(name)
         except GGUFParityError as exc:
             p.error(f"--models: {exc}")
+    numba_kernels.prepare()  # as the backend does: kernels compiled from older sources are dropped, not timed
     numba.set_num_threads(args.threads)
     rng = np.random.default_rng(0)
     blas = os.environ.get("OPENBLAS_NUM_THREADS", "default (all cores)")

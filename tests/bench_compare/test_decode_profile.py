@@ -1,5 +1,7 @@
 """The decode profiler accounts for every op call of a real decode step."""
 
+import pytest
+
 from bench_compare.decode_profile import profile_decode
 from inference_engine.engine import OurEngine
 
@@ -13,7 +15,10 @@ def test_profile_counts_each_layers_ops(tiny_model):
     assert p["ops"]["matmul_many"]["calls_per_token"] == 2 * n_layer
     assert p["ops"]["matmul"]["calls_per_token"] == 2 * n_layer + 1
     assert p["ops"]["attention"]["calls_per_token"] == n_layer
-    assert p["step_ms"] > sum(row["ms_per_token"] for row in p["ops"].values())
+    assert p["profiled_step_ms"] > sum(row["ms_per_token"] for row in p["ops"].values())  # the ops are inside steps
+    assert p["step_ms"] > 0 and p["tokens_per_s"] == pytest.approx(1e3 / p["step_ms"])  # the run without timers
+    ops_ms = sum(row["ms_per_token"] for row in p["ops"].values())
+    assert p["glue_ms_per_token"] == pytest.approx(p["step_ms"] - ops_ms)
 
 
 def test_profile_counts_the_fused_decode_layer(tiny_model):
@@ -110,9 +115,10 @@ def test_at_depth_attention_reads_the_longer_cache(tiny_model):
     def attention_flops(p):
         return next(e["flops"] for e in p["events"] if e["op"] == "attention" and e["layer"] == 0)
 
-    # the same head sizes over 40 more positions: (40 + prompt + 1 warm-up step + this step) instead of (prompt + 2)
+    # the same head sizes over 40 more positions: (40 + prompt + 1 warm-up step + the untimed twin + this step)
+    # instead of (prompt + 3)
     n_prompt = len(OurEngine(tiny_model("llama", "Q8_0"), n_ctx=8).tokenize("hello"))
-    assert attention_flops(deep) * (n_prompt + 2) == attention_flops(shallow) * (40 + n_prompt + 2)
+    assert attention_flops(deep) * (n_prompt + 3) == attention_flops(shallow) * (40 + n_prompt + 3)
 
 
 def test_a_fused_op_the_backend_declines_costs_nothing(tiny_model):

@@ -40,6 +40,8 @@ modification time of the file defining each kernel only, while kernels inline he
 :mod:`.isa.int8`: :mod:`.cache_stamp` drops the package's cached code whenever any of its sources changed.
 """
 
+import numba
+
 from inference_engine import compile_notice
 from inference_engine.backends.numba_kernels.cache_stamp import drop_stale_cache
 from inference_engine.backends.numba_kernels.dispatch import (
@@ -80,11 +82,16 @@ def prepare() -> None:
       (exit 130), see that module.
     - :func:`inference_engine.compile_notice.install_listener`: a first run's compile is announced (the CLI prints
       it), see that module.
+    - Numba's threading layer is started (``numba.get_num_threads`` starts it): a cached kernel that is not itself
+      parallel but calls one that is (each type's ``token_<type>``: quantize the activation, then the parallel
+      mat-vec) crashes with SIGSEGV when it is the process's first parallel work and comes from the cache
+      (numba#8578); ``dispatch.matmul`` of one token as a process's first kernel call did.
     """
     global _prepared
     if _prepared:
         return
     drop_stale_cache()
+    numba.get_num_threads()
     numba_interrupts.install()
     compile_notice.install_listener()
     _prepared = True

@@ -393,9 +393,10 @@ def prefetch(typingctx, arr, offset):
 
 
 @njit(inline="always", cache=True)
-def rows_ahead(w):
-    """Rows between the row being multiplied and the row to prefetch: ``PREFETCH_BYTES`` of a 2-D weight."""
-    return max(2, PREFETCH_BYTES // max(1, w.shape[1]))
+def rows_ahead(w, step=2):
+    """Rows between the first row being multiplied and the first to prefetch: ``PREFETCH_BYTES`` of a 2-D weight,
+    and at least the ``step`` rows a loop takes at once (a closer prefetch would fetch rows already being read)."""
+    return max(step, PREFETCH_BYTES // max(1, w.shape[1]))
 
 
 # --- scalars at byte offsets -------------------------------------------------------------------------------------

@@ -65,7 +65,7 @@ def matvec_int_loop_q4_0(pair, w, yq, yd, ya, out):
     n = out.shape[0]
     if zmm.has_zmm_vnni() and n % REPACKED_ROWS == 0:
         starts = offsets_q4_0(ya)
-        ahead = simd.rows_ahead(w)
+        ahead = simd.rows_ahead(w, zmm.ROWS)
         for g in prange(n // zmm.ROWS):
             r = zmm.ROWS * g
             p = w[min(r + ahead, n - zmm.ROWS)]

@@ -50,7 +50,7 @@ def matvec_int_loop_q4_1(w, yq, yd, ya, out):
     n = out.shape[0]
     if zmm.has_zmm_vnni() and n >= zmm.ROWS:
         # four rows a step; the last step ends at row n - 1 (rows it shares with the one before get the same values)
-        ahead = simd.rows_ahead(w)
+        ahead = simd.rows_ahead(w, zmm.ROWS)
         for g in prange((n + zmm.ROWS - 1) // zmm.ROWS):
             r = min(zmm.ROWS * g, n - zmm.ROWS)
             p = w[min(r + ahead, n - zmm.ROWS)]

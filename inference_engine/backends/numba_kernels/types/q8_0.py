@@ -97,7 +97,7 @@ def matvec_int_loop_q8_0(w, yq, yd, ya, out):
     n = out.shape[0]
     if zmm.has_zmm_vnni() and n >= zmm.ROWS:
         corr = q8_corrections(yq)
-        ahead = simd.rows_ahead(w)
+        ahead = simd.rows_ahead(w, zmm.ROWS)
         for g in prange((n + zmm.ROWS - 1) // zmm.ROWS):
             r = min(zmm.ROWS * g, n - zmm.ROWS)
             p = w[min(r + ahead, n - zmm.ROWS)]

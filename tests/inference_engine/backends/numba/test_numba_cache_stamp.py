@@ -3,6 +3,9 @@ file that defines a kernel, not the helpers it inlines)."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 from inference_engine.backends import numba_kernels
 from inference_engine.backends.numba_kernels import cache_stamp
 
@@ -49,3 +52,18 @@ def test_the_real_package_is_stamped_with_its_sources():
     numba_kernels.prepare()  # what the Numba backend runs when it is built (importing the package stamps nothing)
     stamp = cache_stamp.PACKAGE_DIR / "__pycache__" / cache_stamp.STAMP_NAME
     assert stamp.read_text().strip() == cache_stamp.sources_digest()
+
+
+def test_prepare_starts_numbas_threading_layer_before_any_kernel_runs():
+    """A cached ``token_<type>`` (not parallel itself, calling the parallel mat-vec) loaded as a process's first
+    kernel called a null pointer (SIGSEGV) where Numba's threading layer was not started yet: Numba binds its
+    ``parallel_for`` when the layer starts (numba#8578). ``prepare`` starts it; a fresh process shows it."""
+    code = (
+        "import numba\n"
+        "from inference_engine.backends import numba_kernels\n"
+        "numba_kernels.prepare()\n"
+        "print(numba.threading_layer())\n"  # raises ValueError while the layer is not started
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() in ("tbb", "omp", "workqueue")
