@@ -376,10 +376,12 @@ def matmul_by_int_tiles(w: QMatrix, x: np.ndarray, quantized: dict | None = None
 
 
 def repacked_order(w: QMatrix) -> bool:
-    """Whether ``w``'s one-token mat-vec computes in llama.cpp's repacked gemv order (:mod:`.types.q4_0`: a Q4_0
-    weight with rows a multiple of 8, kernels compiled for AVX-512 VNNI), so that one mat-vec per token gives its
-    gemm's values at every token count below ktiles' threshold (the 4-token tiles give ``vec_dot``'s). Measured, 1
-    thread, 8960x1536, ms per-token mat-vecs / 4-token tiles: 2 tokens 0.46 / 0.99, 4 0.91 / 1.02."""
+    """Whether a batch through ``w`` below ktiles' threshold takes one mat-vec per token in llama.cpp's repacked
+    gemv order (:mod:`.types.q4_0`: a Q4_0 weight with rows a multiple of 8, kernels compiled for AVX-512 VNNI),
+    which gives its gemm's values at every token count (the 4-token tiles give ``vec_dot``'s). Measured, 1 thread,
+    8960x1536, ms per-token mat-vecs / 4-token tiles: 2 tokens 0.46 / 0.99, 4 0.91 / 1.02. Not on AVX2, whose
+    one-token mat-vec takes that order too but the tiles are faster from 4 tokens (AVX2 code on the AMD EPYC VM: 4
+    tokens 1.49 / 1.09, 8 2.98 / 2.17, 11 4.09 / 3.29; 2 tokens 0.74 either way)."""
     multiple = REPACKED_ROWS.get(w.qtype)
     return multiple is not None and w.n_out % multiple == 0 and ktiles.compiled_target() == "avx512_vnni"
 

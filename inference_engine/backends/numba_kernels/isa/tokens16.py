@@ -36,18 +36,15 @@ from numba import types
 from numba.core.errors import TypingError
 from numba.extending import intrinsic
 
-from inference_engine.backends.numba_kernels.isa.int8 import _call, _ptr, _splat, _vconst
+from inference_engine.backends.numba_kernels.isa.int8 import _call, _ptr, _splat
 from inference_engine.backends.numba_kernels.isa.simd import F32x16
-from inference_engine.backends.numba_kernels.isa.zmm import I8x64, I32x16, _ymm_int8, _zmm_vnni
+from inference_engine.backends.numba_kernels.isa.zmm import I8x64, I32x16, _dot4_acc
 
 _I8, _I32 = ir.IntType(8), ir.IntType(32)
 _F32 = ir.FloatType()
 _B64 = ir.VectorType(_I8, 64)
 _VI16 = ir.VectorType(_I32, 16)
 _VF16 = ir.VectorType(_F32, 16)
-_V16I16 = ir.VectorType(ir.IntType(16), 16)
-_V8I32 = ir.VectorType(_I32, 8)
-_ONES16 = ir.Constant(_V16I16, [1] * 16)
 
 
 def _check(arr, dtype, what):
@@ -79,28 +76,7 @@ def dpbusd_row(typingctx, acc, w, offset, codes):
     def codegen(context, builder, sig, args):
         word = builder.load(_ptr(context, builder, sig.args[1], args[1], args[2], _I32), align=1)
         u = _splat(builder, word, _VI16)
-        if _zmm_vnni(context):
-            return _call(
-                builder, "llvm.x86.avx512.vpdpbusd.512", _VI16, [args[0], u, builder.bitcast(args[3], _VI16)]
-            )
-        if _ymm_int8(context):  # two halves of 8 tokens: vpmaddubsw, vpmaddwd with ones
-            ub = builder.bitcast(u, _B64)
-            halves = []
-            for h in range(2):
-                pick = _vconst(ir.VectorType(_I32, 32), range(32 * h, 32 * h + 32))
-                uh = builder.shuffle_vector(ub, ub, pick)
-                ch = builder.shuffle_vector(args[3], args[3], pick)
-                pairs = _call(builder, "llvm.x86.avx2.pmadd.ub.sw", _V16I16, [uh, ch])
-                halves.append(_call(builder, "llvm.x86.avx2.pmadd.wd", _V8I32, [pairs, _ONES16]))
-            both = builder.shuffle_vector(halves[0], halves[1], _vconst(ir.VectorType(_I32, 16), range(16)))
-            return builder.add(args[0], both)
-        wide = ir.VectorType(_I32, 64)  # portable IR: the same integers
-        p = builder.mul(builder.zext(builder.bitcast(u, _B64), wide), builder.sext(args[3], wide))
-        for n in (64, 32):
-            even = builder.shuffle_vector(p, p, _vconst(ir.VectorType(_I32, n // 2), range(0, n, 2)))
-            odd = builder.shuffle_vector(p, p, _vconst(ir.VectorType(_I32, n // 2), range(1, n, 2)))
-            p = builder.add(even, odd)
-        return builder.add(args[0], p)
+        return _dot4_acc(context, builder, args[0], builder.bitcast(u, _B64), args[3], small=True)
 
     return I32x16(acc, w, offset, codes), codegen
 

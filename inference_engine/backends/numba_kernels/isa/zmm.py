@@ -23,9 +23,13 @@ the same integers.
 below.
 
 The vector code is generic LLVM IR except ``vpdpbusd``, ``vpmaddubsw``, ``vpmaddwd`` and ``vpdpwssd``, which are used
-where the compile target has them (:func:`has_zmm_vnni`, a constant at compile time, chooses the kernels that use
-these steps); elsewhere the intrinsics lower to portable IR (correct, slow; tested) and the kernels keep
-:mod:`.intdot`'s and :mod:`.inttiles`' 256-bit loops.
+where the compile target has them (:func:`has_zmm_vnni` and :func:`compiled_isa`, constants at compile time, choose
+the kernels that use these steps). On an AVX2 target the nibble steps (:func:`nibble_dots`,
+:func:`offset_nibble_dots`) take ``vpmaddubsw`` + ``vpmaddwd`` per 256-bit half instead of ``vpdpbusd`` (exact: a
+nibble times an int8 pair fits int16), and LLVM splits the rest of the 512-bit IR into 256-bit halves: the
+four-row mat-vecs of Q4_0 and Q4_1 run there too, faster than :mod:`.intdot`'s row pairs. Elsewhere the intrinsics
+lower to portable IR (correct, slow; tested) and the kernels keep :mod:`.intdot`'s and :mod:`.inttiles`' 256-bit
+loops.
 """
 
 from __future__ import annotations
@@ -43,6 +47,8 @@ _F32 = ir.FloatType()
 _B16, _B64 = ir.VectorType(_I8, 16), ir.VectorType(_I8, 64)
 _VI16 = ir.VectorType(_I32, 16)
 _VF16, _VF8 = ir.VectorType(_F32, 16), ir.VectorType(_F32, 8)
+_V16I16, _V8I32 = ir.VectorType(ir.IntType(16), 16), ir.VectorType(_I32, 8)
+_ONES16 = ir.Constant(_V16I16, [1] * 16)
 ROWS = 4  # weight rows per step
 
 
@@ -114,11 +120,21 @@ def _broadcast16(context, builder, arrty, arr, offset):
     return builder.shuffle_vector(v, v, _vconst(ir.VectorType(_I32, 64), [i % 16 for i in range(64)]))
 
 
-def _dot4_acc(context, builder, acc, u, s):
-    """``acc + dot4(u, s)`` on 64 bytes (16 int32 lanes): ``vpdpbusd`` on AVX-512 VNNI, portable IR elsewhere."""
+def _dot4_acc(context, builder, acc, u, s, small=False):
+    """``acc + dot4(u, s)`` on 64 bytes (16 int32 lanes; ``u`` unsigned, ``s`` signed): ``vpdpbusd`` on AVX-512 VNNI;
+    on AVX2 where ``small`` (every byte of ``u`` below 129), per 32 bytes ``vpmaddubsw`` (pairs into int16: exact
+    while ``2 * 128 * u`` fits) then ``vpmaddwd`` with ones, as ggml's AVX2 code multiplies; portable IR elsewhere."""
     if _zmm_vnni(context):
         return _call(builder, "llvm.x86.avx512.vpdpbusd.512", _VI16,
                      [acc, builder.bitcast(u, _VI16), builder.bitcast(s, _VI16)])
+    if small and _ymm_int8(context):
+        halves = []
+        for h in range(2):
+            pick = _vconst(ir.VectorType(_I32, 32), range(32 * h, 32 * h + 32))
+            pairs = _call(builder, "llvm.x86.avx2.pmadd.ub.sw", _V16I16,
+                          [builder.shuffle_vector(u, u, pick), builder.shuffle_vector(s, s, pick)])
+            halves.append(_call(builder, "llvm.x86.avx2.pmadd.wd", _V8I32, [pairs, _ONES16]))
+        return builder.add(acc, builder.shuffle_vector(halves[0], halves[1], _vconst(_VI16, range(16))))
     wide = ir.VectorType(_I32, 64)
     p = builder.mul(builder.zext(u, wide), builder.sext(s, wide))
     for n in (64, 32):
@@ -141,7 +157,7 @@ def nibble_dots(typingctx, w0, w1, w2, w3, offset, yq, yoffset):
 
     def codegen(context, builder, sig, args):
         zero = ir.Constant(_VI16, [0] * 16)
-        return _dots_pair(context, builder, sig, args, *_nibble_halves(context, builder, sig, args), zero, zero)
+        return _dots_pair(context, builder, sig, args, *_nibble_halves(context, builder, sig, args), zero, zero, True)
 
     return types.UniTuple(I32x16, 2)(w0, w1, w2, w3, offset, yq, yoffset), codegen
 
@@ -152,13 +168,13 @@ def _nibble_halves(context, builder, sig, args):
     return builder.and_(q, ir.Constant(_B64, [15] * 64)), builder.lshr(q, ir.Constant(_B64, [4] * 64))
 
 
-def _dots_pair(context, builder, sig, args, lo, hi, c0, c1):
+def _dots_pair(context, builder, sig, args, lo, hi, c0, c1, small):
     """``(c0 + dot4(lo, y[0:16]), c1 + dot4(hi, y[16:32]))``, the activation ``y`` at ``args[6]`` of ``args[5]``
-    broadcast to the four rows' 128-bit lanes: the tuple the quad steps return."""
+    broadcast to the four rows' 128-bit lanes: the tuple the quad steps return (``small``: as :func:`_dot4_acc`)."""
     y0 = _broadcast16(context, builder, sig.args[5], args[5], args[6])
     y1 = _broadcast16(context, builder, sig.args[5], args[5], builder.add(args[6], ir.Constant(args[6].type, 16)))
-    return context.make_tuple(builder, sig.return_type, [_dot4_acc(context, builder, c0, lo, y0),
-                                                          _dot4_acc(context, builder, c1, hi, y1)])
+    return context.make_tuple(builder, sig.return_type, [_dot4_acc(context, builder, c0, lo, y0, small),
+                                                          _dot4_acc(context, builder, c1, hi, y1, small)])
 
 
 @intrinsic
@@ -178,7 +194,7 @@ def signed_dots(typingctx, w0, w1, w2, w3, offset, yq, yoffset, corr, coffset):
         hi = builder.xor(_concat4(builder, _quad_weights(context, builder, sig, args, builder.add(off, sixteen))),
                          flip)
         c0, c1 = _starts(context, builder, sig.args[7], args[7], args[8])
-        return _dots_pair(context, builder, sig, args, lo, hi, c0, c1)
+        return _dots_pair(context, builder, sig, args, lo, hi, c0, c1, False)  # w + 128: not small
 
     return types.UniTuple(I32x16, 2)(w0, w1, w2, w3, offset, yq, yoffset, corr, coffset), codegen
 
@@ -207,7 +223,7 @@ def offset_nibble_dots(typingctx, w0, w1, w2, w3, offset, yq, yoffset, corr, cof
     def codegen(context, builder, sig, args):
         lo, hi = _nibble_halves(context, builder, sig, args)
         c0, c1 = _starts(context, builder, sig.args[7], args[7], args[8])
-        return _dots_pair(context, builder, sig, args, lo, hi, c0, c1)
+        return _dots_pair(context, builder, sig, args, lo, hi, c0, c1, True)
 
     return types.UniTuple(I32x16, 2)(w0, w1, w2, w3, offset, yq, yoffset, corr, coffset), codegen
 

@@ -7,7 +7,7 @@ llama.cpp repacks a Q4_0 weight whose rows are a multiple of :data:`REPACKED_ROW
 ``block_q4_0x8``, 8 rows interleaved) and multiplies it, at every token count, by ``ggml_gemv_q4_0_8x8_q8_0`` /
 ``ggml_gemm_q4_0_8x8_q8_0``: per block, the exact integer ``(q - 8) . y``, then ``acc = fma(float(sum), d_w * d_y,
 acc)``, one float accumulator an output. Its one-token mat-vec here (:func:`matvec_int_loop_q4_0`) takes that order
-for those weights on AVX-512 VNNI (llama.cpp's values bit for bit), and ``vec_dot``'s (8 float lanes,
+for those weights on AVX-512 VNNI and on AVX2 (llama.cpp's values bit for bit), and ``vec_dot``'s (8 float lanes,
 ``hsum_float_8``) for the others, as llama.cpp does, and on other CPUs.
 """
 
@@ -58,12 +58,12 @@ def offsets_q4_0(ya):
 
 @njit(inline="always", cache=True)
 def matvec_int_loop_q4_0(pair, w, yq, yd, ya, out):
-    """One token: on AVX-512 VNNI, rows a multiple of :data:`REPACKED_ROWS` in the repacked gemv's order, four rows a
-    step; otherwise in ``vec_dot``'s (``pair``: :func:`.intdot.pair_offset`, two rows a step). (On AVX2 the gemv's
-    order costs a horizontal sum a block and row: the pair loop in that order measured 1.55x slower, 1 thread,
-    8960x1536, 0.376 -> 0.584 ms; there llama.cpp's repacked values and these differ by float rounding.)"""
+    """One token: on AVX-512 VNNI and AVX2 (there each ``vpdpbusd`` is ``vpmaddubsw`` + ``vpmaddwd``, exact for
+    nibbles), rows a multiple of :data:`REPACKED_ROWS` in the repacked gemv's order, four rows a step; otherwise in
+    ``vec_dot``'s (``pair``: :func:`.intdot.pair_offset`, two rows a step). The four-row loop beat the pair loop on
+    AVX2 code too (1 thread, 8960x1536 streamed: 475 -> 369 us, docs/PERFORMANCE.md)."""
     n = out.shape[0]
-    if zmm.has_zmm_vnni() and n % REPACKED_ROWS == 0:
+    if zmm.compiled_isa() >= 1 and n % REPACKED_ROWS == 0:
         starts = offsets_q4_0(ya)
         ahead = simd.rows_ahead(w, zmm.ROWS)
         for g in prange(n // zmm.ROWS):

@@ -1,8 +1,9 @@
 """Q4_0 as llama.cpp multiplies a model's Q4_0: repacked at load where its rows are a multiple of 8, then its gemv /
 gemm at every token count (per block ``fma(float((q - 8) . y), d_w * d_y, acc)``, one accumulator an output), and
-``vec_dot`` elsewhere. On AVX-512 VNNI the one-token mat-vec takes the gemv's order for those weights (four rows a
-step), and a batch below ktiles' threshold takes one mat-vec per token: llama.cpp's values at every token count.
-Elsewhere the mat-vec keeps ``vec_dot``'s order (test_numba_intdot.py).
+``vec_dot`` elsewhere. On AVX-512 VNNI and AVX2 the one-token mat-vec takes the gemv's order for those weights (four
+rows a step); on AVX-512 VNNI a batch below ktiles' threshold takes one mat-vec per token too: llama.cpp's values at
+every token count (on AVX2 the 4-token tiles, faster there, keep ``vec_dot``'s order from 4 to 11 tokens). Other
+CPUs keep ``vec_dot``'s order (test_numba_intdot.py).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from gguf import GGMLQuantizationType as T
 from numba import njit
 from test_numba_intdot import X86
 from test_numba_kernels import random_activation, random_weight
+from test_numba_ktiles import AVX2_FEATURES
 
 from inference_engine.backends.numba_kernels import dispatch, ktiles
 from inference_engine.backends.numba_kernels.isa import simd, zmm
@@ -20,6 +22,7 @@ from inference_engine.backends.numba_kernels.ops import activations
 from inference_engine.backends.numba_kernels.types import q4_0
 
 VNNI = ktiles.compiled_target() == "avx512_vnni"
+GEMV_ORDER = ktiles.compiled_target() in ("avx512_vnni", "avx2")  # where the one-token mat-vec takes it
 needs_x86 = pytest.mark.skipif(not X86, reason="the integer kernels are llama.cpp's x86 values bit for bit")
 
 
@@ -33,12 +36,12 @@ def one_token(w, x):
 @needs_x86
 @pytest.mark.parametrize("shape", [(8, 32), (40, 7 * 256), (64, 1536), (37, 256), (12, 512)])
 def test_one_token_is_llamacpps_value(shape, rng, oracle):
-    """Rows a multiple of 8 on AVX-512 VNNI: the repacked gemv (ggml's mul_mat, weight in the CPU_REPACK buffer);
-    other row counts, and other CPUs: vec_dot."""
+    """Rows a multiple of 8 on AVX-512 VNNI and AVX2: the repacked gemv (ggml's mul_mat, weight in the CPU_REPACK
+    buffer); other row counts, and other CPUs: vec_dot."""
     n_out, n_in = shape
     w, rows = random_weight(T.Q4_0, n_out, n_in, rng)
-    repacked = VNNI and n_out % q4_0.REPACKED_ROWS == 0
-    assert dispatch.repacked_order(w) == repacked
+    repacked = GEMV_ORDER and n_out % q4_0.REPACKED_ROWS == 0
+    assert dispatch.repacked_order(w) == (VNNI and n_out % q4_0.REPACKED_ROWS == 0)  # batches: see the docstring
     for scale in (1e-3, 1.0, 50.0):
         x = random_activation(rng, 1, n_in, scale)
         reference = (
@@ -92,7 +95,7 @@ def _compile_block_steps():
     return steps
 
 
-@pytest.mark.parametrize("lowering", ["target", "portable"])
+@pytest.mark.parametrize("lowering", ["target", "avx2", "portable"])
 def test_repacked_order_steps_on_every_lowering(lowering, rng, monkeypatch):
     """offset_nibble_dots gives each row's lanes of ``(q - 8) . y`` from their ``-8 sum4(y)`` start values,
     block_sums each row's whole-block sum in its four lanes, store_first_lanes one value a row: through
@@ -100,6 +103,8 @@ def test_repacked_order_steps_on_every_lowering(lowering, rng, monkeypatch):
     activations +-127."""
     if lowering == "portable":
         monkeypatch.setattr(zmm, "target_features", lambda context: frozenset())
+    if lowering == "avx2":  # vpmaddubsw + vpmaddwd, as on an AVX2 CPU (every AVX2 instruction runs here too)
+        monkeypatch.setattr(zmm, "target_features", lambda context: AVX2_FEATURES)
     steps = _compile_block_steps()
     for _ in range(5):
         rows = [rng.integers(0, 256, 16, dtype=np.uint8) for _ in range(4)]
@@ -118,3 +123,5 @@ def test_repacked_order_steps_on_every_lowering(lowering, rng, monkeypatch):
             assert out_first[r] == np.float32(lanes.sum())
     if lowering == "target" and VNNI:
         assert "vpdpbusd" in steps.inspect_asm(steps.signatures[0])
+    if lowering == "avx2" and X86:
+        assert "vpmaddubsw" in steps.inspect_asm(steps.signatures[0])

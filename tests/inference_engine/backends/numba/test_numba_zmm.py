@@ -1,7 +1,9 @@
-"""The 4-row mat-vecs on 512-bit vectors (Q4_1, Q8_0): libggml's values bit for bit, every lowering exact.
+"""The 4-row mat-vecs on 512-bit vectors (Q4_1, Q8_0; Q4_0 in test_numba_q4_0.py): libggml's values bit for bit,
+every lowering exact.
 
-On a CPU with AVX-512 VNNI the one-token mat-vecs of these types run :mod:`.zmm`' four-rows-a-step loop; elsewhere
-the row loops of :mod:`.intdot` (covered by test_numba_intdot.py). Here: any row count (the last step overlaps the
+On a CPU with AVX-512 VNNI the one-token mat-vecs of these types run :mod:`.zmm`' four-rows-a-step loop, on AVX2
+those of Q4_0 and Q4_1 too (their nibbles multiply exactly through ``vpmaddubsw``); elsewhere the row loops of
+:mod:`.intdot` (covered by test_numba_intdot.py). Here: any row count (the last step overlaps the
 one before it), the integer steps against plain integer arithmetic through the x86 intrinsics and through the
 portable IR other targets get, and the choice by compile target.
 """
@@ -13,6 +15,7 @@ import pytest
 from gguf import GGMLQuantizationType as T
 from numba import njit
 from test_numba_intdot import X86, assert_int_matvec_is_libggml
+from test_numba_ktiles import AVX2_FEATURES
 
 from inference_engine.backends.numba_kernels.isa import zmm
 from inference_engine.backends.numba_kernels.types import q8_0
@@ -55,13 +58,16 @@ def _reference_dots(rows, y):
     return out.reshape(-1)
 
 
-@pytest.mark.parametrize("lowering", ["target", "portable"])
+@pytest.mark.parametrize("lowering", ["target", "avx2", "portable"])
 def test_quad_integer_steps_on_every_lowering(lowering, rng, monkeypatch):
-    """nibble_dots / signed_dots give the exact integers through ``vpdpbusd`` (AVX-512 VNNI targets) and through the
-    portable IR (forced here by hiding the target's features), weights -128 and 127 and activations +-127
-    included."""
+    """nibble_dots / signed_dots give the exact integers through ``vpdpbusd`` (AVX-512 VNNI targets), through
+    ``vpmaddubsw`` + ``vpmaddwd`` (AVX2 targets, forced by showing only AVX2's features: the nibbles only, Q8_0's ``w +
+    128`` would saturate them and keeps the portable IR) and through the portable IR (forced here by hiding the
+    target's features), weights -128 and 127 and activations +-127 included."""
     if lowering == "portable":
         monkeypatch.setattr(zmm, "target_features", lambda context: frozenset())
+    if lowering == "avx2":
+        monkeypatch.setattr(zmm, "target_features", lambda context: AVX2_FEATURES)
     dots = _compile_dots()
     for _ in range(5):
         rows = [rng.integers(0, 256, 32, dtype=np.uint8) for _ in range(4)]
@@ -76,6 +82,8 @@ def test_quad_integer_steps_on_every_lowering(lowering, rng, monkeypatch):
     asm = dots.inspect_asm(dots.signatures[0])
     if lowering == "target" and ZMM_VNNI:
         assert "vpdpbusd" in asm and "zmm" in asm
+    if lowering == "avx2" and X86:
+        assert "vpmaddubsw" in asm and "vpdpbusd" not in asm
     if lowering == "portable":
         assert "vpdpbusd" not in asm
 
@@ -157,3 +165,50 @@ def test_two_token_steps_on_every_lowering(lowering, rng, monkeypatch):
         assert "vpdpwssd" in asm or "vpmaddwd" in asm
     if lowering == "portable":
         assert "vpmaddubsw" not in asm and "vpdpwssd" not in asm
+
+
+_AVX2_CHILD = """
+import sys, numpy as np
+from gguf import GGMLQuantizationType as T
+from inference_engine.backends import numba_kernels
+from inference_engine.backends.numba_kernels import dispatch, ktiles
+numba_kernels.prepare()
+assert ktiles.compiled_target() == "avx2", ktiles.compiled_target()
+data = np.load(sys.argv[1])
+for name in sys.argv[3:]:
+    rows, x = data[name + "_rows"], data[name + "_x"]
+    w = dispatch.pack_matrix(name, T[name], rows, (rows.shape[0], x.shape[1]))
+    np.save(sys.argv[2] + "_" + name + ".npy", np.stack([dispatch.matmul(w, x[t], "ggml") for t in range(len(x))]))
+"""
+
+
+@pytest.mark.skipif(not ZMM_VNNI or not X86, reason="an AVX2 build is checked in a child process on an AVX-512 x86 CPU "
+                    "(on an AVX2 machine the tests above run it directly)")
+def test_quad_matvecs_compiled_for_avx2_give_llamacpps_values(rng, oracle, tmp_path):
+    """The one-token mat-vecs compiled for an AVX2 target (a fresh process, Numba's CPU set to Haswell): Q4_0 four
+    rows a step in the repacked gemv's order (llama.cpp's mul_mat on the repacked weight, as a model holds it), Q4_1
+    four rows a step in ``vec_dot``'s (its plain mul_mat), bit for bit, through ``dispatch.matmul`` as decode calls
+    it."""
+    import os
+    import subprocess
+    import sys
+
+    from test_numba_kernels import random_activation, random_weight
+    from test_numba_ktiles import haswell_features
+
+    shapes = {T.Q4_0: (40, 7 * 256), T.Q4_1: (37, 3 * 256)}
+    cases = {}
+    for qtype, (n_out, n_in) in shapes.items():
+        _, rows = random_weight(qtype, n_out, n_in, rng)
+        x = np.concatenate([random_activation(rng, 1, n_in, scale) for scale in (1e-3, 1.0, 50.0)])
+        cases[f"{qtype.name}_rows"], cases[f"{qtype.name}_x"] = rows, x
+    np.savez(tmp_path / "cases.npz", **cases)
+    env = dict(os.environ, NUMBA_CPU_NAME="haswell", NUMBA_CPU_FEATURES=haswell_features())
+    subprocess.run([sys.executable, "-c", _AVX2_CHILD, str(tmp_path / "cases.npz"), str(tmp_path / "out"),
+                    *(t.name for t in shapes)], env=env, check=True, timeout=600)
+    for qtype in shapes:
+        rows, x = cases[f"{qtype.name}_rows"], cases[f"{qtype.name}_x"]
+        ours = np.load(tmp_path / f"out_{qtype.name}.npy")
+        for t in range(len(x)):
+            reference = oracle.mul_mat(qtype, rows, x[t : t + 1], repacked=qtype == T.Q4_0)[0]
+            np.testing.assert_array_equal(ours[t], reference, err_msg=f"{qtype.name}, activation {t}")
