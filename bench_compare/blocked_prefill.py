@@ -11,6 +11,10 @@ is a measurement
 (``python -m bench_compare.kernel_bench --only prefill``), not an assumption; see :mod:`.dispatch` for the
 result and the choice made. Measurement-only: the engine never calls it (it lives here, beside
 :mod:`bench_compare.kernel_bench`, for that reason).
+
+Compiled per process, not cached: the kernels inline the engine's helpers, and Numba's cache checks only the file
+defining a kernel, so a cached copy would time (and test) old arithmetic after a helper changed (the engine's own
+kernels have :mod:`inference_engine.backends.numba_kernels.cache_stamp` for that).
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ from inference_engine.backends.numba_kernels.isa.simd import (
 TOKEN_TILE = 4
 
 
-@njit(parallel=True, fastmath=True, cache=True)
+@njit(parallel=True, fastmath=True)
 def matmul_scaled_q4_1(w, xv, out):
     """``out[t, r] = sum_j d_j q_j xv[t, j]`` over the rows of a Q4_1 matrix (the ``m`` terms excluded)."""
     n, n_tokens, nb = w.shape[0], xv.shape[0], xv.shape[1] // 32

@@ -7,6 +7,10 @@ engine never runs it: it was never faster than the register-tiled kernels of
 :mod:`~inference_engine.backends.numba_kernels.inttiles` (docs/PERFORMANCE.md, "kernel choices"), and is kept here
 for ``python -m bench_compare.kernel_bench --only int_prefill`` ("untiled"). :data:`MATMUL_INT` maps a tensor type
 to its kernel ``(w, yq, yd, ya, out (T, N))``.
+
+Compiled per process, not cached: the kernels inline the engine's helpers, and Numba's cache checks only the file
+defining a kernel, so a cached copy would time (and test) old arithmetic after a helper changed (the engine's own
+kernels have :mod:`inference_engine.backends.numba_kernels.cache_stamp` for that).
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from inference_engine.backends.numba_kernels.types.q6_k import row_dot_q6_k
 from inference_engine.backends.numba_kernels.types.q8_0 import row_dot_q8_0
 
 
-@njit(inline="always", cache=True)
+@njit(inline="always")
 def pairs_matmul(pair, w, yq, yd, ya, out):
     """Two rows at a time through every token (``pair``: an intdot ``pair_<type>``)."""
     n = out.shape[1]
@@ -39,7 +43,7 @@ def pairs_matmul(pair, w, yq, yd, ya, out):
             out[t, r0], out[t, r1] = pair(w0, w1, p0, p1, yq[t], yd[t], ya[t])
 
 
-@njit(inline="always", cache=True)
+@njit(inline="always")
 def rows_matmul(row_dot, w, yq, yd, ys, out):
     """One row at a time through every token (``row_dot``: an intdot ``row_dot_<type>``, ``ys`` its per-token
     auxiliary array)."""
@@ -52,42 +56,42 @@ def rows_matmul(row_dot, w, yq, yd, ys, out):
             out[t, r] = row_dot(w0, p0, yq[t], yd[t], ys[t])
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True)
 def matmul_q4_0(w, yq, yd, ya, out):
     pairs_matmul(pair_q4_0, w, yq, yd, ya, out)
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True)
 def matmul_q4_1(w, yq, yd, ya, out):
     pairs_matmul(pair_q4_1, w, yq, yd, ya, out)
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True)
 def matmul_q5_0(w, yq, yd, ya, out):
     pairs_matmul(pair_q5_0, w, yq, yd, ya, out)
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True)
 def matmul_q5_1(w, yq, yd, ya, out):
     pairs_matmul(pair_q5_1, w, yq, yd, ya, out)
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True)
 def matmul_q8_0(w, yq, yd, ya, out):
     rows_matmul(row_dot_q8_0, w, yq, yd, ya, out)
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True)
 def matmul_q4_k(w, yq, yd, ya, out):
     rows_matmul(row_dot_q4_k, w, yq, yd, bsum_pairs(ya), out)
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True)
 def matmul_q5_k(w, yq, yd, ya, out):
     rows_matmul(row_dot_q5_k, w, yq, yd, bsum_pairs(ya), out)
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True)
 def matmul_q6_k(w, yq, yd, ya, out):
     rows_matmul(row_dot_q6_k, w, yq, yd, ya, out)
 
