@@ -182,7 +182,7 @@ def pair_q5_0(w0, w1, p0, p1, yq, yd, ya):
 
 @njit(parallel=True, cache=True)
 def matvec_int_q5_0(w, yq, yd, ya, out):
-    intdot.pairs_matvec(pair_q5_0, w, yq, yd, ya, out)
+    q5_0.matvec_int_loop_q5_0(pair_q5_0, w, yq, yd, ya, out)
 
 
 @njit(cache=True)  # not inlined: the parfor pass's array analysis rejects its tuple states
@@ -234,7 +234,7 @@ def pair_q5_1(w0, w1, p0, p1, yq, yd, ya):
 
 @njit(parallel=True, cache=True)
 def matvec_int_q5_1(w, yq, yd, ya, out):
-    intdot.pairs_matvec(pair_q5_1, w, yq, yd, ya, out)
+    q5_1.matvec_int_loop_q5_1(pair_q5_1, w, yq, yd, ya, out)
 
 
 @njit(cache=True)  # not inlined: the parfor pass's array analysis rejects its tuple states

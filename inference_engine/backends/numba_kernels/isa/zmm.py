@@ -1,6 +1,8 @@
 """Integer steps on 512-bit vectors (AVX-512 BW + VNNI): four weight rows per step (decode), two tokens (prefill).
 
-**Four rows per step** (the one-token mat-vecs of Q4_1 and Q8_0, :func:`.intdot.matvec_q4_1`, ``matvec_q8_0``).
+**Four rows per step** (the one-token mat-vecs of Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0: ``types/<type>.py``'s
+``matvec_int_loop_<type>``; Q5_0 / Q5_1 through :func:`offset_five_bit_dots` / :func:`five_bit_dots`, their fifth
+bits from ``qh`` expanded per row).
 :mod:`.intdot` multiplies a row (or a row pair) on 256-bit vectors, as ggml's AVX2 code does: per 32-quant block
 about 20 instructions (the nibble unpack, one ``vpdpbusd``, the f16 scales one at a time, the float FMA), so on a
 CPU with AVX-512 its one-token mat-vecs are bound by instructions, not by memory. Measured on the Xeon VM (AVX-512
@@ -168,6 +170,21 @@ def _nibble_halves(context, builder, sig, args):
     return builder.and_(q, ir.Constant(_B64, [15] * 64)), builder.lshr(q, ir.Constant(_B64, [4] * 64))
 
 
+def _five_bit_halves(context, builder, sig, args):
+    """The four rows' 32 five-bit quants of a Q5_0 / Q5_1 block: the nibbles at ``args[4]`` (``qs``) and, as 16, bit
+    ``j`` of the u32 ``qh`` just before them (element ``j``); elements 0..15 and 16..31."""
+    lo, hi = _nibble_halves(context, builder, sig, args)
+    qh_at = builder.sub(args[4], ir.Constant(args[4].type, 4))
+    fifth = []
+    for r in range(ROWS):
+        word = builder.load(_ptr(context, builder, sig.args[r], args[r], qh_at, _I32), align=1)
+        bits = builder.zext(builder.bitcast(word, ir.VectorType(ir.IntType(1), 32)), ir.VectorType(_I8, 32))
+        fifth.append(builder.shl(bits, ir.Constant(ir.VectorType(_I8, 32), [4] * 32)))
+    half = [_concat4(builder, [builder.shuffle_vector(f, f, _vconst(ir.VectorType(_I32, 16), range(16 * h, 16 * h + 16)))
+                               for f in fifth]) for h in range(2)]
+    return builder.or_(lo, half[0]), builder.or_(hi, half[1])
+
+
 def _dots_pair(context, builder, sig, args, lo, hi, c0, c1, small):
     """``(c0 + dot4(lo, y[0:16]), c1 + dot4(hi, y[16:32]))``, the activation ``y`` at ``args[6]`` of ``args[5]``
     broadcast to the four rows' 128-bit lanes: the tuple the quad steps return (``small``: as :func:`_dot4_acc`)."""
@@ -222,6 +239,34 @@ def offset_nibble_dots(typingctx, w0, w1, w2, w3, offset, yq, yoffset, corr, cof
 
     def codegen(context, builder, sig, args):
         lo, hi = _nibble_halves(context, builder, sig, args)
+        c0, c1 = _starts(context, builder, sig.args[7], args[7], args[8])
+        return _dots_pair(context, builder, sig, args, lo, hi, c0, c1, True)
+
+    return types.UniTuple(I32x16, 2)(w0, w1, w2, w3, offset, yq, yoffset, corr, coffset), codegen
+
+
+@intrinsic
+def five_bit_dots(typingctx, w0, w1, w2, w3, offset, yq, yoffset):
+    """:func:`nibble_dots` for the five-bit quants of Q5_1 (``qs`` at ``offset``, ``qh`` the 4 bytes before)."""
+    _rows((w0, w1, w2, w3, yq), "five_bit_dots")
+
+    def codegen(context, builder, sig, args):
+        zero = ir.Constant(_VI16, [0] * 16)
+        return _dots_pair(context, builder, sig, args, *_five_bit_halves(context, builder, sig, args), zero, zero, True)
+
+    return types.UniTuple(I32x16, 2)(w0, w1, w2, w3, offset, yq, yoffset), codegen
+
+
+@intrinsic
+def offset_five_bit_dots(typingctx, w0, w1, w2, w3, offset, yq, yoffset, corr, coffset):
+    """:func:`offset_nibble_dots` for Q5_0's five-bit quants (``qs`` at ``offset``, ``qh`` the 4 bytes before): with
+    the start values ``-16 * sum4(y)`` the lanes hold ``(q - 16) . y``, the integers of ggml's ``vec_dot_q5_0_q8_0``
+    (quants up to 31: exact on AVX2's ``vpmaddubsw`` too)."""
+    _rows((w0, w1, w2, w3, yq), "offset_five_bit_dots")
+    _check_starts(corr, "offset_five_bit_dots")
+
+    def codegen(context, builder, sig, args):
+        lo, hi = _five_bit_halves(context, builder, sig, args)
         c0, c1 = _starts(context, builder, sig.args[7], args[7], args[8])
         return _dots_pair(context, builder, sig, args, lo, hi, c0, c1, True)
 

@@ -1,8 +1,8 @@
-"""The 4-row mat-vecs on 512-bit vectors (Q4_1, Q8_0; Q4_0 in test_numba_q4_0.py): libggml's values bit for bit,
+"""The 4-row mat-vecs on 512-bit vectors (Q4_1, Q5_0, Q5_1, Q8_0; Q4_0 in test_numba_q4_0.py): libggml's values bit for bit,
 every lowering exact.
 
 On a CPU with AVX-512 VNNI the one-token mat-vecs of these types run :mod:`.zmm`' four-rows-a-step loop, on AVX2
-those of Q4_0 and Q4_1 too (their nibbles multiply exactly through ``vpmaddubsw``); elsewhere the row loops of
+those of Q4_0 and Q4_1 (their nibbles multiply exactly through ``vpmaddubsw``); elsewhere the row loops of
 :mod:`.intdot` (covered by test_numba_intdot.py). Here: any row count (the last step overlaps the
 one before it), the integer steps against plain integer arithmetic through the x86 intrinsics and through the
 portable IR other targets get, and the choice by compile target.
@@ -26,7 +26,7 @@ ZMM_VNNI = {"avx512f", "avx512bw", "avx512_vnni"} <= cpu_features().flags
 
 
 @pytest.mark.parametrize("n_out", [1, 3, 4, 5, 7, 8, 13, 64])
-@pytest.mark.parametrize("qtype", [T.Q4_1, T.Q8_0], ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", [T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0], ids=lambda t: t.name)
 def test_quad_matvec_is_libggml_bit_for_bit_for_any_row_count(qtype, n_out, rng, oracle):
     assert_int_matvec_is_libggml(qtype, n_out, N_IN, rng, oracle)
 
@@ -86,6 +86,54 @@ def test_quad_integer_steps_on_every_lowering(lowering, rng, monkeypatch):
         assert "vpmaddubsw" in asm and "vpdpbusd" not in asm
     if lowering == "portable":
         assert "vpdpbusd" not in asm
+
+
+def _compile_five_bit_dots():
+    """A fresh, uncached function over the Q5_0 step (so the test's lowering applies)."""
+
+    @njit
+    def dots(w0, w1, w2, w3, yq, starts, out):
+        lo, hi = zmm.offset_five_bit_dots(w0, w1, w2, w3, 4, yq, 0, starts, 0)
+        plo, phi = zmm.five_bit_dots(w0, w1, w2, w3, 4, yq, 0)
+        for i, v in enumerate((lo, hi, plo, phi)):
+            zmm.istore16(out, 16 * i, v)
+
+    return dots
+
+
+@pytest.mark.parametrize("lowering", ["target", "avx2", "portable"])
+def test_five_bit_step_on_every_lowering(lowering, rng, monkeypatch):
+    """offset_five_bit_dots: each row's lanes of ``(q - 16) . y`` for Q5_0's quants (the nibbles of ``qs`` plus bit
+    ``j`` of the ``qh`` word before them), from the ``-16 sum4(y)`` start values; five_bit_dots (Q5_1) those of ``q .
+    y``; through ``vpdpbusd``, AVX2's ``vpmaddubsw`` + ``vpmaddwd`` and the portable IR; quants 0 and 31, activations
+    +-127."""
+    if lowering == "portable":
+        monkeypatch.setattr(zmm, "target_features", lambda context: frozenset())
+    if lowering == "avx2":
+        monkeypatch.setattr(zmm, "target_features", lambda context: AVX2_FEATURES)
+    dots = _compile_five_bit_dots()
+    for _ in range(5):
+        rows = [rng.integers(0, 256, 20, dtype=np.uint8) for _ in range(4)]  # qh (4 bytes), qs (16)
+        rows[0][:4] = [0xFF, 0xFF, 0x00, 0x00]
+        rows[0][4:6] = [0xFF, 0x00]
+        y = rng.integers(-127, 128, 32).astype(np.int8)
+        y[:2] = [-127, 127]
+        sum4 = y.astype(np.int32).reshape(8, 4).sum(1)
+        out = np.empty(64, np.int32)
+        dots(*rows, y.view(np.uint8), (-16 * sum4).astype(np.int32), out)
+        for r, row in enumerate(rows):
+            qh = int(row[:4].view("<u4")[0])
+            nib = np.concatenate([row[4:] & 15, row[4:] >> 4]).astype(np.int32)
+            q = nib | (((qh >> np.arange(32)) & 1) << 4).astype(np.int32)
+            for start, offset in ((0, 16), (32, 0)):
+                lanes = ((q - offset) * y.astype(np.int32)).reshape(8, 4).sum(1)
+                np.testing.assert_array_equal(out[start + 4 * r : start + 4 * r + 4], lanes[:4])
+                np.testing.assert_array_equal(out[start + 16 + 4 * r : start + 16 + 4 * r + 4], lanes[4:])
+    asm = dots.inspect_asm(dots.signatures[0])
+    if lowering == "target" and ZMM_VNNI:
+        assert "vpdpbusd" in asm
+    if lowering == "avx2" and X86:
+        assert "vpmaddubsw" in asm and "vpdpbusd" not in asm
 
 
 def test_zmm_steps_are_compiled_in_where_the_target_has_avx512_vnni(monkeypatch):
