@@ -29,6 +29,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
+from inference_engine.backends.numba_kernels.isa import zmm
 from inference_engine.backends.numba_kernels.isa.int8 import (
     bits32,
     bor8,
@@ -47,7 +48,7 @@ from inference_engine.backends.numba_kernels.isa.int8 import (
     load_u32,
     nibbles32,
 )
-from inference_engine.backends.numba_kernels.isa.simd import fma32, load_f16, prefetch, rows_ahead
+from inference_engine.backends.numba_kernels.isa.simd import fma32, load_f16, prefetch, rows_ahead, vzero
 
 _F32 = np.float32
 _KMASK1, _KMASK2, _KMASK3 = np.uint32(0x3F3F3F3F), np.uint32(0x0F0F0F0F), np.uint32(0x03030303)
@@ -151,6 +152,71 @@ def rows_matvec_bsum_pairs(row_dot, w, yq, yd, ya, out):
     ys = np.empty(ya.shape[0] // 2, np.int16)
     bsum_pairs_into(ya, ys)
     rows_matvec(row_dot, w, yq, yd, ys, out)
+
+
+# --- four rows a step on 512-bit vectors (:mod:`.isa.zmm`), ``vec_dot``'s lanes and float order -------------------
+# ``dots(w0, w1, w2, w3, o, yq, yo, starts, so)``: a type's zmm step for the block at byte ``o`` (its quants' offset
+# in the block a literal inside it), the activation's block at ``yo``, the lanes' start values at ``so``. The last
+# step of a loop ends at row n - 1: rows it shares with the step before get the same values.
+@njit(inline="always", cache=True)
+def quad_blocks(dots, block_bytes, w0, w1, w2, w3, p0, yq, yd, starts):
+    """Four rows' ``lo`` / ``hi`` lane sums of a type whose block is ``d`` then its quants (Q8_0, Q5_0): per block
+    ``fma(d_w * d_y, float(dots), lane)``. ``p0``: the first of the four rows to prefetch (they follow it in memory:
+    four blocks' bytes a block)."""
+    lo, hi = vzero(), vzero()
+    for b in range(yd.shape[0]):
+        o = block_bytes * b
+        prefetch_span(p0, 4 * block_bytes * b, 4 * block_bytes)
+        d = zmm.row_scales(zmm.f16_quad(w0, w1, w2, w3, o), yd[b])
+        qlo, qhi = dots(w0, w1, w2, w3, o, yq, 32 * b, starts, 8 * b)
+        lo = zmm.fma_lanes(d, qlo, lo)
+        hi = zmm.fma_lanes(d, qhi, hi)
+    return lo, hi
+
+
+@njit(inline="always", cache=True)
+def quad_blocks_min(dots, block_bytes, w0, w1, w2, w3, p0, yq, yd, ya):
+    """:func:`quad_blocks` for a type whose block is ``d``, ``m`` then its quants (Q4_1, Q5_1), plus each row's ``m *
+    s`` terms (``ya``: the activation's block sums ``s``); ``dots`` starts from 0."""
+    lo, hi, c = vzero(), vzero(), fzero()
+    for b in range(yd.shape[0]):
+        o = block_bytes * b
+        prefetch_span(p0, 4 * block_bytes * b, 4 * block_bytes)
+        dm = zmm.f16_pairs(w0, w1, w2, w3, o)
+        d = zmm.row_scales(dm, yd[b])
+        qlo, qhi = dots(w0, w1, w2, w3, o, yq, 32 * b, ya, 0)
+        lo = zmm.fma_lanes(d, qlo, lo)
+        hi = zmm.fma_lanes(d, qhi, hi)
+        c = zmm.fma_splat8(dm, ya[b], c)
+    return lo, hi, c
+
+
+@njit(inline="always", cache=True)
+def quads_matvec(dots, block_bytes, has_min, w, yq, yd, ys, out):
+    """One token through :func:`quad_blocks` (``ys``: the start values), or with ``has_min`` (a literal)
+    :func:`quad_blocks_min` (``ys``: the block sums); each row's ``hsum_float_8`` of its lanes (plus its ``m * s``)
+    stored."""
+    n = out.shape[0]
+    ahead = rows_ahead(w, zmm.ROWS)
+    for g in prange((n + zmm.ROWS - 1) // zmm.ROWS):
+        r = min(zmm.ROWS * g, n - zmm.ROWS)
+        p = w[min(r + ahead, n - zmm.ROWS)]
+        if has_min:
+            lo, hi, c = quad_blocks_min(dots, block_bytes, w[r], w[r + 1], w[r + 2], w[r + 3], p, yq, yd, ys)
+            zmm.store_rows_plus(out, r, lo, hi, c)
+        else:
+            lo, hi = quad_blocks(dots, block_bytes, w[r], w[r + 1], w[r + 2], w[r + 3], p, yq, yd, ys)
+            zmm.store_rows(out, r, lo, hi)
+
+
+@njit(inline="always", cache=True)
+def lane_starts(ya, offset):
+    """``-offset * sum4(y)`` per int32 lane (``ya``: the activation's sums of 4 quants): the start values that take
+    a type's quant offset back out of its dot products (Q4_0 8, Q5_0 16)."""
+    out = np.empty(ya.shape[0], np.int32)
+    for i in range(ya.shape[0]):
+        out[i] = np.int32(-offset) * ya[i]
+    return out
 
 
 # --- the row-pair arithmetic of the 32-weight types: ``pair_<type>`` is one of these with its quants and constants --

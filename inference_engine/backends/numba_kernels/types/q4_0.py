@@ -11,7 +11,6 @@ for those weights on AVX-512 VNNI and on AVX2 (llama.cpp's values bit for bit), 
 ``hsum_float_8``) for the others, as llama.cpp does, and on other CPUs.
 """
 
-import numpy as np
 from numba import njit, prange
 
 from inference_engine.backends.numba_kernels import float_blocks, intdot, ktiles
@@ -35,7 +34,7 @@ def quants_q4_0(row, o):
 @njit(inline="always", cache=True)
 def quad_blocks_q4_0(w0, w1, w2, w3, p0, yq, yd, starts):
     """Four rows on 512-bit vectors (:mod:`.zmm`) in the repacked gemv's order; each row's accumulator in its four
-    lanes. ``starts``: ``-8 * sum4(y)`` (:func:`offsets_q4_0`); ``p0``: the first of the four rows to prefetch (they
+    lanes. ``starts``: ``-8 * sum4(y)`` (:func:`..intdot.lane_starts`); ``p0``: the first of the four rows to prefetch (they
     follow it in memory: 72 bytes a block)."""
     acc = simd.vzero()
     for b in range(yd.shape[0]):
@@ -48,15 +47,6 @@ def quad_blocks_q4_0(w0, w1, w2, w3, p0, yq, yd, starts):
 
 
 @njit(inline="always", cache=True)
-def offsets_q4_0(ya):
-    """``-8 * sum4(y)`` per int32 lane (:func:`.zmm.offset_nibble_dots`' start values)."""
-    out = np.empty(ya.shape[0], np.int32)
-    for i in range(ya.shape[0]):
-        out[i] = np.int32(-8) * ya[i]
-    return out
-
-
-@njit(inline="always", cache=True)
 def matvec_int_loop_q4_0(pair, w, yq, yd, ya, out):
     """One token: on AVX-512 VNNI and AVX2 (there each ``vpdpbusd`` is ``vpmaddubsw`` + ``vpmaddwd``, exact for
     nibbles), rows a multiple of :data:`REPACKED_ROWS` in the repacked gemv's order, four rows a step; otherwise in
@@ -64,7 +54,7 @@ def matvec_int_loop_q4_0(pair, w, yq, yd, ya, out):
     AVX2 code too (1 thread, 8960x1536 streamed: 475 -> 369 us, docs/PERFORMANCE.md)."""
     n = out.shape[0]
     if zmm.compiled_isa() >= 1 and n % REPACKED_ROWS == 0:
-        starts = offsets_q4_0(ya)
+        starts = intdot.lane_starts(ya, 8)
         ahead = simd.rows_ahead(w, zmm.ROWS)
         for g in prange(n // zmm.ROWS):
             r = zmm.ROWS * g

@@ -4,10 +4,10 @@ Q4_1 (20 bytes, 32 weights): ``| d f16 | m f16 | qs[16] |``; ``w[j] = d * lo(qs[
 + m``.
 """
 
-from numba import njit, prange
+from numba import njit
 
 from inference_engine.backends.numba_kernels import float_blocks, intdot, ktiles
-from inference_engine.backends.numba_kernels.isa import int8, simd, zmm
+from inference_engine.backends.numba_kernels.isa import int8, zmm
 
 
 @njit(inline="always", cache=True)
@@ -28,36 +28,18 @@ def pair_q4_1(w0, w1, p0, p1, yq, yd, ya):
 
 
 @njit(inline="always", cache=True)
-def quad_q4_1(w0, w1, w2, w3, p0, yq, yd, ya):
-    """Four Q4_1 rows on 512-bit vectors (:mod:`.zmm`): their ``lo`` / ``hi`` lane sums and ``m * s`` terms.
-    ``p0``: the first of the four rows to prefetch (they follow it in memory: 80 bytes a block)."""
-    lo, hi, c = simd.vzero(), simd.vzero(), int8.fzero()
-    for b in range(yd.shape[0]):
-        o = 20 * b
-        intdot.prefetch_span(p0, 80 * b, 80)
-        dm = zmm.f16_pairs(w0, w1, w2, w3, o)
-        d = zmm.row_scales(dm, yd[b])
-        qlo, qhi = zmm.nibble_dots(w0, w1, w2, w3, o + 4, yq, 32 * b)
-        lo = zmm.fma_lanes(d, qlo, lo)
-        hi = zmm.fma_lanes(d, qhi, hi)
-        c = zmm.fma_splat8(dm, ya[b], c)
-    return lo, hi, c
+def dots_q4_1(w0, w1, w2, w3, o, yq, yo, ya, so):
+    """The zmm step of the block at ``o`` (:func:`..intdot.quad_blocks_min`): its nibbles after ``d``, ``m``."""
+    return zmm.nibble_dots(w0, w1, w2, w3, o + 4, yq, yo)
 
 
 @njit(inline="always", cache=True)
 def matvec_int_loop_q4_1(w, yq, yd, ya, out):
-    """Four rows a step on 512-bit vectors (:func:`quad_q4_1`) where the kernels are compiled for AVX-512 VNNI or
-    AVX2 (there two 256-bit halves, ``vpmaddubsw`` + ``vpmaddwd``: 8960x1536 streamed, 2 threads, 240 -> 165 us),
-    else row pairs; ``vec_dot``'s lanes and float order either way."""
-    n = out.shape[0]
-    if zmm.compiled_isa() >= 1 and n >= zmm.ROWS:
-        # four rows a step; the last step ends at row n - 1 (rows it shares with the one before get the same values)
-        ahead = simd.rows_ahead(w, zmm.ROWS)
-        for g in prange((n + zmm.ROWS - 1) // zmm.ROWS):
-            r = min(zmm.ROWS * g, n - zmm.ROWS)
-            p = w[min(r + ahead, n - zmm.ROWS)]
-            lo, hi, c = quad_q4_1(w[r], w[r + 1], w[r + 2], w[r + 3], p, yq, yd, ya)
-            zmm.store_rows_plus(out, r, lo, hi, c)
+    """Four rows a step on 512-bit vectors (:func:`..intdot.quads_matvec`) where the kernels are compiled for
+    AVX-512 VNNI or AVX2 (there two 256-bit halves, ``vpmaddubsw`` + ``vpmaddwd``: 8960x1536 streamed, 2 threads,
+    240 -> 165 us), else row pairs; ``vec_dot``'s lanes and float order either way."""
+    if zmm.compiled_isa() >= 1 and out.shape[0] >= zmm.ROWS:
+        intdot.quads_matvec(dots_q4_1, 20, True, w, yq, yd, ya, out)
     else:
         intdot.pairs_matvec(pair_q4_1, w, yq, yd, ya, out)
 

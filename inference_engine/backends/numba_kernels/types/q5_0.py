@@ -4,11 +4,10 @@ Q5_0 (22 bytes, 32 weights): ``| d f16 | qh u32 | qs[16] |``; ``q[j] = lo(qs[j])
 hi(qs[j]) | bit_{j+16}(qh) << 4``; ``w = d * (q - 16)``.
 """
 
-import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from inference_engine.backends.numba_kernels import float_blocks, intdot, ktiles
-from inference_engine.backends.numba_kernels.isa import simd, zmm
+from inference_engine.backends.numba_kernels.isa import zmm
 
 
 @njit(inline="always", cache=True)
@@ -36,44 +35,20 @@ def unpack_rows_q5_0(w, r, codes, dd, mm):
 
 
 @njit(inline="always", cache=True)
-def quad_q5_0(w0, w1, w2, w3, p0, yq, yd, starts):
-    """Four Q5_0 rows on 512-bit vectors (:mod:`.zmm`): their ``lo`` / ``hi`` lane sums in ``vec_dot``'s order
-    (``p0``: the first of the four rows to prefetch, 88 bytes a block; ``starts``: :func:`offsets_q5_0`)."""
-    lo, hi = simd.vzero(), simd.vzero()
-    for b in range(yd.shape[0]):
-        o = 22 * b
-        intdot.prefetch_span(p0, 88 * b, 88)
-        d = zmm.row_scales(zmm.f16_quad(w0, w1, w2, w3, o), yd[b])
-        qlo, qhi = zmm.offset_five_bit_dots(w0, w1, w2, w3, o + 6, yq, 32 * b, starts, 8 * b)
-        lo = zmm.fma_lanes(d, qlo, lo)
-        hi = zmm.fma_lanes(d, qhi, hi)
-    return lo, hi
-
-
-@njit(inline="always", cache=True)
-def offsets_q5_0(ya):
-    """``-16 * sum4(y)`` per int32 lane (:func:`.zmm.offset_five_bit_dots`' start values)."""
-    out = np.empty(ya.shape[0], np.int32)
-    for i in range(ya.shape[0]):
-        out[i] = np.int32(-16) * ya[i]
-    return out
+def dots_q5_0(w0, w1, w2, w3, o, yq, yo, starts, so):
+    """The zmm step of the block at ``o`` (:func:`..intdot.quad_blocks`): its five-bit quants (``qh``, ``qs`` after
+    ``d``) less 16."""
+    return zmm.offset_five_bit_dots(w0, w1, w2, w3, o + 6, yq, yo, starts, so)
 
 
 @njit(inline="always", cache=True)
 def matvec_int_loop_q5_0(pair, w, yq, yd, ya, out):
     """One token, ``vec_dot``'s lanes and float order: four rows a step on 512-bit vectors where the kernels are
-    compiled for AVX-512 VNNI (:func:`quad_q5_0`; the last step ends at row n - 1, rows it shares with the one before
-    get the same values), else row pairs (``pair``: :func:`.intdot.pair_offset`). Measured (2 threads, twelve
-    matrices streamed): AVX-512 VNNI 8960x1536 296 -> 167 us, 1536x8960 245 -> 184; AVX2 code (the same loop
-    compiled for Haswell, where the fifth bits unpack less well) 318 -> 312 and 296 -> 318, so AVX2 keeps the pairs."""
-    n = out.shape[0]
-    if zmm.has_zmm_vnni() and n >= zmm.ROWS:
-        starts = offsets_q5_0(ya)
-        ahead = simd.rows_ahead(w, zmm.ROWS)
-        for g in prange((n + zmm.ROWS - 1) // zmm.ROWS):
-            r = min(zmm.ROWS * g, n - zmm.ROWS)
-            p = w[min(r + ahead, n - zmm.ROWS)]
-            lo, hi = quad_q5_0(w[r], w[r + 1], w[r + 2], w[r + 3], p, yq, yd, starts)
-            zmm.store_rows(out, r, lo, hi)
+    compiled for AVX-512 VNNI (:func:`..intdot.quads_matvec`), else row pairs (``pair``: :func:`.intdot.pair_offset`).
+    Measured (2 threads, twelve matrices streamed): AVX-512 VNNI 8960x1536 296 -> 167 us, 1536x8960 245 -> 184; AVX2
+    code (the same loop compiled for Haswell, where the fifth bits unpack less well) 318 -> 312 and 296 -> 318, so
+    AVX2 keeps the pairs."""
+    if zmm.has_zmm_vnni() and out.shape[0] >= zmm.ROWS:
+        intdot.quads_matvec(dots_q5_0, 22, False, w, yq, yd, intdot.lane_starts(ya, 16), out)
     else:
         intdot.pairs_matvec(pair, w, yq, yd, ya, out)

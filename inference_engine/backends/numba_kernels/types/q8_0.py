@@ -50,18 +50,9 @@ def unpack_q8_0(row, o):
 
 # --- integer-dot mat-vec (ggml numerics, one token) (from intdot.py) ------------------------------------------------
 @njit(inline="always", cache=True)
-def quad_q8_0(w0, w1, w2, w3, p0, yq, yd, corr):
-    """Four Q8_0 rows on 512-bit vectors (:mod:`.zmm`): their ``lo`` / ``hi`` lane sums (``p0`` as in
-    :func:`quad_q4_1`: 136 bytes a block)."""
-    lo, hi = simd.vzero(), simd.vzero()
-    for b in range(yd.shape[0]):
-        o = 34 * b
-        intdot.prefetch_span(p0, 136 * b, 136)
-        d = zmm.row_scales(zmm.f16_quad(w0, w1, w2, w3, o), yd[b])
-        qlo, qhi = zmm.signed_dots(w0, w1, w2, w3, o + 2, yq, 32 * b, corr, 8 * b)
-        lo = zmm.fma_lanes(d, qlo, lo)
-        hi = zmm.fma_lanes(d, qhi, hi)
-    return lo, hi
+def dots_q8_0(w0, w1, w2, w3, o, yq, yo, corr, co):
+    """The zmm step of the block at ``o`` (:func:`..intdot.quad_blocks`): its 32 signed quants after ``d``."""
+    return zmm.signed_dots(w0, w1, w2, w3, o + 2, yq, yo, corr, co)
 
 
 @njit(cache=True)
@@ -96,13 +87,7 @@ def matvec_int_loop_q8_0(w, yq, yd, ya, out):
     # "What each CPU-path change measured".
     n = out.shape[0]
     if zmm.has_zmm_vnni() and n >= zmm.ROWS:
-        corr = q8_corrections(yq)
-        ahead = simd.rows_ahead(w, zmm.ROWS)
-        for g in prange((n + zmm.ROWS - 1) // zmm.ROWS):
-            r = min(zmm.ROWS * g, n - zmm.ROWS)
-            p = w[min(r + ahead, n - zmm.ROWS)]
-            lo, hi = quad_q8_0(w[r], w[r + 1], w[r + 2], w[r + 3], p, yq, yd, corr)
-            zmm.store_rows(out, r, lo, hi)
+        intdot.quads_matvec(dots_q8_0, 34, False, w, yq, yd, q8_corrections(yq), out)
     else:
         intdot.rows_matvec(row_dot_q8_0, w, yq, yd, ya, out)
 
