@@ -9,8 +9,10 @@ block scales ``yd`` and one auxiliary array ``ya`` per type (below). Each weight
 operations, lanes and order as ggml's AVX2 code (ggml-cpu/arch/x86/quants.c), so the result is libggml's value bit
 for bit where libggml runs that code (tested against it). Q4_0, Q4_1, Q5_0 and Q5_1 take two rows per iteration,
 which share the activation loads (``pair_<type>``); Q8_0 and the K-quants one row (``row_dot_<type>``), so each
-thread's bytes stream in order (see ``types.q8_0.matvec_int_loop_q8_0``). The rows are split over threads; the weight stream is
-prefetched a few KB ahead. ``matvec_int_<type>`` takes one token (several tokens: :mod:`.inttiles`; the untiled
+thread's bytes stream in order (see ``types.q8_0.matvec_int_loop_q8_0``). Where the kernels are compiled for
+AVX-512 VNNI, Q4_1, Q5_0, Q5_1 and Q8_0 take four rows a step on 512-bit vectors instead (:func:`quads_matvec`, the
+same lanes and float order; Q4_1 on AVX2 too), and Q4_0 its own four-row loop in llama.cpp's repacked order
+(``types.q4_0``). The rows are split over threads; the weight stream is prefetched a few KB ahead. ``matvec_int_<type>`` takes one token (several tokens: :mod:`.inttiles`; the untiled
 mat-mat kept for measuring is ``bench_compare.untiled_int``).
 
 ==========  ==========================  =====================================================================
