@@ -238,11 +238,17 @@ def offset_nibble_dots(typingctx, w0, w1, w2, w3, offset, yq, yoffset, corr, cof
     _check_starts(corr, "offset_nibble_dots")
 
     def codegen(context, builder, sig, args):
-        lo, hi = _nibble_halves(context, builder, sig, args)
-        c0, c1 = _starts(context, builder, sig.args[7], args[7], args[8])
-        return _dots_pair(context, builder, sig, args, lo, hi, c0, c1, True)
+        return _offset_dots(context, builder, sig, args, _nibble_halves)
 
     return types.UniTuple(I32x16, 2)(w0, w1, w2, w3, offset, yq, yoffset, corr, coffset), codegen
+
+
+def _offset_dots(context, builder, sig, args, halves):
+    """The offset quad steps' tuple: ``halves``' two quant vectors (elements 0..15, 16..31) dotted with the
+    activation, each lane from its start value ``args[7][args[8] + lane]``."""
+    lo, hi = halves(context, builder, sig, args)
+    c0, c1 = _starts(context, builder, sig.args[7], args[7], args[8])
+    return _dots_pair(context, builder, sig, args, lo, hi, c0, c1, True)
 
 
 @intrinsic
@@ -266,9 +272,7 @@ def offset_five_bit_dots(typingctx, w0, w1, w2, w3, offset, yq, yoffset, corr, c
     _check_starts(corr, "offset_five_bit_dots")
 
     def codegen(context, builder, sig, args):
-        lo, hi = _five_bit_halves(context, builder, sig, args)
-        c0, c1 = _starts(context, builder, sig.args[7], args[7], args[8])
-        return _dots_pair(context, builder, sig, args, lo, hi, c0, c1, True)
+        return _offset_dots(context, builder, sig, args, _five_bit_halves)
 
     return types.UniTuple(I32x16, 2)(w0, w1, w2, w3, offset, yq, yoffset, corr, coffset), codegen
 

@@ -182,15 +182,21 @@ def _compile_row_dots():
 AVX2_FEATURES = frozenset({"+avx", "+avx2", "+fma", "+f16c", "+bmi2"})
 
 
+def use_lowering(monkeypatch, lowering):
+    """Compile what follows for ``lowering``: "target" (this machine's), "avx2" (only AVX2's features shown) or
+    "portable" (the target's features hidden)."""
+    if lowering == "portable":
+        monkeypatch.setattr(zmm, "target_features", lambda context: frozenset())
+    if lowering == "avx2":
+        monkeypatch.setattr(zmm, "target_features", lambda context: AVX2_FEATURES)
+
+
 @pytest.mark.parametrize("lowering", ["target", "avx2", "portable"])
 def test_16_token_steps_on_every_lowering(lowering, rng, monkeypatch):
     """dpbusd_row and the int32 scale steps give the exact integers through ``vpdpbusd`` (AVX-512 VNNI targets),
     ``vpmaddubsw`` + ``vpmaddwd`` (AVX2 targets, forced by showing only AVX2's features) and the portable IR (forced
     by hiding the target's features): weights 0 / 255 (AVX2: 0 / 128, its bound), activations +-127."""
-    if lowering == "portable":
-        monkeypatch.setattr(zmm, "target_features", lambda context: frozenset())
-    if lowering == "avx2":
-        monkeypatch.setattr(zmm, "target_features", lambda context: AVX2_FEATURES)
+    use_lowering(monkeypatch, lowering)
     w_max = 128 if lowering == "avx2" or (lowering == "target" and TARGET == "avx2") else 255
     dots = _compile_row_dots()
     for _ in range(5):

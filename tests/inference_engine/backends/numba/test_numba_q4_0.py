@@ -14,7 +14,7 @@ from gguf import GGMLQuantizationType as T
 from numba import njit
 from test_numba_intdot import X86
 from test_numba_kernels import random_activation, random_weight
-from test_numba_ktiles import AVX2_FEATURES
+from test_numba_ktiles import use_lowering
 
 from inference_engine.backends.numba_kernels import dispatch, ktiles
 from inference_engine.backends.numba_kernels.isa import simd, zmm
@@ -101,10 +101,7 @@ def test_repacked_order_steps_on_every_lowering(lowering, rng, monkeypatch):
     block_sums each row's whole-block sum in its four lanes, store_first_lanes one value a row: through
     ``vpdpbusd`` (AVX-512 VNNI targets) and the portable IR (the target's features hidden); nibbles 0 / 15,
     activations +-127."""
-    if lowering == "portable":
-        monkeypatch.setattr(zmm, "target_features", lambda context: frozenset())
-    if lowering == "avx2":  # vpmaddubsw + vpmaddwd, as on an AVX2 CPU (every AVX2 instruction runs here too)
-        monkeypatch.setattr(zmm, "target_features", lambda context: AVX2_FEATURES)
+    use_lowering(monkeypatch, lowering)  # avx2: vpmaddubsw + vpmaddwd, as on an AVX2 CPU
     steps = _compile_block_steps()
     for _ in range(5):
         rows = [rng.integers(0, 256, 16, dtype=np.uint8) for _ in range(4)]

@@ -15,7 +15,7 @@ import pytest
 from gguf import GGMLQuantizationType as T
 from numba import njit
 from test_numba_intdot import X86, assert_int_matvec_is_libggml
-from test_numba_ktiles import AVX2_FEATURES
+from test_numba_ktiles import use_lowering
 
 from inference_engine.backends.numba_kernels.isa import zmm
 from inference_engine.backends.numba_kernels.types import q8_0
@@ -64,10 +64,7 @@ def test_quad_integer_steps_on_every_lowering(lowering, rng, monkeypatch):
     ``vpmaddubsw`` + ``vpmaddwd`` (AVX2 targets, forced by showing only AVX2's features: the nibbles only, Q8_0's ``w +
     128`` would saturate them and keeps the portable IR) and through the portable IR (forced here by hiding the
     target's features), weights -128 and 127 and activations +-127 included."""
-    if lowering == "portable":
-        monkeypatch.setattr(zmm, "target_features", lambda context: frozenset())
-    if lowering == "avx2":
-        monkeypatch.setattr(zmm, "target_features", lambda context: AVX2_FEATURES)
+    use_lowering(monkeypatch, lowering)
     dots = _compile_dots()
     for _ in range(5):
         rows = [rng.integers(0, 256, 32, dtype=np.uint8) for _ in range(4)]
@@ -107,10 +104,7 @@ def test_five_bit_step_on_every_lowering(lowering, rng, monkeypatch):
     ``j`` of the ``qh`` word before them), from the ``-16 sum4(y)`` start values; five_bit_dots (Q5_1) those of ``q .
     y``; through ``vpdpbusd``, AVX2's ``vpmaddubsw`` + ``vpmaddwd`` and the portable IR; quants 0 and 31, activations
     +-127."""
-    if lowering == "portable":
-        monkeypatch.setattr(zmm, "target_features", lambda context: frozenset())
-    if lowering == "avx2":
-        monkeypatch.setattr(zmm, "target_features", lambda context: AVX2_FEATURES)
+    use_lowering(monkeypatch, lowering)
     dots = _compile_five_bit_dots()
     for _ in range(5):
         rows = [rng.integers(0, 256, 20, dtype=np.uint8) for _ in range(4)]  # qh (4 bytes), qs (16)
