@@ -457,9 +457,10 @@ def real(request):
         if name not in cache:
             path = fetch(name, progress=False)
             f = open_gguf(path)
-            start = time.process_time()
+            start = time.thread_time()  # this thread's CPU time (see CACHED_READY_CPU_SECONDS_LIMIT)
             tok = GGUFTokenizer.from_gguf(f)
-            cache[name] = (tok, llama_vocab_only(str(path)), time.process_time() - start)
+            build_s = time.thread_time() - start  # before llama.cpp's own vocabulary load, which is not ours
+            cache[name] = (tok, llama_vocab_only(str(path)), build_s)
         return cache[name]
 
     return make
@@ -516,7 +517,9 @@ def test_gemma_tokenizer_builds_quickly(real):
 
 # A cached tokenizer of the 1.5B (151,936 tokens) is ready and has encoded a short prompt within this much CPU time;
 # the whole BPE model alone took 0.5 s to load into ``tokenizers`` here, the per-text models about 20 ms. Generous:
-# shared CI machines are slower and noisier than the one measured.
+# shared CI machines are slower and noisier than the one measured. The CPU time of the test's own thread, not of the
+# process: the suite's other threads (Numba's workers after a kernel) once added 0.35 s here (0.61 s read, in a full
+# run as a background job; 3 runs of the test alone passed).
 CACHED_READY_CPU_SECONDS_LIMIT = 0.25
 
 
@@ -529,10 +532,10 @@ def test_real_model_cached_tokenizer_equals_llama_cpp_on_corpus(real, name, tmp_
     _, llm, _ = real(name)
     path = fetch(name, progress=False)
     GGUFTokenizer.from_gguf(path, cache_dir=tmp_path)  # the build writes the cache
-    start = time.process_time()
+    start = time.thread_time()
     cached = GGUFTokenizer.from_gguf(path, cache_dir=tmp_path)
     cached.encode("Hello, world! Tell me a story about a fox.")
-    ready_s = time.process_time() - start
+    ready_s = time.thread_time() - start
     assert cached.from_cache
     assert encode_mismatches(cached, llm, CORPUS) == []
     assert ready_s < CACHED_READY_CPU_SECONDS_LIMIT
