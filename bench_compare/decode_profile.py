@@ -410,7 +410,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"  {op:<16}{row['ms_per_token']:>10.3f}{row['calls_per_token']:>8.1f}{row['us_per_call']:>10.1f}"
               f"{row['gb_per_s']:>8.1f}{row['gflop_per_s']:>9.1f}")
     if p["glue_ms_per_token"] >= 0:
-        outside = f"{p['glue_ms_per_token']:>10.3f}   ({p['glue_us_per_layer']:.1f} us per layer: the forward pass's Python"
+        outside = (f"{p['glue_ms_per_token']:>10.3f}   ({p['glue_us_per_layer']:.1f} us per layer: the forward "
+                   "pass's Python")
     else:  # the untimed step ran faster than its ops did under the timers
         outside = f"{0.0:>10.3f}   (below the timers' noise: the forward pass's Python"
     print(f"  {'outside the ops':<16}{outside}, from the untimed step; the op timers made the step "

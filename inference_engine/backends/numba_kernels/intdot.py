@@ -12,8 +12,9 @@ which share the activation loads (``pair_<type>``); Q8_0 and the K-quants one ro
 thread's bytes stream in order (see ``types.q8_0.matvec_int_loop_q8_0``). Where the kernels are compiled for
 AVX-512 VNNI, Q4_1, Q5_0, Q5_1 and Q8_0 take four rows a step on 512-bit vectors instead (:func:`quads_matvec`, the
 same lanes and float order; Q4_1 on AVX2 too), and Q4_0 its own four-row loop in llama.cpp's repacked order
-(``types.q4_0``). The rows are split over threads; the weight stream is prefetched a few KB ahead. ``matvec_int_<type>`` takes one token (several tokens: :mod:`.inttiles`; the untiled
-mat-mat kept for measuring is ``bench_compare.untiled_int``).
+(``types.q4_0``). The rows are split over threads; the weight stream is prefetched a few KB ahead.
+``matvec_int_<type>`` takes one token (several tokens: :mod:`.inttiles`; the untiled mat-mat kept for measuring is
+``bench_compare.untiled_int``).
 
 ==========  ==========================  =====================================================================
 weight      ``ya``                      per block (32 quants) / super-block (256), then ``out = fsum(acc) + c``

@@ -180,8 +180,8 @@ def _five_bit_halves(context, builder, sig, args):
         word = builder.load(_ptr(context, builder, sig.args[r], args[r], qh_at, _I32), align=1)
         bits = builder.zext(builder.bitcast(word, ir.VectorType(ir.IntType(1), 32)), ir.VectorType(_I8, 32))
         fifth.append(builder.shl(bits, ir.Constant(ir.VectorType(_I8, 32), [4] * 32)))
-    half = [_concat4(builder, [builder.shuffle_vector(f, f, _vconst(ir.VectorType(_I32, 16), range(16 * h, 16 * h + 16)))
-                               for f in fifth]) for h in range(2)]
+    picks = [_vconst(ir.VectorType(_I32, 16), range(16 * h, 16 * h + 16)) for h in range(2)]
+    half = [_concat4(builder, [builder.shuffle_vector(f, f, pick) for f in fifth]) for pick in picks]
     return builder.or_(lo, half[0]), builder.or_(hi, half[1])
 
 

@@ -34,8 +34,8 @@ def quants_q4_0(row, o):
 @njit(inline="always", cache=True)
 def quad_blocks_q4_0(w0, w1, w2, w3, p0, yq, yd, starts):
     """Four rows on 512-bit vectors (:mod:`.zmm`) in the repacked gemv's order; each row's accumulator in its four
-    lanes. ``starts``: ``-8 * sum4(y)`` (:func:`..intdot.lane_starts`); ``p0``: the first of the four rows to prefetch (they
-    follow it in memory: 72 bytes a block)."""
+    lanes. ``starts``: ``-8 * sum4(y)`` (:func:`..intdot.lane_starts`); ``p0``: the first of the four rows to
+    prefetch (they follow it in memory: 72 bytes a block)."""
     acc = simd.vzero()
     for b in range(yd.shape[0]):
         o = 18 * b

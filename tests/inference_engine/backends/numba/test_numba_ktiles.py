@@ -222,21 +222,56 @@ def test_16_token_steps_on_every_lowering(lowering, rng, monkeypatch):
         assert "vpdpbusd" not in asm and "vpmaddubsw" not in asm
 
 
-_AVX2_CHILD = """
+# The child of compiled_for_haswell: each case's product by the kernels as compiled for an AVX2 target.
+_HASWELL_CHILD = """
 import sys, numpy as np
 from gguf import GGMLQuantizationType as T
+from inference_engine.backends import numba_kernels
 from inference_engine.backends.numba_kernels import dispatch, ktiles
 from inference_engine.backends.numba_kernels.ops import activations
+numba_kernels.prepare()
 assert ktiles.compiled_target() == "avx2", ktiles.compiled_target()
-data = np.load(sys.argv[1])
-for name in sys.argv[3:]:
-    rows, x = data[name + "_rows"], data[name + "_x"]
-    w = dispatch.pack_matrix(name, T[name], rows, (rows.shape[0], x.shape[1]))
+
+
+def ktiled(w, x):
     yq, yd, ya = activations.quantize_int(x, w.kernels.int_activation)
     out = np.full((x.shape[0], w.n_out), np.nan, np.float32)
     w.kernels.matmul_ktiled(w.rows, yq, yd, ya, out)
-    np.save(sys.argv[2] + "_" + name + ".npy", out)
+    return out
+
+
+def one_token_each(w, x):
+    return np.stack([dispatch.matmul(w, x[t], "ggml") for t in range(len(x))])
+
+
+data = np.load(sys.argv[1])
+product = globals()[sys.argv[3]]
+for name in sys.argv[4:]:
+    rows, x = data[name + "_rows"], data[name + "_x"]
+    w = dispatch.pack_matrix(name, T[name], rows, (rows.shape[0], x.shape[1]))
+    np.save(sys.argv[2] + "_" + name + ".npy", product(w, x))
 """
+
+
+def compiled_for_haswell(tmp_path, product: str, cases: dict) -> dict:
+    """``product`` ("ktiled": ktiles on every token at once; "one_token_each": ``dispatch.matmul`` a token at a time,
+    as decode calls it) of each ``cases[qtype] = (rows, x)``, computed in a fresh process with Numba's CPU set to
+    Haswell: AVX2 code, which runs on this CPU too."""
+    import os
+    import subprocess
+    import sys
+
+    arrays = {f"{t.name}_{k}": v for t, (rows, x) in cases.items() for k, v in (("rows", rows), ("x", x))}
+    np.savez(tmp_path / "cases.npz", **arrays)
+    env = dict(os.environ, NUMBA_CPU_NAME="haswell", NUMBA_CPU_FEATURES=haswell_features())
+    subprocess.run(
+        [sys.executable, "-c", _HASWELL_CHILD, str(tmp_path / "cases.npz"), str(tmp_path / "out"), product,
+         *(t.name for t in cases)],
+        env=env,
+        check=True,
+        timeout=600,
+    )
+    return {t: np.load(tmp_path / f"out_{t.name}.npy") for t in cases}
 
 
 def haswell_features() -> str:
@@ -293,32 +328,11 @@ def test_ktiles_compiled_for_avx2_gives_llamacpps_values(rng, oracle, tmp_path):
     repacked Q4_0 blocks, vec_dot's lanes). (llama.cpp's AVX2 build gives these same values: its AVX2 tiled
     micro-kernel sums the same integers with the same float steps; checked against a build with
     ``-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_AVX512=OFF``, docs/PERFORMANCE.md.)"""
-    import os
-    import subprocess
-    import sys
-
-    types = [T.Q6_K, T.Q4_0, T.Q5_0]
     cases = {}
-    for qtype in types:
+    for qtype in (T.Q6_K, T.Q4_0, T.Q5_0):
         n_out, n_in = shape_for(qtype, (37, 3 * 256))
         _, rows = random_weight(qtype, n_out, n_in, rng)
-        cases[f"{qtype.name}_rows"], cases[f"{qtype.name}_x"] = rows, random_activation(rng, 31, n_in, 50.0)
-    np.savez(tmp_path / "cases.npz", **cases)
-    env = dict(os.environ, NUMBA_CPU_NAME="haswell", NUMBA_CPU_FEATURES=haswell_features())
-    subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            _AVX2_CHILD,
-            str(tmp_path / "cases.npz"),
-            str(tmp_path / "out"),
-            *(t.name for t in types),
-        ],
-        env=env,
-        check=True,
-        timeout=600,
-    )
-    for qtype in types:
-        ours = np.load(tmp_path / f"out_{qtype.name}.npy")
-        rows, x = cases[f"{qtype.name}_rows"], cases[f"{qtype.name}_x"]
+        cases[qtype] = rows, random_activation(rng, 31, n_in, 50.0)
+    for qtype, ours in compiled_for_haswell(tmp_path, "ktiled", cases).items():
+        rows, x = cases[qtype]
         np.testing.assert_array_equal(ours, llamacpp(oracle, qtype, rows, x), err_msg=qtype.name)

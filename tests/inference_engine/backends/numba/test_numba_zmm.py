@@ -1,5 +1,5 @@
-"""The 4-row mat-vecs on 512-bit vectors (Q4_1, Q5_0, Q5_1, Q8_0; Q4_0 in test_numba_q4_0.py): libggml's values bit for bit,
-every lowering exact.
+"""The 4-row mat-vecs on 512-bit vectors (Q4_1, Q5_0, Q5_1, Q8_0; Q4_0 in test_numba_q4_0.py): libggml's values
+bit for bit, every lowering exact.
 
 On a CPU with AVX-512 VNNI the one-token mat-vecs of these types run :mod:`.zmm`' four-rows-a-step loop, on AVX2
 those of Q4_0 and Q4_1 (their nibbles multiply exactly through ``vpmaddubsw``); elsewhere the row loops of
@@ -209,21 +209,6 @@ def test_two_token_steps_on_every_lowering(lowering, rng, monkeypatch):
         assert "vpmaddubsw" not in asm and "vpdpwssd" not in asm
 
 
-_AVX2_CHILD = """
-import sys, numpy as np
-from gguf import GGMLQuantizationType as T
-from inference_engine.backends import numba_kernels
-from inference_engine.backends.numba_kernels import dispatch, ktiles
-numba_kernels.prepare()
-assert ktiles.compiled_target() == "avx2", ktiles.compiled_target()
-data = np.load(sys.argv[1])
-for name in sys.argv[3:]:
-    rows, x = data[name + "_rows"], data[name + "_x"]
-    w = dispatch.pack_matrix(name, T[name], rows, (rows.shape[0], x.shape[1]))
-    np.save(sys.argv[2] + "_" + name + ".npy", np.stack([dispatch.matmul(w, x[t], "ggml") for t in range(len(x))]))
-"""
-
-
 @pytest.mark.skipif(not ZMM_VNNI or not X86, reason="an AVX2 build is checked in a child process on an AVX-512 x86 CPU "
                     "(on an AVX2 machine the tests above run it directly)")
 def test_quad_matvecs_compiled_for_avx2_give_llamacpps_values(rng, oracle, tmp_path):
@@ -231,26 +216,15 @@ def test_quad_matvecs_compiled_for_avx2_give_llamacpps_values(rng, oracle, tmp_p
     rows a step in the repacked gemv's order (llama.cpp's mul_mat on the repacked weight, as a model holds it), Q4_1
     four rows a step in ``vec_dot``'s (its plain mul_mat), bit for bit, through ``dispatch.matmul`` as decode calls
     it."""
-    import os
-    import subprocess
-    import sys
-
     from test_numba_kernels import random_activation, random_weight
-    from test_numba_ktiles import haswell_features
+    from test_numba_ktiles import compiled_for_haswell
 
-    shapes = {T.Q4_0: (40, 7 * 256), T.Q4_1: (37, 3 * 256)}
     cases = {}
-    for qtype, (n_out, n_in) in shapes.items():
+    for qtype, (n_out, n_in) in {T.Q4_0: (40, 7 * 256), T.Q4_1: (37, 3 * 256)}.items():
         _, rows = random_weight(qtype, n_out, n_in, rng)
-        x = np.concatenate([random_activation(rng, 1, n_in, scale) for scale in (1e-3, 1.0, 50.0)])
-        cases[f"{qtype.name}_rows"], cases[f"{qtype.name}_x"] = rows, x
-    np.savez(tmp_path / "cases.npz", **cases)
-    env = dict(os.environ, NUMBA_CPU_NAME="haswell", NUMBA_CPU_FEATURES=haswell_features())
-    subprocess.run([sys.executable, "-c", _AVX2_CHILD, str(tmp_path / "cases.npz"), str(tmp_path / "out"),
-                    *(t.name for t in shapes)], env=env, check=True, timeout=600)
-    for qtype in shapes:
-        rows, x = cases[f"{qtype.name}_rows"], cases[f"{qtype.name}_x"]
-        ours = np.load(tmp_path / f"out_{qtype.name}.npy")
+        cases[qtype] = rows, np.concatenate([random_activation(rng, 1, n_in, scale) for scale in (1e-3, 1.0, 50.0)])
+    for qtype, ours in compiled_for_haswell(tmp_path, "one_token_each", cases).items():
+        rows, x = cases[qtype]
         for t in range(len(x)):
             reference = oracle.mul_mat(qtype, rows, x[t : t + 1], repacked=qtype == T.Q4_0)[0]
             np.testing.assert_array_equal(ours[t], reference, err_msg=f"{qtype.name}, activation {t}")
