@@ -62,7 +62,8 @@ def _depths(text: str | None) -> tuple[int, ...] | None:
 @click.option("-d", "n_depth", metavar="N[,N...]", default=None,
               help="Depths: pp and tg run again at each, e.g. -d 4096,16384 (default 512, scaled; 0: none).")
 @click.option("-r", "reps", metavar="N", default=str(compare_run.DEFAULT_REPS), show_default=True,
-              help="Repetitions (the least, with --precision).")
+              help="Repetitions (the least, with --precision); HTTP engines: rounds of each test and concurrency "
+                   "level, the sides interleaved.")
 @click.option("--precision", metavar="PCT", default=None,
               help="Repeat each test (paired, interleaved) until its ratio's 95% confidence interval is within "
                    "+-PCT, e.g. 5%, or --max-reps is reached.")
@@ -81,7 +82,9 @@ def _depths(text: str | None) -> tuple[int, ...] | None:
                    "probe) to take at most SECONDS. Default: no budget, llama-bench's sizes.")
 @click.option("--prompt", metavar="TEXT", default=None,
               help="Text prompt for TTFT (default: a built-in ~110-token paragraph).")
-@click.option("--seed", metavar="N", default=str(DEFAULT_SEED), show_default=True)
+@click.option("--seed", metavar="N", default=str(DEFAULT_SEED), show_default=True,
+              help="The random prompts' seed. HTTP engines: drawn anew for each run unless given (a server kept "
+                   "running would serve a repeated prompt from its prefix cache).")
 @click.option("--json", "json_path", metavar="PATH", default=None, type=OutputFile(),
               help="Write the result JSON here.")
 @click.option("--report", "report_dir", metavar="DIR", default=None, type=ReportDir(empty=False),
@@ -108,6 +111,7 @@ def compare(model, backend, engine, engine_opts, numerics, n_prompt, n_gen, n_de
         engines.check_timed(spec)
         engines.with_device(spec, device)  # --device is our engine's: refused for any other
     yard = yardstick.parse_against(against)
+    _refuse_other_mode_flags(http=spec is not None and spec.over_http)
     if spec is not None and spec.over_http:
         return _http_compare(spec, against, model, threads, n_ctx, n_prompt, n_gen, n_depth, reps, concurrency, warmup,
                              requests_per_client, seed, json_path, report_dir, progress, quick)
@@ -202,6 +206,40 @@ def compare(model, backend, engine, engine_opts, numerics, n_prompt, n_gen, n_de
         click.echo(f"report: {report.write_report([loaded], out)}")
 
 
+# The flags of one mode that the other has no use for (click's parameter names -> the flag as typed)
+IN_PROCESS_ONLY = {"backend": "--backend", "numerics": "--numerics", "precision": "--precision",
+                   "max_reps": "--max-reps", "cold_reps": "--cold-reps", "no_cold": "--no-cold", "budget": "--budget",
+                   "prompt": "--prompt"}
+HTTP_ONLY = {"concurrency": "--concurrency", "warmup": "--warmup", "requests_per_client": "--requests-per-client",
+             "n_ctx": "-c"}
+
+
+def _refuse_other_mode_flags(http: bool) -> None:
+    """A flag given on the command line that this mode would ignore is an error (one line, exit 2), not a silent
+    no-op: an HTTP run has no --precision, an in-process run no --concurrency."""
+    ctx = click.get_current_context()
+    given = [flag for name, flag in (IN_PROCESS_ONLY if http else HTTP_ONLY).items()
+             if ctx.get_parameter_source(name) not in (None, click.core.ParameterSource.DEFAULT)]
+    if not given:
+        return
+    if http:
+        raise GGUFParityError(f"{', '.join(given)} not used by an HTTP compare (--engine openai:URL | llamacpp-server);"
+                              " it takes -p -n -d -r (rounds per test and concurrency level), -t, --concurrency, "
+                              "--requests-per-client, --warmup, -c, --seed")
+    raise GGUFParityError(f"{', '.join(given)} only for an HTTP engine (--engine openai:URL | llamacpp-server); this "
+                          "compare runs engines in-process")
+
+
+def _http_prompt_seed(seed: str) -> tuple[int, bool]:
+    """(seed, given): --seed as given, else one drawn for this run, so a rerun against a server kept running does
+    not send it prompts its prefix cache holds from the last run."""
+    if click.get_current_context().get_parameter_source("seed") not in (None, click.core.ParameterSource.DEFAULT):
+        return parse_positive_int(seed, "--seed", 0), True
+    import secrets
+
+    return secrets.randbelow(1 << 31), False
+
+
 def _http_compare(spec, against, model, threads, n_ctx, n_prompt, n_gen, n_depth, reps, concurrency, warmup,
                   requests_per_client, seed, json_path, report_dir, progress, quick):
     """``compare --engine openai:URL | llamacpp-server``: the serving benchmark (bench_compare.adapters)."""
@@ -216,8 +254,8 @@ def _http_compare(spec, against, model, threads, n_ctx, n_prompt, n_gen, n_depth
         concurrency=http_cli.parse_int_list(concurrency, "--concurrency", [1], 1),
         reps=parse_positive_int(reps, "-r"), warmup=parse_positive_int(warmup, "--warmup", 0),
         requests_per_client=parse_positive_int(requests_per_client, "--requests-per-client"),
-        seed=parse_positive_int(seed, "--seed", 0),
     )
+    cfg.seed, cfg.seed_given = _http_prompt_seed(seed)
     http_cli.run_compare(spec=spec, against=against, model=model, threads=_optional_int(threads, "-t", 1),
                          n_ctx=parse_positive_int(n_ctx, "-c"), cfg=cfg, json_path=json_path,
                          report_dir=report_dir, progress=progress)

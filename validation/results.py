@@ -123,6 +123,8 @@ class HttpCompareResult(Result):
     requests: dict[str, Any] = field(default_factory=dict)
     complete: bool = True
     ratios: dict[str, dict[str, float | None]] = field(default_factory=dict)
+    # "test metric" -> {ratio, low, high, n, confidence, verdict, method} over paired rounds; absent in older files
+    ratio_intervals: dict[str, dict[str, Any]] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)  # http_overhead, error
 
 

@@ -19,9 +19,21 @@ llama-bench style tests, at each prompt length ``p``, generation length ``n`` an
   tokens; t/s = (n - 1) / (last text chunk - first text chunk), the decode rate without the first token.
 
 Concurrency sweep: at each level c, c clients (threads) each send :attr:`HttpBenchConfig.requests_per_client`
-requests back to back; aggregate tok/s = all output tokens / wall time of the level. Every prompt is new random
-words (a different seed per request), so no server's prefix cache can serve one request from another. Warm-up
-requests run first on each side and are not counted.
+requests back to back; aggregate tok/s = all output tokens / wall time of the level. Warm-up requests run first on
+each side and are not counted.
+
+Rounds and ratios: every test and every concurrency level runs ``reps`` rounds, the sides interleaved round by round
+(engine, reference, engine, ...), so drift on the machine hits both alike. Each round gives one value per metric
+and side (a pp/tg round is one request; a level's round is its aggregate tok/s and its requests' median TTFT,
+TPOT, E2E); the ratio of a metric is the geometric mean of the per-round ratios with their Student t interval and
+verdict (:mod:`bench_compare.intervals`, as the in-process compare).
+
+Prompts: every prompt is new random words (a different salt per request), so within a run no server's prefix
+cache can serve one request from another; the words' seed is drawn anew for each run (``--seed N`` repeats a
+run's prompts), so a server kept running between runs cannot serve a rerun from its cache either. Each request
+asks for the usage chunk (``stream_options``); where the server reports prefix-cache hits (OpenAI's
+``prompt_tokens_details.cached_tokens``, llama.cpp's ``timings.cache_n``) they are kept per request and a note names
+any request whose prompt was more than :data:`CHANCE_SHARED_PREFIX` tokens cached: its TTFT was not a prefill.
 """
 
 from __future__ import annotations
@@ -35,6 +47,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from bench_compare import intervals
 from bench_compare.adapters.openai_http import StreamRecord
 from inference_engine.errors import GGUFParityError
 from validation.provenance import provenance
@@ -47,6 +60,9 @@ PERCENTILES = (50, 90, 99)
 TTFT_NOTE = ("TTFT is counted at the first streamed chunk that carries token text (a role-only or empty first "
              "chunk does not count)")
 _WORD = re.compile(r"^ [a-z]{3,9}$")
+# Two random-word prompts share their BOS and, one time in a few hundred, their first word: a prefix cache may
+# honestly serve that much of a new prompt. More than this is a prompt the server had seen (a rerun with --seed).
+CHANCE_SHARED_PREFIX = 2
 
 
 # --- statistics -----------------------------------------------------------------------------------------------------
@@ -131,16 +147,26 @@ class RequestResult:
     tpot_s: float | None
     t_start: float
     t_end: float | None
+    round: int = 0  # the round (repetition) it belongs to: ratios pair the sides' rounds
+    cached_tokens: int | None = None  # prompt tokens the server served from its prefix cache (None: not reported)
 
     @classmethod
     def from_record(cls, test: str, concurrency: int, prompt_tokens: int, max_tokens: int,
-                    record: StreamRecord) -> RequestResult:
+                    record: StreamRecord, round: int = 0) -> RequestResult:
         n_out, source = record.n_output_tokens(max_tokens)
         ttft, e2e = record.ttft_s, record.e2e_s
         tpot = (e2e - ttft) / (n_out - 1) if (ttft is not None and e2e is not None and n_out > 1) else None
         first_chunk = None if record.t_first_chunk is None else record.t_first_chunk - record.t_start
         return cls(test, concurrency, prompt_tokens, max_tokens, n_out, source, ttft, first_chunk, e2e,
-                   record.itl_s, tpot, record.t_start, record.t_end)
+                   record.itl_s, tpot, record.t_start, record.t_end, round, record.cached_prompt_tokens())
+
+    def tps(self) -> float | None:
+        """A pp request's prompt tokens / TTFT; a tg request's decode rate without the first token; else None."""
+        if self.test.startswith("pp"):
+            return self.prompt_tokens / self.ttft_s if self.ttft_s else None
+        if self.test.startswith("tg") and self.output_tokens > 1 and sum(self.itl_s) > 0:
+            return (self.output_tokens - 1) / sum(self.itl_s)
+        return None
 
 
 class HttpSide:
@@ -198,7 +224,8 @@ class HttpBenchConfig:
     reps: int = 3
     warmup: int = DEFAULT_WARMUP
     requests_per_client: int = DEFAULT_REQUESTS_PER_CLIENT
-    seed: int = 0
+    seed: int = 0  # the prompts' words (cmd_compare draws one per run unless --seed names it)
+    seed_given: bool = False  # --seed named it: the prompts repeat an earlier run's with that seed
 
     def check(self, n_ctx: int | None) -> None:
         for name, values, minimum in (("-p", self.n_prompt, 1), ("-n", self.n_gen, 1), ("-d", self.depths, 0),
@@ -217,7 +244,8 @@ class Measurements:
     """Everything measured so far (kept when a later request fails)."""
 
     requests: dict[str, list[RequestResult]] = field(default_factory=dict)  # side name -> requests
-    level_wall_s: dict[str, dict[int, float]] = field(default_factory=dict)  # side -> concurrency -> wall seconds
+    # side -> concurrency -> wall seconds of each completed round
+    level_wall_s: dict[str, dict[int, list[float]]] = field(default_factory=dict)
 
     def add(self, side: str, result: RequestResult) -> None:
         self.requests.setdefault(side, []).append(result)
@@ -245,26 +273,34 @@ def run_http_bench(cfg: HttpBenchConfig, sides: list, prompts: PromptMaker, meas
             side.request(text, 4)
             advance(f"warm-up {side.name}")
     for test, n_prompt, max_tokens in _tests(cfg):
-        for _rep in range(cfg.reps):
+        for rnd in range(cfg.reps):
             for side in sides:  # interleaved: drift on the machine hits both sides alike
                 text, count = prompts.make(n_prompt, next(salt))
                 record = side.request(text, max_tokens)
-                measured.add(side.name, RequestResult.from_record(test, 1, count, max_tokens, record))
+                measured.add(side.name, RequestResult.from_record(test, 1, count, max_tokens, record, rnd))
                 advance(f"{test} {side.name}")
     n_prompt, n_gen = cfg.n_prompt[0], cfg.n_gen[0]
     for level in cfg.concurrency:
-        for side in sides:
-            if level > 1 and side.kind == "in-process":
-                continue
-            jobs = [(prompts.make(n_prompt, next(salt)), n_gen) for _ in range(level * cfg.requests_per_client)]
-            results, wall, error = _run_level(side, level, jobs, cfg.requests_per_client)
-            for (count, record) in results:  # kept even when another client failed
-                measured.add(side.name, RequestResult.from_record(f"c{level}", level, count, n_gen, record))
-            if error is not None:
-                raise error
-            measured.level_wall_s.setdefault(side.name, {})[level] = wall
-            advance(f"concurrency {level} {side.name}")
+        for rnd in range(cfg.reps):
+            for side in sides:
+                if level > 1 and side.kind == "in-process":
+                    continue
+                jobs = [(prompts.make(n_prompt, next(salt)), n_gen)
+                        for _ in range(level * cfg.requests_per_client)]
+                results, wall, error = _run_level(side, level, jobs, cfg.requests_per_client)
+                for (count, record) in results:  # kept even when another client failed
+                    measured.add(side.name, RequestResult.from_record(f"c{level}", level, count, n_gen, record, rnd))
+                if error is not None:
+                    raise error
+                measured.level_wall_s.setdefault(side.name, {}).setdefault(level, []).append(wall)
+                advance(f"concurrency {level} {side.name}")
     return measured
+
+
+def n_runs(cfg: HttpBenchConfig, sides: list) -> int:
+    """The progress bar's steps: warm-up requests, test requests and concurrency rounds, all sides."""
+    levels = sum(1 for level in cfg.concurrency for side in sides if level == 1 or side.kind != "in-process")
+    return (cfg.warmup + len(_tests(cfg)) * cfg.reps) * len(sides) + levels * cfg.reps
 
 
 def _run_level(side, level: int, jobs: list, per_client: int):
@@ -289,7 +325,7 @@ def _run_level(side, level: int, jobs: list, per_client: int):
 
 
 # --- summary --------------------------------------------------------------------------------------------------------
-def summarize_side(requests: list[RequestResult], level_wall: dict[int, float]) -> dict[str, Any]:
+def summarize_side(requests: list[RequestResult], level_wall: dict[int, list[float]]) -> dict[str, Any]:
     by_test: dict[str, list[RequestResult]] = {}
     for r in requests:
         by_test.setdefault(r.test, []).append(r)
@@ -303,44 +339,72 @@ def summarize_side(requests: list[RequestResult], level_wall: dict[int, float]) 
             "e2e_s": summarize([r.e2e_s for r in rs]), "tpot_s": summarize([r.tpot_s for r in rs]),
             "itl_s": summarize([g for r in rs for g in r.itl_s]),
             "output_tps": summarize([r.output_tokens / r.e2e_s for r in rs if r.e2e_s]),
+            "cached_tokens": _cached(rs),
         }
-        if test.startswith("pp"):
-            row["tps"] = summarize([r.prompt_tokens / r.ttft_s for r in rs if r.ttft_s])
-        elif test.startswith("tg"):
-            row["tps"] = summarize([(r.output_tokens - 1) / sum(r.itl_s) for r in rs
-                                    if r.output_tokens > 1 and sum(r.itl_s) > 0])
-        else:  # concurrency level
+        if test.startswith(("pp", "tg")):
+            row["tps"] = summarize([r.tps() for r in rs if r.tps() is not None])
+        else:  # concurrency level: the rate over all its completed rounds
             level = rs[0].concurrency
-            wall = level_wall.get(level)
+            walls = level_wall.get(level) or []
+            done = {r_.round for r_ in rs} & set(range(len(walls)))
+            tokens = sum(r.output_tokens for r in rs if r.round in done)
             row["concurrency"] = level
-            row["wall_s"] = wall
-            row["aggregate_tps"] = (row["output_tokens"] / wall) if wall else None
+            row["rounds"] = len(walls)
+            row["wall_s"] = sum(walls) if walls else None
+            row["aggregate_tps"] = (tokens / sum(walls)) if walls and sum(walls) > 0 else None
         out[test] = row
     return out
 
 
-def ratio_rows(engine: dict[str, Any], reference: dict[str, Any]) -> dict[str, dict[str, float | None]]:
-    """Engine vs reference per test, higher is better for the engine (times inverted): throughput ratios
-    engine/reference, latency ratios reference/engine, on medians."""
-    def ratio(a, b):
-        return (a / b) if (a and b) else None
+def _cached(rs: list[RequestResult]) -> dict[str, Any]:
+    """What the server said of its prefix cache: how many requests reported it, and those that reused more than
+    :data:`CHANCE_SHARED_PREFIX` prompt tokens (their TTFT was not a prefill)."""
+    reported = [r for r in rs if r.cached_tokens is not None]
+    reused = [r for r in reported if r.cached_tokens > CHANCE_SHARED_PREFIX]
+    return {"reported": len(reported), "reused": len(reused),
+            "most": max((r.cached_tokens for r in reported), default=None)}
 
-    rows = {}
-    for test, e in engine.items():
-        r = reference.get(test)
-        if r is None:
-            continue
-        row = {
-            "ttft": ratio(r["ttft_s"]["median"], e["ttft_s"]["median"]),
-            "tpot": ratio(r["tpot_s"]["median"], e["tpot_s"]["median"]),
-            "e2e": ratio(r["e2e_s"]["median"], e["e2e_s"]["median"]),
-        }
-        if "tps" in e:
-            row["tps"] = ratio(e["tps"]["median"], r["tps"]["median"])
-        if "aggregate_tps" in e:
-            row["aggregate_tps"] = ratio(e["aggregate_tps"], r["aggregate_tps"])
-        rows[test] = row
-    return rows
+
+# (metric, higher is better): the ratios are ours/reference for the first, reference/ours for the others
+METRICS = {"tps": True, "aggregate_tps": True, "ttft": False, "tpot": False, "e2e": False}
+
+
+def round_values(requests: list[RequestResult], level_wall: dict[int, list[float]]) -> dict[str, dict]:
+    """{test: {metric: {round: value}}}: one value per round (a pp/tg round is one request; a concurrency round is
+    its aggregate tok/s and its requests' median TTFT, TPOT and E2E). A round whose level did not finish (no wall
+    time) gives no aggregate."""
+    groups: dict[tuple[str, int], list[RequestResult]] = {}
+    for r in requests:
+        groups.setdefault((r.test, r.round), []).append(r)
+    out: dict[str, dict] = {}
+    for (test, rnd), rs in groups.items():
+        values = {"ttft": [r.ttft_s for r in rs], "tpot": [r.tpot_s for r in rs], "e2e": [r.e2e_s for r in rs]}
+        if test.startswith(("pp", "tg")):
+            values["tps"] = [r.tps() for r in rs]
+        else:
+            walls = level_wall.get(rs[0].concurrency) or []
+            if rnd < len(walls) and walls[rnd] > 0:
+                values["aggregate_tps"] = [sum(r.output_tokens for r in rs) / walls[rnd]]
+        for metric, vs in values.items():
+            vs = [v for v in vs if v is not None]
+            if vs:
+                out.setdefault(test, {}).setdefault(metric, {})[rnd] = float(np.median(vs))
+    return out
+
+
+def paired_intervals(engine: dict[str, dict], reference: dict[str, dict],
+                     confidence: float = intervals.DEFAULT_CONFIDENCE) -> dict[str, dict[str, intervals.RatioInterval]]:
+    """{test: {metric: interval}} over the rounds both sides completed (``round_values`` of each side)."""
+    out: dict[str, dict[str, intervals.RatioInterval]] = {}
+    for test, metrics in engine.items():
+        for metric, ours in metrics.items():
+            theirs = reference.get(test, {}).get(metric, {})
+            rounds = sorted(set(ours) & set(theirs))
+            interval = intervals.interval_of([ours[k] for k in rounds], [theirs[k] for k in rounds],
+                                             METRICS[metric], confidence)
+            if interval is not None:
+                out.setdefault(test, {})[metric] = interval
+    return out
 
 
 def build_result(cfg: HttpBenchConfig, sides: list, measured: Measurements, *, model_info: dict,
@@ -351,14 +415,19 @@ def build_result(cfg: HttpBenchConfig, sides: list, measured: Measurements, *, m
         provenance=provenance(),
         engine=sides[0].name,
         reference=sides[1].name if len(sides) > 1 else None,
-        config=asdict(cfg), model=model_info, notes=[TTFT_NOTE, *notes],
+        config=asdict(cfg), model=model_info, notes=[TTFT_NOTE, prompts_note(cfg), *notes,
+                                                       *cache_notes(summaries)],
         sides={s.name: {"kind": s.kind, "settings": getattr(s, "settings", {})} for s in sides},
         summary=summaries,
         requests={name: [asdict(r) for r in rs] for name, rs in measured.requests.items()},
         complete=error is None,
     )
     if len(sides) > 1:
-        result.ratios = ratio_rows(summaries[sides[0].name], summaries[sides[1].name])
+        values = {s.name: round_values(measured.requests.get(s.name, []), measured.level_wall_s.get(s.name, {}))
+                  for s in sides}
+        paired = paired_intervals(values[sides[0].name], values[sides[1].name])
+        result.ratios = {test: {m: i.ratio for m, i in row.items()} for test, row in paired.items()}
+        result.ratio_intervals = {f"{test} {m}": i.to_dict() for test, row in paired.items() for m, i in row.items()}
         if sides[0].name == "llamacpp-server" and sides[1].kind == "in-process":
             result.extra["http_overhead"] = {
                 test: {k: (1.0 / v if v else None) for k, v in row.items() if k in ("ttft", "tpot", "e2e")}
@@ -369,6 +438,26 @@ def build_result(cfg: HttpBenchConfig, sides: list, measured: Measurements, *, m
     return result.to_dict()  # the typed, versioned record
 
 
+def prompts_note(cfg: HttpBenchConfig) -> str:
+    if cfg.seed_given:
+        return (f"prompts: random words of seed {cfg.seed} (--seed): the same prompts as any earlier run with this "
+                "seed, which a server kept running since may serve from its prefix cache")
+    return f"prompts: random words of seed {cfg.seed}, drawn for this run (--seed {cfg.seed} repeats them)"
+
+
+def cache_notes(summaries: dict[str, Any]) -> list[str]:
+    """A note per side whose server reported prompts served from its prefix cache beyond chance sharing."""
+    notes = []
+    for side, tests in summaries.items():
+        reused = {test: row["cached_tokens"] for test, row in tests.items() if row["cached_tokens"]["reused"]}
+        if reused:
+            what = ", ".join(f"{test} {c['reused']} of {tests[test]['requests']} (up to {c['most']} tokens)"
+                             for test, c in reused.items())
+            notes.append(f"{side} served prompt tokens from its prefix cache in {what}: those TTFTs are not a "
+                         "prefill (a prompt it had seen before: a rerun with the same --seed?)")
+    return notes
+
+
 # --- presentation ---------------------------------------------------------------------------------------------------
 def _ms(stat: dict) -> str:
     return "-" if not stat or stat.get("median") is None else f"{stat['median'] * 1e3:.1f}"
@@ -376,6 +465,29 @@ def _ms(stat: dict) -> str:
 
 def _ms_p(stat: dict, key: str) -> str:
     return "-" if not stat or stat.get(key) is None else f"{stat[key] * 1e3:.1f}"
+
+
+METRIC_LABELS = {"tps": "t/s", "aggregate_tps": "aggregate tok/s", "ttft": "TTFT", "tpot": "TPOT", "e2e": "E2E"}
+
+
+def ratio_table(result: dict[str, Any]) -> list[str]:
+    """One row per test and metric: the ratio (higher is better for the engine; times inverted), its interval over
+    the paired rounds and the verdict. A result written before intervals shows its ratios alone."""
+    from bench_compare.report import interval_cells
+
+    intervals_ = result.get("ratio_intervals") or {}
+    confidence = next((i.get("confidence") for i in intervals_.values()), intervals.DEFAULT_CONFIDENCE)
+    engine, reference = result["engine"], result["reference"]
+    lines = [f"Ratios {engine} vs {reference}, higher is better for {engine} (times inverted): the geometric mean "
+             f"of the per-round ratios, rounds paired (sides interleaved), {confidence * 100:.0f}% CI:", "",
+             f"| test | metric | ratio | {confidence * 100:.0f}% CI | verdict |", "| --- | --- | ---: | --- | --- |"]
+    for test, row in result["ratios"].items():
+        for metric, value in row.items():
+            if value is None:
+                continue
+            cells = interval_cells(intervals_.get(f"{test} {metric}"))
+            lines.append(f"| {test} | {METRIC_LABELS.get(metric, metric)} | {value:.2f} | {cells[0]} | {cells[1]} |")
+    return lines
 
 
 def markdown(result: dict[str, Any]) -> str:
@@ -404,15 +516,7 @@ def markdown(result: dict[str, Any]) -> str:
                 f"{'-' if out_tps is None else f'{out_tps:.1f}'} | "
                 f"{'-' if agg is None else f'{agg:.1f}'} |")
     if result.get("ratios"):
-        lines += ["", f"Ratios {result['engine']} vs {result['reference']} on medians, higher is better for "
-                      f"{result['engine']} (times inverted):", "",
-                  "| test | t/s | TTFT | TPOT | E2E | aggregate tok/s |",
-                  "| --- | ---: | ---: | ---: | ---: | ---: |"]
-        for test, row in result["ratios"].items():
-            def f(key):
-                v = row.get(key)
-                return "-" if v is None else f"{v:.2f}"
-            lines.append(f"| {test} | {f('tps')} | {f('ttft')} | {f('tpot')} | {f('e2e')} | {f('aggregate_tps')} |")
+        lines += ["", *ratio_table(result)]
     if result.get("http_overhead"):
         lines += ["", "HTTP overhead of llama.cpp's server over llama.cpp in-process (server time / in-process time; "
                       "1.00 = none):", "", "| test | TTFT | TPOT | E2E |", "| --- | ---: | ---: | ---: |"]

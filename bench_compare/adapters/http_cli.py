@@ -88,13 +88,11 @@ def run_compare(*, spec: engines.EngineSpec, against: str, model: str, threads: 
         if any(s.name == "llamacpp-server" for s in sides):
             notes.append(ONE_REQUEST_AT_A_TIME_NOTE)
         measured = http_bench.Measurements()
-        n_runs = (cfg.warmup * len(sides) + len(http_bench._tests(cfg)) * cfg.reps * len(sides)
-                  + len(cfg.concurrency) * len(sides))
         import sys
 
         from tqdm import tqdm
 
-        bar = tqdm(total=n_runs, file=sys.stderr, disable=not progress, desc="http compare", leave=False)
+        bar = tqdm(total=http_bench.n_runs(cfg, sides), file=sys.stderr, disable=not progress, desc="http compare", leave=False)
 
         interrupts = stack.enter_context(remember_interrupts())
 

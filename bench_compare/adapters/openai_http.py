@@ -50,6 +50,12 @@ GREEDY_PARAMS: dict[str, Any] = {
 }
 
 
+def streamed(body: dict) -> dict:
+    """``body`` as a streamed request that asks for the usage chunk at the end (OpenAI's ``stream_options``: the
+    server's token counts and prefix-cache hits; a server that does not know it ignores it)."""
+    return {"stream_options": {"include_usage": True}, **body, "stream": True}
+
+
 @dataclass
 class StreamRecord:
     """One streamed completion as the client saw it; times are ``time.perf_counter()`` seconds."""
@@ -64,7 +70,19 @@ class StreamRecord:
     n_empty_chunks: int = 0  # chunks with a choice but no text (role-only first chunk, partial UTF-8)
     finish_reason: str | None = None
     usage: dict | None = None
+    timings: dict | None = None  # llama.cpp's server: its own per-request timings (cache_n: prompt tokens reused)
     logprobs: list[dict] = field(default_factory=list)  # per chunk: {"tokens", "token_logprobs", "top_logprobs"}
+
+    def cached_prompt_tokens(self) -> int | None:
+        """Prompt tokens the server said it took from its prefix cache instead of computing them: the OpenAI
+        usage's ``prompt_tokens_details.cached_tokens`` (ours, vLLM, SGLang) or llama.cpp's ``timings.cache_n``;
+        None when the server says nothing (llama-cpp-python's server)."""
+        details = (self.usage or {}).get("prompt_tokens_details")
+        if isinstance(details, dict) and isinstance(details.get("cached_tokens"), int):
+            return int(details["cached_tokens"])
+        if self.timings and isinstance(self.timings.get("cache_n"), int):
+            return int(self.timings["cache_n"])
+        return None
 
     def n_output_tokens(self, max_tokens: int) -> tuple[int, str]:
         """Output tokens and how they were counted: the server's usage, else ``max_tokens`` when it stopped for
@@ -180,7 +198,7 @@ class OpenAIClient:
         path = "/completions"
         done = False
         try:
-            with connect_sse(self._client, "POST", f"{self.base_url}{path}", json={**body, "stream": True}) as source:
+            with connect_sse(self._client, "POST", f"{self.base_url}{path}", json=streamed(body)) as source:
                 response = source.response
                 if response.status_code >= 400:
                     response.read()
@@ -223,6 +241,8 @@ class OpenAIClient:
             raise self._error("/completions", f"the server reported an error mid-stream: {chunk['error']}")
         if isinstance(chunk.get("usage"), dict):
             record.usage = chunk["usage"]
+        if isinstance(chunk.get("timings"), dict):
+            record.timings = chunk["timings"]
         for choice in chunk.get("choices") or []:
             if not isinstance(choice, dict):
                 raise self._error("/completions", f"malformed choice in stream chunk: {data[:60]!r}")

@@ -3,7 +3,8 @@
 A cell is keyed by a readable slug of its values plus a short hash of its whole definition (flags included), so a
 changed flag makes a new cell rather than reusing an old result. With the engine ``ours`` each backend is a cell
 (``--engine ours:<backend>``), and each of ``devices`` (``--device``); other engines are not multiplied by them. A
-cell without a device keeps the key it had before devices existed (its definition leaves the field out).
+cell without a device keeps the key it had before devices existed (its definition leaves the field out). An engine
+over HTTP (``openai:URL``, ``llamacpp-server``) runs a server's own arithmetic: its cells take no ``--numerics``.
 """
 
 from __future__ import annotations
@@ -88,6 +89,14 @@ def _engine_backends(spec: SweepSpec) -> list[tuple[str, str | None, str | None]
     return out
 
 
+def _over_http(engine: str) -> bool:
+    if engine == OURS or engine.startswith(f"{OURS}:"):
+        return False
+    from bench_compare.engines import parse_engine_spec
+
+    return parse_engine_spec(engine).over_http
+
+
 def excluded(cell: Cell, entry: dict[str, Any]) -> bool:
     """An ``[[exclude]]`` entry matches when every key it names matches (engine: the spec or its ``ours``)."""
     for key, want in entry.items():
@@ -112,8 +121,8 @@ def cells(spec: SweepSpec, machines: list[dict[str, str]] | None = None) -> tupl
     for command, model, (engine, backend, device), threads, numerics, machine in itertools.product(
             spec.commands, spec.models, _engine_backends(spec), spec.threads or (None,), spec.numerics or (None,),
             axis):
-        cell = Cell(command, model, engine, backend, threads, numerics, dict(machine), spec.commands[command],
-                    device)
+        cell = Cell(command, model, engine, backend, threads, None if _over_http(engine) else numerics,
+                    dict(machine), spec.commands[command], device)
         if any(excluded(cell, e) for e in spec.exclude):
             dropped += 1
             continue

@@ -178,13 +178,20 @@ def test_against_llamacpp_in_process_then_report_and_gate(fake, model, tmp_path,
     pytest.importorskip("llama_cpp")
     out = tmp_path / "http.json"
     rc = cli.main(_compare(fake.url("ok"), model, "--against", "llamacpp", "--concurrency", "1,2", "-t", "1",
-                           "-c", "128", "--json", str(out)))
-    assert rc == 0, capsys.readouterr().err
+                           "-c", "128", "-r", "2", "--json", str(out)))
+    printed = capsys.readouterr()
+    assert rc == 0, printed.err
     result = json.loads(out.read_text())
     assert result["sides"]["llamacpp"]["kind"] == "in-process"
     assert "c2" not in result["summary"]["llamacpp"]  # one sequence in-process: no concurrency above 1
-    assert result["summary"]["llamacpp"]["tg4"]["output_tokens"] == 4
+    assert result["summary"]["llamacpp"]["tg4"]["output_tokens"] == 2 * 4  # two rounds
+    assert result["summary"]["llamacpp"]["c1"]["rounds"] == 2
     assert result["ratios"]["tg4"]["tps"] > 0 and "c2" not in result["ratios"]
+    for name in ("pp8 tps", "tg4 tps", "tg4 tpot", "c1 aggregate_tps", "c1 e2e"):  # both rounds paired
+        interval = result["ratio_intervals"][name]
+        assert interval["n"] == 2 and interval["low"] <= interval["ratio"] <= interval["high"]
+        assert interval["verdict"] in ("faster", "slower", "same")
+    assert "| c1 | aggregate tok/s |" in printed.out and "95% CI" in printed.out
     rc = cli.main(["report", str(out), "--out", str(tmp_path / "rep"), "--history", str(tmp_path / "h.csv"),
                    "--baseline", str(out), "--max-regression", "50"])
     assert rc == 0, capsys.readouterr().err
@@ -218,3 +225,81 @@ def test_engines_list_shows_the_http_engines(capsys):
     assert "llama.cpp's own OpenAI server" in server
     assert engines.parse_engine_spec("llamacpp-server").over_http
     assert not engines.parse_engine_spec("llamacpp").over_http
+
+
+def _request(test: str, rnd: int, ttft: float, e2e: float, *, level: int = 1, n_out: int = 4,
+             cached: int | None = None) -> http_bench.RequestResult:
+    itl = [(e2e - ttft) / (n_out - 1)] * (n_out - 1)
+    return http_bench.RequestResult(test, level, 8, n_out, n_out, "usage", ttft, ttft, e2e, itl,
+                                    (e2e - ttft) / (n_out - 1), 0.0, e2e, rnd, cached)
+
+
+def test_ratios_pair_the_rounds_so_common_drift_cancels():
+    """The engine is twice as fast as the reference in every round while the machine drifts by +-30% between
+    rounds: paired per round, the ratio is exactly 2 with a zero-width interval ("faster"); the drift would have
+    widened an unpaired comparison of the two sides' samples."""
+    drift = [1.0, 1.3, 0.7]
+    engine = [_request("tg4", i, 0.1 * d, 0.4 * d) for i, d in enumerate(drift)]
+    reference = [_request("tg4", i, 0.2 * d, 0.8 * d) for i, d in enumerate(drift)]
+    paired = http_bench.paired_intervals(http_bench.round_values(engine, {}), http_bench.round_values(reference, {}))
+    for metric in ("tps", "ttft", "tpot", "e2e"):  # throughput engine/reference, times reference/engine
+        interval = paired["tg4"][metric]
+        assert interval.n == 3 and interval.verdict == "faster"
+        assert interval.ratio == pytest.approx(2.0) and interval.low == pytest.approx(2.0)
+    from bench_compare import intervals
+
+    unpaired = intervals.unpaired_interval_of([r.tps() for r in engine], [r.tps() for r in reference], True)
+    assert unpaired.low < 1.5 and unpaired.high > 2.5  # what pairing removed
+
+
+def test_concurrency_rounds_give_aggregate_ratios_and_an_unfinished_round_none():
+    engine = [_request("c2", rnd, 0.1, 0.5, level=2) for rnd in (0, 1) for _client in (0, 1)]
+    reference = [_request("c2", rnd, 0.3, 1.5, level=2) for rnd in (0, 1) for _client in (0, 1)]
+    # both rounds finished on the reference side; the engine's second round was cut off (no wall time)
+    values_e = http_bench.round_values(engine, {2: [0.5]})
+    values_r = http_bench.round_values(reference, {2: [1.5, 3.0]})
+    assert values_e["c2"]["aggregate_tps"] == {0: pytest.approx(8 / 0.5)}
+    assert values_r["c2"]["aggregate_tps"] == {0: pytest.approx(8 / 1.5), 1: pytest.approx(8 / 3.0)}
+    paired = http_bench.paired_intervals(values_e, values_r)
+    assert paired["c2"]["aggregate_tps"].n == 1 and paired["c2"]["aggregate_tps"].verdict == "unknown"
+    assert paired["c2"]["aggregate_tps"].ratio == pytest.approx(3.0)
+    assert paired["c2"]["ttft"].n == 2 and paired["c2"]["ttft"].ratio == pytest.approx(3.0)
+    summary = http_bench.summarize_side(engine, {2: [0.5]})["c2"]
+    assert summary["rounds"] == 1 and summary["aggregate_tps"] == pytest.approx(8 / 0.5)  # the finished round only
+
+
+def test_prompts_served_from_a_prefix_cache_are_named():
+    rows = [_request("pp8", 0, 0.1, 0.1, cached=1), _request("pp8", 1, 0.01, 0.01, cached=7),
+            _request("tg4", 0, 0.1, 0.4)]
+    summary = {"srv": http_bench.summarize_side(rows, {})}
+    assert summary["srv"]["pp8"]["cached_tokens"] == {"reported": 2, "reused": 1, "most": 7}
+    assert summary["srv"]["tg4"]["cached_tokens"] == {"reported": 0, "reused": 0, "most": None}
+    (note,) = http_bench.cache_notes(summary)
+    assert note.startswith("srv served prompt tokens from its prefix cache in pp8 1 of 2 (up to 7 tokens)")
+    # a BOS and a first word shared by chance are not a cached prompt
+    assert http_bench.cache_notes({"srv": http_bench.summarize_side(rows[:1], {})}) == []
+
+
+def test_each_run_draws_its_own_prompt_seed_unless_given(fake, model, tmp_path, capsys):
+    configs = []
+    for i, extra in enumerate([[], [], ["--seed", "5"]]):
+        out = tmp_path / f"{i}.json"
+        assert cli.main(_compare(fake.url("ok"), model, "--json", str(out), *extra)) == 0, capsys.readouterr().err
+        result = json.loads(out.read_text())
+        configs.append((result["config"]["seed"], result["config"]["seed_given"], result["notes"][1]))
+    (a, a_given, a_note), (b, _, _), (c, c_given, c_note) = configs
+    assert a != b and not a_given and f"--seed {a} repeats them" in a_note
+    assert (c, c_given) == (5, True) and "a server kept running since may serve from its prefix cache" in c_note
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--engine", "openai:http://127.0.0.1:1/v1", "--precision", "5%"], "--precision not used by an HTTP compare"),
+    (["--engine", "openai:http://127.0.0.1:1/v1", "--no-cold", "--budget", "60"],
+     "--no-cold, --budget not used by an HTTP compare"),
+    (["--concurrency", "1,4"], "--concurrency only for an HTTP engine"),
+    (["--requests-per-client", "3", "-c", "512"], "--requests-per-client, -c only for an HTTP engine"),
+])
+def test_flags_of_the_other_mode_are_refused(model, args, message, capsys):
+    rc = cli.main(["compare", "-m", model, "--against", "none", "--no-progress", *args])
+    err = capsys.readouterr().err
+    assert rc == 2 and message in err and err.count("\n") == 1

@@ -73,3 +73,23 @@ def test_compare_our_server_against_llamacpps_server(model, tmp_path, capsys):
     assert set(result["summary"]) == {engine, "llamacpp-server"}
     for side in result["summary"].values():
         assert side["tg8"]["output_tokens"] == 8 and side["c4"]["aggregate_tps"] > 0
+
+
+def test_a_rerun_with_the_same_seed_is_named_as_served_from_the_prefix_cache(model, tmp_path, capsys):
+    """Our server keeps finished prompts in its prefix cache and says so in the usage chunk: a second run with the
+    same --seed sends it the same prompts, and the result names those requests; a run with a drawn seed does not."""
+    runs = []
+    with start_server(model, backend="numpy", numerics="ggml") as server:
+        for i, extra in enumerate([["--seed", "11"], ["--seed", "11"], []]):
+            out = tmp_path / f"{i}.json"
+            rc = cli.main(["compare", "--engine", f"openai:{server.url}/v1", "-m", str(model), "--against", "none",
+                           "-p", "64", "-n", "2", "-r", "1", "--warmup", "0", "--no-progress", "--json", str(out),
+                           *extra])
+            assert rc == 0, capsys.readouterr().err
+            runs.append(json.loads(out.read_text()))
+    pp = [next(iter(run["summary"].values()))["pp64"]["cached_tokens"] for run in runs]
+    assert pp[0]["reported"] == 1 and pp[0]["reused"] == 0  # a new prompt: at most chance sharing
+    assert pp[1]["reused"] == 1 and pp[1]["most"] >= 48  # the same prompt again: served from the cache
+    assert pp[2]["reused"] == 0
+    assert not any("prefix cache in" in note for note in runs[0]["notes"] + runs[2]["notes"])
+    assert any("served prompt tokens from its prefix cache in pp64 1 of 1" in note for note in runs[1]["notes"])
