@@ -92,7 +92,8 @@ def run_compare(*, spec: engines.EngineSpec, against: str, model: str, threads: 
 
         from tqdm import tqdm
 
-        bar = tqdm(total=http_bench.n_runs(cfg, sides), file=sys.stderr, disable=not progress, desc="http compare", leave=False)
+        bar = tqdm(total=http_bench.n_runs(cfg, sides), file=sys.stderr, disable=not progress, desc="http compare",
+                   leave=False)
 
         interrupts = stack.enter_context(remember_interrupts())
 

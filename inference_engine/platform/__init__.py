@@ -38,7 +38,7 @@ TRICKS = {
     "numba_cached_kernels_load_lightly": "numba Cache.load_overload initializes the NRT only, no context refresh",
     "numba_nrt_kept_compiled": "numba nrtdynmod.compile_nrt_functions loads the NRT's machine code kept on disk",
     "numba_bitcode_parsed_for_linking_only": "numba CPUCodeLibrary._unserialize keeps a cached kernel's bitcode",
-    "malloc_thresholds_pinned": "glibc M_MMAP_THRESHOLD 4 MiB and M_TRIM_THRESHOLD 16 MiB (mallopt)",
+    "malloc_thresholds_pinned": "glibc M_MMAP_THRESHOLD 32 MiB and M_TRIM_THRESHOLD 128 MiB (mallopt)",
     "llvm_pages_released_after_compiles": "libllvmlite.so's clean read-only pages unmapped after each compile",
 }
 

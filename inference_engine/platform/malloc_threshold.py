@@ -1,26 +1,34 @@
-"""Give big freed blocks back to the OS, keep a layer's worth of small ones: pin glibc's malloc thresholds.
+"""Keep a prefill layer's freed activations for the next layer: pin glibc's malloc thresholds.
 
 glibc's ``malloc`` serves blocks above ``M_MMAP_THRESHOLD`` (128 KiB at start) with their own ``mmap``, returned
-to the OS when freed. But each time such a block is freed, glibc raises the threshold to its size (up to 32 MiB),
-so later blocks of that size come from the heap instead, where a freed block in the middle stays resident. LLVM,
-loading Numba's cached kernels on a model's first token, allocates and frees blocks of several MiB, and the
-heap kept them: measured on Gemma 3 270M (numba backend, ggml numerics, F16 K/V, 512-token prompt then 128
-tokens, 2-core AMD EPYC), peak RSS 493 MiB as glibc grows the threshold, 454 MiB with it pinned at any of 256
-KiB, 1 MiB or 4 MiB. SmolLM2 135M's peak did not move (299 MiB either way).
+to the OS when freed, so the next block of that size takes fresh zero pages from the OS again (a minor page fault
+per page touched). Each time such a block is freed, glibc raises the threshold to its size (up to 32 MiB, its
+largest), so later blocks come from the heap; but whenever more than ``M_TRIM_THRESHOLD`` (twice the grown
+threshold) is free at the top of the heap, ``free`` gives it back to the OS too. A prefill allocates a layer's
+activations and frees them at the top of the heap once per layer: on Qwen2.5-1.5B with a 512-token prompt three FFN
+activations of 17.5 MiB, 12 MiB of attention scores and smaller arrays, about 75 MiB at the layer's peak.
 
-:func:`pin_mmap_threshold` sets it once (``mallopt``, which also switches the growth off), at ``MMAP_THRESHOLD``;
-where the C library is not glibc it does nothing. The cost is an ``mmap`` / ``munmap`` (and fresh zero pages)
-per block above the threshold: at 4 MiB that is the weights at load and a prefill's biggest activations, not a
-decoded token's arrays.
+:func:`pin_mmap_threshold` sets both once (``mallopt``, which also switches the growth off): ``MMAP_THRESHOLD`` at
+32 MiB (glibc's most) and ``TRIM_THRESHOLD`` at 128 MiB, above a 512-token layer's activations (llama-bench's
+prompt and llama.cpp's micro-batch). Measured on the 2-core AMD EPYC (Zen 4) VM, numba backend, ggml numerics, 2
+threads, each prefill after the first of a process:
 
-Pinning the mmap threshold also pins glibc's trim threshold at its start value, 128 KiB: whenever more than that
-is free at the top of the heap, ``free`` gives it back to the OS. A prefill allocates and frees a layer's
-activations (each below 4 MiB: heap blocks) at the top of the heap once per layer, so every layer took fresh pages
-from the OS again: measured on Qwen2.5-1.5B (the 109-token TTFT prompt, 2 threads, Xeon VM), 97,000 minor page
-faults in every prefill, the first two prefills of a process 1.8-2.2 s and later ones 1.34 s. ``TRIM_THRESHOLD``
-(16 MiB) keeps that much free heap for the next layer: 6,000 faults in the first prefill, none after, 1.25 s then
-1.15-1.25 s (8 MiB did not help; 16 and 32 MiB did the same). The price: up to that much freed heap stays resident;
-SmolLM2's peak RSS (512-token prompt, 128 tokens) 250.5 -> 254.9 MiB.
+- Qwen2.5-1.5B alone in its process, 512 tokens: 79,000 minor page faults and 1.65-1.81 s a prefill at the earlier
+  pin (4 MiB / 16 MiB, whose mmap'd activations faulted in at every layer); none and 1.58-1.63 s at 32 / 64 MiB;
+  32 / 32 MiB trimmed at every layer (111,000 faults, 1.81-1.88 s). At 128 tokens (4.4 MiB activations): 49,000
+  faults and 0.45-0.66 s, then none and 0.40 s. Next to llama.cpp in the same process (``compare``'s in-process
+  yardstick) 64 MiB was not enough (135,000 faults, 1.8-2.0 s); 128 and 256 MiB: none, 1.51-1.54 s.
+- ``compare`` (pp, 7 repetitions, the 4 MiB pin in a worktree run right after): Qwen2.5-1.5B pp512 1.68 -> 1.88 of
+  llama.cpp, pp128 1.35 -> 1.83; Gemma 3 270M pp512 1.61 [1.42-1.83] -> 1.72 [1.69-1.75] (within noise).
+- Peak RSS unchanged (``compare``'s cold start, 512-token prompt then 128 tokens): SmolLM2 199.9 -> 200.0 MiB, Gemma 3
+  356.3 both, Qwen2.5-1.5B 1192.4 both: the activations were live at the peak either way. What stays after a
+  prefill is at most the trim threshold of free heap (llama.cpp keeps its whole compute buffer).
+
+The 4 MiB pin was set when LLVM, loading Numba's cached kernels on a model's first token, allocated and freed blocks
+of several MiB that a grown threshold kept in the heap (Gemma 3's peak 493 MiB, 454 with 4 MiB); since LLVM's
+loading was lightened (``numba_startup``'s cached-kernel and bitcode tricks, ``library_pages``) 32 MiB costs no peak.
+Blocks above 32 MiB (a prompt chunk of more than ~930 tokens on the 1.5B's FFN) still get their own mapping: glibc
+takes no larger threshold. Where the C library is not glibc this does nothing.
 """
 
 from __future__ import annotations
@@ -28,11 +36,10 @@ from __future__ import annotations
 import ctypes
 import sys
 
-# Blocks above this size get their own mapping; 4 MiB gave the same peak as 256 KiB and 1 MiB (above) while
-# leaving every array of a decode step (at most a vocabulary of float32 logits, 1 MiB for Gemma 3) in the heap.
-MMAP_THRESHOLD = 4 << 20
-# Free memory kept at the top of the heap before glibc gives it back (see above).
-TRIM_THRESHOLD = 16 << 20
+# Blocks above this size get their own mapping: glibc's largest, so a 512-token layer's activations are heap blocks.
+MMAP_THRESHOLD = 32 << 20
+# Free memory kept at the top of the heap before glibc gives it back: above a 512-token layer's activations.
+TRIM_THRESHOLD = 128 << 20
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc malloc.h
 
 _pinned: bool | None = None

@@ -102,33 +102,14 @@ def test_the_first_call_decides_and_later_calls_return_its_record(monkeypatch):
     assert platform.applied() == {"configured": True, **first}
 
 
-# glibc's thresholds cannot be read back (mallopt only sets them), so the child shows them by their effect, as
-# test_malloc_threshold does: a freed 8 MiB block, allocated three times, stays resident unless they are pinned.
-BLOCK_MIB = 8
-_HEAP = f"""
-import sys
-import numpy as np
-import inference_engine, inference_engine.engine, inference_engine.backends.numba_cpu
-from inference_engine.platform import malloc_threshold
-if sys.argv[1] == "pin":
-    malloc_threshold.pin_mmap_threshold()
-for _ in range(3):
-    block = np.ones({BLOCK_MIB} << 17)
-    del block
-print([int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmRSS:")][0])
-"""
-
-
+# glibc's thresholds cannot be read back (mallopt only sets them): the child shows them by their effect, as
+# test_malloc_threshold does. Imported only, glibc trims a layer's freed activations and they fault in again.
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt and /proc are Linux's")
 def test_importing_leaves_glibcs_malloc_thresholds_alone():
-    def rss_kib(mode: str) -> int:
-        proc = subprocess.run([sys.executable, "-c", _HEAP, mode], check=True, capture_output=True, text=True,
-                              cwd=REPO, timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)})
-        return int(proc.stdout.split()[-1])
+    from test_malloc_threshold import activation_faults, skip_unless_glibc
 
-    from inference_engine.platform.malloc_threshold import pin_mmap_threshold
-
-    if not pin_mmap_threshold():
-        pytest.skip("this C library is not glibc (no M_MMAP_THRESHOLD)")
-    # imported only, glibc's threshold grows to the block's size and keeps the freed blocks: about one more
-    assert rss_kib("import") - rss_kib("pin") > BLOCK_MIB * 1024 // 2
+    skip_unless_glibc()
+    first, *later = activation_faults("import")
+    assert sum(later) > first // 2  # not pinned: later rounds take fresh pages again
+    first_pinned, *later_pinned = activation_faults("pin")
+    assert sum(later_pinned) < first_pinned // 10
