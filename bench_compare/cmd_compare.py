@@ -111,13 +111,17 @@ def compare(model, backend, engine, engine_opts, numerics, n_prompt, n_gen, n_de
         engines.check_timed(spec)
         engines.with_device(spec, device)  # --device is our engine's: refused for any other
     yard = yardstick.parse_against(against)
-    _refuse_other_mode_flags(http=spec is not None and spec.over_http)
-    if spec is not None and spec.over_http:
-        return _http_compare(spec, against, model, threads, n_ctx, n_prompt, n_gen, n_depth, reps, concurrency, warmup,
-                             requests_per_client, seed, json_path, report_dir, progress, quick)
-    if yard is not None and yard.kind != yardstick.KIND_BENCH:
+    http = spec is not None and spec.over_http
+    if http and yard is not None and yard.kind != yardstick.KIND_SERVER:
+        raise GGUFParityError(f"--against {yard.kind}:PATH measures an in-process engine; an HTTP engine's yardstick "
+                              "is llama-server:PATH (your own llama-server, started here)")
+    if not http and yard is not None and yard.kind != yardstick.KIND_BENCH:
         raise GGUFParityError(f"--against {yard.kind}:PATH is the yardstick of an HTTP engine (--engine openai:URL); "
                               "for an in-process engine use --against llama-bench:PATH")
+    _refuse_other_mode_flags(http)  # after the yardstick: a wrong --against is the bigger mistake
+    if http:
+        return _http_compare(spec, against, model, threads, n_ctx, n_prompt, n_gen, n_depth, reps, concurrency, warmup,
+                             requests_per_client, seed, json_path, report_dir, progress, quick)
     budget_s = None if budget is None else float(budget)
     depths = _depths(n_depth)
     run = defaults.COMMANDS.resolve(backend=backend, numerics=numerics,

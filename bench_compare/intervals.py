@@ -155,3 +155,20 @@ def parse_precision(text: str) -> float:
     if not 0 < value < 1 or not math.isfinite(value):
         raise GGUFParityError(f"--precision must be between 0% and 100% exclusive (got {text!r})")
     return value
+
+
+def interval_cells(interval: dict[str, Any] | None) -> list[str]:
+    """The ``95% CI`` and ``verdict`` cells of a ratio (``-`` for an older result without intervals)."""
+    if not interval:
+        return ["-", "-"]
+    if interval.get("low") is None or interval.get("high") is None:
+        return [f"n={interval.get('n', 1)}", interval.get("verdict", "unknown")]
+    verdict = interval["verdict"]
+    return [f"{_bound(interval['low'])}-{_bound(interval['high'])}",
+            "same within noise" if verdict == "same" else verdict]
+
+
+def _bound(value: float) -> str:
+    """An interval's end: two decimals, or two significant digits when far from 1 (a 2-sample interval on a busy
+    machine can span 1e-5 to 1e5)."""
+    return f"{value:.2f}" if 0.01 <= value < 100 else f"{value:.2g}"

@@ -37,6 +37,7 @@ from validation.results import (BenchResult, CompareResult, HttpCompareResult, H
                                 result_class, upgrade_legacy)
 from inference_engine.errors import GGUFParityError
 from bench_compare.measure import llama_bench_test_name
+from bench_compare.intervals import interval_cells
 
 KIND_COMPARE = "compare"
 KIND_VALIDATION = "validation"
@@ -177,23 +178,6 @@ def compare_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
         by_test[test]["ratio"] = ratios.get(test)
         by_test[test]["interval"] = intervals.get(test)
     return [by_test[t] for t in order]
-
-
-def interval_cells(interval: dict[str, Any] | None) -> list[str]:
-    """The ``95% CI`` and ``verdict`` cells of a ratio (``-`` for an older result without intervals)."""
-    if not interval:
-        return ["-", "-"]
-    if interval.get("low") is None or interval.get("high") is None:
-        return [f"n={interval.get('n', 1)}", interval.get("verdict", "unknown")]
-    verdict = interval["verdict"]
-    return [f"{_bound(interval['low'])}-{_bound(interval['high'])}",
-            "same within noise" if verdict == "same" else verdict]
-
-
-def _bound(value: float) -> str:
-    """An interval's end: two decimals, or two significant digits when far from 1 (a 2-sample interval on a busy
-    machine can span 1e-5 to 1e5)."""
-    return f"{value:.2f}" if 0.01 <= value < 100 else f"{value:.2g}"
 
 
 def compare_table(result: dict[str, Any]) -> str:

@@ -473,8 +473,6 @@ METRIC_LABELS = {"tps": "t/s", "aggregate_tps": "aggregate tok/s", "ttft": "TTFT
 def ratio_table(result: dict[str, Any]) -> list[str]:
     """One row per test and metric: the ratio (higher is better for the engine; times inverted), its interval over
     the paired rounds and the verdict. A result written before intervals shows its ratios alone."""
-    from bench_compare.report import interval_cells
-
     intervals_ = result.get("ratio_intervals") or {}
     confidence = next((i.get("confidence") for i in intervals_.values()), intervals.DEFAULT_CONFIDENCE)
     engine, reference = result["engine"], result["reference"]
@@ -485,7 +483,7 @@ def ratio_table(result: dict[str, Any]) -> list[str]:
         for metric, value in row.items():
             if value is None:
                 continue
-            cells = interval_cells(intervals_.get(f"{test} {metric}"))
+            cells = intervals.interval_cells(intervals_.get(f"{test} {metric}"))
             lines.append(f"| {test} | {METRIC_LABELS.get(metric, metric)} | {value:.2f} | {cells[0]} | {cells[1]} |")
     return lines
 

@@ -54,10 +54,7 @@ def run_compare(*, spec: engines.EngineSpec, against: str, model: str, threads: 
     from bench_compare.adapters import http_bench
     from bench_compare.adapters.llamacpp_server import ONE_REQUEST_AT_A_TIME_NOTE
 
-    yard = yardstick.parse_against(against)
-    if yard is not None and yard.kind != yardstick.KIND_SERVER:
-        raise GGUFParityError(f"--against {yard.kind}:PATH measures an in-process engine; an HTTP engine's yardstick "
-                              "is llama-server:PATH (your own llama-server, started here)")
+    yard = yardstick.parse_against(against)  # its kind checked by cmd_compare
     if yard is None and against not in AGAINST_CHOICES:
         raise GGUFParityError(f"--against for an HTTP engine must be one of {', '.join(AGAINST_CHOICES)} or "
                               f"llama-server:PATH, got '{against}'")

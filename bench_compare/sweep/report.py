@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from bench_compare import gate
+from bench_compare.intervals import interval_cells
 from bench_compare.report import (
     KIND_BENCH,
     KIND_COMPARE,
@@ -26,7 +27,6 @@ from bench_compare.report import (
     bench_rows,
     compare_rows,
     format_value,
-    interval_cells,
     load_result,
     markdown_table,
     ratios_of,
