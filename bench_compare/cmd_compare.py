@@ -218,12 +218,16 @@ HTTP_ONLY = {"concurrency": "--concurrency", "warmup": "--warmup", "requests_per
              "n_ctx": "-c"}
 
 
+def _given(name: str) -> bool:
+    """Whether the user set this option (command line or environment), not its default."""
+    source = click.get_current_context().get_parameter_source(name)
+    return source not in (None, click.core.ParameterSource.DEFAULT)
+
+
 def _refuse_other_mode_flags(http: bool) -> None:
     """A flag given on the command line that this mode would ignore is an error (one line, exit 2), not a silent
     no-op: an HTTP run has no --precision, an in-process run no --concurrency."""
-    ctx = click.get_current_context()
-    given = [flag for name, flag in (IN_PROCESS_ONLY if http else HTTP_ONLY).items()
-             if ctx.get_parameter_source(name) not in (None, click.core.ParameterSource.DEFAULT)]
+    given = [flag for name, flag in (IN_PROCESS_ONLY if http else HTTP_ONLY).items() if _given(name)]
     if not given:
         return
     if http:
@@ -237,7 +241,7 @@ def _refuse_other_mode_flags(http: bool) -> None:
 def _http_prompt_seed(seed: str) -> tuple[int, bool]:
     """(seed, given): --seed as given, else one drawn for this run, so a rerun against a server kept running does
     not send it prompts its prefix cache holds from the last run."""
-    if click.get_current_context().get_parameter_source("seed") not in (None, click.core.ParameterSource.DEFAULT):
+    if _given("seed"):
         return parse_positive_int(seed, "--seed", 0), True
     import secrets
 

@@ -346,7 +346,7 @@ def summarize_side(requests: list[RequestResult], level_wall: dict[int, list[flo
         else:  # concurrency level: the rate over all its completed rounds
             level = rs[0].concurrency
             walls = level_wall.get(level) or []
-            done = {r_.round for r_ in rs} & set(range(len(walls)))
+            done = {r.round for r in rs} & set(range(len(walls)))  # rounds that finished (have a wall time)
             tokens = sum(r.output_tokens for r in rs if r.round in done)
             row["concurrency"] = level
             row["rounds"] = len(walls)
@@ -365,7 +365,7 @@ def _cached(rs: list[RequestResult]) -> dict[str, Any]:
             "most": max((r.cached_tokens for r in reported), default=None)}
 
 
-# (metric, higher is better): the ratios are ours/reference for the first, reference/ours for the others
+# metric -> higher is better: throughput ratios are engine / reference, time ratios reference / engine
 METRICS = {"tps": True, "aggregate_tps": True, "ttft": False, "tpot": False, "e2e": False}
 
 
