@@ -20,13 +20,15 @@ threads, each prefill after the first of a process:
   yardstick) 64 MiB was not enough (135,000 faults, 1.8-2.0 s); 128 and 256 MiB: none, 1.51-1.54 s.
 - ``compare`` (pp, 7 repetitions, the 4 MiB pin in a worktree run right after): Qwen2.5-1.5B pp512 1.68 -> 1.88 of
   llama.cpp, pp128 1.35 -> 1.83; Gemma 3 270M pp512 1.61 [1.42-1.83] -> 1.72 [1.69-1.75] (within noise).
-- Peak RSS unchanged (``compare``'s cold start, 512-token prompt then 128 tokens): SmolLM2 199.9 -> 200.0 MiB, Gemma 3
-  356.3 both, Qwen2.5-1.5B 1192.4 both: the activations were live at the peak either way. What stays after a
-  prefill is at most the trim threshold of free heap (llama.cpp keeps its whole compute buffer).
+- Peak RSS (``compare``'s cold start, ``-p 512 -n 128``, the commit before run right before): SmolLM2 210.5 -> 216.1
+  MiB, Gemma 3 366.5 -> 373.5, Qwen2.5-1.5B 1255.6 -> 1262.9: 6-7 MiB more, from heap blocks of 4-32 MiB (SmolLM2's
+  9 MiB of attention scores at 512 tokens) that the heap's fragmentation keeps, the same with a trim threshold of 32,
+  64 or 128 MiB; with a 16-token prompt no change (SmolLM2 199.9 -> 200.0, Gemma 3 356.3 both, the 1.5B 1192.4
+  both). The price of the 1.5B's faster prefill; llama.cpp keeps its whole compute buffer allocated.
 
 The 4 MiB pin was set when LLVM, loading Numba's cached kernels on a model's first token, allocated and freed blocks
 of several MiB that a grown threshold kept in the heap (Gemma 3's peak 493 MiB, 454 with 4 MiB); since LLVM's
-loading was lightened (``numba_startup``'s cached-kernel and bitcode tricks, ``library_pages``) 32 MiB costs no peak.
+loading was lightened (``numba_startup``'s cached-kernel and bitcode tricks, ``library_pages``) that churn is gone.
 Blocks above 32 MiB (a prompt chunk of more than ~930 tokens on the 1.5B's FFN) still get their own mapping: glibc
 takes no larger threshold. Where the C library is not glibc this does nothing.
 """
