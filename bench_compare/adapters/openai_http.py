@@ -75,8 +75,8 @@ class StreamRecord:
 
     def cached_prompt_tokens(self) -> int | None:
         """Prompt tokens the server said it took from its prefix cache instead of computing them: the OpenAI
-        usage's ``prompt_tokens_details.cached_tokens`` (ours, vLLM, SGLang) or llama.cpp's ``timings.cache_n``;
-        None when the server says nothing (llama-cpp-python's server)."""
+        usage's ``prompt_tokens_details.cached_tokens`` (ours, and servers that fill it) or llama.cpp's
+        ``timings.cache_n``; None when the server says nothing (llama-cpp-python's server)."""
         details = (self.usage or {}).get("prompt_tokens_details")
         if isinstance(details, dict) and isinstance(details.get("cached_tokens"), int):
             return int(details["cached_tokens"])
