@@ -342,7 +342,7 @@ def summarize_side(requests: list[RequestResult], level_wall: dict[int, list[flo
             "cached_tokens": _cached(rs),
         }
         if test.startswith(("pp", "tg")):
-            row["tps"] = summarize([r.tps() for r in rs if r.tps() is not None])
+            row["tps"] = summarize([r.tps() for r in rs])  # summarize drops the None of a request without one
         else:  # concurrency level: the rate over all its completed rounds
             level = rs[0].concurrency
             walls = level_wall.get(level) or []

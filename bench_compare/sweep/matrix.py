@@ -118,10 +118,11 @@ def cells(spec: SweepSpec, machines: list[dict[str, str]] | None = None) -> tupl
         axis = list(spec.machines)
     out: list[Cell] = []
     dropped = 0
+    engine_backends = _engine_backends(spec)
+    over_http = {engine for engine, _, _ in engine_backends if _over_http(engine)}  # once per engine, not per cell
     for command, model, (engine, backend, device), threads, numerics, machine in itertools.product(
-            spec.commands, spec.models, _engine_backends(spec), spec.threads or (None,), spec.numerics or (None,),
-            axis):
-        cell = Cell(command, model, engine, backend, threads, None if _over_http(engine) else numerics,
+            spec.commands, spec.models, engine_backends, spec.threads or (None,), spec.numerics or (None,), axis):
+        cell = Cell(command, model, engine, backend, threads, None if engine in over_http else numerics,
                     dict(machine), spec.commands[command], device)
         if any(excluded(cell, e) for e in spec.exclude):
             dropped += 1
