@@ -46,6 +46,10 @@ echo "== wheels for the GPU machine's Python 3.12"
 echo "== llama.cpp's sources (llama-cpp-python $LLAMA_VERSION's sdist, trimmed)"
 SRC=llama_cpp_python-$LLAMA_VERSION
 TRIMMED=$STAGE/files/$SRC-trimmed.tar.xz
+HEAD_FILE=$SRC/.git/modules/vendor/llama.cpp/HEAD   # the llama.cpp commit: build_llama_cpp hands it to CMake
+if [ -f "$TRIMMED" ] && ! tar -tJf "$TRIMMED" | grep -qxF "$HEAD_FILE"; then
+  rm -f "$TRIMMED"   # trimmed by an older prepare.sh, without the commit
+fi
 if [ ! -f "$TRIMMED" ]; then
   "$PY" -m pip download -q --no-deps --no-binary :all: "llama-cpp-python==$LLAMA_VERSION" -d "$STAGE/sdist"
   rm -rf "$STAGE/trim" && mkdir -p "$STAGE/trim"
@@ -57,7 +61,9 @@ if [ ! -f "$TRIMMED" ]; then
   for b in opencl vulkan sycl hexagon metal et webgpu openvino cann virtgpu zdnn musa; do
     excludes+=("--exclude=$L/ggml/src/ggml-$b")
   done
-  tar -cJf "$TRIMMED.partial" -C "$STAGE/trim" "${excludes[@]}" "$SRC"
+  tar -cf "$STAGE/trimmed.tar" -C "$STAGE/trim" "${excludes[@]}" "$SRC"
+  tar -rf "$STAGE/trimmed.tar" -C "$STAGE/trim" "$HEAD_FILE"   # of $SRC/.git (excluded: 39 MB) only HEAD
+  xz -T0 -c "$STAGE/trimmed.tar" > "$TRIMMED.partial" && rm -f "$STAGE/trimmed.tar"
   # what is left must configure (CPU here; ggml-cuda/ is kept whole for -DGGML_CUDA=ON there)
   rm -rf "$STAGE/configure" && mkdir -p "$STAGE/configure"
   tar -xJf "$TRIMMED.partial" -C "$STAGE/configure"
@@ -106,36 +112,36 @@ mlx, sources = ready("mlx"), ready("llama_cpp_python")
 smollm2 = max(done.get("SmolLM2-135M-Instruct.Q4_1.gguf.zst", 0), mlx)
 for name, call in done.items():
     print(f"   {name}: complete in call {call}")
-# Device seconds per call: the start, the transfer of the checkout and one piece, then the steps (device.md's
-# figures where there are some: MLX's install, 209 s for llama-bench on 16 cores, 40 s to write the 1.5B model).
+# Device seconds per call, as measured on 2026-11-27 (an H100, then an H200; 16 cores): a cold start ~30 s; each call
+# ~10 s of transfer and unpacking; MLX's install ~5 s; gpu-tests 245 s for the -m gpu set plus > 55 s for the rest;
+# validate-tiny 106 s; writing the 1.5B model 40 s; the CUDA llama-bench build ~250 s (niced, from build-llama on);
+# compare against it 65 s. The matrix profile, the speed step without its model and the smollm2 steps: estimates.
 steps = {}
-for call in range(1, n + 1):
+for call in range(1, max(n, mlx + 1) + 1):
     s = []
     if call == 1:
         s.append("probe")
     if call == sources:
         s.append("build-llama")
-    if call == mlx:
-        s += ["gpu-tests", "validate-tiny"]
-    if call == mlx + 1 or (call == n and mlx == n):
+    if call == mlx:  # while the build runs: device times first (the build is niced), then the tests
+        s += ["matrices", "kernels", "gpu-tests"]
+    if call == mlx + 1:  # the build is done by now: timings on quiet CPUs, then llama.cpp's CUDA build beside ours
         s += ["speed", "llama-bench"]
-    if call == smollm2 and smollm2 > mlx + 1:
+    if call == max(smollm2, mlx + 1):
         s += ["validate-smollm2", "speed-smollm2"]
     steps[call] = s
-if mlx == n:  # nothing comes after MLX's call: the speed and llama-bench steps need a call of their own
-    steps[n + 1] = ["speed", "llama-bench"]
-    steps[n] = [s for s in steps[n] if s not in ("speed", "llama-bench")]
-cost = {"probe": 10, "build-llama": 2, "gpu-tests": 150, "validate-tiny": 90, "speed": 150, "llama-bench": 120,
-        "validate-smollm2": 40, "speed-smollm2": 40}
-total = 120  # a cold start, counted
+cost = {"probe": 2, "build-llama": 1, "matrices": 75, "kernels": 60, "gpu-tests": 330, "validate-tiny": 106, "speed": 130,
+        "llama-bench": 70, "validate-smollm2": 40, "speed-smollm2": 70, "cpu-crash": 150}
+total = 30  # a cold start, counted
 fits = []
 print("\nNext session with a GPU (device tool `run`, no kind: nvidia-h100-x1 or an H200). One call after the other,")
-print("each within ~30 s of the last (the machine keeps /tmp only while warm); give_back after the last. Device time:")
+print("each AT ONCE after the last (the machine goes back after ~30 s idle, and a fresh one is bare: from call 1")
+print("again); give_back after the last. Device time:")
 for call in sorted(steps):
     carry = f'[".devcarry/p{call}"]' if call <= n else "[]"
     get = f"cp .devcarry/p{call}/* /tmp/ && " if call <= n else ""
-    secs = 15 + (25 if call == mlx else 0) + sum(cost[s] for s in steps[call])  # transfer; MLX's install
-    total += secs + 20  # and ~20 s idle before the next call (the session reading this one's output)
+    secs = 10 + (5 if call == mlx else 0) + sum(cost[s] for s in steps[call])  # transfer; MLX's install
+    total += secs + 15  # and ~15 s idle before the next call (the session reading this one's output)
     if total <= 900:
         fits.append(call)
     cmd = f"{get}bash .device/run_checks.sh {' '.join(steps[call])}" if steps[call] else f"{get}true"
@@ -144,15 +150,16 @@ for call in sorted(steps):
 print(f"Within 15 minutes (900 s) by these estimates: calls {', '.join(map(str, fits)) or 'none'}.")
 # Issue 30 point 6 (llama.cpp's CPU build crashed there on every model): four CPU builds at once (~60-90 s on 16
 # cores; pip's whole build took 52 s) and 14 one-second checks (torch's import a few seconds), gdb's rerun.
-crash = 15 + 150
 extra = max(steps) + 1
-print(f"  optional call {extra}, only if {crash // 60 + 1} min of device time are left (status) and the machine is still")
-print(f"           warm (it reuses the sources unpacked in /tmp/gp): carry [], timeout_s 400 (~{crash} s)")
-print("           command: bash .device/run_checks.sh cpu-crash")
+for step, why in (("validate-tiny", "every architecture and type against NumPy on the GPU (passed on an H100 at 96b818e)"),
+                  ("cpu-crash", "why llama.cpp's CPU build crashed there (it reuses the sources unpacked in /tmp/gp)")):
+    print(f"  optional call {extra}, only if {cost[step] // 60 + 1} min of device time are left (status) and the machine is")
+    print(f"           still warm: carry [], timeout_s 400 (~{cost[step] + 10} s): {why}")
+    print(f"           command: bash .device/run_checks.sh {step}")
 print(f"  A session that takes point 6 first puts cpu-crash before build-llama in call {sources} instead (the sources")
 print("  are complete there; the builds would share the CPUs). Reads: $OUT/cpu-crash.log (its table and reading).")
-print("Estimates, not measurements: llama-bench's build (209 s) runs in the background from build-llama on, while")
-print("the tests run; speed waits for it (<= 120 s) so timings do not share the CPUs with it. If time runs short,")
-print("stop after the speed + llama-bench call: smollm2 comes last. Results: each call's $OUT (summary.txt, logs,")
-print("results.tgz). A machine that went cold needs the calls again from call 1.")
+print("The CUDA llama-bench build runs in the background from build-llama on; the matrix profile and the tests run")
+print("meanwhile; speed waits for it (<= 120 s) so its timings do not share the CPUs. If time runs short, stop after")
+print("the speed + llama-bench call: smollm2 comes last. Results: each call's $OUT (summary.txt, logs, results.tgz,")
+print("made again after every step, so a call cut off keeps its finished steps' JSON).")
 EOF

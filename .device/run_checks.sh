@@ -8,8 +8,12 @@
 #                      (setsid: it outlives this call while the machine stays warm; ~209 s on 16 cores)
 #     gpu-tests        pytest -m gpu over the MLX backend and --device tests, then the block-kernel and steps tests
 #     validate-tiny    validate --backend mlx --numerics f32 on tiny models of every architecture and type
+#     matrices         matrix_profile: each kind of weight matrix's device time (decode, prefill as run and via
+#                      float32) on the 1.5B-shaped Q4_K_M model and smollm2-135m; may run while the build does
+#     kernels          nsys (if the machine has it): every CUDA kernel of 20 compiled decode steps of the 1.5B shape
+#                      by its share of GPU time, the CUDA API calls, MLX's NVTX ranges (CSV in results.tgz)
 #     speed            decode_profile (decode, prefill 512) and bench -p 512 -n 128 on the 1.5B-shaped Q4_K_M model
-#                      and smollm2-135m (the real file if carried, else its shape)
+#                      and smollm2-135m (the real file if carried, else its shape); waits for the build first
 #     llama-bench      waits for (or runs) the build, then compare --against llama-bench:PATH on the 1.5B shape
 #     validate-smollm2 validate --backend mlx --numerics f32 on the real smollm2-135m (carried in pieces)
 #     speed-smollm2    speed's measurements on the real smollm2-135m (its issue-30 goal: decode >= 800 t/s)
@@ -51,12 +55,13 @@ LLAMA_OUT=$GP_DIR/llama                # the llama-bench build (bench_compare.bu
 LLAMA_BENCH=$LLAMA_OUT/build/bin/llama-bench
 MODELS=$GP_DIR/models
 SMOLLM2=SmolLM2-135M-Instruct.Q4_1.gguf
-STEPS="probe build-llama gpu-tests validate-tiny speed llama-bench validate-smollm2 speed-smollm2 cpu-crash"
+STEPS="probe build-llama matrices kernels gpu-tests validate-tiny speed llama-bench validate-smollm2 speed-smollm2 cpu-crash"
 export PYTHONPATH=$ROOT:$ROOT/tests${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 export GGUF_PARITY_CACHE=$GP_DIR/cache   # the named models' cache: validate-smollm2 puts the carried file there
 
 # Each step's seconds under `timeout` (the device tool stops a call at 600 s; these leave room for the rest).
-declare -A LIMIT=([probe]=60 [build-llama]=30 [gpu-tests]=300 [validate-tiny]=240 [speed]=360 [llama-bench]=480
+declare -A LIMIT=([probe]=60 [build-llama]=30 [matrices]=150 [kernels]=180 [gpu-tests]=420 [validate-tiny]=240 [speed]=360
+                  [llama-bench]=480
                   [validate-smollm2]=180 [speed-smollm2]=150 [cpu-crash]=300)
 
 # --- helpers ---------------------------------------------------------------------------------------------------
@@ -144,6 +149,12 @@ for n in ("mlx", "mlx-cuda-13", "gguf", "numpy", "numba", "torch", "nvidia-cubla
   run cmake --version
   run nvcc --version
   run nproc
+  echo "profilers: $(nsys_path || echo 'no nsys'), $(command -v ncu || echo 'no ncu')"
+}
+
+nsys_path() {  # NVIDIA Nsight Systems' CLI where the machine has one (the CUDA toolkit's or a standalone install)
+  command -v nsys || find /usr/local/cuda*/bin /opt/nvidia/nsight-systems*/*/bin /usr/local/cuda*/nsight-systems*/bin \
+    -maxdepth 1 -name nsys 2> /dev/null | head -1
 }
 
 step_build_llama() {
@@ -168,9 +179,10 @@ step_gpu_tests() {
   mlx_ready || return
   local rc=0
   # Not -x: a first run on a GPU should show every failure (--maxfail bounds a broken install's output).
-  run "$PY" -m pytest -p no:cacheprovider -q -rfE --maxfail=30 --timeout=120 -m gpu \
-      tests/inference_engine/backends/mlx tests/bench_compare/test_device_flag.py || rc=$?
-  run "$PY" -m pytest -p no:cacheprovider -q -rfE --maxfail=30 --timeout=120 \
+  run "$PY" -m pytest -p no:cacheprovider -q -rfE --durations=15 --maxfail=30 --timeout=120 -m gpu \
+      tests/inference_engine/backends/mlx tests/bench_compare/test_device_flag.py \
+      tests/bench_compare/test_matrix_profile.py || rc=$?
+  run "$PY" -m pytest -p no:cacheprovider -q -rfE --durations=15 --maxfail=30 --timeout=120 -m "not gpu" \
       tests/inference_engine/backends/mlx/test_mlx_block_kernels.py tests/inference_engine/backends/mlx/test_mlx_steps.py \
       || rc=$?
   return $rc
@@ -187,6 +199,11 @@ step_validate_tiny() {
   return $rc
 }
 
+matrices_of() {  # $1: name, $2: model: the device time of each kind of weight matrix (bench_compare.matrix_profile)
+  build_running && echo "note: the llama-bench build runs meanwhile (niced); these are device times, the host's share small"
+  run "$PY" -m bench_compare.matrix_profile "$2" --device "$DEVICE" --json "$WORK/$1-matrices.json"
+}
+
 speed_of() {  # $1: name, $2: model
   local rc=0
   run "$PY" -m bench_compare.decode_profile "$2" --backend mlx --steps "$DECODE_STEPS" --json "$WORK/$1-decode.json" || rc=$?
@@ -197,11 +214,41 @@ speed_of() {  # $1: name, $2: model
   return $rc
 }
 
-step_speed() {
+step_matrices() {  # device times, so it may run while the llama-bench build does
   mlx_ready || return
-  wait_for_build 120 || echo "WARNING: the llama-bench build is still running: timings below share the CPUs with it"
   local rc=0 model
   model=$(model_path "$SPEED_SHAPE") || return 1
+  matrices_of "$SPEED_SHAPE" "$model" || rc=$?
+  if ! have "$SMOLLM2.zst"; then   # the real file, when carried, gets its own in speed-smollm2
+    model=$(smollm2_path) || return 1
+    matrices_of smollm2-135m "$model" || rc=$?
+  fi
+  return $rc
+}
+
+step_kernels() {  # every CUDA kernel of compiled decode steps by its GPU time (nsys, where the machine has it)
+  mlx_ready || return
+  local nsys model
+  nsys=$(nsys_path)
+  [ -n "$nsys" ] || [ "$DRY_RUN" = 1 ] || { echo "no nsys on this machine: the kernels step needs Nsight Systems"; return 3; }
+  model=$(model_path "$SPEED_SHAPE") || return 1
+  run "${nsys:-nsys}" profile --force-overwrite true --trace cuda,nvtx --sample none --cpuctxsw none \
+      -o "$WORK/decode" "$PY" -m bench_compare.decode_profile "$model" --backend mlx --steps 20 --mlx-modes compiled \
+      || return
+  run "${nsys:-nsys}" stats --force-export true --report cuda_gpu_kern_sum --report cuda_api_sum --report nvtx_sum \
+      --format csv --output "$WORK/decode" "$WORK/decode.nsys-rep" > /dev/null || return
+  local f
+  for f in "$WORK"/decode_*.csv; do   # the biggest shares (the full tables come back in results.tgz)
+    [ -f "$f" ] && { echo "== $(basename "$f")"; head -n 25 "$f" | cut -c1-220; }
+  done
+  return 0
+}
+
+step_speed() {
+  mlx_ready || return
+  local rc=0 model
+  model=$(model_path "$SPEED_SHAPE") || return 1
+  wait_for_build 120 || echo "WARNING: the llama-bench build is still running: timings below share the CPUs with it"
   speed_of "$SPEED_SHAPE" "$model" || rc=$?
   model=$(smollm2_path) || return 1
   speed_of smollm2-135m "$model" || rc=$?
@@ -210,14 +257,14 @@ step_speed() {
 
 step_llama_bench() {
   mlx_ready || return
+  local model
+  model=$(model_path "$SPEED_SHAPE") || return 1   # written while the build runs
   if ! [ -x "$LLAMA_BENCH" ] && [ "$DRY_RUN" != 1 ]; then
     build_running || step_build_llama || return
     wait_for_build 300 || { echo "the llama-bench build did not finish in time"; tail -5 "$LLAMA_OUT/build.log"; return 1; }
     tail -3 "$LLAMA_OUT/build.log"
     [ -x "$LLAMA_BENCH" ] || { echo "no llama-bench after the build:"; tail -30 "$LLAMA_OUT/build.log"; return 1; }
   fi
-  local model
-  model=$(model_path "$SPEED_SHAPE") || return 1
   bench_compare compare -m "$model" --backend mlx --numerics f32 --device "$DEVICE" --against "llama-bench:$LLAMA_BENCH" \
      --no-cold --no-progress --json "$WORK/compare-llama-bench.json" --report "$WORK/compare-llama-bench"
 }
@@ -233,9 +280,11 @@ step_validate_smollm2() {
 step_speed_smollm2() {
   mlx_ready || return
   have "$SMOLLM2.zst" || [ "$DRY_RUN" = 1 ] || { echo "smollm2-135m is not carried yet (its pieces come last)"; return 3; }
-  local model
+  local model rc=0
   model=$(smollm2_path real) || return 1
-  speed_of smollm2-135m-real "$model"
+  matrices_of smollm2-135m-real "$model" || rc=$?
+  speed_of smollm2-135m-real "$model" || rc=$?
+  return $rc
 }
 
 step_cpu_crash() {  # its builds and logs in $GP_DIR/cpu-crash (not $WORK: results.tgz gets the table and logs only)
@@ -284,8 +333,10 @@ for s in "$@"; do
   echo "$s rc=$rc ${secs}s$note" >> "$summary"
   echo "=== $s: rc=$rc, ${secs} s$note; last lines of $OUT/$s.log:"
   tail -n 25 "$OUT/$s.log"
+  # after every step: a call cut off by the device tool's limit still brings back what its finished steps wrote
+  [ -d "$GP_DIR/work" ] && tar -czf "$OUT/results.tgz.partial" --exclude='*.gguf' --exclude='*.nsys-rep' --exclude='*.sqlite' -C "$GP_DIR/work" . 2> /dev/null \
+    && mv "$OUT/results.tgz.partial" "$OUT/results.tgz"
 done
-[ -d "$GP_DIR/work" ] && tar -czf "$OUT/results.tgz" --exclude='*.gguf' -C "$GP_DIR/work" . 2> /dev/null
 [ -f "$LLAMA_OUT/build.log" ] && cp "$LLAMA_OUT/build.log" "$OUT/llama-build.log"
 if [ "$(find "$OUT" -mindepth 1 -maxdepth 1 | wc -l)" -gt 8 ]; then  # at most 8 files come back: one log then
   for s in setup "$@"; do echo "===== $s.log"; cat "$OUT/$s.log"; rm -f "$OUT/$s.log"; done > "$OUT/steps.log"

@@ -23,6 +23,8 @@ PREPARE = ROOT / ".device" / "prepare.sh"
 STEPS = (
     "probe",
     "build-llama",
+    "matrices",
+    "kernels",
     "gpu-tests",
     "validate-tiny",
     "speed",
@@ -35,6 +37,7 @@ STEPS = (
 HELP = {
     "bench_compare.cli": lambda sub: ["-m", "bench_compare.cli", sub, "--help"],
     "bench_compare.decode_profile": lambda _: ["-m", "bench_compare.decode_profile", "--help"],
+    "bench_compare.matrix_profile": lambda _: ["-m", "bench_compare.matrix_profile", "--help"],
     "bench_compare.build_llama_cpp": lambda _: ["-m", "bench_compare.build_llama_cpp", "--help"],
 }
 
@@ -79,6 +82,7 @@ def test_every_step_prints_its_commands(commands):
     assert any("-m gpu tests/inference_engine/backends/mlx" in c for c in commands["gpu-tests"])
     assert any("build_llama_cpp" in c and "--sdist" in c and "-DGGML_CUDA=ON" in c for c in commands["build-llama"])
     assert any("--against llama-bench:" in c for c in commands["llama-bench"])
+    assert sum("bench_compare.matrix_profile" in c and "--device gpu" in c for c in commands["matrices"]) == 2
     assert all("--device gpu" in c for c in flat(commands) if "bench_compare.cli" in c)
 
 
