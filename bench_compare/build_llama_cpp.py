@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -97,6 +98,36 @@ def unpack_sources(archive: str | os.PathLike, out: Path) -> Path:
     return source
 
 
+def source_commit(source: Path) -> str | None:
+    """The llama.cpp commit ``source`` was checked out at (7 hex digits), read from its git metadata without git: an
+    sdist's ``vendor/llama.cpp/.git`` is a ``gitdir:`` file into the outer ``.git/modules``, of which a trimmed copy
+    may keep only ``HEAD``, so CMake's own ``git rev-parse`` finds nothing and the binary reports "unknown"."""
+    dot = source / ".git"
+    try:
+        if dot.is_file():
+            link = dot.read_text(encoding="utf-8").strip()
+            if not link.startswith("gitdir:"):
+                return None
+            gitdir = (source / link.removeprefix("gitdir:").strip()).resolve()
+        elif dot.is_dir():
+            gitdir = dot
+        else:
+            return None
+        head = (gitdir / "HEAD").read_text(encoding="utf-8").strip()
+        if head.startswith("ref:"):  # a branch: its file, else its line in packed-refs
+            ref = head.removeprefix("ref:").strip()
+            loose = gitdir / ref
+            if loose.is_file():
+                head = loose.read_text(encoding="utf-8").strip()
+            else:
+                packed = gitdir / "packed-refs"
+                lines = packed.read_text(encoding="utf-8").splitlines() if packed.is_file() else []
+                head = next((line.split()[0] for line in lines if line.endswith(f" {ref}")), "")
+    except (OSError, UnicodeDecodeError):
+        return None
+    return head[:7] if re.fullmatch(r"[0-9a-f]{40}", head) else None
+
+
 def build(
     out: str | os.PathLike,
     version: str | None = None,
@@ -118,8 +149,11 @@ def build(
     build_dir = out / "build"
     generator = ["-G", "Ninja"] if shutil.which("ninja") and not (build_dir / "Makefile").exists() else []
     server = [] if "llama-server" in targets else ["-DLLAMA_BUILD_SERVER=OFF"]
+    commit = source_commit(source)  # what llama-bench reports as build_commit (a user's own -D... comes later: wins)
+    provenance = [f"-DLLAMA_BUILD_COMMIT={commit}"] if commit else []
     _run(
-        ["cmake", "-S", str(source), "-B", str(build_dir), *generator, *CMAKE_ARGS, *server, *cmake_args],
+        ["cmake", "-S", str(source), "-B", str(build_dir), *generator, *CMAKE_ARGS, *server, *provenance,
+         *cmake_args],
         "cmake configure",
     )
     if not jobs:

@@ -29,6 +29,7 @@ project(fake_llama C)
 option(LLAMA_BUILD_SERVER "server" ON)
 set(CMAKE_RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/bin)
 file(WRITE ${CMAKE_BINARY_DIR}/configured.txt "server=${LLAMA_BUILD_SERVER} cuda=${GGML_CUDA}")
+file(WRITE ${CMAKE_BINARY_DIR}/commit.txt "${LLAMA_BUILD_COMMIT}")
 add_executable(llama-bench main.c)
 if (LLAMA_BUILD_SERVER)
     add_executable(llama-server main.c)
@@ -36,11 +37,22 @@ endif()
 """
 
 
-def fake_sdist(tmp_path: Path, suffix: str = ".tar.gz") -> Path:
+COMMIT = "0c1e57098bba43ac29e6e3b677cdceebdd22334f"
+
+
+def fake_sdist(tmp_path: Path, suffix: str = ".tar.gz", head: str | None = None) -> Path:
+    """The stand-in sdist; ``head``: the submodule's git HEAD as llama-cpp-python's sdist keeps it
+    (``vendor/llama.cpp/.git`` a ``gitdir:`` file into the outer ``.git/modules``, of which .device/prepare.sh's
+    trimmed copy keeps HEAD only)."""
     source = tmp_path / "src" / TOP / "vendor" / "llama.cpp"
     source.mkdir(parents=True)
     (source / "CMakeLists.txt").write_text(CMAKELISTS)
     (source / "main.c").write_text("int main(void) { return 0; }\n")
+    if head is not None:
+        (source / ".git").write_text("gitdir: ../../.git/modules/vendor/llama.cpp\n")
+        modules = tmp_path / "src" / TOP / ".git" / "modules" / "vendor" / "llama.cpp"
+        modules.mkdir(parents=True)
+        (modules / "HEAD").write_text(head + "\n")
     archive = tmp_path / f"{TOP}{suffix}"
     with tarfile.open(archive, "w:xz" if suffix.endswith("xz") else "w:gz") as tar:
         tar.add(tmp_path / "src" / TOP, arcname=TOP)
@@ -107,3 +119,55 @@ def test_an_unknown_target_is_refused_when_parsed(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         main(["--out", str(tmp_path), "--target", "llama-cli"])
     assert exc.value.code == 2 and "invalid choice: 'llama-cli'" in capsys.readouterr().err
+
+
+def test_the_sources_commit_becomes_the_binarys_build_commit(tmp_path):
+    """llama-bench reports ``build_commit`` from CMake's LLAMA_BUILD_COMMIT; CMake finds none in an sdist (no git
+    objects), so the build reads the submodule's HEAD itself: the GPU build on the lent machine said "unknown"."""
+    out = tmp_path / "out"
+    build_llama_cpp.build(out, sdist=fake_sdist(tmp_path, head=COMMIT), jobs=2, targets=("llama-bench",))
+    assert (out / "build" / "commit.txt").read_text() == COMMIT[:7]
+
+
+def test_a_users_own_build_commit_wins_and_no_metadata_passes_none(tmp_path):
+    archive = fake_sdist(tmp_path, head=COMMIT)
+    out = tmp_path / "out"
+    build_llama_cpp.build(out, sdist=archive, jobs=2, targets=("llama-bench",),
+                          cmake_args=("-DLLAMA_BUILD_COMMIT=mine",))
+    assert (out / "build" / "commit.txt").read_text() == "mine"
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    build_llama_cpp.build(bare / "out", sdist=fake_sdist(bare), jobs=2, targets=("llama-bench",))
+    assert (bare / "out" / "build" / "commit.txt").read_text() == ""
+
+
+@pytest.mark.parametrize(
+    ("layout", "expected"),
+    [
+        ("detached", COMMIT[:7]),
+        ("branch", COMMIT[:7]),
+        ("packed", COMMIT[:7]),
+        ("no-head", None),
+        ("not-a-commit", None),
+        ("foreign-gitfile", None),
+    ],
+)
+def test_source_commit_reads_git_metadata_without_git(tmp_path, layout, expected):
+    source = tmp_path / "llama.cpp"
+    gitdir = source / ".git"
+    gitdir.mkdir(parents=True)
+    if layout == "detached":
+        (gitdir / "HEAD").write_text(COMMIT + "\n")
+    elif layout == "branch":
+        (gitdir / "HEAD").write_text("ref: refs/heads/master\n")
+        (gitdir / "refs" / "heads").mkdir(parents=True)
+        (gitdir / "refs" / "heads" / "master").write_text(COMMIT + "\n")
+    elif layout == "packed":
+        (gitdir / "HEAD").write_text("ref: refs/heads/master\n")
+        (gitdir / "packed-refs").write_text(f"# pack-refs with: peeled\n{COMMIT} refs/heads/master\n")
+    elif layout == "not-a-commit":
+        (gitdir / "HEAD").write_text("garbage\n")
+    elif layout == "foreign-gitfile":
+        gitdir.rmdir()
+        (source / ".git").write_text("something else\n")
+    assert build_llama_cpp.source_commit(source) == expected

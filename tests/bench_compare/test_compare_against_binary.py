@@ -150,3 +150,13 @@ def test_ctrl_c_stops_the_binary_and_keeps_what_was_measured(model, fake_bench, 
     assert "| pp64 |" in out and not json_path.exists()
     with pytest.raises(ProcessLookupError):  # the binary was stopped with the run
         os.kill(bench_pid, 0)
+
+
+def test_a_build_without_a_commit_count_names_its_commit_alone():
+    """llama-bench reports build_number 0 where CMake counted no commits (sources from an sdist): not printed."""
+    from bench_compare.binary_compare import notes
+
+    counted = notes({"path": "/b/llama-bench", "build": {"build_commit": "0c1e570", "build_number": 1}})[0]
+    uncounted = notes({"path": "/b/llama-bench", "build": {"build_commit": "0c1e570", "build_number": 0}})[0]
+    assert "build 0c1e570 (1), backends" in counted
+    assert "build 0c1e570, backends" in uncounted
