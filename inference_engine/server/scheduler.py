@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from inference_engine.errors import GGUFParityError
+from inference_engine.generate import PREFILL_CHUNK
 from inference_engine.paged_kv_cache import PagedSequence, PoolExhausted
 from inference_engine.sampling import Sampler
 from inference_engine.server.runner import BatchRunner
@@ -43,7 +44,7 @@ DEFAULT_MAX_BATCH = 16
 DEFAULT_MAX_QUEUE = 64
 DEFAULT_QUEUE_TIMEOUT_S = 60.0
 DEFAULT_PREFILL_CHUNK = 128  # prompt rows per step: bounds how long one step stalls the running streams
-IDLE_PREFILL_CHUNK = 512  # prompt rows per step when nothing is decoding (llama.cpp's default n_batch)
+IDLE_PREFILL_CHUNK = PREFILL_CHUNK  # prompt rows per step when nothing is decoding (llama.cpp's n_ubatch)
 
 
 class QueueFull(GGUFParityError):

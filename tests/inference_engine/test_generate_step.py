@@ -57,3 +57,16 @@ def test_forced_tokens_are_all_decoded_then_the_loop_ends():
 def test_stops_when_the_context_is_full():
     engine = CountingEngine(n_ctx=5)
     assert [t for t, _ in generate_step(engine, [0, 1])] == [2, 3, 4]  # positions 2, 3, 4 of 5
+
+
+def test_a_long_prompt_is_prefilled_in_llama_cpps_ubatch_rows():
+    """PREFILL_CHUNK rows a pass unless told otherwise (llama.cpp's n_ubatch); n_batch=None: the prompt at once."""
+    from inference_engine.generate import PREFILL_CHUNK
+
+    prompt = [i % N_VOCAB for i in range(2 * PREFILL_CHUNK + 76)]
+    engine = CountingEngine(n_ctx=4096)
+    next(generate_step(engine, prompt))
+    assert [len(ids) for kind, ids in engine.calls if kind == "prefill"] == [PREFILL_CHUNK, PREFILL_CHUNK, 76]
+    engine = CountingEngine(n_ctx=4096)
+    next(generate_step(engine, prompt, n_batch=None))
+    assert [len(ids) for kind, ids in engine.calls if kind == "prefill"] == [len(prompt)]
