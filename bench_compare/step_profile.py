@@ -13,6 +13,9 @@ step evaluated and read back before the next, the plain path) it measures, after
 * **pipelined ms**: a token's time in the generation loop (``generate_step``, greedy), where ``compiled`` and
   ``lazy`` launch step n+1 before reading step n: close to max(host, wait) when the overlap works, so it names the
   limit (host: Python / graph building; device: kernels, their launches, memory);
+* **forced ms**: the same loop decoding given tokens (``ForcedTokens``, as ``bench``'s tg and llama-bench's): the
+  next step's token known on the host, not the pending step's pick on the device; on an H200 the greedy loop took
+  8.4 ms a token where ``bench`` measured 6.4, which this separates from the rest of the two setups;
 * **nodes**: the primitives in one token's graph (``mx.export_to_dot`` before evaluation): on a GPU each is one or
   more kernel launches; a compiled step fuses element-wise chains into ``Compiled...`` nodes;
 * **idle ms** = pipelined - wait: per token, how long the device had nothing queued in the loop (the host building
@@ -33,7 +36,7 @@ import time
 
 import numpy as np
 
-from inference_engine.generate import generate_step
+from inference_engine.generate import ForcedTokens, generate_step
 from inference_engine.store.atomic import atomic_write_text
 
 MODES = ("compiled", "lazy", "sync")
@@ -99,18 +102,24 @@ def profile_mode(engine, mode: str, prompt: list[int], steps: int = 30, warmup: 
         host.append(h)
         wait.append(w)
         nodes = nodes or n
-    engine.reset()  # the generation loop, greedy: decode steps timed from the first token on
-    for start in range(0, len(filler), 512):
-        engine.prefill(filler[start : start + 512])
-    loop = generate_step(engine, prompt, reset=False, n_past=engine.n_past)
-    next(loop)  # the prefill and the first token
-    t0, count = time.perf_counter(), 0
-    for _ in loop:
-        count += 1
-        if count == steps:
-            break
-    pipelined = (time.perf_counter() - t0) / max(count, 1)
-    loop.close()
+    def loop_time(sampler=None) -> float:
+        """Seconds per token of the generation loop (greedy, or ``sampler``), timed from the first token on."""
+        engine.reset()
+        for start in range(0, len(filler), 512):
+            engine.prefill(filler[start : start + 512])
+        loop = generate_step(engine, prompt, sampler, reset=False, n_past=engine.n_past)
+        next(loop)  # the prefill and the first token
+        t0, count = time.perf_counter(), 0
+        for _ in loop:
+            count += 1
+            if count == steps:
+                break
+        seconds = (time.perf_counter() - t0) / max(count, 1)
+        loop.close()
+        return seconds
+
+    pipelined = loop_time()
+    forced = loop_time(ForcedTokens([token] * (steps + 1)))
     host_ms, wait_ms = float(np.median(host)) * 1e3, float(np.median(wait)) * 1e3
     out = {
         "mode": mode,
@@ -118,6 +127,7 @@ def profile_mode(engine, mode: str, prompt: list[int], steps: int = 30, warmup: 
         "wait_ms": wait_ms,
         "serial_ms": host_ms + wait_ms,
         "pipelined_ms": pipelined * 1e3,
+        "forced_ms": forced * 1e3,
         "tokens_per_s": 1.0 / pipelined,
         "nodes": int(sum(nodes.values())),
         "node_kinds": dict(nodes.most_common()),
@@ -186,13 +196,14 @@ def print_report(p: dict) -> None:
         return
     print(f"decode step at depth {p['depth']}, {p['n_layer']} layers")
     print(
-        f"  {'mode':<10}{'host ms':>9}{'wait ms':>9}{'serial':>9}{'pipelined':>11}{'idle':>8}{'tok/s':>9}"
-        f"{'nodes':>7}  limit"
+        f"  {'mode':<10}{'host ms':>9}{'wait ms':>9}{'serial':>9}{'pipelined':>11}{'forced':>8}{'idle':>8}"
+        f"{'tok/s':>9}{'nodes':>7}  limit"
     )
     for r in p["modes"]:
         print(
             f"  {r['mode']:<10}{r['host_ms']:>9.3f}{r['wait_ms']:>9.3f}{r['serial_ms']:>9.3f}"
-            f"{r['pipelined_ms']:>11.3f}{r['idle_ms']:>8.3f}{r['tokens_per_s']:>9.1f}{r['nodes']:>7}  {r['limit']}"
+            f"{r['pipelined_ms']:>11.3f}{r['forced_ms']:>8.3f}{r['idle_ms']:>8.3f}{r['tokens_per_s']:>9.1f}"
+            f"{r['nodes']:>7}  {r['limit']}"
         )
     for r in p["modes"]:
         kinds = ", ".join(f"{k} {n}" for k, n in list(r["node_kinds"].items())[:8])

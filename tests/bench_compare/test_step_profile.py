@@ -21,6 +21,7 @@ def test_each_mode_is_profiled_with_its_graph(tiny_model):
     assert set(rows) == set(step_profile.MODES)
     for r in rows.values():
         assert r["host_ms"] > 0 and r["wait_ms"] > 0 and r["pipelined_ms"] > 0 and r["idle_ms"] >= 0
+        assert r["forced_ms"] > 0
         assert r["nodes"] == sum(r["node_kinds"].values()) > 0
         assert r["node_kinds"]["QuantizedMatmul"] >= 7 * p["n_layer"]  # q, k, v, o, gate, up, down per layer
     assert rows["compiled"]["compiled"] and rows["compiled"]["traces"] == 1
