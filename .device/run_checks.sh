@@ -208,6 +208,8 @@ speed_of() {  # $1: name, $2: model
   local rc=0
   run "$PY" -m bench_compare.decode_profile "$2" --backend mlx --steps "$DECODE_STEPS" --json "$WORK/$1-decode.json" || rc=$?
   run "$PY" -m bench_compare.decode_profile "$2" --backend mlx --prefill "$PREFILL" --json "$WORK/$1-prefill.json" || rc=$?
+  run "$PY" -m bench_compare.decode_profile "$2" --backend mlx --prefill "$PREFILL" --mlx-prefill-matmul f32 \
+      --json "$WORK/$1-prefill-f32.json" || rc=$?
   # shellcheck disable=SC2086  # BENCH_ARGS is a list of flags
   bench_compare bench -m "$2" --engine ours:mlx --numerics f32 --device "$DEVICE" $BENCH_ARGS -o md --no-progress \
      --json "$WORK/$1-bench.json" || rc=$?

@@ -44,6 +44,7 @@ from bench_compare import step_profile
 from inference_engine.backends import get_backend_class
 from inference_engine.backends.base import Backend
 from inference_engine.engine import load_engine
+from inference_engine.errors import GGUFParityError
 from inference_engine.store.atomic import atomic_write_text
 
 # every op the forward pass calls per token: the abstract ones plus matmul_many (a fused run's one call),
@@ -382,6 +383,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--trace", metavar="FILE", default=None, help="write Chrome trace JSON (Perfetto) here")
     parser.add_argument("--mlx-modes", default=",".join(step_profile.MODES),
                         help="MLX: the step modes to profile (bench_compare.step_profile), comma-separated")
+    parser.add_argument("--mlx-prefill-matmul", default=None, metavar="HOW",
+                        help="MLX: a prefill's quantized products as 'quantized' (the default) or 'f32' (the weight "
+                             "dequantized, then a float32 matmul)")
     parser.add_argument("--ops", action="store_true",
                         help="MLX: time each op call as for the other backends (on MLX that is graph building only)")
     parser.add_argument("--json", metavar="FILE", default=None, help="MLX: write the step profile as JSON here")
@@ -391,10 +395,17 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"--mlx-modes: unknown {', '.join(sorted(unknown))}; supported: {', '.join(step_profile.MODES)}")
     if args.steps < 1 or args.prefill < 0 or args.depth < 0:
         parser.error("--steps must be at least 1, --prefill and --depth at least 0")
+    if args.mlx_prefill_matmul is not None and args.backend != "mlx":
+        parser.error("--mlx-prefill-matmul applies to --backend mlx")
     n_ctx = max(2048, args.depth + max(args.prefill, 64 + 2 * args.steps + 8))  # each step runs twice
     with recording_weights(get_backend_class(args.backend)) as weights:
         engine = load_engine(args.model, backend=args.backend, numerics=args.numerics, n_threads=args.threads,
                              n_ctx=n_ctx, kv_type="f16")
+    if args.mlx_prefill_matmul is not None:
+        try:
+            engine.backend.prefill_matmul = args.mlx_prefill_matmul
+        except GGUFParityError as exc:
+            parser.error(f"--mlx-prefill-matmul: {exc}")
     if args.backend == "mlx" and not args.ops:  # a lazy backend: host build vs device wait per step, graph size
         step_profile.main(engine, args)
         return

@@ -22,7 +22,8 @@ step evaluated and read back before the next, the plain path) it measures, after
   the step, or waiting on a read-back: the loop reads one value per token, the token, and the plain path its logits
   too before it builds the next step); near 0 where launching ahead hides the host.
 
-``--prefill N`` measures one prefill of N tokens (host build, wait, nodes) instead. A diagnostic for a lent GPU's
+``--prefill N`` measures one prefill of N tokens (host build, wait, nodes) instead, its quantized products as
+``--mlx-prefill-matmul`` says (``quantized``, or ``f32``: each weight dequantized, then a float32 matmul). A diagnostic for a lent GPU's
 one call; timings on a loaded CPU say little.
 """
 
@@ -156,6 +157,7 @@ def profile_prefill(engine, tokens: list[int]) -> dict:
     return {
         "mode": "prefill",
         "tokens": len(tokens),
+        "prefill_matmul": backend.prefill_matmul,
         "host_ms": host_ms,
         "wait_ms": wait_ms,
         "tokens_per_s": len(tokens) / ((host_ms + wait_ms) / 1e3),
@@ -190,8 +192,8 @@ def print_report(p: dict) -> None:
     if "prefill" in p:
         r = p["prefill"]
         print(
-            f"prefill of {r['tokens']} tokens: host {r['host_ms']:.2f} ms, wait {r['wait_ms']:.2f} ms "
-            f"({r['tokens_per_s']:.0f} tok/s), {r['nodes']} graph nodes"
+            f"prefill of {r['tokens']} tokens ({r['prefill_matmul']} products): host {r['host_ms']:.2f} ms, "
+            f"wait {r['wait_ms']:.2f} ms ({r['tokens_per_s']:.0f} tok/s), {r['nodes']} graph nodes"
         )
         return
     print(f"decode step at depth {p['depth']}, {p['n_layer']} layers")

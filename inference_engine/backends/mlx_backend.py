@@ -65,6 +65,17 @@ _KV_DTYPES = {"f32": mx.float32, "f16": mx.float16}
 # How generation steps run (async_steps): "compiled" (one compiled graph per decode step, launched without waiting),
 # "lazy" (each decode step built op by op, launched the same way), "sync" (each step evaluated and read back).
 STEP_MODES = ("compiled", "lazy", "sync")
+# How a prefill's products with quantized weights run (MLXBackend.prefill_matmul): "quantized" (mx.quantized_matmul,
+# our tiled kernel: the weight read as stored) or "f32" (the weight dequantized to float32 on the device, then a
+# float32 matmul: cuBLAS's float32 GEMM on CUDA, where MLX 0.32 sends a quantized mat-mul's float32 activations to its
+# generic qmm_naive kernel). The same float32 products either way, in another summation order. Which is faster on a
+# GPU is for bench_compare.matrix_profile and decode_profile --prefill N --mlx-prefill-matmul to measure; until one
+# has, "quantized".
+PREFILL_MATMULS = ("quantized", "f32")
+# Rows from which "f32" applies: a guess until a GPU measures the crossover. The float32 copy costs ~8 bytes of
+# traffic a weight (written, read) against the affine form's 0.75 read: it can pay only where a product reuses each
+# weight over many rows; a decode step (one row) never takes it.
+PREFILL_F32_MIN_ROWS = 64
 _CACHE_SIZE = 16  # rope tables / masks kept (one per distinct positions and settings in flight)
 
 # gelu_tanh's constants as nx defines them (float32)
@@ -94,6 +105,18 @@ class MLXBackend(Backend):
         self.rope_tables = RopeTables()  # ggml's angles of positions 0..n on the device (steps.py)
         self._mask_cache: dict[tuple, mx.array] = {}
         self.prepared_matrices: dict[str, object] = {}  # GGUF name -> its matrix (a step's token rows come from one)
+        self._prefill_matmul = PREFILL_MATMULS[0]
+
+    @property
+    def prefill_matmul(self) -> str:
+        """How a prefill's products with quantized weights run: one of :data:`PREFILL_MATMULS`."""
+        return self._prefill_matmul
+
+    @prefill_matmul.setter
+    def prefill_matmul(self, value: str) -> None:
+        if value not in PREFILL_MATMULS:
+            raise GGUFParityError(f"unknown MLX prefill matmul '{value}'; supported: {', '.join(PREFILL_MATMULS)}")
+        self._prefill_matmul = value
 
     # --- identity -------------------------------------------------------------------------------------------
     @property
@@ -143,6 +166,8 @@ class MLXBackend(Backend):
         return table(ids)
 
     def matmul(self, w, x: mx.array) -> mx.array:
+        if self._prefill_matmul == "f32" and x.shape[0] >= PREFILL_F32_MIN_ROWS and w.form != "float32":
+            return x @ w.dequantized().T
         return w(x)
 
     def rms_norm(self, x: mx.array, weight: mx.array | None, eps: float) -> mx.array:

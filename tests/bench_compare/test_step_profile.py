@@ -50,3 +50,22 @@ def test_unknown_mode_is_a_usage_error(tiny_model, capsys):
         decode_profile.main([str(tiny_model("llama", "Q8_0")), "--backend", "mlx", "--mlx-modes", "fast"])
     assert exc.value.code == 2
     assert "--mlx-modes: unknown fast; supported: compiled, lazy, sync" in capsys.readouterr().err
+
+
+def test_prefill_through_float32_weights_is_profiled_and_named(tiny_model, tmp_path, capsys):
+    out = tmp_path / "prefill.json"
+    decode_profile.main([str(tiny_model("llama", "Q8_0")), "--backend", "mlx", "--prefill", "70",
+                         "--mlx-prefill-matmul", "f32", "--json", str(out)])
+    assert "prefill of 70 tokens (f32 products)" in capsys.readouterr().out
+    assert json.loads(out.read_text())["prefill"]["prefill_matmul"] == "f32"
+
+
+@pytest.mark.parametrize(("backend", "how", "message"), [
+    ("mlx", "fast", "--mlx-prefill-matmul: unknown MLX prefill matmul 'fast'; supported: quantized, f32"),
+    ("numpy", "f32", "--mlx-prefill-matmul applies to --backend mlx"),
+])
+def test_a_wrong_prefill_matmul_is_a_usage_error(tiny_model, capsys, backend, how, message):
+    with pytest.raises(SystemExit) as exc:
+        decode_profile.main([str(tiny_model("llama", "Q8_0")), "--backend", backend, "--prefill", "8",
+                             "--mlx-prefill-matmul", how])
+    assert exc.value.code == 2 and message in capsys.readouterr().err

@@ -199,3 +199,36 @@ def test_unknown_step_mode_is_one_line(tiny_model):
     e = engine(tiny_model("qwen2", "Q8_0"), "fast")
     with pytest.raises(GGUFParityError, match="unknown MLX step mode 'fast'; supported: compiled, lazy, sync"):
         e.decode(5)
+
+
+def test_a_prefill_through_float32_weights_gives_the_same_logits(tiny_model, monkeypatch):
+    """prefill_matmul "f32": from PREFILL_F32_MIN_ROWS rows each quantized weight is dequantized and multiplied in
+    float32 (the same products in another summation order: STEP_REL_TOL); a decode step keeps the quantized path."""
+    from inference_engine.backends import mlx_backend
+    from inference_engine.backends.mlx.weights import AffineMatrix
+
+    n = mlx_backend.PREFILL_F32_MIN_ROWS + 6
+    prompt = [3 + i % 90 for i in range(n)]
+    path = tiny_model("qwen2", "Q4_K")
+    quantized = engine(path, "sync", n_ctx=n + 8)
+    expected = np.asarray(quantized.prefill(prompt))
+    via_f32 = engine(path, "sync", n_ctx=n + 8)
+    via_f32.backend.prefill_matmul = "f32"
+    calls = []
+    dequantized = AffineMatrix.dequantized
+    monkeypatch.setattr(AffineMatrix, "dequantized", lambda self: calls.append(self) or dequantized(self))
+    got = np.asarray(via_f32.prefill(prompt))
+    names = {name for name, w in via_f32.backend.prepared_matrices.items() if any(w is c for c in calls)}
+    first_layer = {name for name in via_f32.backend.prepared_matrices if name.startswith("blk.0.")}
+    assert first_layer <= names  # every product of all the prompt's rows went through float32 weights
+    assert not any(name.startswith(("output", "token_embd")) for name in names)  # the logits: one row
+    assert rel(got, expected) <= STEP_REL_TOL
+    calls.clear()
+    via_f32.decode(5)
+    assert calls == []
+
+
+def test_an_unknown_prefill_matmul_is_one_line(tiny_model):
+    e = engine(tiny_model("llama", "Q8_0"), "sync")
+    with pytest.raises(GGUFParityError, match="unknown MLX prefill matmul 'fast'; supported: quantized, f32"):
+        e.backend.prefill_matmul = "fast"
