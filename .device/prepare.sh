@@ -123,13 +123,15 @@ for call in range(1, max(n, mlx + 1) + 1):
         s.append("probe")
     if call == sources:
         s.append("build-llama")
-    if call == mlx:  # while the build runs: device times first (the build is niced), then the tests
-        s += ["matrices", "kernels", "gpu-tests"]
+    if call == mlx:  # while the build runs: device times (the build is niced)
+        s += ["matrices", "kernels"]
     if call == mlx + 1:  # the build is done by now: timings on quiet CPUs, then llama.cpp's CUDA build beside ours
         s += ["speed", "llama-bench"]
     if call == max(smollm2, mlx + 1):
         s += ["validate-smollm2", "speed-smollm2"]
     steps[call] = s
+# Last: the tests marked gpu (they passed on an H100 at 96b818e; 330 s), cut off first when time runs short.
+steps[max(steps)].append("gpu-tests")
 cost = {"probe": 2, "build-llama": 1, "matrices": 75, "kernels": 60, "gpu-tests": 330, "validate-tiny": 106, "speed": 130,
         "llama-bench": 70, "validate-smollm2": 40, "speed-smollm2": 70, "cpu-crash": 150}
 total = 30  # a cold start, counted
@@ -158,8 +160,9 @@ for step, why in (("validate-tiny", "every architecture and type against NumPy o
     print(f"           command: bash .device/run_checks.sh {step}")
 print(f"  A session that takes point 6 first puts cpu-crash before build-llama in call {sources} instead (the sources")
 print("  are complete there; the builds would share the CPUs). Reads: $OUT/cpu-crash.log (its table and reading).")
-print("The CUDA llama-bench build runs in the background from build-llama on; the matrix profile and the tests run")
-print("meanwhile; speed waits for it (<= 120 s) so its timings do not share the CPUs. If time runs short, stop after")
-print("the speed + llama-bench call: smollm2 comes last. Results: each call's $OUT (summary.txt, logs, results.tgz,")
-print("made again after every step, so a call cut off keeps its finished steps' JSON).")
+print("The CUDA llama-bench build runs in the background from build-llama on; the matrix profile and nsys run")
+print("meanwhile; speed waits for it (<= 120 s) so its timings do not share the CPUs. The last call ends with the")
+print("gpu-tests (they passed on an H100 at 96b818e): give it a timeout_s of the budget left (status) less 15 s, and")
+print("it runs them as long as the budget lasts. Results: each call's $OUT (summary.txt, logs, results.tgz, made")
+print("again after every step, so a call cut off keeps its finished steps' JSON; a step's log grows as it runs).")
 EOF
