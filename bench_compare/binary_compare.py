@@ -186,8 +186,9 @@ def notes(reference: dict[str, Any]) -> list[str]:
     """The yardstick's identity, then what it does not measure (printed as ``note:`` lines and recorded)."""
     build = reference.get("build", {})
     number = build.get("build_number")  # 0: CMake counted no commits (sources without git history)
-    identity = (f"yardstick: {REFERENCE} {reference.get('path')}, build {build.get('build_commit')}"
-                f"{f' ({number})' if number else ''}, backends {build.get('backends')}, cpu {build.get('cpu_info') or '-'}"
+    counted = f" ({number})" if number else ""
+    identity = (f"yardstick: {REFERENCE} {reference.get('path')}, build {build.get('build_commit')}{counted}, "
+                f"backends {build.get('backends')}, cpu {build.get('cpu_info') or '-'}"
                 f", gpu {build.get('gpu_info') or '-'}, -ngl {reference.get('n_gpu_layers')}")
     return [identity] + [f"{test}: not measured ({why})" for test, why in llama_bench_bin.NOT_MEASURED.items()]
 

@@ -166,7 +166,8 @@ class MLXBackend(Backend):
         return table(ids)
 
     def matmul(self, w, x: mx.array) -> mx.array:
-        if self._prefill_matmul == "f32" and x.shape[0] >= PREFILL_F32_MIN_ROWS and w.form != "float32":
+        if (self._prefill_matmul == "f32" and x.shape[0] >= PREFILL_F32_MIN_ROWS
+                and getattr(w, "form", "float32") != "float32"):  # a prepared quantized matrix (weights.py)
             return x @ w.dequantized().T
         return w(x)
 
