@@ -12,6 +12,7 @@
 #                      float32) on the 1.5B-shaped Q4_K_M model and smollm2-135m; may run while the build does
 #     kernels          nsys (if the machine has it): every CUDA kernel of 20 compiled decode steps of the 1.5B shape
 #                      by its share of GPU time, the CUDA API calls, MLX's NVTX ranges (CSV in results.tgz)
+#     graphs           decode_profile's compiled steps with MLX_USE_CUDA_GRAPHS=0 (each kernel launched on its own)
 #     speed            decode_profile (decode, prefill 512) and bench -p 512 -n 128 on the 1.5B-shaped Q4_K_M model
 #                      and smollm2-135m (the real file if carried, else its shape); waits for the build first
 #     llama-bench      waits for (or runs) the build, then compare --against llama-bench:PATH on the 1.5B shape
@@ -55,12 +56,12 @@ LLAMA_OUT=$GP_DIR/llama                # the llama-bench build (bench_compare.bu
 LLAMA_BENCH=$LLAMA_OUT/build/bin/llama-bench
 MODELS=$GP_DIR/models
 SMOLLM2=SmolLM2-135M-Instruct.Q4_1.gguf
-STEPS="probe build-llama matrices kernels gpu-tests validate-tiny speed llama-bench validate-smollm2 speed-smollm2 cpu-crash"
+STEPS="probe build-llama matrices kernels graphs gpu-tests validate-tiny speed llama-bench validate-smollm2 speed-smollm2 cpu-crash"
 export PYTHONPATH=$ROOT:$ROOT/tests${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 export GGUF_PARITY_CACHE=$GP_DIR/cache   # the named models' cache: validate-smollm2 puts the carried file there
 
 # Each step's seconds under `timeout` (the device tool stops a call at 600 s; these leave room for the rest).
-declare -A LIMIT=([probe]=60 [build-llama]=30 [matrices]=150 [kernels]=180 [gpu-tests]=420 [validate-tiny]=240 [speed]=360
+declare -A LIMIT=([probe]=60 [build-llama]=30 [matrices]=150 [kernels]=180 [graphs]=90 [gpu-tests]=420 [validate-tiny]=240 [speed]=360
                   [llama-bench]=480
                   [validate-smollm2]=180 [speed-smollm2]=150 [cpu-crash]=300)
 
@@ -234,9 +235,10 @@ step_kernels() {  # every CUDA kernel of compiled decode steps by its GPU time (
   nsys=$(nsys_path)
   [ -n "$nsys" ] || [ "$DRY_RUN" = 1 ] || { echo "no nsys on this machine: the kernels step needs Nsight Systems"; return 3; }
   model=$(model_path "$SPEED_SHAPE") || return 1
-  run "${nsys:-nsys}" profile --force-overwrite true --trace cuda,nvtx --sample none --cpuctxsw none \
-      -o "$WORK/decode" "$PY" -m bench_compare.decode_profile "$model" --backend mlx --steps 20 --mlx-modes compiled \
-      || return
+  # MLX 0.32 replays its kernels as CUDA graphs (MLX_USE_CUDA_GRAPHS, default on): node tracing lists each kernel
+  run "${nsys:-nsys}" profile --force-overwrite true --trace cuda,nvtx --cuda-graph-trace=node --sample none \
+      --cpuctxsw none -o "$WORK/decode" \
+      "$PY" -m bench_compare.decode_profile "$model" --backend mlx --steps 20 --mlx-modes compiled || return
   run "${nsys:-nsys}" stats --force-export true --report cuda_gpu_kern_sum --report cuda_api_sum --report nvtx_sum \
       --format csv --output "$WORK/decode" "$WORK/decode.nsys-rep" > /dev/null || return
   local f
@@ -244,6 +246,14 @@ step_kernels() {  # every CUDA kernel of compiled decode steps by its GPU time (
     [ -f "$f" ] && { echo "== $(basename "$f")"; head -n 25 "$f" | cut -c1-220; }
   done
   return 0
+}
+
+step_graphs() {  # the same compiled decode steps with MLX's CUDA graphs off: what launching kernel by kernel costs
+  mlx_ready || return
+  local model
+  model=$(model_path "$SPEED_SHAPE") || return 1
+  run env MLX_USE_CUDA_GRAPHS=0 "$PY" -m bench_compare.decode_profile "$model" --backend mlx --steps 20 \
+      --mlx-modes compiled --json "$WORK/decode-no-cuda-graphs.json"
 }
 
 step_speed() {

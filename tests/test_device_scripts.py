@@ -25,6 +25,7 @@ STEPS = (
     "build-llama",
     "matrices",
     "kernels",
+    "graphs",
     "gpu-tests",
     "validate-tiny",
     "speed",
