@@ -45,6 +45,7 @@ from inference_engine.backends import get_backend_class
 from inference_engine.backends.base import Backend
 from inference_engine.engine import load_engine
 from inference_engine.errors import GGUFParityError
+from inference_engine.generate import PREFILL_CHUNK, prefill_chunked
 from inference_engine.store.atomic import atomic_write_text
 
 # every op the forward pass calls per token: the abstract ones plus matmul_many (a fused run's one call),
@@ -276,8 +277,7 @@ def profile_engine(engine, weights: WeightMap | None = None, prompt: str = "The 
 
     def fill() -> None:
         engine.reset()
-        for start in range(0, depth, 512):  # in llama-bench's n_batch chunks
-            engine.prefill(filler[start:start + 512])
+        prefill_chunked(engine, filler, PREFILL_CHUNK)  # in llama-bench's n_ubatch chunks
 
     profile = Profile()
     origin = [0.0]

@@ -58,10 +58,6 @@ class MatrixKind:
     f32_rel_diff: float | None = None  # max |backend - via float32| / max |backend| at N tokens
 
     @property
-    def label(self) -> str:
-        return f"{self.role} {self.qtype} ({self.n_out}, {self.n_in})"
-
-    @property
     def via_f32_us(self) -> float | None:
         """The prefill product via a float32 weight: dequantization plus matmul (float weights: as run)."""
         if self.form == "float32":
@@ -83,12 +79,6 @@ class MatrixKind:
 
 def role_of(name: str) -> str:
     return _LAYER.sub("", name).removesuffix(".weight")
-
-
-def stored_bytes(w) -> int:
-    """A prepared matrix's bytes on the device (what one product reads)."""
-    arrays = [getattr(w, a) for a in ("packed", "scales", "biases", "blocks", "weight_t") if hasattr(w, a)]
-    return int(sum(a.nbytes for a in arrays))
 
 
 def time_per_call(fn, inputs: list) -> float:
@@ -120,7 +110,7 @@ def profile_kind(w, role: str, count: int, prefill: int, repeats: int, seed: int
 
     n_out, n_in = int(w.n_out), int(w.n_in)
     kind = MatrixKind(role=role, qtype=w.qtype.name, form=w.form, n_out=n_out, n_in=n_in, count=count,
-                      stored_bytes=stored_bytes(w), decode_us=time_per_call(w, _inputs(repeats, 1, n_in, seed)))
+                      stored_bytes=int(w.nbytes), decode_us=time_per_call(w, _inputs(repeats, 1, n_in, seed)))
     if prefill <= 1 or role in OUTPUT_ROLES:
         return kind
     xs = _inputs(max(2, repeats // 4), prefill, n_in, seed + 1)

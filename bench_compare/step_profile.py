@@ -23,8 +23,8 @@ step evaluated and read back before the next, the plain path) it measures, after
   too before it builds the next step); near 0 where launching ahead hides the host.
 
 ``--prefill N`` measures one prefill of N tokens (host build, wait, nodes) instead, its quantized products as
-``--mlx-prefill-matmul`` says (``quantized``, or ``f32``: each weight dequantized, then a float32 matmul). A diagnostic for a lent GPU's
-one call; timings on a loaded CPU say little.
+``--mlx-prefill-matmul`` says (``quantized``, or ``f32``: each weight dequantized, then a float32 matmul). A
+diagnostic for a lent GPU's one call; timings on a loaded CPU say little.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ import time
 
 import numpy as np
 
-from inference_engine.generate import ForcedTokens, generate_step
+from inference_engine.generate import PREFILL_CHUNK, ForcedTokens, generate_step, prefill_chunked
 from inference_engine.store.atomic import atomic_write_text
 
 MODES = ("compiled", "lazy", "sync")
@@ -86,8 +86,7 @@ def profile_mode(engine, mode: str, prompt: list[int], steps: int = 30, warmup: 
 
     def fill() -> None:
         engine.reset()
-        for start in range(0, len(filler), 512):
-            engine.prefill(filler[start : start + 512])
+        prefill_chunked(engine, filler, PREFILL_CHUNK)
         engine.prefill(prompt)
 
     token = prompt[-1]
@@ -106,8 +105,7 @@ def profile_mode(engine, mode: str, prompt: list[int], steps: int = 30, warmup: 
     def loop_time(sampler=None) -> float:
         """Seconds per token of the generation loop (greedy, or ``sampler``), timed from the first token on."""
         engine.reset()
-        for start in range(0, len(filler), 512):
-            engine.prefill(filler[start : start + 512])
+        prefill_chunked(engine, filler, PREFILL_CHUNK)
         loop = generate_step(engine, prompt, sampler, reset=False, n_past=engine.n_past)
         next(loop)  # the prefill and the first token
         t0, count = time.perf_counter(), 0
@@ -173,8 +171,7 @@ def run(
     filler = [ids[i % len(ids)] for i in range(depth)]
     if prefill:
         engine.reset()
-        for start in range(0, depth, 512):
-            engine.prefill(filler[start : start + 512])
+        prefill_chunked(engine, filler, PREFILL_CHUNK)
         return {
             "prefill": profile_prefill(engine, [ids[i % len(ids)] for i in range(prefill)]),
             "device": engine.backend.description,

@@ -43,6 +43,11 @@ class AffineMatrix:
         self.packed, self.scales, self.biases = mx.array(a.packed), mx.array(a.scales), mx.array(a.biases)
         self.n_out, self.n_in = (int(v) for v in t.shape)
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes on the device: what one product reads."""
+        return self.packed.nbytes + self.scales.nbytes + self.biases.nbytes
+
     def dequantized(self) -> mx.array:
         """The float32 weight ``(n_out, n_in)`` MLX computes with (tests compare it with gguf-py's values)."""
         return mx.dequantize(self.packed, self.scales, self.biases, group_size=self.group_size, bits=self.bits)
@@ -64,6 +69,10 @@ class BlockMatrix:
         self.form = f"{dialect.name}-kernel"
         self.blocks = mx.array(_rows(t))  # uint8 (n_out, row_bytes): the file's bytes
         self.n_out, self.n_in = (int(v) for v in t.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.blocks.nbytes
 
     def dequantized(self) -> mx.array:
         return block_kernels.dequantize(self.dialect, self.qtype, self.blocks, self.n_in)
@@ -93,6 +102,10 @@ class DenseMatrix:
         # Stored transposed, (n_in, n_out): MLX's CPU matmul reads a contiguous right operand faster.
         self.weight_t = mx.array(np.ascontiguousarray(w.T, dtype=np.float32))
         self.n_out, self.n_in = (int(v) for v in t.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.weight_t.nbytes
 
     def dequantized(self) -> mx.array:
         return self.weight_t.T
