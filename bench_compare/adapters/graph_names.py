@@ -42,7 +42,7 @@ _LAYER_NAMES: dict[str, tuple[str, ...]] = {
                  "ffn_moe_weights_sum", "ffn_moe_weights_sum_clamped", "ffn_moe_weights_norm", "ffn_moe_up",
                  "ffn_moe_gate", "ffn_moe_swiglu", "ffn_moe_down", "ffn_moe_weighted", "ffn_moe_out", "l_out"),
 }
-_ALIASES = {"mistral": "llama"}
+_ALIASES = {"mistral": "llama", "smollm3": "llama"}  # smollm3: llama's names (NoPE layers tap Qcur unrotated)
 # Before the first layer: the token embedding (this build: ``embd``; older builds ``inp_embd``), Gemma's scaled one.
 _INPUT_NAMES: dict[str, tuple[str, ...]] = {"gemma3": ("embd", "inp_scaled"), "gemma2": ("embd", "inp_scaled")}
 

@@ -57,7 +57,7 @@ class FusedLayerPlan(NamedTuple):
     backend prepared them and every number its ops take, built once per model
     (:meth:`~inference_engine.models.decoder.DecoderModel.fused_plan`), so that a backend never reads a model's
     attributes. The ops, in order: RMSNorm by ``attn_norm``; Q, K, V (``qkv``) plus their biases; per-head RMSNorm
-    of Q and K (``qk_norm``); RoPE (``rope``: :meth:`Backend.rope`'s keyword arguments), Q times ``q_scale``,
+    of Q and K (``qk_norm``); RoPE (``rope``: :meth:`Backend.rope`'s keyword arguments; None: none), Q times ``q_scale``,
     attention with ``kq_scale`` within ``sliding_window`` (0: all) over the cache; the output projection plus its
     bias; RMSNorm by ``post_attention_norm``; the residual add; RMSNorm by ``ffn_norm``; gate and up
     (``ffn_gate_up``), ``activation`` (``swiglu`` | ``geglu``), the down projection; RMSNorm by ``post_ffw_norm``;
@@ -75,7 +75,7 @@ class FusedLayerPlan(NamedTuple):
     ffn_down: Any
     post_ffw_norm: Array | None
     activation: str
-    rope: dict
+    rope: dict | None
     kq_scale: float
     q_scale: float | None
     sliding_window: int
@@ -231,13 +231,13 @@ class Backend(ABC):
         k: Array,
         v: Array,
         positions: np.ndarray,
-        rope: dict,
+        rope: dict | None,
         scale: float,
         q_scale: float | None = None,
         sliding_window: int = 0,
     ) -> Array | None:
         """A decoded token's attention as one op, where the backend has one: :meth:`rope` on ``q`` and ``k`` (``rope``:
-        its keyword arguments), ``q`` times ``q_scale`` (:meth:`scale`), ``k, v`` written into layer ``il`` of
+        its keyword arguments; None: no RoPE, a NoPE layer), ``q`` times ``q_scale`` (:meth:`scale`), ``k, v`` written into layer ``il`` of
         ``cache`` at ``positions[0]`` and :meth:`attention` over the cache: ``(1, n_head * d_v)``, the same values as
         those ops one by one. The model's attention block asks this for a single token that nothing taps; ``None``
         (the default, and whenever a backend cannot fuse these inputs) makes it run the ops one by one. For a small

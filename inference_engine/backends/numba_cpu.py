@@ -198,17 +198,12 @@ class NumbaBackend(NumpyBackend):
         flags = self._attention_flags(k_buf.dtype, v_buf.dtype)
         if flags is None or not 0 <= int(positions[0]) < k_buf.shape[0]:
             return None  # the ops one by one (and their errors)
-        cos, sin = self._rope_angles(positions, rope["n_dims"], rope["freq_base"], rope.get("freq_scale", 1.0),
-                                     rope.get("freq_factors"))
         out = np.empty((1, q.shape[1] * v_buf.shape[2]), np.float32)
         ops.rope_attention(
             _f32(q),
             _f32(k),
             _f32(v),
-            cos,
-            sin,
-            int(rope["n_dims"]),
-            bool(rope["neox"]),
+            *self._decode_rope(positions, rope),
             _F32(1.0 if q_scale is None else q_scale),
             k_buf.view(np.uint8).reshape(k_buf.shape[0], -1),
             v_buf.view(np.uint8).reshape(v_buf.shape[0], -1),
@@ -235,14 +230,20 @@ class NumbaBackend(NumpyBackend):
         flags = self._attention_flags(k_buf.dtype, v_buf.dtype)
         if args is None or flags is None or not 0 <= int(positions[0]) < k_buf.shape[0]:
             return None  # the ops one by one (and their errors)
-        rope = plan.rope
-        cos, sin = self._rope_angles(positions, rope["n_dims"], rope["freq_base"], rope.get("freq_scale", 1.0),
-                                     rope.get("freq_factors"))
         return decode_layer.prenorm_layer(
-            _f32(x), *args.attention, cos, sin, int(rope["n_dims"]), bool(rope["neox"]),
+            _f32(x), *args.attention, *self._decode_rope(positions, plan.rope),
             k_buf.view(np.uint8).reshape(k_buf.shape[0], -1), v_buf.view(np.uint8).reshape(v_buf.shape[0], -1),
             int(positions[0]), *args.scales, *flags,
             *args.ffn_in, args.geglu, nx.gelu_f16_table(), nx.SIMD_WIDTH[nx.ggml_simd()], *args.ffn_out)
+
+    def _decode_rope(self, positions, rope: dict | None) -> tuple[np.ndarray, np.ndarray, int, bool]:
+        """A decode step's RoPE as the fused kernels take it: cos, sin, ``n_dims``, NEOX pairs; ``rope`` None (a NoPE
+        layer) rotates no dimension, so the kernels copy Q and K as they are."""
+        if rope is None:
+            return _NO_ANGLES, _NO_ANGLES, 0, False
+        cos, sin = self._rope_angles(positions, rope["n_dims"], rope["freq_base"], rope.get("freq_scale", 1.0),
+                                     rope.get("freq_factors"))
+        return cos, sin, int(rope["n_dims"]), bool(rope["neox"])
 
     def _kernel_arguments(self, plan: FusedLayerPlan) -> _LayerArguments | None:
         """``plan`` as :func:`~.numba_kernels.decode_layer.prenorm_layer` takes it, or None where it does not compute
@@ -340,6 +341,7 @@ BLOCKED_ATTENTION_TOKENS = 8
 # (prefill, 512 x 2048: 11.5 ms against 23 ms) while the Numba call wins on a decoded token's few thousand values.
 GEGLU_NUMPY_ABOVE = 1 << 16
 _NO_WEIGHT = np.zeros(0, np.float32)
+_NO_ANGLES = np.zeros((1, 0), np.float32)  # a NoPE layer's cos / sin: one position, no rotated pair
 # Up to this many tokens (a decode step, the server's batched decode) matmul_many multiplies a fused run in one call:
 # there the calls' own cost is what fusing saves (SmolLM2 decode, 1 thread, CPU time: 16.4 -> 15.0 ms per token).
 # A prefill's calls are few and long; an A/B on Gemma 3's 512-token prefill (2 threads, best of 4, noisy) gave 353

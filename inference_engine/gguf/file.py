@@ -47,7 +47,7 @@ SUPPORTED_TENSOR_TYPES: tuple[GGMLQuantizationType, ...] = (
 
 # general.architecture values we run, and the aliases llama.cpp treats as one of them.
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = ("llama", "qwen2", "qwen3", "gemma3", "phi3", "gemma2", "qwen2moe",
-                                            "qwen3moe")
+                                            "qwen3moe", "smollm3")
 ARCHITECTURE_ALIASES: dict[str, str] = {"mistral": "llama"}
 # A file without general.architecture (or with an empty one) names no model to build: every reader refuses it.
 MISSING_ARCHITECTURE = "missing required metadata key general.architecture"

@@ -69,7 +69,7 @@ NUMBER_TYPES = INTEGER_TYPES | FLOAT_TYPES
 
 # Architectures whose every layer has attention and a feed-forward block (ours and their aliases): 0 heads or a
 # 0-wide feed-forward in a layer is malformed there (llama.cpp asserts on a 0 in head_count_kv).
-ATTENTION_EVERY_LAYER = ("llama", "mistral", "qwen2", "qwen3", "gemma3", "qwen2moe", "qwen3moe")
+ATTENTION_EVERY_LAYER = ("llama", "mistral", "qwen2", "qwen3", "gemma3", "qwen2moe", "qwen3moe", "smollm3")
 # Our mixture-of-experts architectures: expert_count and expert_used_count are required there (llama.cpp throws
 # "n_expert must be > 0 for QWEN2MOE") and refused elsewhere (a Mixtral-style llama with experts is not run).
 MOE_ARCHITECTURES = ("qwen2moe", "qwen3moe")

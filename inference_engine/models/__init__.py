@@ -25,6 +25,7 @@ ARCHITECTURES: dict[str, str] = {
     "gemma2": "inference_engine.models.gemma2:Gemma2Model",
     "qwen2moe": "inference_engine.models.qwen2moe:Qwen2MoeModel",
     "qwen3moe": "inference_engine.models.qwen3moe:Qwen3MoeModel",
+    "smollm3": "inference_engine.models.smollm3:SmolLM3Model",
 }
 MODELS: Registry[type[Model]] = Registry("architecture", ARCHITECTURES, base=Model, unknown="unsupported",
                                          listing="supported")

@@ -6,7 +6,8 @@ from its neighbours (mlx-lm's small blocks; transformers' "diff against llama").
 ``build_ffn`` for the variants llama.cpp has:
 
 * :class:`Attention`: Q/K/V projections (optional biases), optional per-head RMSNorm on Q and K before RoPE (qwen3,
-  gemma3: tapped ``Qcur_normed`` / ``Kcur_normed``), RoPE, ``Qcur``/``Kcur``/``Vcur`` taps, an optional scale of Q
+  gemma3: tapped ``Qcur_normed`` / ``Kcur_normed``), RoPE (none in a NoPE layer: SmolLM3's every fourth),
+  ``Qcur``/``Kcur``/``Vcur`` taps, an optional scale of Q
   (gemma3's ``f_attention_scale``), attention over the KV cache through :func:`~inference_engine.models.base.
   self_attention` (the cache seam: its signature and meaning stay put), ``kqv_out``, the output projection with its
   optional bias, and ``attn_out`` where llama.cpp names it. A single token that nothing taps (a decode step) first
@@ -63,7 +64,7 @@ class Attention:
         positions: np.ndarray,
         cache: KVCache,
         tap: Tap,
-        rope: dict,
+        rope: dict | None,
         kq_scale: float,
         q_scale: float | None = None,
         sliding_window: int = 0,
@@ -94,10 +95,13 @@ class Attention:
 
     @staticmethod
     def _attend(b: Backend, il: int, q: Array, k: Array, v: Array, positions: np.ndarray, cache: KVCache, tap: Tap,
-                rope: dict, kq_scale: float, q_scale: float | None, sliding_window: int, softcap: float) -> Array:
-        """RoPE, the ``Qcur``/``Kcur``/``Vcur`` taps, the query scale, then attention over the cache."""
-        q = b.rope(q, positions, **rope)  # (T, n_head, d)
-        k = b.rope(k, positions, **rope)  # (T, n_head_kv, d)
+                rope: dict | None, kq_scale: float, q_scale: float | None, sliding_window: int,
+                softcap: float) -> Array:
+        """RoPE (``rope`` None: none, a NoPE layer), the ``Qcur``/``Kcur``/``Vcur`` taps, the query scale, then
+        attention over the cache."""
+        if rope is not None:
+            q = b.rope(q, positions, **rope)  # (T, n_head, d)
+            k = b.rope(k, positions, **rope)  # (T, n_head_kv, d)
         q = tap(f"Qcur-{il}", q)
         k = tap(f"Kcur-{il}", k)
         v = tap(f"Vcur-{il}", v)
@@ -138,11 +142,11 @@ class FeedForward:
 @dataclass(frozen=True)
 class LayerSettings:
     """What one layer's call takes besides its weights, fixed per layer (the model computes them once): RoPE's
-    keyword arguments, the attention's scale, the query's scale (gemma), the sliding window (0: none), the
+    keyword arguments (None: the layer has no RoPE, as SmolLM3's NoPE layers), the attention's scale, the query's scale (gemma), the sliding window (0: none), the
     attention-score soft cap (gemma2; 0: none), the gated activation, and the graph names that differ by
     architecture (``attn_out`` tapped: llama; ``ffn_post_norm-<il>`` tapped: gemma3, not gemma2's unlayered one)."""
 
-    rope: dict
+    rope: dict | None
     kq_scale: float
     q_scale: float | None = None
     sliding_window: int = 0

@@ -8,6 +8,7 @@ import dataclasses
 
 import numpy as np
 import pytest
+from fixtures.tiny_models import ARCHITECTURES
 
 from inference_engine.engine import OurEngine
 from validation.decode_steps import PREFIX_CHUNK, DepthPlan, validate_depths
@@ -17,7 +18,7 @@ from validation.run import ValidateOptions, validate
 pytest.importorskip("validation.llamacpp", reason="the llama.cpp reference engine is not importable")
 from validation.llamacpp import LlamaCppEngine  # noqa: E402
 
-ARCHS = ("llama", "qwen2", "qwen3", "gemma3", "phi3", "gemma2", "qwen2moe", "qwen3moe")
+ARCHS = ARCHITECTURES
 GGML = thresholds_for("ggml")
 CHUNK = 4  # llama.cpp's n_batch = n_ubatch here: depth 10 is prefilled as chunks of 4, 4 and 2
 THREADS = 1  # see test_validate_engines.TEST_THREADS

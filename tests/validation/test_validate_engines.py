@@ -16,6 +16,7 @@ import json
 
 import numpy as np
 import pytest
+from fixtures.tiny_models import ARCHITECTURES
 
 from validation.metrics import tensor_metrics
 from validation.precision import LLAMACPP_DEFAULTS
@@ -24,7 +25,7 @@ from validation.run import ValidateOptions, open_ours, open_reference, validate
 pytest.importorskip("validation.llamacpp", reason="the llama.cpp reference engine is not importable")
 pytest.importorskip("inference_engine.engine", reason="our engine is not importable")
 
-ARCHS = ("llama", "qwen2", "qwen3", "gemma3", "phi3", "gemma2", "qwen2moe", "qwen3moe")
+ARCHS = ARCHITECTURES
 # A short prompt (~12-16 tokens): RoPE at positions > 0, both gemma3 window types, fixture runs in about a second.
 PROMPT = "Hello world, the engines agree on 1234 tokens."
 SMOKE_TOKENS = 4

@@ -190,7 +190,7 @@ class MLXSteps:
         settings = getattr(model, "settings", None)
         if compiled and settings is None:
             self.why_not_compiled = f"{type(model).__name__} has no per-layer settings to trace"
-        self._rope_keys = sorted({rope_key(**s.rope) for s in settings or []}, key=repr)
+        self._rope_keys = sorted({rope_key(**s.rope) for s in settings or [] if s.rope is not None}, key=repr)
         self._compiled = mx.compile(self._traced_step) if self.why_not_compiled is None else None
         self._keys: dict[int, mx.array] = {}
         self.traces = 0  # times the decode step was traced (once per block of KEY_BLOCK positions)

@@ -238,7 +238,10 @@ def teacher_forced_ops(engine, ref: dict[str, np.ndarray], ids: list[int]) -> li
             }
             if arch == "llama":
                 rope["freq_factors"] = model.rope_freqs
-            check("matmul+rope", f"Qcur-{il}", b.rope(q, positions, **rope))
+            if arch == "smollm3" and (il + 1) % 4 == 0:  # llama.cpp's NoPE layers: Qcur is the projection itself
+                check("matmul", f"Qcur-{il}", q)
+            else:
+                check("matmul+rope", f"Qcur-{il}", b.rope(q, positions, **rope))
         q_ref = ref[f"Qcur-{il}"]
         if arch == "gemma3":
             window = hp.sliding_window if hp.swa_layers[il] else 0
@@ -255,7 +258,7 @@ def teacher_forced_ops(engine, ref: dict[str, np.ndarray], ids: list[int]) -> li
             scale = float(np.float32(1.0) / np.sqrt(np.float32(hp.head_dim_k)))
             attn = b.attention(q_ref, ref[f"Kcur-{il}"], ref[f"Vcur-{il}"], positions, len(ids), scale)
         check("attention", f"kqv_out-{il}", attn)
-        if arch == "llama":
+        if arch in ("llama", "smollm3"):
             check("matmul", f"attn_out-{il}", b.matmul(layer.attn.attn_output, ref[f"kqv_out-{il}"]))
         residual = ref[f"sa_out-{il}"] if arch == "gemma3" else ref[f"ffn_inp-{il}"]
         check("rms_norm", f"ffn_norm-{il}", b.rms_norm(residual, layer.ffn_norm, hp.rms_eps))

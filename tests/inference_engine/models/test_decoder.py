@@ -11,7 +11,7 @@ from inference_engine.backends.base import FusedLayerPlan
 from inference_engine.backends.numpy_ref import NumpyBackend
 from inference_engine.engine import OurEngine
 
-DENSE = ("llama", "qwen2", "qwen3", "gemma3")
+DENSE = ("llama", "qwen2", "qwen3", "gemma3", "smollm3")
 OTHERS = ("gemma2", "phi3", "qwen2moe", "qwen3moe")
 
 

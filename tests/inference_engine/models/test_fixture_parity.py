@@ -18,11 +18,12 @@ from functools import cache
 
 import numpy as np
 import pytest
+from fixtures.tiny_models import ARCHITECTURES
 from llamacpp_parity import compare_greedy, compare_logits, nmse, routing_flips, teacher_forced_ops
 
 from inference_engine.engine import OurEngine
 
-ARCHS = ("llama", "qwen2", "qwen3", "gemma3", "phi3", "gemma2", "qwen2moe", "qwen3moe")
+ARCHS = ARCHITECTURES
 # F32 (no quantization at all), the two legacy kinds (Q4_1 has the per-block min term ggml handles specially),
 # Q8_0 (the activation type itself), two K-quants.
 QTYPES = ("F32", "Q4_1", "Q8_0", "Q4_K", "Q6_K")

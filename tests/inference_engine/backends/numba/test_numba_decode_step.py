@@ -14,8 +14,9 @@ import pytest
 from inference_engine.backends import numba_cpu
 from inference_engine.engine import OurEngine
 
-# gemma3: query scale, sliding-window layers, NEOX RoPE; the MoE files use the same attention block
-ARCHS = ("llama", "qwen2", "qwen3", "gemma3", "qwen2moe", "qwen3moe")
+# gemma3: query scale, sliding-window layers, NEOX RoPE; the MoE files use the same attention block; smollm3: a layer
+# without RoPE (its fourth)
+ARCHS = ("llama", "qwen2", "qwen3", "gemma3", "qwen2moe", "qwen3moe", "smollm3")
 STEPS = 6
 
 
@@ -64,7 +65,7 @@ def decode_with_and_without_fused_layers(engine, monkeypatch) -> tuple[list[bool
 
 # (architecture, file type, per-kind type overrides): llama (NORM RoPE, no biases), qwen2 (Q/K/V biases, NEOX),
 # qwen3 (per-head Q/K norms), gemma3 (post-attention and post-FFN norms, the query scale, sliding-window layers,
-# GEGLU); V of another type than Q and K (Q/K/V in two runs, as Q4_K_M files), gate and up of different types, and
+# GEGLU), smollm3 (its fourth layer without RoPE); V of another type than Q and K (Q/K/V in two runs, as Q4_K_M files), gate and up of different types, and
 # each type with a one-token kernel.
 FUSED_LAYERS = [
     ("llama", "Q4_1", {}),
@@ -73,6 +74,7 @@ FUSED_LAYERS = [
     ("qwen2", "Q4_K", {"attn_v": "Q6_K", "ffn_down": "Q6_K"}),
     ("qwen3", "Q5_K", {"ffn_up": "Q8_0"}),
     ("gemma3", "Q4_K", {"attn_v": "Q6_K"}),
+    ("smollm3", "Q4_K", {"attn_v": "Q6_K", "ffn_down": "Q6_K"}),  # a NoPE layer, Q4_K_M's mix
 ]
 
 
