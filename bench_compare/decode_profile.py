@@ -6,7 +6,8 @@ and the rate it ran at, GB/s of bytes it read (weights, K/V, activations) and GF
 Python of the forward pass, also given per layer. The step's time, and so what is left over, come from twin steps
 run between the recorded ones without the recording (the bytes, FLOPs and timeline of every call cost tens of
 microseconds a call). Where the backend runs a whole layer as one op (``decode_layer``), that op is what it times;
-``--unfused`` turns that off, so the layer's ops are timed one by one.
+``--unfused`` turns that off, so the layer's ops are timed one by one (on MLX: each weight matrix its own product,
+not a layer's Q/K/V and gate/up stacked into one each).
 
 On the MLX backend, whose ops only build a graph, it profiles steps instead (:mod:`bench_compare.step_profile`: host
 time building a step vs time waiting for the device, per step mode, and the graph's nodes per token); ``--ops``
@@ -58,6 +59,20 @@ PROFILED_OPS = sorted(
 LOADERS = ("load_matrix", "load_matrices", "load_vector", "load_embedding")
 KV_ELEMENT_BYTES = 2  # the F16 K/V cache compare and llama.cpp use
 LAYER_NAME = re.compile(r"^blk\.(\d+)\.")
+
+
+@contextlib.contextmanager
+def _switched_off(cls: type, attribute: str, when: bool) -> Iterator[None]:
+    """``cls.attribute`` False inside the block where ``when`` (a class-level switch read at load time)."""
+    if not when:
+        yield
+        return
+    before = getattr(cls, attribute)
+    setattr(cls, attribute, False)
+    try:
+        yield
+    finally:
+        setattr(cls, attribute, before)
 
 
 @dataclass
@@ -379,7 +394,9 @@ def main(argv: list[str] | None = None) -> None:
                         help="profile one prefill of N tokens instead of decode steps")
     parser.add_argument("--depth", type=int, default=0, metavar="N",
                         help="tokens in the cache before the profiled steps (where the time goes at long context)")
-    parser.add_argument("--unfused", action="store_true", help="time a layer's ops one by one, not as one fused op")
+    parser.add_argument("--unfused", action="store_true",
+                        help="time a layer's ops one by one, not as one fused op (MLX: each weight matrix its own "
+                             "product, no stacked Q/K/V or gate/up)")
     parser.add_argument("--trace", metavar="FILE", default=None, help="write Chrome trace JSON (Perfetto) here")
     parser.add_argument("--mlx-modes", default=",".join(step_profile.MODES),
                         help="MLX: the step modes to profile (bench_compare.step_profile), comma-separated")
@@ -398,7 +415,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.mlx_prefill_matmul is not None and args.backend != "mlx":
         parser.error("--mlx-prefill-matmul applies to --backend mlx")
     n_ctx = max(2048, args.depth + max(args.prefill, 64 + 2 * args.steps + 8))  # each step runs twice
-    with recording_weights(get_backend_class(args.backend)) as weights:
+    backend_class = get_backend_class(args.backend)
+    stacking = args.backend == "mlx" and args.unfused
+    with recording_weights(backend_class) as weights, _switched_off(backend_class, "fuse_matrices", stacking):
         engine = load_engine(args.model, backend=args.backend, numerics=args.numerics, n_threads=args.threads,
                              n_ctx=n_ctx, kv_type="f16")
     if args.mlx_prefill_matmul is not None:

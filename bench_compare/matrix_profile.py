@@ -20,7 +20,9 @@ device's time for the kernels plus MLX's launching of them, not Python's buildin
 kind by its calls: every matrix once per decode token; in a prefill every layer's matrices at N tokens and the output
 matrix at one (only the last token's logits are computed, as llama.cpp does). What a decode step's device time
 (``decode_profile``'s wait ms) holds beyond the decode total is attention, the element-wise ops and the gaps between
-kernels. A diagnostic for a GPU's one call, not a benchmark: speed against llama.cpp is ``bench-compare compare``.
+kernels. Each matrix is timed alone, where a step multiplies a layer's Q/K/V (and gate/up) of one affine format as
+one stacked product (``FusedAffine``): one kernel's time and launch where this counts two or three. A diagnostic for
+a GPU's one call, not a benchmark: speed against llama.cpp is ``bench-compare compare``.
 """
 
 from __future__ import annotations

@@ -16,8 +16,11 @@ step evaluated and read back before the next, the plain path) it measures, after
 * **forced ms**: the same loop decoding given tokens (``ForcedTokens``, as ``bench``'s tg and llama-bench's): the
   next step's token known on the host, not the pending step's pick on the device; on an H200 the greedy loop took
   8.4 ms a token where ``bench`` measured 6.4, which this separates from the rest of the two setups;
-* **nodes**: the primitives in one token's graph (``mx.export_to_dot`` before evaluation): on a GPU each is one or
-  more kernel launches; a compiled step fuses element-wise chains into ``Compiled...`` nodes;
+* **nodes**: the primitives in one token's graph (``mx.export_to_dot`` before evaluation); a compiled step fuses
+  element-wise chains into ``Compiled...`` nodes; **compute** of them are not views (:data:`VIEW_PRIMITIVES`:
+  reshapes, transposes, slices, which move no data where their input's layout allows, as in a decode step): on a
+  GPU each compute node is one or more kernel launches. The graph is built for the device it runs on: on MLX's CPU
+  build ``mx.fast``'s RMSNorm and attention appear as the several ops of their CPU fallbacks, on a GPU as one node;
 * **idle ms** = pipelined - wait: per token, how long the device had nothing queued in the loop (the host building
   the step, or waiting on a read-back: the loop reads one value per token, the token, and the plain path its logits
   too before it builds the next step); near 0 where launching ahead hides the host.
@@ -41,7 +44,16 @@ from inference_engine.generate import PREFILL_CHUNK, ForcedTokens, generate_step
 from inference_engine.store.atomic import atomic_write_text
 
 MODES = ("compiled", "lazy", "sync")
+# Primitives that make a view of their input (no kernel, no data moved) where its layout allows, as in a decode
+# step's row-contiguous arrays; MLX copies instead where it does not (a reshape of a transposed array).
+VIEW_PRIMITIVES = frozenset({"Reshape", "Transpose", "Slice", "ExpandDims", "Squeeze", "Broadcast", "Flatten",
+                             "Unflatten", "AsStrided"})
 _NODE = re.compile(r'\[label ="([^"]+)", shape=rectangle\]')
+
+
+def compute_nodes(nodes: collections.Counter) -> int:
+    """The nodes of a graph that are not :data:`VIEW_PRIMITIVES`."""
+    return sum(n for kind, n in nodes.items() if kind not in VIEW_PRIMITIVES)
 
 
 def graph_nodes(*arrays) -> collections.Counter:
@@ -129,6 +141,7 @@ def profile_mode(engine, mode: str, prompt: list[int], steps: int = 30, warmup: 
         "forced_ms": forced * 1e3,
         "tokens_per_s": 1.0 / pipelined,
         "nodes": int(sum(nodes.values())),
+        "compute_nodes": compute_nodes(nodes),
         "node_kinds": dict(nodes.most_common()),
         "idle_ms": max(0.0, pipelined * 1e3 - wait_ms),
         "limit": "host" if host_ms > wait_ms else "device",
@@ -160,6 +173,7 @@ def profile_prefill(engine, tokens: list[int]) -> dict:
         "wait_ms": wait_ms,
         "tokens_per_s": len(tokens) / ((host_ms + wait_ms) / 1e3),
         "nodes": int(sum(nodes.values())),
+        "compute_nodes": compute_nodes(nodes),
         "node_kinds": dict(nodes.most_common()),
     }
 
@@ -190,19 +204,20 @@ def print_report(p: dict) -> None:
         r = p["prefill"]
         print(
             f"prefill of {r['tokens']} tokens ({r['prefill_matmul']} products): host {r['host_ms']:.2f} ms, "
-            f"wait {r['wait_ms']:.2f} ms ({r['tokens_per_s']:.0f} tok/s), {r['nodes']} graph nodes"
+            f"wait {r['wait_ms']:.2f} ms ({r['tokens_per_s']:.0f} tok/s), {r['nodes']} graph nodes "
+            f"({r['compute_nodes']} compute)"
         )
         return
     print(f"decode step at depth {p['depth']}, {p['n_layer']} layers")
     print(
         f"  {'mode':<10}{'host ms':>9}{'wait ms':>9}{'serial':>9}{'pipelined':>11}{'forced':>8}{'idle':>8}"
-        f"{'tok/s':>9}{'nodes':>7}  limit"
+        f"{'tok/s':>9}{'nodes':>7}{'compute':>9}  limit"
     )
     for r in p["modes"]:
         print(
             f"  {r['mode']:<10}{r['host_ms']:>9.3f}{r['wait_ms']:>9.3f}{r['serial_ms']:>9.3f}"
             f"{r['pipelined_ms']:>11.3f}{r['forced_ms']:>8.3f}{r['idle_ms']:>8.3f}{r['tokens_per_s']:>9.1f}"
-            f"{r['nodes']:>7}  {r['limit']}"
+            f"{r['nodes']:>7}{r['compute_nodes']:>9}  {r['limit']}"
         )
     for r in p["modes"]:
         kinds = ", ".join(f"{k} {n}" for k, n in list(r["node_kinds"].items())[:8])

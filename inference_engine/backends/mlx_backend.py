@@ -10,12 +10,14 @@ How each op maps to MLX, and why:
   transcoded exactly to MLX affine groups of 32 (float32 scales and biases) for ``mx.quantized_matmul``; Q2_K/Q3_K/
   Q6_K kept as their GGUF blocks and read by our kernels on a GPU (:mod:`~inference_engine.backends.mlx.
   block_kernels`: Metal on Apple silicon, CUDA in MLX's CUDA build), as dequantized float32 on the CPU; F32/F16/BF16
-  as float32. ``description`` lists what each loaded tensor became.
+  as float32. ``description`` lists what each loaded tensor became. Matrices loaded together (a layer's Q/K/V,
+  gate/up) that share an affine format are stacked (``FusedAffine``): one product for the run, then column slices.
 * rms_norm: ``mx.fast.rms_norm`` (llama.cpp's semantics: ``x / sqrt(mean(x^2) + eps) * w``, eps inside the root;
   it sums in float32 where ggml sums in double, a few 1e-7 relative).
 * rope: ggml's cos/sin tables exactly (:func:`~inference_engine.backends.numerics.rope_cos_sin`, built on the
   host and cached), rotated with MLX element-wise ops (ggml contracts ``x0*cos - x1*sin`` into an FMA, MLX rounds
-  each product: at most one rounding apart). ``mx.fast.rope`` has the same pairing (``traditional=True`` is
+  each product: at most one rounding apart); where every dimension rotates, as one expression ``x*C + partner*S``
+  over a reversed view of each pair, which a compiled step makes one kernel (three with the halves concatenated). ``mx.fast.rope`` has the same pairing (``traditional=True`` is
   llama's NORM style, ``False`` NEOX) but builds its angles as ``p * base**(-2i/d)`` in one rounding, not by
   ggml's repeated float32 product; at position 1000 that moved values by ~1e-4 (one float32 ulp of the angle),
   so it is not used.
@@ -55,7 +57,7 @@ from inference_engine.backends.mlx.steps import (
     has_device_rows,
     rope_key,
 )
-from inference_engine.backends.mlx.weights import HostEmbeddingRows, prepare_matrix
+from inference_engine.backends.mlx.weights import FusedAffine, HostEmbeddingRows, fuse_runs, prepare_matrix
 from inference_engine.errors import GGUFParityError
 from inference_engine.gguf.file import TensorInfo
 from inference_engine.platform.mapped_pages import tensor_out_of_map
@@ -86,6 +88,7 @@ _SQRT_2_OVER_PI = float(nx.SQRT_2_OVER_PI)
 class MLXBackend(Backend):
     name = "mlx"
     step_mode = "compiled"  # generation steps: one of STEP_MODES (async_steps)
+    fuse_matrices = True  # load_matrices stacks runs of affine matrices (False: each alone; decode_profile --unfused)
     devices = staticmethod(mlx_device.available)  # the GPU (default) where MLX has one, and the CPU
     no_gpu_reason = staticmethod(mlx_device.no_gpu_reason)
 
@@ -105,6 +108,7 @@ class MLXBackend(Backend):
         self.rope_tables = RopeTables()  # ggml's angles of positions 0..n on the device (steps.py)
         self._mask_cache: dict[tuple, mx.array] = {}
         self.prepared_matrices: dict[str, object] = {}  # GGUF name -> its matrix (a step's token rows come from one)
+        self._runs: dict[tuple[int, ...], list] = {}  # ids of a load_matrices group -> its runs (matmul_many)
         self._prefill_matmul = PREFILL_MATMULS[0]
 
     @property
@@ -126,6 +130,9 @@ class MLXBackend(Backend):
             f"GGUF blocks read by our {self.kernels.name} kernels" if self.kernels else "dequantized float32 (CPU)"
         )
         forms = ", ".join(f"{n}x {form}" for form, n in sorted(self.weight_forms.items())) or "none loaded yet"
+        stacked = sum(isinstance(r, FusedAffine) for runs in self._runs.values() for r in runs)
+        if stacked:
+            forms += f" ({stacked} stacked runs of affine matrices, one product each)"
         threads = "" if self.n_threads is None else f"; --threads {self.n_threads} not applied (MLX sets its own)"
         return (
             f"MLX {mx.__version__} on {self.device} ({where}), f32 numerics only; Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q5_K "
@@ -151,6 +158,14 @@ class MLXBackend(Backend):
         self.prepared_matrices[t.name] = w
         return w
 
+    def load_matrices(self, tensors) -> list:
+        """Each prepared alone, then runs of affine matrices of one bits / group size / width stacked into one
+        :class:`~inference_engine.backends.mlx.weights.FusedAffine` that :meth:`matmul_many` multiplies at once."""
+        parts = [self.load_matrix(t) for t in tensors]
+        if self.fuse_matrices:
+            self._runs[tuple(map(id, parts))] = fuse_runs(parts)  # the key's parts are held by the runs
+        return parts
+
     def load_vector(self, t: TensorInfo) -> mx.array:
         from inference_engine.quants import dequantize_tensor
 
@@ -171,6 +186,17 @@ class MLXBackend(Backend):
             return x @ w.dequantized().T
         return w(x)
 
+    def matmul_many(self, ws, x: mx.array) -> list[mx.array]:
+        """One product per run :meth:`load_matrices` stacked (its output split by columns), the same values as one
+        product per weight; each weight alone where it was loaded alone or a float32 prefill dequantizes them."""
+        runs = self._runs.get(tuple(map(id, ws)))
+        if runs is None or (self._prefill_matmul == "f32" and x.shape[0] >= PREFILL_F32_MIN_ROWS):
+            return [self.matmul(w, x) for w in ws]
+        out: list[mx.array] = []
+        for run in runs:
+            out.extend(run(x) if isinstance(run, FusedAffine) else [self.matmul(run, x)])
+        return out
+
     def rms_norm(self, x: mx.array, weight: mx.array | None, eps: float) -> mx.array:
         return mx.fast.rms_norm(x, weight, eps)
 
@@ -181,6 +207,15 @@ class MLXBackend(Backend):
             cos, sin = self._rope_angles(positions, n_dims, freq_base, freq_scale, freq_factors)  # (T, 1, n_dims/2)
         n_tokens, n_heads, head_dim = x.shape
         half = n_dims // 2
+        if n_dims == head_dim:  # every dimension rotates: one element-wise expression (one kernel in a compiled step)
+            # x0*cos - x1*sin and x1*cos + x0*sin as x*C + partner*S, the partner of each element the other of its
+            # pair (a reversed view), C = (cos, cos), S = (-sin, sin): the same products and sums
+            pair_axis = -2 if neox else -1  # NEOX: (i, i + n_dims/2); NORM: (2i, 2i+1)
+            shape = (n_tokens, n_heads, 2, half) if neox else (n_tokens, n_heads, half, 2)
+            xr = x.reshape(shape)
+            partner = xr[:, :, ::-1, :] if neox else xr[..., ::-1]
+            c, s = mx.stack([cos, cos], axis=pair_axis), mx.stack([-sin, sin], axis=pair_axis)
+            return (xr * c + partner * s).reshape(n_tokens, n_heads, head_dim)
         if neox:  # GGML_ROPE_TYPE_NEOX: pairs (i, i + n_dims/2)
             x0, x1 = x[..., :half], x[..., half:n_dims]
             parts = [x0 * cos - x1 * sin, x0 * sin + x1 * cos]

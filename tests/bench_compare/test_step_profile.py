@@ -3,6 +3,7 @@ token and the nodes of one token's graph, from real steps on MLX's CPU build (fi
 
 from __future__ import annotations
 
+import collections
 import json
 
 import pytest
@@ -22,8 +23,10 @@ def test_each_mode_is_profiled_with_its_graph(tiny_model):
     for r in rows.values():
         assert r["host_ms"] > 0 and r["wait_ms"] > 0 and r["pipelined_ms"] > 0 and r["idle_ms"] >= 0
         assert r["forced_ms"] > 0
-        assert r["nodes"] == sum(r["node_kinds"].values()) > 0
-        assert r["node_kinds"]["QuantizedMatmul"] >= 7 * p["n_layer"]  # q, k, v, o, gate, up, down per layer
+        assert r["nodes"] == sum(r["node_kinds"].values()) > r["compute_nodes"] > 0  # views are not compute
+        assert r["compute_nodes"] == step_profile.compute_nodes(collections.Counter(r["node_kinds"]))
+        # per layer one product for Q, K and V (one type: stacked), attn_output, gate and up (stacked), ffn_down
+        assert r["node_kinds"]["QuantizedMatmul"] == 4 * p["n_layer"] + 1  # and the output matrix
     assert rows["compiled"]["compiled"] and rows["compiled"]["traces"] == 1
     assert any(k.startswith("Compiled") for k in rows["compiled"]["node_kinds"])  # element-wise chains fused
     assert rows["compiled"]["nodes"] < rows["lazy"]["nodes"]
@@ -43,6 +46,22 @@ def test_decode_profile_runs_it_for_mlx(tiny_model, tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "pipelined" in printed and "compiled nodes (traced 1x)" in printed
     assert [r["mode"] for r in json.loads(out.read_text())["modes"]] == ["compiled", "sync"]
+
+
+def test_unfused_multiplies_each_matrix_alone_on_mlx(tiny_model, tmp_path):
+    out = {}
+    for flags in ([], ["--unfused"]):
+        path = tmp_path / f"steps{len(flags)}.json"
+        decode_profile.main([str(tiny_model("llama", "Q8_0")), "--backend", "mlx", "--steps", "2",
+                             "--mlx-modes", "compiled", "--json", str(path), *flags])
+        out[bool(flags)] = json.loads(path.read_text())
+    stacked, alone = (out[k]["modes"][0]["node_kinds"]["QuantizedMatmul"] for k in (False, True))
+    n_layer = out[False]["n_layer"]
+    assert (stacked, alone) == (4 * n_layer + 1, 7 * n_layer + 1)  # q, k, v, o, gate, up, down; and the output
+    assert "stacked runs" in out[False]["device"] and "stacked runs" not in out[True]["device"]
+    from inference_engine.backends.mlx_backend import MLXBackend
+
+    assert MLXBackend.fuse_matrices is True  # the switch is put back
 
 
 def test_unknown_mode_is_a_usage_error(tiny_model, capsys):

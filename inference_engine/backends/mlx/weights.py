@@ -11,6 +11,10 @@ Which form a GGUF tensor gets (:func:`prepare_matrix`), from cheapest to most ex
   CPU, where custom kernels cannot run (dequantized exactly with gguf-py, as ggml's dequantize_row).
 
 Every form computes with exactly ggml's weight values; they differ only in float32 summation order.
+
+:class:`FusedAffine`: consecutive affine matrices that multiply the same input (a layer's Q and K, V too where it has
+their type; gate and up) share one set of device arrays, each part a row slice of it, so a decode step multiplies
+the run in one ``quantized_matmul`` (one kernel, where three products were three) and splits its output by columns.
 """
 
 from __future__ import annotations
@@ -59,6 +63,59 @@ class AffineMatrix:
 
     def __repr__(self) -> str:
         return f"AffineMatrix({self.qtype.name}, bits={self.bits}, ({self.n_out}, {self.n_in}))"
+
+
+class FusedAffine:
+    """Affine matrices of one bits / group size / input width stacked by rows, multiplied by one product.
+
+    The parts keep working alone (``matrix_profile``, a prefill in float32): each part's arrays become row slices
+    of the stacked ones, which are row-contiguous views, so no weight is held twice."""
+
+    def __init__(self, parts: list[AffineMatrix]):
+        self.parts = parts
+        first = parts[0]
+        self.bits, self.group_size = first.bits, first.group_size
+        self.packed = mx.concatenate([p.packed for p in parts])
+        self.scales = mx.concatenate([p.scales for p in parts])
+        self.biases = mx.concatenate([p.biases for p in parts])
+        mx.eval(self.packed, self.scales, self.biases)
+        self.bounds: list[tuple[int, int]] = []
+        row = 0
+        for p in parts:
+            self.bounds.append((row, row + p.n_out))
+            p.packed, p.scales, p.biases = (a[row:row + p.n_out] for a in (self.packed, self.scales, self.biases))
+            mx.eval(p.packed, p.scales, p.biases)  # views of the stacked arrays
+            row += p.n_out
+
+    @staticmethod
+    def fusable(a, b) -> bool:
+        """Whether ``b`` can join a run that ends with ``a``: both affine, same bits, group size and input width."""
+        return (isinstance(a, AffineMatrix) and isinstance(b, AffineMatrix)
+                and (a.bits, a.group_size, a.n_in) == (b.bits, b.group_size, b.n_in))
+
+    def __call__(self, x: mx.array) -> list[mx.array]:
+        """Each part's product ``x @ W_i.T``, ``(T, n_out_i)``: column slices of the one product."""
+        out = mx.quantized_matmul(
+            x, self.packed, self.scales, self.biases, transpose=True, group_size=self.group_size, bits=self.bits
+        )
+        return [out[..., lo:hi] for lo, hi in self.bounds]
+
+    def __repr__(self) -> str:
+        return f"FusedAffine({', '.join(map(repr, self.parts))})"
+
+
+def fuse_runs(matrices: list) -> list:
+    """``matrices`` (multiplying one input, in order) as runs: a :class:`FusedAffine` of each stretch of two or more
+    consecutive :meth:`FusedAffine.fusable` matrices, the others as they are."""
+    runs: list = []
+    i = 0
+    while i < len(matrices):
+        j = i + 1
+        while j < len(matrices) and FusedAffine.fusable(matrices[j - 1], matrices[j]):
+            j += 1
+        runs.append(FusedAffine(matrices[i:j]) if j - i > 1 else matrices[i])
+        i = j
+    return runs
 
 
 class BlockMatrix:

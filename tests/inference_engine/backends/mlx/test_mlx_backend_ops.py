@@ -90,6 +90,43 @@ def test_matmul(mlx_backend, ref, rng, qtype, n_tokens):
     assert np.all(np.abs(got - expected) <= MATMUL_RTOL * scale)
 
 
+# (types of three matrices that multiply one input, the runs load_matrices makes of them): Q4_0 and Q4_K both
+# transcode to 4-bit groups of 32 and stack; Q8_0 (8 bits) and Q6_K (no affine form) stay alone.
+RUNS = [
+    (("Q4_K", "Q4_K", "Q4_K"), [3]),
+    (("Q4_K", "Q4_K", "Q6_K"), [2, None]),
+    (("Q4_K", "Q4_0", "Q8_0"), [2, None]),
+    (("Q8_0", "Q5_K", "Q5_K"), [None, 2]),
+]
+
+
+@pytest.mark.parametrize("types, runs", RUNS)
+@pytest.mark.parametrize("n_tokens", [1, 5])
+def test_matrices_loaded_together_multiply_as_runs(mlx_backend, ref, rng, types, runs, n_tokens):
+    from inference_engine.backends.mlx.weights import FusedAffine
+
+    ts = [weight(qtype, n_out, 512, rng) for qtype, n_out in zip(types, (128, 64, 96))]
+    parts = mlx_backend.load_matrices(ts)
+    made = mlx_backend._runs[tuple(map(id, parts))]
+    assert [len(r.parts) if isinstance(r, FusedAffine) else None for r in made] == runs
+    x = rng.standard_normal((n_tokens, 512)).astype(np.float32)
+    together = [mlx_backend.to_numpy(y) for y in mlx_backend.matmul_many(parts, mx.array(x))]
+    alone = [mlx_backend.to_numpy(mlx_backend.matmul(p, mx.array(x))) for p in parts]  # row slices of the stack
+    for t, got, one in zip(ts, together, alone):
+        expected = ref.matmul(ref.load_matrix(t), x)
+        scale = np.abs(x).sum(axis=1, keepdims=True) * np.abs(quant_for(t.qtype).dequantize(np.asarray(t.raw))).max()
+        assert got.shape == one.shape == expected.shape
+        assert np.all(np.abs(got - expected) <= MATMUL_RTOL * scale)
+        assert np.all(np.abs(one - expected) <= MATMUL_RTOL * scale)
+
+
+def test_matrices_are_loaded_alone_when_fusing_is_off(rng):
+    backend = get_backend("mlx", "f32", device="cpu")
+    backend.fuse_matrices = False
+    parts = backend.load_matrices([weight("Q4_K", 64, 256, rng), weight("Q4_K", 64, 256, rng)])
+    assert backend._runs == {} and len(backend.matmul_many(parts, mx.ones((1, 256)))) == 2
+
+
 @pytest.mark.parametrize("qtype", ["F32", "BF16", "Q8_0", "Q4_K", "Q6_K"])
 def test_embedding_rows_are_exact(mlx_backend, ref, rng, qtype):
     t = weight(qtype, 40, 256, rng)
