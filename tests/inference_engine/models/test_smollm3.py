@@ -9,7 +9,7 @@ from inference_engine.models import smollm3
 from validation.diff import diff_captures
 
 pytest.importorskip("validation.llamacpp", reason="the llama.cpp reference engine is not importable")
-from validation.llamacpp import LlamaCppEngine  # noqa: E402
+from validation.llamacpp import LlamaCppEngine
 
 IDS = [3, 17, 40, 99, 7, 12, 5, 9, 30, 44]  # 10 positions: RoPE moves every position but the first
 
