@@ -132,7 +132,7 @@ for call in range(1, max(n, mlx + 1) + 1):
     steps[call] = s
 # Last: the tests marked gpu (they passed on an H100 at 96b818e; 330 s), cut off first when time runs short.
 steps[max(steps)].append("gpu-tests")
-cost = {"probe": 2, "build-llama": 1, "matrices": 75, "kernels": 60, "graphs": 30, "gpu-tests": 330, "validate-tiny": 106, "speed": 160,
+cost = {"probe": 2, "build-llama": 1, "matrices": 75, "kernels": 60, "graphs": 30, "gpu-tests": 330, "validate-tiny": 106, "speed": 190,
         "llama-bench": 70, "validate-smollm2": 40, "speed-smollm2": 70, "cpu-crash": 150}
 total = 30  # a cold start, counted
 fits = []

@@ -211,6 +211,15 @@ speed_of() {  # $1: name, $2: model
   # at depth 512 (compare's tg128 @ d512 read 121 t/s on an H200 against 156 at depth 0): what the attention adds
   run "$PY" -m bench_compare.decode_profile "$2" --backend mlx --steps "$DECODE_STEPS" --depth 512 --mlx-modes compiled \
       --json "$WORK/$1-decode-d512.json" || rc=$?
+  # A/Bs of this tree's decode-graph changes, compiled steps only: our F16 attention kernel (off by default until
+  # this says it is right and faster: the gpu-tests step checks its values), at depth 0 and 512; and every weight
+  # matrix its own product (--unfused) against the default stacked Q/K/V and gate/up
+  run "$PY" -m bench_compare.decode_profile "$2" --backend mlx --steps "$DECODE_STEPS" --mlx-modes compiled \
+      --mlx-attention-kernel --json "$WORK/$1-decode-attnkernel.json" || rc=$?
+  run "$PY" -m bench_compare.decode_profile "$2" --backend mlx --steps "$DECODE_STEPS" --depth 512 --mlx-modes compiled \
+      --mlx-attention-kernel --json "$WORK/$1-decode-d512-attnkernel.json" || rc=$?
+  run "$PY" -m bench_compare.decode_profile "$2" --backend mlx --steps "$DECODE_STEPS" --mlx-modes compiled --unfused \
+      --json "$WORK/$1-decode-unfused.json" || rc=$?
   run "$PY" -m bench_compare.decode_profile "$2" --backend mlx --prefill "$PREFILL" --json "$WORK/$1-prefill.json" || rc=$?
   run "$PY" -m bench_compare.decode_profile "$2" --backend mlx --prefill "$PREFILL" --mlx-prefill-matmul f32 \
       --json "$WORK/$1-prefill-f32.json" || rc=$?

@@ -403,6 +403,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--mlx-prefill-matmul", default=None, metavar="HOW",
                         help="MLX: a prefill's quantized products as 'quantized' (the default) or 'f32' (the weight "
                              "dequantized, then a float32 matmul)")
+    parser.add_argument("--mlx-attention-kernel", action="store_true",
+                        help="MLX on a GPU: a compiled decode step's attention over the F16 cache as our one kernel "
+                             "(backends/mlx/attention_kernel.py; off by default until measured)")
     parser.add_argument("--ops", action="store_true",
                         help="MLX: time each op call as for the other backends (on MLX that is graph building only)")
     parser.add_argument("--json", metavar="FILE", default=None, help="MLX: write the step profile as JSON here")
@@ -414,6 +417,8 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--steps must be at least 1, --prefill and --depth at least 0")
     if args.mlx_prefill_matmul is not None and args.backend != "mlx":
         parser.error("--mlx-prefill-matmul applies to --backend mlx")
+    if args.mlx_attention_kernel and args.backend != "mlx":
+        parser.error("--mlx-attention-kernel applies to --backend mlx")
     n_ctx = max(2048, args.depth + max(args.prefill, 64 + 2 * args.steps + 8))  # each step runs twice
     backend_class = get_backend_class(args.backend)
     stacking = args.backend == "mlx" and args.unfused
@@ -425,6 +430,8 @@ def main(argv: list[str] | None = None) -> None:
             engine.backend.prefill_matmul = args.mlx_prefill_matmul
         except GGUFParityError as exc:
             parser.error(f"--mlx-prefill-matmul: {exc}")
+    if args.mlx_attention_kernel:
+        engine.backend.attention_kernel = True
     if args.backend == "mlx" and not args.ops:  # a lazy backend: host build vs device wait per step, graph size
         step_profile.main(engine, args)
         return

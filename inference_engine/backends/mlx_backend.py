@@ -89,6 +89,9 @@ class MLXBackend(Backend):
     name = "mlx"
     step_mode = "compiled"  # generation steps: one of STEP_MODES (async_steps)
     fuse_matrices = True  # load_matrices stacks runs of affine matrices (False: each alone; decode_profile --unfused)
+    # A compiled decode step's attention over an F16 cache as our one GPU kernel (attention_kernel.py) instead of MLX's
+    # masked attention. Off until measured on a GPU: it has run only compiled for the host and through NVRTC.
+    attention_kernel = False
     devices = staticmethod(mlx_device.available)  # the GPU (default) where MLX has one, and the CPU
     no_gpu_reason = staticmethod(mlx_device.no_gpu_reason)
 
@@ -134,6 +137,9 @@ class MLXBackend(Backend):
         if stacked:
             forms += f" ({stacked} stacked runs of affine matrices, one product each)"
         threads = "" if self.n_threads is None else f"; --threads {self.n_threads} not applied (MLX sets its own)"
+        if self.attention_kernel:
+            threads += ("; decode attention over an F16 cache: our kernel" if self.kernels
+                        else "; decode attention kernel asked for, not run (no GPU kernels on this device)")
         return (
             f"MLX {mx.__version__} on {self.device} ({where}), f32 numerics only; Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q5_K "
             f"exactly as MLX affine 32-groups (float32 scales), Q2_K/Q3_K/Q6_K as {fallback}, floats as float32; "

@@ -64,6 +64,15 @@ def test_unfused_multiplies_each_matrix_alone_on_mlx(tiny_model, tmp_path):
     assert MLXBackend.fuse_matrices is True  # the switch is put back
 
 
+def test_attention_kernel_is_asked_for_and_said(tiny_model, capsys):
+    decode_profile.main([str(tiny_model("llama", "Q8_0")), "--backend", "mlx", "--steps", "2", "--mlx-modes",
+                         "compiled", "--mlx-attention-kernel"])
+    assert "decode attention kernel asked for, not run (no GPU kernels on this device)" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exc:
+        decode_profile.main([str(tiny_model("llama", "Q8_0")), "--backend", "numpy", "--mlx-attention-kernel"])
+    assert exc.value.code == 2 and "--mlx-attention-kernel applies to --backend mlx" in capsys.readouterr().err
+
+
 def test_unknown_mode_is_a_usage_error(tiny_model, capsys):
     with pytest.raises(SystemExit) as exc:
         decode_profile.main([str(tiny_model("llama", "Q8_0")), "--backend", "mlx", "--mlx-modes", "fast"])

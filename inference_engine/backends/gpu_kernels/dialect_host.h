@@ -24,6 +24,7 @@
 #define GQ_AS_FLOAT(u) gq_host_as_float(u)
 #define GQ_BARRIER() gq_host_barrier()
 #define GQ_SIMD_SUM(v) gq_host_simd_sum(v)
+#define GQ_EXP(x) std::exp(x)
 
 static inline float gq_host_as_float(unsigned int u) {
     float f;

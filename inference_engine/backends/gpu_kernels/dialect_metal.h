@@ -9,3 +9,4 @@
 #define GQ_AS_FLOAT(u) as_type<float>(u)
 #define GQ_BARRIER() threadgroup_barrier(mem_flags::mem_threadgroup)
 #define GQ_SIMD_SUM(v) simd_sum(v)
+#define GQ_EXP(x) exp(x)

@@ -22,10 +22,9 @@
 #define GQ_QK 256
 #define GQ_SUB 16
 
-// The little-endian f16 at p as float32, exactly (as ggml's GGML_FP16_TO_FP32): built from its bits, so the same
-// integer code runs on every compiler (no half type, no unaligned load).
-GQ_FN float gq_f16(GQ_GLOBAL const uint8_t* p) {
-    const unsigned int h = (unsigned int)p[0] | ((unsigned int)p[1] << 8);
+// The f16 with bits h as float32, exactly (as ggml's GGML_FP16_TO_FP32): built from its bits, so the same integer
+// code runs on every compiler (no half type).
+GQ_FN float gq_f16_bits(unsigned int h) {
     const unsigned int sign = (h & 0x8000u) << 16;
     const unsigned int e = (h >> 10) & 31u;
     const unsigned int m = h & 1023u;
@@ -37,6 +36,11 @@ GQ_FN float gq_f16(GQ_GLOBAL const uint8_t* p) {
         return GQ_AS_FLOAT(sign | 0x7f800000u | (m << 13));
     }
     return GQ_AS_FLOAT(sign | ((e + 112u) << 23) | (m << 13));  // rebias 15 -> 127
+}
+
+// The little-endian f16 at p as float32 (no unaligned load).
+GQ_FN float gq_f16(GQ_GLOBAL const uint8_t* p) {
+    return gq_f16_bits((unsigned int)p[0] | ((unsigned int)p[1] << 8));
 }
 
 // The signed byte at p (two's complement), without a pointer cast.

@@ -19,7 +19,9 @@ while Python works and Python idles while the device works. Here (:class:`MLXSte
   - :class:`StepCache`: the K/V cache seam of :func:`~inference_engine.models.base.self_attention` (``attend``):
     the new row written with ``mx.slice_update`` at the traced position, in place (the old buffer has no other
     reader, so MLX donates its memory: tests check that a step allocates less than one buffer), then attention over
-    the first ``L`` slots with the causal / sliding-window mask built on the device.
+    the first ``L`` slots with the causal / sliding-window mask built on the device (or, where the backend's
+    ``attention_kernel`` is on and our GPU kernels run, :mod:`~inference_engine.backends.mlx.attention_kernel`
+    over the F16 cache up to the position).
 
   ``L`` is the position rounded up to :data:`KEY_BLOCK` slots (mlx-lm's KV step): the compiled step is traced once
   per block of positions (``mx.compile`` keys its traces by input shapes) and the masked slots add nothing to the
@@ -45,6 +47,7 @@ import mlx.core as mx
 import numpy as np
 
 from inference_engine.backends import numerics as nx
+from inference_engine.backends.mlx import attention_kernel
 
 KEY_BLOCK = 256  # attention reads the cache in blocks of this many slots: one trace of the step per block
 
@@ -118,6 +121,9 @@ class StepCache:
         at = self.positions
         self.k[il] = mx.slice_update(self.k[il], k.transpose(1, 0, 2).astype(self.k[il].dtype), at.pos, axes=(1,))
         self.v[il] = mx.slice_update(self.v[il], v.transpose(1, 0, 2).astype(self.v[il].dtype), at.pos, axes=(1,))
+        if (not softcap and b.attention_kernel and b.kernels is not None
+                and attention_kernel.supports(q.shape, self.k[il], self.v[il])):  # the F16 cache read in place
+            return attention_kernel.decode_attention(b.kernels, q, self.k[il], self.v[il], at.pos, scale, sliding_window)
         n = at.keys.shape[0]
         keys = self.k[il][:, :n, :].transpose(1, 0, 2)  # (L, n_head_kv, d_k): the slots attention reads
         values = self.v[il][:, :n, :].transpose(1, 0, 2)

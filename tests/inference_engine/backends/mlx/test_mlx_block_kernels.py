@@ -255,9 +255,12 @@ def test_launch_geometry_comes_from_the_kernels_text(bk):
 # --- the CUDA dialect through NVRTC, where NVRTC is installed (it needs no GPU) ----------------------------------
 
 # What MLX's CUDA default header gives the kernels that ours use (the real one, mlx/backend/cuda/device/utils.cuh,
-# lives inside libmlx.so): uint8_t and the Shape of an input's shape argument.
+# lives inside libmlx.so): the integer types of inputs (uint8_t, uint16_t, int32_t, as MLX's dtype_to_cuda_type names
+# them) and the Shape of an input's shape argument.
 NVRTC_STAND_IN = r"""
 typedef unsigned char uint8_t;
+typedef unsigned short uint16_t;
+typedef int int32_t;
 struct Shape {
     int v[8];
     __device__ int operator[](int i) const { return v[i]; }
@@ -265,7 +268,8 @@ struct Shape {
 """
 
 
-def cuda_kernel_text(name: str, header: str, body: str, inputs: list[tuple[str, str]], template: dict) -> str:
+def cuda_kernel_text(name: str, header: str, body: str, inputs: list[tuple[str, str]], template: dict,
+                     output: str = "y") -> str:
     """The translation unit ``mx.fast.cuda_kernel`` compiles, as MLX 0.32's ``build_kernel``
     (mlx/backend/cuda/custom_kernel.cpp) writes it: header, then in ``mlx::core::cu`` a ``__global__`` function with
     ``const T* name`` per input (plus ``name_shape`` where the body names it), the outputs, the template constants,
@@ -278,7 +282,7 @@ def cuda_kernel_text(name: str, header: str, body: str, inputs: list[tuple[str, 
     constants = "".join(f"  constexpr int {k} = {v};\n" for k, v in template.items())
     return (
         f"{NVRTC_STAND_IN}{header}namespace mlx::core::cu {{\n__global__ void {name}(\n    "
-        + ",\n    ".join([*params, "float* y"])
+        + ",\n    ".join([*params, f"float* {output}"])
         + f") {{\n{constants}\n{body}\n}}\n}}  // namespace mlx::core::cu\n"
     )
 
@@ -320,6 +324,12 @@ def test_cuda_kernels_compile_with_nvrtc(bk, nvrtc, qtype, kind):
     text = cuda_kernel_text(
         name, bk.header(bk.CUDA, qtype), bk.source(bk.CUDA, kind), inputs, {"N_TOK": 3} if kind == "matvec" else {}
     )
+    compile_with_nvrtc(nvrtc, text, name)
+
+
+def compile_with_nvrtc(nvrtc, text: str, name: str) -> None:
+    """``text`` compiled by NVRTC as MLX compiles a custom kernel (``--device-as-default-execution-space``, sm_90's
+    virtual architecture): no error, no warning."""
     prog = ctypes.c_void_p()
     assert nvrtc.nvrtcCreateProgram(ctypes.byref(prog), text.encode(), f"{name}.cu".encode(), 0, None, None) == 0
     options = [b"--device-as-default-execution-space", b"--gpu-architecture=compute_90"]

@@ -1,0 +1,244 @@
+"""The decode-attention GPU kernel (``gpu_kernels/kernel_decode_attention.inc``, ``backends/mlx/attention_kernel.py``).
+
+* Where a C++20 compiler exists: the kernel's own files compiled for the host with ``dialect_host.h`` and run for
+  every thread of the grid (SIMD groups and the barrier as in test_mlx_block_kernels.py), against the NumPy
+  reference backend's attention over the same F16 cache: grouped heads, head sizes 64 and 128, positions before
+  and past the SIMD groups' count, sliding windows.
+* Where NVRTC is installed (no GPU needed): the CUDA text as MLX compiles it.
+* The compiled decode step's wiring: with the switch on and a kernel dialect, it calls the kernel with this
+  layer's buffers, the step's position, the scale and the window, and its logits stay the plain path's.
+* On a GPU (marked ``gpu``): the kernel through MLX against the same reference.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from inference_engine.backends.numpy_ref import NumpyBackend
+
+KERNEL_DIR = Path(__file__).resolve().parents[4] / "inference_engine" / "backends" / "gpu_kernels"
+# Attention over the same F16 keys and values: the kernel sums the scores and the weighted values in another order
+# (per SIMD group, online rescaling) and takes float32 exponentials; measured ~1e-7 on unit-scale inputs. A wrong
+# slot, head or window gives O(0.1).
+ATTENTION_ATOL = 1e-5
+# (head size, query heads per K/V head, sliding window) instantiated in the host build
+VARIANTS = [(64, 1, 0), (64, 3, 0), (128, 2, 0), (128, 2, 5), (64, 1, 5)]
+N_KV = 2
+N_CTX = 48
+
+SHIM = r"""
+#include "dialect_host.h"
+#include "gguf_blocks.h"
+#include "decode_attention.h"
+
+template <int D, int GROUP, int WINDOW>
+static void body(const float* q, const uint16_t* k, const int* k_shape, const uint16_t* v, const int* pos,
+                 const float* scale, float* o, unsigned int gq_tid, unsigned int gq_group_x, unsigned int gq_group_y) {
+#include "kernel_decode_attention.inc"
+}
+
+template <int D, int GROUP, int WINDOW>
+static void launch(const float* q, const uint16_t* k, const uint16_t* v, int n_head, int n_kv, int n_ctx, int p,
+                   float scale, float* o) {
+    const int k_shape[3] = {n_kv, n_ctx, D};
+    gq_host_launch((unsigned int)n_head, 1, GQ_ATTN_THREADS, [&](unsigned int tid, unsigned int gx, unsigned int gy) {
+        body<D, GROUP, WINDOW>(q, k, k_shape, v, &p, &scale, o, tid, gx, gy);
+    });
+}
+
+extern "C" int host_decode_attention(const float* q, const uint16_t* k, const uint16_t* v, int n_head, int n_kv,
+                                     int n_ctx, int d, int window, int p, float scale, float* o) {
+    const int group = n_head / n_kv;
+%CASES%
+    return 1;  // not instantiated
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def host_kernel(tmp_path_factory):
+    compiler = shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
+    if compiler is None:
+        pytest.skip("no C++ compiler (c++, g++ or clang++) to build the GPU kernel's code for the host")
+    cases = "\n".join(
+        f"    if (d == {d} && group == {g} && window == {w}) {{ launch<{d}, {g}, {w}>(q, k, v, n_head, n_kv, n_ctx, "
+        f"p, scale, o); return 0; }}" for d, g, w in VARIANTS)
+    build = tmp_path_factory.mktemp("attention_kernel_host")
+    (build / "shim.cpp").write_text(SHIM.replace("%CASES%", cases))
+    lib = build / "libattention_host.so"
+    cmd = [compiler, "-std=c++20", "-O1", "-pthread", "-shared", "-fPIC", f"-I{KERNEL_DIR}", "shim.cpp", "-o", lib]
+    done = subprocess.run([str(c) for c in cmd], cwd=build, check=False, capture_output=True, text=True)
+    if done.returncode != 0 and re.search(r"c\+\+20|<barrier>|barrier: No such file", done.stderr):
+        pytest.skip(f"{compiler} has no C++20 <barrier> (the host stand-in for GPU barriers): {done.stderr[:200]}")
+    assert done.returncode == 0, done.stderr
+    return ctypes.CDLL(str(lib))
+
+
+def _ptr(a: np.ndarray):
+    return a.ctypes.data_as(ctypes.c_void_p)
+
+
+def case(d: int, group: int, seed: int):
+    """q (n_head, d) float32 and a head-major F16 cache (n_kv, n_ctx, d) of unit-scale values."""
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((N_KV * group, d)).astype(np.float32)
+    k = rng.standard_normal((N_KV, N_CTX, d)).astype(np.float16)
+    v = rng.standard_normal((N_KV, N_CTX, d)).astype(np.float16)
+    return q, k, v
+
+
+def reference(q, k, v, p: int, scale: float, window: int) -> np.ndarray:
+    """The NumPy reference backend's attention of the query at position ``p`` over the cache's first p + 1 slots."""
+    out = NumpyBackend().attention(q[None], k.transpose(1, 0, 2)[: p + 1], v.transpose(1, 0, 2)[: p + 1],
+                                   np.array([p]), p + 1, scale, window)
+    return out.reshape(q.shape)
+
+
+@pytest.mark.parametrize("d, group, window", VARIANTS)
+@pytest.mark.parametrize("p", [0, 2, 3, 4, 37, N_CTX - 1])  # fewer visible slots than SIMD groups, and many
+def test_host_kernel_is_the_reference_attention(host_kernel, d, group, window, p):
+    q, k, v = case(d, group, seed=1000 * d + 10 * group + p)
+    scale = float(np.float32(1.0) / np.sqrt(np.float32(d)))
+    o = np.full(q.shape, np.nan, dtype=np.float32)
+    assert host_kernel.host_decode_attention(_ptr(q), _ptr(k.view(np.uint16)), _ptr(v.view(np.uint16)), q.shape[0],
+                                             N_KV, N_CTX, d, window, p, ctypes.c_float(scale), _ptr(o)) == 0
+    np.testing.assert_allclose(o, reference(q, k, v, p, scale, window), rtol=0, atol=ATTENTION_ATOL)
+
+
+def test_host_kernel_reads_no_slot_past_the_position(host_kernel):
+    """Slots after the position hold anything (another sequence's rows, NaN): the result does not change."""
+    q, k, v = case(64, 1, seed=5)
+    p, scale = 9, 0.125
+    out = []
+    for poison in (False, True):
+        kk, vv = k.copy(), v.copy()
+        if poison:
+            kk[:, p + 1:], vv[:, p + 1:] = np.nan, np.inf
+        o = np.empty(q.shape, dtype=np.float32)
+        host_kernel.host_decode_attention(_ptr(q), _ptr(kk.view(np.uint16)), _ptr(vv.view(np.uint16)), q.shape[0],
+                                          N_KV, N_CTX, 64, 0, p, ctypes.c_float(scale), _ptr(o))
+        out.append(o)
+    np.testing.assert_array_equal(out[0], out[1])
+
+
+def test_shared_files_use_no_dialect_only_names():
+    for name in ("decode_attention.h", "kernel_decode_attention.inc"):
+        code = re.sub(r"//[^\n]*", "", (KERNEL_DIR / name).read_text())
+        for word in ("uint", "half", "device", "threadgroup", "thread", "__device__", "__shared__", "__syncthreads"):
+            assert not re.search(rf"\b{word}\b", code), f"{name} uses '{word}'"
+
+
+# --- with MLX --------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def ak():
+    pytest.importorskip("mlx.core", reason="mlx is not installed (pip install 'gguf-parity[mlx]')")
+    from inference_engine.backends.mlx import attention_kernel
+
+    return attention_kernel
+
+
+@pytest.mark.mlx
+def test_kernel_text_for_each_dialect(ak):
+    from inference_engine.backends.mlx import block_kernels as bk
+
+    for dialect, ids in ((bk.METAL, "threadgroup_position_in_grid"), (bk.CUDA, "blockIdx")):
+        head, body = ak.header(dialect), ak.source(dialect)
+        assert (KERNEL_DIR / dialect.header_file).read_text() in head and "gq_f16_bits" in head
+        assert ids in body and (KERNEL_DIR / "kernel_decode_attention.inc").read_text() in body
+    assert (ak.THREADS, ak.MAX_DIM) == (128, 256)
+
+
+@pytest.mark.mlx
+def test_supports_one_f16_token_of_whole_groups(ak):
+    import mlx.core as mx
+
+    f16 = mx.zeros((2, 16, 64), dtype=mx.float16)
+    assert ak.supports((1, 6, 64), f16, f16)
+    assert not ak.supports((2, 6, 64), f16, f16)  # a prefill
+    assert not ak.supports((1, 5, 64), f16, f16)  # 5 query heads over 2 K/V heads
+    assert not ak.supports((1, 6, 64), f16.astype(mx.float32), f16.astype(mx.float32))  # an F32 cache
+    f16_80 = mx.zeros((2, 16, 80), dtype=mx.float16)
+    assert not ak.supports((1, 6, 80), f16_80, f16_80)  # not a multiple of 32
+
+
+@pytest.mark.mlx
+def test_cuda_text_compiles_with_nvrtc(ak):
+    from test_mlx_block_kernels import compile_with_nvrtc, cuda_kernel_text, find_nvrtc
+
+    from inference_engine.backends.mlx import block_kernels as bk
+
+    lib = find_nvrtc()
+    if lib is None:
+        pytest.skip("no NVRTC here (pip install nvidia-cuda-nvrtc, or MLX's CUDA build, to compile the CUDA kernels)")
+    inputs = [("q", "float"), ("k", "uint16_t"), ("v", "uint16_t"), ("pos", "int32_t"), ("scale", "float")]
+    text = cuda_kernel_text("decode_attention_f16", ak.header(bk.CUDA), ak.source(bk.CUDA), inputs,
+                            {"D": 128, "GROUP": 6, "WINDOW": 0}, output="o")
+    compile_with_nvrtc(ctypes.CDLL(str(lib)), text, "decode_attention_f16")
+
+
+@pytest.mark.mlx
+def test_a_compiled_step_hands_its_attention_to_the_kernel(tiny_model, monkeypatch, ak):
+    """With the switch on and a kernel dialect (stood in for here: no GPU), each layer of a compiled decode step calls
+    the kernel with its own buffers, the step's position, the scale and the window; a stand-in computing the masked
+    attention over the visible slots leaves the logits the plain path's."""
+    import mlx.core as mx
+    from test_mlx_steps import DECODE, PROMPT, STEP_REL_TOL, rel
+
+    from inference_engine.engine import OurEngine
+
+    path = tiny_model("gemma3", "Q8_0")  # sliding-window and global layers
+    calls = []
+
+    def run(kernel: bool) -> tuple[np.ndarray, OurEngine]:
+        e = OurEngine(path, backend="mlx", numerics="f32", n_ctx=64, kv_type="f16")
+        b = e.backend
+
+        def stand_in(dialect, q, k_buffer, v_buffer, pos, scale, window):
+            calls.append((dialect, k_buffer.shape, scale, window))
+            slots = mx.arange(k_buffer.shape[1])[None, :]
+            visible = slots <= pos[:, None]
+            if window:
+                visible = mx.logical_and(visible, (pos[:, None] - slots) < window)
+            return b.masked_attention(q, k_buffer.transpose(1, 0, 2), v_buffer.transpose(1, 0, 2), visible, scale)
+
+        if kernel:
+            monkeypatch.setattr(b, "attention_kernel", True)
+            monkeypatch.setattr(b, "kernels", "a dialect")
+            monkeypatch.setattr(ak, "decode_attention", stand_in)
+        return np.stack([e.prefill(PROMPT)] + [e.decode(t) for t in DECODE]), e
+
+    plain, _ = run(False)
+    assert calls == []
+    got, e = run(True)
+    hp = e.model.hp
+    assert len(calls) == hp.n_layer  # traced once: one call per layer
+    assert {c[0] for c in calls} == {"a dialect"} and {c[1] for c in calls} == {(hp.n_head_kv, 64, hp.head_dim_k)}
+    assert sorted({c[3] for c in calls}) == [0, hp.sliding_window]
+    assert rel(got, plain) <= STEP_REL_TOL
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d, group, window", VARIANTS)
+def test_gpu_kernel_is_the_reference_attention(ak, d, group, window):
+    import mlx.core as mx
+
+    from inference_engine.backends.mlx import block_kernels as bk
+
+    if not mx.is_available(mx.gpu) or bk.gpu_dialect() is None:
+        pytest.skip(f"MLX {mx.__version__} has no GPU here: our kernels run on Metal or CUDA only")
+    for p in (0, 3, 37):
+        q, k, v = case(d, group, seed=7 * d + group + p)
+        scale = float(np.float32(1.0) / np.sqrt(np.float32(d)))
+        got = ak.decode_attention(bk.gpu_dialect(), mx.array(q[None]), mx.array(k), mx.array(v),
+                                  mx.array([p], dtype=mx.int32), scale, window)
+        np.testing.assert_allclose(np.array(got).reshape(q.shape), reference(q, k, v, p, scale, window), rtol=0,
+                                   atol=ATTENTION_ATOL)
