@@ -37,6 +37,10 @@ def _machines(spec: spec_lib.SweepSpec, ray_address: str | None) -> list[dict[st
     return [machine_labels()]
 
 
+def _entry_text(entry: dict) -> str:
+    return ", ".join(f"{k} = {v!r}" for k, v in entry.items())
+
+
 def dry_run_table(cells: list[matrix.Cell], store: SweepStore, force: bool) -> list[str]:
     lines = []
     for c in cells:
@@ -74,7 +78,11 @@ def sweep(file: str, out: str | None, dry_run: bool, ray_address: str | None, fo
         import_ray()  # Ray missing, or no cluster at the address: one line now, before anything is written
         if not dry_run:
             connect_cluster(ray_address)
-    cells, dropped = matrix.cells(spec, _machines(spec, ray_address))
+    machines = _machines(spec, ray_address)
+    cells, dropped = matrix.cells(spec, machines)
+    for i in matrix.unmatched_excludes(spec, machines):
+        click.echo(f"sweep: exclude[{i}] ({_entry_text(spec.exclude[i])}) matches no combination of the axes: it "
+                   "leaves nothing out", err=True)
     if dry_run:
         for line in dry_run_table(cells, store, force):
             click.echo(line)

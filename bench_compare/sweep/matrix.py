@@ -4,7 +4,9 @@ A cell is keyed by a readable slug of its values plus a short hash of its whole 
 changed flag makes a new cell rather than reusing an old result. With the engine ``ours`` each backend is a cell
 (``--engine ours:<backend>``), and each of ``devices`` (``--device``); other engines are not multiplied by them. A
 cell without a device keeps the key it had before devices existed (its definition leaves the field out). An engine
-over HTTP (``openai:URL``, ``llamacpp-server``) runs a server's own arithmetic: its cells take no ``--numerics``.
+over HTTP (``openai:URL``, ``llamacpp-server``) runs a server's own arithmetic: its cells take no ``--numerics``;
+``exclude`` still sees the numerics of the product it came from, so ``{ engine = "openai:URL", numerics = "f32" }``
+drops that combination and the server's cell stays only where another numerics value keeps it.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import hashlib
 import itertools
 import json
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -112,21 +114,34 @@ def excluded(cell: Cell, entry: dict[str, Any]) -> bool:
 def cells(spec: SweepSpec, machines: list[dict[str, str]] | None = None) -> tuple[list[Cell], int]:
     """The cells in order, and how many ``exclude`` left out. ``machines``: the labels of every machine at hand,
     for a sweep whose machines are ``"each"`` (a cell per machine, pinned to its labels)."""
-    if spec.each_machine:
-        axis = [dict(m) for i, m in enumerate(machines or [{}]) if m not in (machines or [])[:i]]
-    else:
-        axis = list(spec.machines)
     out: list[Cell] = []
     dropped = 0
-    engine_backends = _engine_backends(spec)
-    over_http = {engine for engine, _, _ in engine_backends if _over_http(engine)}  # once per engine, not per cell
-    for command, model, (engine, backend, device), threads, numerics, machine in itertools.product(
-            spec.commands, spec.models, engine_backends, spec.threads or (None,), spec.numerics or (None,), axis):
-        cell = Cell(command, model, engine, backend, threads, None if engine in over_http else numerics,
-                    dict(machine), spec.commands[command], device)
-        if any(excluded(cell, e) for e in spec.exclude):
+    over_http = {engine for engine, _, _ in _engine_backends(spec) if _over_http(engine)}  # once per engine
+    for combination in _product(spec, _machine_axis(spec, machines)):
+        if any(excluded(combination, e) for e in spec.exclude):
             dropped += 1
             continue
+        cell = replace(combination, numerics=None) if combination.engine in over_http else combination
         if cell not in out:
             out.append(cell)
     return out, dropped
+
+
+def _machine_axis(spec: SweepSpec, machines: list[dict[str, str]] | None) -> list[dict[str, str]]:
+    if spec.each_machine:
+        return [dict(m) for i, m in enumerate(machines or [{}]) if m not in (machines or [])[:i]]
+    return list(spec.machines)
+
+
+def _product(spec: SweepSpec, axis: list[dict[str, str]]):
+    """Every combination of the axes as a cell, numerics included (before an HTTP engine's cell drops it)."""
+    for command, model, (engine, backend, device), threads, numerics, machine in itertools.product(
+            spec.commands, spec.models, _engine_backends(spec), spec.threads or (None,), spec.numerics or (None,),
+            axis):
+        yield Cell(command, model, engine, backend, threads, numerics, dict(machine), spec.commands[command], device)
+
+
+def unmatched_excludes(spec: SweepSpec, machines: list[dict[str, str]] | None = None) -> list[int]:
+    """The indices of ``exclude`` entries that match no combination of the axes (a typo'd value leaves nothing out)."""
+    combinations = list(_product(spec, _machine_axis(spec, machines)))
+    return [i for i, e in enumerate(spec.exclude) if not any(excluded(c, e) for c in combinations)]

@@ -179,3 +179,26 @@ def test_an_http_engine_s_cells_take_no_numerics(tmp_path):
     assert {c.numerics for c in http} == {None} and {c.numerics for c in ours} == {"ggml", "f32"}
     assert len(ours) == 2 * 2 * len(http)  # two backends x two numerics per HTTP cell
     assert all("--numerics" not in c.argv("o.json") for c in http)
+
+
+def test_exclude_sees_the_numerics_an_http_cell_came_from(tmp_path):
+    """An HTTP engine's cells take no --numerics, yet an exclude naming numerics matches the combinations it came
+    from: with f32 the only numerics, excluding the server at f32 leaves no server cell; with ggml too, one stays."""
+    server = "openai:http://127.0.0.1:9/v1"
+    base = (f'models = ["m.gguf"]\nengines = ["ours", "{server}"]\nnumerics = NUMERICS\n[commands.compare]\n'
+            f'[[exclude]]\nengine = "{server}"\nnumerics = "f32"\n')
+    only_f32 = cells(load_spec(write_sweep(tmp_path, base.replace("NUMERICS", '["f32"]'), "a.toml")))[0]
+    assert [c.engine for c in only_f32] == ["ours"]
+    both = cells(load_spec(write_sweep(tmp_path, base.replace("NUMERICS", '["ggml", "f32"]'), "b.toml")))[0]
+    assert [(c.engine, c.numerics) for c in both] == [("ours", "ggml"), ("ours", "f32"), (server, None)]
+
+
+def test_an_exclude_that_matches_nothing_is_said(tmp_path, capsys):
+    from bench_compare.sweep.matrix import unmatched_excludes
+
+    body = 'models = ["m.gguf"]\n[commands.compare]\n[[exclude]]\nmodel = "m.gguf"\n[[exclude]]\nmodel = "n.gguf"\n'
+    path = write_sweep(tmp_path, body)
+    assert unmatched_excludes(load_spec(path)) == [1]
+    code, _, err = run_cli(capsys, "sweep", str(path), "--dry-run", "--out", tmp_path / "out")
+    assert code == 0
+    assert "sweep: exclude[1] (model = 'n.gguf') matches no combination of the axes: it leaves nothing out" in err
