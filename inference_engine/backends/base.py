@@ -86,6 +86,13 @@ class FusedLayerPlan(NamedTuple):
     head_dim_v: int
 
 
+def add_biases(b: Backend, products: list[Array], biases: Sequence[Array | None] | None) -> list[Array]:
+    """Each product plus its bias where ``biases`` has one."""
+    if biases is None:
+        return products
+    return [y if bias is None else b.add(y, bias) for y, bias in zip(products, biases, strict=True)]
+
+
 def cpu_only_reason(name: str) -> str:
     return f"backend '{name}' computes on the CPU only (a GPU: --backend mlx, where MLX has one)"
 
@@ -166,10 +173,11 @@ class Backend(ABC):
     def matmul(self, w: Any, x: Array) -> Array:
         """``x @ W.T``: ``x (T, n_in)`` -> ``(T, n_out)``, with this backend's numerics."""
 
-    def matmul_many(self, ws: Sequence[Any], x: Array) -> list[Array]:
-        """``[matmul(w, x) for w in ws]`` for weights loaded together by :meth:`load_matrices`: the same values,
-        possibly in one pass (the default makes one per weight)."""
-        return [self.matmul(w, x) for w in ws]
+    def matmul_many(self, ws: Sequence[Any], x: Array, biases: Sequence[Array | None] | None = None) -> list[Array]:
+        """``[matmul(w, x) for w in ws]`` for weights loaded together by :meth:`load_matrices`, each plus its bias
+        where ``biases`` has one (:meth:`add`, as llama.cpp's ``build_qkv``): the same values, possibly in one pass
+        (the default makes one per weight)."""
+        return add_biases(self, [self.matmul(w, x) for w in ws], biases)
 
     @abstractmethod
     def rms_norm(self, x: Array, weight: Array | None, eps: float) -> Array:

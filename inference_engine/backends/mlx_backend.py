@@ -45,7 +45,7 @@ import mlx.core as mx
 import numpy as np
 
 from inference_engine.backends import numerics as nx
-from inference_engine.backends.base import Backend, check_kv_type
+from inference_engine.backends.base import Backend, add_biases, check_kv_type
 from inference_engine.backends.mlx import block_kernels
 from inference_engine.backends.mlx import device as mlx_device  # sets MLX_ENABLE_TF32=0 before MLX's first matmul
 from inference_engine.backends.mlx.steps import (
@@ -112,6 +112,7 @@ class MLXBackend(Backend):
         self._mask_cache: dict[tuple, mx.array] = {}
         self.prepared_matrices: dict[str, object] = {}  # GGUF name -> its matrix (a step's token rows come from one)
         self._runs: dict[tuple[int, ...], list] = {}  # ids of a load_matrices group -> its runs (matmul_many)
+        self._stacked_biases: dict[tuple[int, ...], tuple] = {}  # ids of a run's biases -> (stacked, the biases)
         self._prefill_matmul = PREFILL_MATMULS[0]
 
     @property
@@ -192,16 +193,34 @@ class MLXBackend(Backend):
             return x @ w.dequantized().T
         return w(x)
 
-    def matmul_many(self, ws, x: mx.array) -> list[mx.array]:
-        """One product per run :meth:`load_matrices` stacked (its output split by columns), the same values as one
-        product per weight; each weight alone where it was loaded alone or a float32 prefill dequantizes them."""
+    def matmul_many(self, ws, x: mx.array, biases=None) -> list[mx.array]:
+        """One product per run :meth:`load_matrices` stacked (its output split by columns), plus the run's biases
+        stacked where every part has one (one add, not one per part): the same values as a product and an add per
+        weight; each weight alone where it was loaded alone or a float32 prefill dequantizes them."""
         runs = self._runs.get(tuple(map(id, ws)))
         if runs is None or (self._prefill_matmul == "f32" and x.shape[0] >= PREFILL_F32_MIN_ROWS):
-            return [self.matmul(w, x) for w in ws]
+            return super().matmul_many(ws, x, biases)
         out: list[mx.array] = []
         for run in runs:
-            out.extend(run(x) if isinstance(run, FusedAffine) else [self.matmul(run, x)])
+            n = len(run.parts) if isinstance(run, FusedAffine) else 1
+            run_biases, biases = (None, None) if biases is None else (biases[:n], biases[n:])
+            if isinstance(run, FusedAffine) and run_biases is not None and all(b is not None for b in run_biases):
+                out.extend(run(x, self._stacked_bias(run_biases)))
+            elif isinstance(run, FusedAffine):
+                out.extend(add_biases(self, run(x), run_biases))
+            else:
+                out.extend(add_biases(self, [self.matmul(run, x)], run_biases))
         return out
+
+    def _stacked_bias(self, biases) -> mx.array:
+        """``biases`` end to end, made once per tuple of bias arrays (held with it, so their ids stay theirs)."""
+        key = tuple(map(id, biases))
+        held = self._stacked_biases.get(key)
+        if held is None:
+            stacked = mx.concatenate(list(biases))
+            mx.eval(stacked)
+            held = self._stacked_biases[key] = (stacked, tuple(biases))
+        return held[0]
 
     def rms_norm(self, x: mx.array, weight: mx.array | None, eps: float) -> mx.array:
         return mx.fast.rms_norm(x, weight, eps)

@@ -39,7 +39,7 @@ import numpy as np
 from inference_engine import platform
 from inference_engine.backends import numba_kernels
 from inference_engine.backends import numerics as nx
-from inference_engine.backends.base import FusedLayerPlan
+from inference_engine.backends.base import FusedLayerPlan, add_biases
 from inference_engine.backends.numba_kernels import decode_layer, ops
 from inference_engine.backends.numba_kernels import dispatch as kernels
 from inference_engine.backends.numpy_ref import NumpyBackend
@@ -108,9 +108,13 @@ class NumbaBackend(NumpyBackend):
     def matmul(self, w: kernels.QMatrix, x: np.ndarray) -> np.ndarray:
         return kernels.matmul(w, x, self.numerics)
 
-    def matmul_many(self, ws, x: np.ndarray) -> list[np.ndarray]:
+    def matmul_many(self, ws, x: np.ndarray, biases=None) -> list[np.ndarray]:
         """Each run of ``ws`` that :meth:`load_matrices` fused goes through one matmul over the fused rows where
-        that gives every part's values bit for bit (:func:`~.numba_kernels.dispatch.fused_is_exact`)."""
+        that gives every part's values bit for bit (:func:`~.numba_kernels.dispatch.fused_is_exact`); then the
+        biases, one :meth:`add` each."""
+        return add_biases(self, self._products(ws, x), biases)
+
+    def _products(self, ws, x: np.ndarray) -> list[np.ndarray]:
         key = tuple(map(id, ws))
         runs = self._runs.get(key)
         if runs is None:

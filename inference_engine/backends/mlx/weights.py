@@ -93,11 +93,14 @@ class FusedAffine:
         return (isinstance(a, AffineMatrix) and isinstance(b, AffineMatrix)
                 and (a.bits, a.group_size, a.n_in) == (b.bits, b.group_size, b.n_in))
 
-    def __call__(self, x: mx.array) -> list[mx.array]:
-        """Each part's product ``x @ W_i.T``, ``(T, n_out_i)``: column slices of the one product."""
+    def __call__(self, x: mx.array, bias: mx.array | None = None) -> list[mx.array]:
+        """Each part's product ``x @ W_i.T``, ``(T, n_out_i)``: column slices of the one product, after adding
+        ``bias`` (the parts' biases end to end) to it where given."""
         out = mx.quantized_matmul(
             x, self.packed, self.scales, self.biases, transpose=True, group_size=self.group_size, bits=self.bits
         )
+        if bias is not None:
+            out = out + bias
         return [out[..., lo:hi] for lo, hi in self.bounds]
 
     def __repr__(self) -> str:

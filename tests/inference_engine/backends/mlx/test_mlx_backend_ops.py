@@ -120,6 +120,22 @@ def test_matrices_loaded_together_multiply_as_runs(mlx_backend, ref, rng, types,
         assert np.all(np.abs(one - expected) <= MATMUL_RTOL * scale)
 
 
+@pytest.mark.parametrize("types, runs", RUNS[:2])
+def test_biases_of_a_stacked_run_are_added_once(mlx_backend, ref, rng, types, runs):
+    """Q/K/V biases (qwen2): a run whose parts all have one gets them end to end, one add on the stacked product;
+    the values are the product plus the bias of each part, as the reference computes them."""
+    ts = [weight(qtype, n_out, 512, rng) for qtype, n_out in zip(types, (128, 64, 96))]
+    parts = mlx_backend.load_matrices(ts)
+    biases = [rng.standard_normal(t.shape[0]).astype(np.float32) for t in ts]
+    x = rng.standard_normal((1, 512)).astype(np.float32)
+    got = mlx_backend.matmul_many(parts, mx.array(x), [mx.array(b) for b in biases])
+    assert len(mlx_backend._stacked_biases) == sum(n is not None for n in runs)
+    for t, y, bias in zip(ts, got, biases):
+        expected = ref.add(ref.matmul(ref.load_matrix(t), x), bias)
+        scale = np.abs(x).sum() * np.abs(quant_for(t.qtype).dequantize(np.asarray(t.raw))).max()
+        assert np.all(np.abs(mlx_backend.to_numpy(y) - expected) <= MATMUL_RTOL * scale)
+
+
 def test_matrices_are_loaded_alone_when_fusing_is_off(rng):
     backend = get_backend("mlx", "f32", device="cpu")
     backend.fuse_matrices = False
