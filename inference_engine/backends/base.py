@@ -57,11 +57,11 @@ class FusedLayerPlan(NamedTuple):
     backend prepared them and every number its ops take, built once per model
     (:meth:`~inference_engine.models.decoder.DecoderModel.fused_plan`), so that a backend never reads a model's
     attributes. The ops, in order: RMSNorm by ``attn_norm``; Q, K, V (``qkv``) plus their biases; per-head RMSNorm
-    of Q and K (``qk_norm``); RoPE (``rope``: :meth:`Backend.rope`'s keyword arguments; None: none), Q times ``q_scale``,
-    attention with ``kq_scale`` within ``sliding_window`` (0: all) over the cache; the output projection plus its
-    bias; RMSNorm by ``post_attention_norm``; the residual add; RMSNorm by ``ffn_norm``; gate and up
-    (``ffn_gate_up``), ``activation`` (``swiglu`` | ``geglu``), the down projection; RMSNorm by ``post_ffw_norm``;
-    the residual add. A ``None`` weight is one the layer does not have."""
+    of Q and K (``qk_norm``); RoPE (``rope``: :meth:`Backend.rope`'s keyword arguments; None: none), Q times
+    ``q_scale``, attention with ``kq_scale`` within ``sliding_window`` (0: all) over the cache; the output
+    projection plus its bias; RMSNorm by ``post_attention_norm``; the residual add; RMSNorm by ``ffn_norm``; gate
+    and up (``ffn_gate_up``), ``activation`` (``swiglu`` | ``geglu``), the down projection; RMSNorm by
+    ``post_ffw_norm``; the residual add. A ``None`` weight is one the layer does not have."""
 
     attn_norm: Array
     qkv: tuple[Any, Any, Any]  # Q, K, V projections, in the order they multiply the normed input
@@ -244,12 +244,13 @@ class Backend(ABC):
         q_scale: float | None = None,
         sliding_window: int = 0,
     ) -> Array | None:
-        """A decoded token's attention as one op, where the backend has one: :meth:`rope` on ``q`` and ``k`` (``rope``:
-        its keyword arguments; None: no RoPE, a NoPE layer), ``q`` times ``q_scale`` (:meth:`scale`), ``k, v`` written into layer ``il`` of
-        ``cache`` at ``positions[0]`` and :meth:`attention` over the cache: ``(1, n_head * d_v)``, the same values as
-        those ops one by one. The model's attention block asks this for a single token that nothing taps; ``None``
-        (the default, and whenever a backend cannot fuse these inputs) makes it run the ops one by one. For a small
-        model's decode step the per-call costs of those five ops are a measurable part of the token."""
+        """A decoded token's attention as one op, where the backend has one: :meth:`rope` on ``q`` and ``k``
+        (``rope``: its keyword arguments; None: no RoPE, a NoPE layer), ``q`` times ``q_scale`` (:meth:`scale`),
+        ``k, v`` written into layer ``il`` of ``cache`` at ``positions[0]`` and :meth:`attention` over the cache:
+        ``(1, n_head * d_v)``, the same values as those ops one by one. The model's attention block asks this for a
+        single token that nothing taps; ``None`` (the default, and whenever a backend cannot fuse these inputs)
+        makes it run the ops one by one. For a small model's decode step the per-call costs of those five ops are a
+        measurable part of the token."""
         return None
 
     def decode_layer(self, plan: FusedLayerPlan, x: Array, il: int, positions: np.ndarray, cache: Any) -> Array | None:

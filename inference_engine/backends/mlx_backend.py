@@ -14,13 +14,13 @@ How each op maps to MLX, and why:
   gate/up) that share an affine format are stacked (``FusedAffine``): one product for the run, then column slices.
 * rms_norm: ``mx.fast.rms_norm`` (llama.cpp's semantics: ``x / sqrt(mean(x^2) + eps) * w``, eps inside the root;
   it sums in float32 where ggml sums in double, a few 1e-7 relative).
-* rope: ggml's cos/sin tables exactly (:func:`~inference_engine.backends.numerics.rope_cos_sin`, built on the
-  host and cached), rotated with MLX element-wise ops (ggml contracts ``x0*cos - x1*sin`` into an FMA, MLX rounds
-  each product: at most one rounding apart); where every dimension rotates, as one expression ``x*C + partner*S``
-  over a reversed view of each pair, which a compiled step makes one kernel (three with the halves concatenated). ``mx.fast.rope`` has the same pairing (``traditional=True`` is
-  llama's NORM style, ``False`` NEOX) but builds its angles as ``p * base**(-2i/d)`` in one rounding, not by
-  ggml's repeated float32 product; at position 1000 that moved values by ~1e-4 (one float32 ulp of the angle),
-  so it is not used.
+* rope: ggml's cos/sin tables exactly (:func:`~inference_engine.backends.numerics.rope_cos_sin`, built on the host and
+  cached), rotated with MLX element-wise ops (ggml contracts ``x0*cos - x1*sin`` into an FMA, MLX rounds each product:
+  at most one rounding apart); where every dimension rotates, as one expression ``x*C + partner*S`` over a reversed
+  view of each pair, which a compiled step makes one kernel (three with the halves concatenated). ``mx.fast.rope`` has
+  the same pairing (``traditional=True`` is llama's NORM style, ``False`` NEOX) but builds its angles as ``p *
+  base**(-2i/d)`` in one rounding, not by ggml's repeated float32 product; at position 1000 that moved values by ~1e-4
+  (one float32 ulp of the angle), so it is not used.
 * attention: ``mx.fast.scaled_dot_product_attention`` (grouped KV heads natively; boolean mask from
   :func:`~inference_engine.backends.numerics.visible_keys` for causal and sliding-window layers; softmax in float32).
 * KV cache: MLX arrays stored head-major ``(n_heads, n_ctx, head_dim)`` (what the attention kernels read without

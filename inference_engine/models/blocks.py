@@ -142,9 +142,10 @@ class FeedForward:
 @dataclass(frozen=True)
 class LayerSettings:
     """What one layer's call takes besides its weights, fixed per layer (the model computes them once): RoPE's
-    keyword arguments (None: the layer has no RoPE, as SmolLM3's NoPE layers), the attention's scale, the query's scale (gemma), the sliding window (0: none), the
-    attention-score soft cap (gemma2; 0: none), the gated activation, and the graph names that differ by
-    architecture (``attn_out`` tapped: llama; ``ffn_post_norm-<il>`` tapped: gemma3, not gemma2's unlayered one)."""
+    keyword arguments (None: the layer has no RoPE, as SmolLM3's NoPE layers), the attention's scale, the query's
+    scale (gemma), the sliding window (0: none), the attention-score soft cap (gemma2; 0: none), the gated
+    activation, and the graph names that differ by architecture (``attn_out`` tapped: llama;
+    ``ffn_post_norm-<il>`` tapped: gemma3, not gemma2's unlayered one)."""
 
     rope: dict | None
     kq_scale: float
