@@ -6,29 +6,35 @@ engine no one here wrote: its tokenizer (converted by transformers from the GGUF
 RoPE, its norms. ``hf:`` alone uses the GGUF given with ``--model``; ``hf:NAME`` or ``hf:PATH.gguf`` another one.
 
 Its intermediates are taken with forward hooks on the modules whose outputs are llama.cpp graph tensors (names in
-:data:`HOOKS`, semantics checked against llama.cpp 0.3.36's ``src/models/{llama,qwen2,qwen3,gemma3}.cpp``):
+:data:`HOOKS`, semantics checked against llama.cpp 0.3.36's ``src/models/{llama,qwen2,qwen3,gemma2,gemma3,phi3}.cpp``):
 
 =================  =====================================  ==================================================
 llama.cpp name     transformers module (per layer N)      note
 =================  =====================================  ==================================================
 embd / inp_scaled  ``model.embed_tokens`` output          Gemma's embedding module scales: ``inp_scaled``
 attn_norm-N        ``input_layernorm`` output
+wqkv-N             ``self_attn.qkv_proj`` output          phi3: Q, K and V in one product
 Qcur_normed-N      ``self_attn.q_norm`` output            qwen3, gemma3 (before RoPE, as llama.cpp)
 Kcur_normed-N      ``self_attn.k_norm`` output
 Vcur-N             ``self_attn.v_proj`` output            V has no RoPE, so llama.cpp's last Vcur is this
 kqv_out-N          ``self_attn.o_proj`` input             the attention output before the projection
 attn_out-N         ``self_attn`` output                   llama only (qwen2 and gemma3 leave it unnamed)
-attn_post_norm-N   ``post_attention_layernorm`` output    gemma3
-ffn_inp-N / sa_out ``post_attention_layernorm`` input     llama/qwen: the pre-FFN norm; gemma3: ``pre_feedforward_layernorm``
+attn_post_norm-N   ``post_attention_layernorm`` output    gemma2, gemma3
+ffn_inp-N / sa_out ``post_attention_layernorm`` input     llama/qwen: the pre-FFN norm; gemma: ``pre_feedforward_layernorm``
 ffn_norm-N         the pre-FFN norm's output
-ffn_gate/up-N      ``mlp.gate_proj`` / ``mlp.up_proj``
+ffn_gate/up-N      ``mlp.gate_proj`` / ``mlp.up_proj``    phi3's ``mlp.gate_up_proj``: ffn_up holds both halves
 ffn_swiglu/geglu   ``mlp.down_proj`` input
 ffn_out-N          ``mlp`` output (gemma3: before its post-FFN norm)
 ffn_post_norm-N    ``post_feedforward_layernorm`` output  gemma3
 l_out-N            decoder layer output
 result_norm        ``model.norm`` output
-result_output      ``lm_head`` output (every position)
+result_output      ``lm_head`` output (every position)     gemma2: the model's logits, after the final soft cap
 =================  =====================================  ==================================================
+
+Gemma 2: transformers' GGUF loader takes the soft caps from its defaults (attention 50, final 30) and
+``query_pre_attn_scalar`` from its default (256) rather than from the file; a file whose values differ (llama.cpp
+reads ``attn_logit_softcapping``, ``final_logit_softcapping`` and scales by 1/sqrt(key_length)) is refused with one
+line naming them, since transformers would compute another model.
 
 ``Qcur``/``Kcur`` are not captured: transformers applies RoPE inside the attention function, not in a module, so no
 hook sees the rotated values llama.cpp names. ``capture(ids, force=...)`` replaces each hooked value with llama.cpp's
@@ -40,8 +46,9 @@ from __future__ import annotations
 import contextlib
 import importlib.metadata
 import io
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import numpy as np
 
@@ -62,26 +69,30 @@ def _import_torch_transformers():
 
 # (llama.cpp kind, module path under a decoder layer, "out" | "in", architectures): one per hooked tensor.
 # Architectures: the canonical GGUF names; llama covers mistral.
-_ALL = ("llama", "qwen2", "qwen3", "gemma3")
-_PRE_FFN_NORM = {"gemma3": "pre_feedforward_layernorm"}
+_SEPARATE_QKV = ("llama", "qwen2", "qwen3", "gemma2", "gemma3")
+_ALL = (*_SEPARATE_QKV, "phi3")
+_GEMMA = ("gemma2", "gemma3")
+_PRE_NORM_FFN = ("llama", "qwen2", "qwen3", "phi3")  # the pre-FFN norm is post_attention_layernorm
 HOOKS: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
     ("attn_norm", "input_layernorm", "out", _ALL),
+    ("wqkv", "self_attn.qkv_proj", "out", ("phi3",)),
     ("Qcur_normed", "self_attn.q_norm", "out", ("qwen3", "gemma3")),
     ("Kcur_normed", "self_attn.k_norm", "out", ("qwen3", "gemma3")),
-    ("Vcur", "self_attn.v_proj", "out", _ALL),
+    ("Vcur", "self_attn.v_proj", "out", _SEPARATE_QKV),
     ("kqv_out", "self_attn.o_proj", "in", _ALL),
     ("attn_out", "self_attn", "out", ("llama",)),
-    ("attn_post_norm", "post_attention_layernorm", "out", ("gemma3",)),
+    ("attn_post_norm", "post_attention_layernorm", "out", _GEMMA),
     ("ffn_inp", "post_attention_layernorm", "in", ("llama", "qwen2", "qwen3")),
-    ("sa_out", "pre_feedforward_layernorm", "in", ("gemma3",)),
-    ("ffn_norm", "post_attention_layernorm", "out", ("llama", "qwen2", "qwen3")),
-    ("ffn_norm", "pre_feedforward_layernorm", "out", ("gemma3",)),
-    ("ffn_gate", "mlp.gate_proj", "out", _ALL),
-    ("ffn_up", "mlp.up_proj", "out", _ALL),
-    ("ffn_swiglu", "mlp.down_proj", "in", ("llama", "qwen2", "qwen3")),
-    ("ffn_geglu", "mlp.down_proj", "in", ("gemma3",)),
+    ("sa_out", "pre_feedforward_layernorm", "in", _GEMMA),
+    ("ffn_norm", "post_attention_layernorm", "out", _PRE_NORM_FFN),
+    ("ffn_norm", "pre_feedforward_layernorm", "out", _GEMMA),
+    ("ffn_gate", "mlp.gate_proj", "out", _SEPARATE_QKV),
+    ("ffn_up", "mlp.up_proj", "out", _SEPARATE_QKV),
+    ("ffn_up", "mlp.gate_up_proj", "out", ("phi3",)),  # gate and up in one product, as llama.cpp's phi3 ffn_up
+    ("ffn_swiglu", "mlp.down_proj", "in", _PRE_NORM_FFN),
+    ("ffn_geglu", "mlp.down_proj", "in", _GEMMA),
     ("ffn_out", "mlp", "out", _ALL),
-    ("ffn_post_norm", "post_feedforward_layernorm", "out", ("gemma3",)),
+    ("ffn_post_norm", "post_feedforward_layernorm", "out", ("gemma3",)),  # gemma2's is unnamed per layer
     ("l_out", "", "out", _ALL),
 )
 
@@ -89,6 +100,9 @@ HOOKS: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
 # Modules whose output transformers lays out head-major, (batch, n_head, n_tokens, head_dim): Gemma 3 transposes
 # Q and K to heads-first before its q/k norms (qwen3 norms them token-major, then transposes).
 _HEAD_MAJOR = {"gemma3": ("Qcur_normed", "Kcur_normed")}
+# Gemma 2's settings transformers' GGUF loader leaves at its own defaults: (config key, the file's value, what
+# llama.cpp does with it)
+_GEMMA2_DEFAULTED = ("attn_logit_softcapping", "final_logit_softcapping", "query_pre_attn_scalar")
 
 
 # --engine-opt dtype=...: the torch dtype the model computes in, and the precision class it declares to validate
@@ -129,9 +143,24 @@ class HFTransformersEngine:
             raise GGUFParityError(f"--engine hf: transformers cannot load {self.path}: "
                                   f"{' '.join(str(exc).split())[:200]}") from None
         self.model.eval()
+        if self.architecture == "gemma2":
+            self._check_gemma2_settings()
         self.name = "hf:transformers"
         self._n_ctx = int(n_ctx)
         self._cache = None
+
+    def _check_gemma2_settings(self) -> None:
+        """One line where transformers' loaded Gemma 2 settings are not the file's (see the module docstring)."""
+        from inference_engine.models.gemma2 import Gemma2HParams
+
+        hp, config = Gemma2HParams.from_gguf(self.gguf), self.model.config
+        ours = {"attn_logit_softcapping": hp.attn_softcap, "final_logit_softcapping": hp.final_softcap,
+                "query_pre_attn_scalar": float(hp.attention_scale) ** -2}
+        differ = [f"{key} {getattr(config, key)} (the file's model: {ours[key]:g})" for key in _GEMMA2_DEFAULTED
+                  if not np.isclose(float(getattr(config, key) or 0.0), ours[key], rtol=1e-5)]
+        if differ:
+            raise GGUFParityError(f"--engine hf: transformers loaded {self.path} with Gemma 2 settings of its own, "
+                                  f"not the file's: {'; '.join(differ)}")
 
     # -- tokenizer: transformers' own, converted from the GGUF vocabulary; special tokens as transformers adds them
     def tokenize(self, text: str, add_bos: bool = True) -> list[int]:
@@ -185,7 +214,8 @@ class HFTransformersEngine:
     def _hook_points(self) -> list[tuple[str, Any, str]]:
         """``[(llama.cpp name, module, "out" | "in")]`` for this model, in graph order."""
         inner = self.model.model
-        embed_name = "inp_scaled" if self.architecture == "gemma3" else "embd"
+        # Gemma's embedding module scales by sqrt(n_embd) (transformers' *ScaledWordEmbedding): llama.cpp's inp_scaled
+        embed_name = "inp_scaled" if "Scaled" in type(inner.embed_tokens).__name__ else "embd"
         points = [(embed_name, inner.embed_tokens, "out")]
         for il, layer in enumerate(inner.layers):
             for kind, path, side, archs in HOOKS:
@@ -234,10 +264,12 @@ class HFTransformersEngine:
                     lambda _m, args, name=name: record(name, args)))
         try:
             with torch.inference_mode():
-                self.model(torch.tensor([list(ids)], dtype=torch.long), use_cache=False)
+                out = self.model(torch.tensor([list(ids)], dtype=torch.long), use_cache=False)
         finally:
             for handle in handles:
                 handle.remove()
+        if self.architecture == "gemma2" and "result_output" in captured:  # after the final soft cap, as llama.cpp
+            captured["result_output"] = out.logits[0].float().numpy().copy()
         return {name: _llamacpp_shape(name, array, self) for name, array in captured.items()}
 
     def close(self) -> None:

@@ -15,7 +15,7 @@ pytest.importorskip("transformers", reason="transformers is not installed (pip i
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None,
                                                    reason="llama-cpp-python is not installed")]
 
-from validation.metrics import NMSE_MAX_F32  # noqa: E402
+from validation.metrics import NMSE_MAX_F32
 
 
 def test_hf_smollm2_is_teacher_forced_and_every_hooked_tensor_lines_up(validate_engine):
@@ -55,7 +55,13 @@ def test_hf_qwen_1_5b_validates_against_llamacpp(validate_engine):
 TINY_NMSE_MAX = 1e-9
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "gemma3"])
+# Gemma: transformers 5's GGUF loader leaves query_pre_attn_scalar at its default, 256, where llama.cpp scales by
+# 1/sqrt(attention.key_length), and Gemma 2's soft caps at theirs (50, 30): the tiny models take those values, so
+# that both engines compute the same model (a file with others is refused: test below)
+TINY_OVERRIDES = {"gemma3": {"head_dim": 256}, "gemma2": {"head_dim": 256, "attn_softcap": 50.0, "final_softcap": 30.0}}
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "gemma3", "gemma2", "phi3"])
 def test_hf_hooks_give_llamacpp_names_and_values_on_tiny_models(tiny_model, arch):
     """On tiny F32 models every hooked tensor equals our engine's tap of the same name (our taps are llama.cpp's
     names, checked against llama.cpp elsewhere), and forcing a tensor changes what follows it."""
@@ -65,10 +71,7 @@ def test_hf_hooks_give_llamacpp_names_and_values_on_tiny_models(tiny_model, arch
     from inference_engine.engine import OurEngine
     from validation.diff import diff_captures
 
-    # Gemma: transformers 5.23's GGUF loader leaves query_pre_attn_scalar at its default, 256, where llama.cpp scales
-    # by 1/sqrt(attention.key_length): the tiny model's usual head_dim of 128 would differ in attention for that
-    # reason alone (gemma3-270m has 256, so there it agrees)
-    path = tiny_model(arch, "F32", **({"head_dim": 256} if arch == "gemma3" else {}))
+    path = tiny_model(arch, "F32", **TINY_OVERRIDES.get(arch, {}))
     ids = [40, 75, 84, 90, 3, 120]
     with OurEngine(str(path), backend="numpy", numerics="f32") as ours:
         reference = ours.capture(ids)
@@ -76,7 +79,26 @@ def test_hf_hooks_give_llamacpp_names_and_values_on_tiny_models(tiny_model, arch
     captured = hf.capture(ids)
     diff = diff_captures(captured, reference, TINY_NMSE_MAX)
     assert diff.passed and not diff.ours_only, (diff.first_failure, diff.ours_only)
-    assert len(diff.tensors) >= 2 + 9 * 2  # every layer's hooks matched by name and shape
+    assert len(diff.tensors) >= 2 + (8 if arch == "phi3" else 9) * 2  # every layer's hooks, by name and shape
+    # what no hook sees: Q and K after RoPE (inside transformers' attention function); phi3's V, a slice of wqkv;
+    # Gemma's embedding before its scale (transformers scales inside the embedding module)
+    uncapturable = {"Qcur", "Kcur"} | ({"Vcur"} if arch == "phi3" else set()) | ({"embd"} if "gemma" in arch else set())
+    assert {name.rpartition("-")[0] or name for name in diff.reference_only} <= uncapturable, diff.reference_only
     forced = hf.capture(ids, force={"attn_norm-0": np.zeros_like(reference["attn_norm-0"])})
-    assert not np.any(forced["Vcur-0"]) or arch == "qwen2"  # V of a zero input is zero (qwen2: its bias)
+    v_name = "wqkv-0" if arch == "phi3" else "Vcur-0"  # phi3: Q, K and V in one product
+    assert not np.any(forced[v_name]) or arch == "qwen2"  # V of a zero input is zero (qwen2: its bias)
     np.testing.assert_allclose(hf.prefill(ids), captured["result_output"][-1], rtol=1e-5, atol=1e-5)
+
+
+def test_hf_refuses_a_gemma2_whose_settings_transformers_would_not_load(tiny_model):
+    """The tiny Gemma 2's soft caps (2, 3) and head size (64) are not transformers' defaults: one line naming each."""
+    from bench_compare.adapters.hf_transformers import open_engine
+    from inference_engine.errors import GGUFParityError
+
+    with pytest.raises(GGUFParityError) as info:
+        open_engine("", str(tiny_model("gemma2", "F32")))
+    message = str(info.value)
+    assert "transformers loaded" in message and "with Gemma 2 settings of its own, not the file's" in message
+    assert "attn_logit_softcapping 50.0 (the file's model: 2)" in message and "\n" not in message
+    assert "final_logit_softcapping 30.0 (the file's model: 3)" in message
+    assert "query_pre_attn_scalar 256 (the file's model: 64)" in message
