@@ -156,13 +156,18 @@ extern "C" void {t}_dequantize(const uint8_t* w, float* y, int n_out, int n_in) 
 
 @pytest.fixture(scope="module")
 def host_kernels(tmp_path_factory):
+    shim = SHIM_COMMON + "".join(SHIM_TYPE.format(t=qtype.name.lower()) for qtype in KERNEL_TYPES)
+    return build_host_library(tmp_path_factory.mktemp("gpu_kernels_host"), shim)
+
+
+def build_host_library(build: Path, shim: str) -> ctypes.CDLL:
+    """``shim`` (C++ including the kernels' files) built for the host with ``dialect_host.h``'s C++20 threads and
+    barriers, loaded; skips where no C++20 compiler is installed."""
     compiler = shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
     if compiler is None:
         pytest.skip("no C++ compiler (c++, g++ or clang++) to build the GPU kernels' shared code for the host")
-    build = tmp_path_factory.mktemp("gpu_kernels_host")
-    shim = SHIM_COMMON + "".join(SHIM_TYPE.format(t=qtype.name.lower()) for qtype in KERNEL_TYPES)
     (build / "shim.cpp").write_text(shim)
-    lib = build / "libgguf_kernels_host.so"
+    lib = build / "libgpu_kernels_host.so"
     cmd = [compiler, "-std=c++20", "-O1", "-pthread", "-shared", "-fPIC", f"-I{KERNEL_DIR}", "shim.cpp", "-o", lib]
     done = subprocess.run([str(c) for c in cmd], cwd=build, check=False, capture_output=True, text=True)
     if done.returncode != 0 and re.search(r"c\+\+20|<barrier>|barrier: No such file", done.stderr):
@@ -210,15 +215,12 @@ def test_product_kernels_give_the_products(host_kernels, qtype, kernel, n_tok, s
 
 
 def test_shared_files_use_no_dialect_only_names():
-    """The shared files must compile under Metal, NVRTC and C++: no Metal-only ``uint`` / ``half`` / address spaces
-    written out, no CUDA-only qualifiers (each dialect spells those through its macros)."""
-    for name in (
-        "gguf_blocks.h",
-        "gguf_kernels.h",
-        "kernel_matvec.inc",
-        "kernel_matmul.inc",
-        "kernel_dequantize.inc",
-    ):
+    """The shared files (every file of gpu_kernels/ but the dialects') must compile under Metal, NVRTC and C++: no
+    Metal-only ``uint`` / ``half`` / address spaces written out, no CUDA-only qualifiers (each dialect spells those
+    through its macros)."""
+    shared = sorted(p.name for p in KERNEL_DIR.iterdir() if not p.name.startswith("dialect_"))
+    assert {"gguf_blocks.h", "kernel_matvec.inc", "decode_attention.h", "kernel_decode_attention.inc"} <= set(shared)
+    for name in shared:
         code = re.sub(r"//[^\n]*", "", (KERNEL_DIR / name).read_text())  # comments may name anything
         for word in ("uint", "half", "device", "threadgroup", "thread", "__device__", "__shared__", "__syncthreads"):
             assert not re.search(rf"\b{word}\b", code), f"{name} uses '{word}'"
