@@ -421,8 +421,8 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--mlx-attention-kernel applies to --backend mlx")
     n_ctx = max(2048, args.depth + max(args.prefill, 64 + 2 * args.steps + 8))  # each step runs twice
     backend_class = get_backend_class(args.backend)
-    stacking = args.backend == "mlx" and args.unfused
-    with recording_weights(backend_class) as weights, _switched_off(backend_class, "fuse_matrices", stacking):
+    unstacked = args.backend == "mlx" and args.unfused  # MLX: every weight matrix loaded alone
+    with recording_weights(backend_class) as weights, _switched_off(backend_class, "fuse_matrices", unstacked):
         engine = load_engine(args.model, backend=args.backend, numerics=args.numerics, n_threads=args.threads,
                              n_ctx=n_ctx, kv_type="f16")
     if args.mlx_prefill_matmul is not None:

@@ -100,8 +100,7 @@ HOOKS: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
 # Modules whose output transformers lays out head-major, (batch, n_head, n_tokens, head_dim): Gemma 3 transposes
 # Q and K to heads-first before its q/k norms (qwen3 norms them token-major, then transposes).
 _HEAD_MAJOR = {"gemma3": ("Qcur_normed", "Kcur_normed")}
-# Gemma 2's settings transformers' GGUF loader leaves at its own defaults: (config key, the file's value, what
-# llama.cpp does with it)
+# Gemma 2's settings (config keys) that transformers' GGUF loader takes from its own defaults, not the file
 _GEMMA2_DEFAULTED = ("attn_logit_softcapping", "final_logit_softcapping", "query_pre_attn_scalar")
 
 

@@ -259,8 +259,7 @@ def project_qkv(b: Backend, a: QKVWeights, h: Array, hp: HParams) -> tuple[Array
     """``h (T, n_embd)`` -> ``q (T, n_head, d_k)``, ``k (T, n_head_kv, d_k)``, ``v (T, n_head_kv, d_v)``:
     matmul, then the bias when the file has one, then the per-head reshape (llama.cpp ``build_qkv``)."""
     T = h.shape[0]
-    biases = (a.attn_q_bias, a.attn_k_bias, a.attn_v_bias)
-    q, k, v = b.matmul_many((a.attn_q, a.attn_k, a.attn_v), h, None if all(x is None for x in biases) else biases)
+    q, k, v = b.matmul_many((a.attn_q, a.attn_k, a.attn_v), h, (a.attn_q_bias, a.attn_k_bias, a.attn_v_bias))
     return (
         q.reshape(T, hp.n_head, hp.head_dim_k),
         k.reshape(T, hp.n_head_kv, hp.head_dim_k),

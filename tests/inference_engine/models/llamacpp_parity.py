@@ -20,6 +20,17 @@ SMOKE_PROMPTS: tuple[str, ...] = (
 )
 
 
+def llamacpp_capture(path, ids: list[int], n_ctx: int = 64) -> dict[str, np.ndarray]:
+    """llama.cpp's graph tensors for ``ids`` on a fresh one-thread engine over ``path``, the engine closed after."""
+    from validation.llamacpp import LlamaCppEngine
+
+    ref = LlamaCppEngine(str(path), n_ctx=n_ctx, n_threads=1)
+    try:
+        return ref.capture(ids)
+    finally:
+        ref.close()
+
+
 def log_softmax(logits: np.ndarray) -> np.ndarray:
     x = np.asarray(logits, dtype=np.float64)
     x = x - x.max(axis=-1, keepdims=True)

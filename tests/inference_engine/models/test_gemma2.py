@@ -5,12 +5,12 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from llamacpp_parity import llamacpp_capture
 
 from inference_engine.engine import OurEngine
 from validation.diff import diff_captures
 
 pytest.importorskip("validation.llamacpp", reason="the llama.cpp reference engine is not importable")
-from validation.llamacpp import LlamaCppEngine  # noqa: E402
 
 IDS = [3, 17, 40, 99, 7, 12, 5, 9, 30, 44]  # 10 positions: past the window of 4
 
@@ -25,11 +25,7 @@ def test_hparams_from_the_file(tiny_model):
                                           ("sliding_window", "kqv_out-0")])
 def test_each_gemma2_feature_is_needed_to_match_llamacpp(tiny_model, field, first):
     path = tiny_model("gemma2")
-    ref = LlamaCppEngine(str(path), n_ctx=32, n_threads=1)
-    try:
-        theirs = ref.capture(IDS)
-    finally:
-        ref.close()
+    theirs = llamacpp_capture(path, IDS, n_ctx=32)
     ours = OurEngine(path, numerics="ggml", n_ctx=32)
     assert diff_captures(ours.capture(IDS, force=theirs), theirs, 1e-6).passed
     wrong = {"attn_softcap": 0.0, "final_softcap": 1000.0, "sliding_window": 0}[field]

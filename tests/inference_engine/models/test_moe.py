@@ -9,6 +9,7 @@ import dataclasses
 
 import numpy as np
 import pytest
+from llamacpp_parity import llamacpp_capture
 
 from bench_compare.cli import main
 from inference_engine.engine import OurEngine
@@ -18,20 +19,12 @@ from validation.diff import diff_captures
 from validation.metrics import thresholds_for
 
 pytest.importorskip("validation.llamacpp", reason="the llama.cpp reference engine is not importable")
-from validation.llamacpp import LlamaCppEngine  # noqa: E402
+from validation.llamacpp import LlamaCppEngine
 
 MOE_ARCHS = ("qwen2moe", "qwen3moe")
 IDS = [3, 17, 40, 99, 7, 12, 5, 9, 30, 44, 61, 250]
 ROUTING_IDS = [int(i) for i in np.random.default_rng(2).integers(3, 300, 32)]
 GGML_NMSE_MAX = thresholds_for("ggml").tensor_nmse_max  # the teacher-forced bound validate uses
-
-
-def _llamacpp_capture(path, ids=IDS):
-    ref = LlamaCppEngine(str(path), n_ctx=64, n_threads=1)
-    try:
-        return ref.capture(ids)
-    finally:
-        ref.close()
 
 
 @pytest.mark.parametrize("arch", MOE_ARCHS)
@@ -40,7 +33,7 @@ def test_tokens_are_routed_to_different_experts(tiny_model, arch):
     which experts they get (a router that sent every token to the same experts would test nothing). 32 tokens: the
     random router favours some experts (this fixture's layer-1 expert 2 gets 0-5 of 64 slots on a random 32-token
     prompt), so the prompt is one that reaches every expert; 12 tokens did not."""
-    theirs = _llamacpp_capture(tiny_model(arch, "Q8_0"), ROUTING_IDS)
+    theirs = llamacpp_capture(tiny_model(arch, "Q8_0"), ROUTING_IDS)
     f = open_gguf(tiny_model(arch, "Q8_0"))
     n_expert, k = f.arch_value("expert_count"), f.arch_value("expert_used_count")
     for il in range(f.arch_value("block_count")):
@@ -82,7 +75,7 @@ def test_hparams_and_expert_views(tiny_model, arch):
 ])
 def test_each_moe_feature_is_needed_to_match_llamacpp(tiny_model, arch, field, wrong, first):
     path = tiny_model(arch, "F32")
-    theirs = _llamacpp_capture(path)
+    theirs = llamacpp_capture(path, IDS)
     ours = OurEngine(path, numerics="ggml", n_ctx=32)
     assert diff_captures(ours.capture(IDS, force=theirs), theirs, GGML_NMSE_MAX).passed
     for layer in ours.model.layers:
@@ -95,7 +88,7 @@ def test_shared_expert_gate_is_needed_to_match_llamacpp(tiny_model, monkeypatch)
     from inference_engine.models import moe
 
     path = tiny_model("qwen2moe", "F32")
-    theirs = _llamacpp_capture(path)
+    theirs = llamacpp_capture(path, IDS)
     ours = OurEngine(path, numerics="ggml", n_ctx=32)
     monkeypatch.setattr(moe, "_silu", lambda b, g: g)  # silu(g) / g -> 1: the shared expert ungated
     diff = diff_captures(ours.capture(IDS, force=theirs), theirs, GGML_NMSE_MAX)

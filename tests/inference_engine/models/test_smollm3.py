@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import pytest
+from llamacpp_parity import llamacpp_capture
 
 from inference_engine.engine import OurEngine
 from inference_engine.models import smollm3
 from validation.diff import diff_captures
 
 pytest.importorskip("validation.llamacpp", reason="the llama.cpp reference engine is not importable")
-from validation.llamacpp import LlamaCppEngine
 
 IDS = [3, 17, 40, 99, 7, 12, 5, 9, 30, 44]  # 10 positions: RoPE moves every position but the first
 
@@ -23,11 +23,7 @@ def test_every_fourth_layer_has_no_rope(tiny_model):
 @pytest.mark.parametrize("backend", ["numpy", "numba"])
 def test_rotating_the_nope_layer_is_caught_against_llamacpp(tiny_model, monkeypatch, backend):
     path = tiny_model("smollm3")
-    ref = LlamaCppEngine(str(path), n_ctx=32, n_threads=1)
-    try:
-        theirs = ref.capture(IDS)
-    finally:
-        ref.close()
+    theirs = llamacpp_capture(path, IDS, n_ctx=32)
     assert diff_captures(OurEngine(path, backend=backend, numerics="ggml", n_ctx=32).capture(IDS, force=theirs),
                          theirs, 1e-6).passed
     monkeypatch.setattr(smollm3, "uses_rope", lambda il: True)  # a Llama that forgot the NoPE layers
