@@ -93,7 +93,7 @@ def tiny_model(tmp_path_factory):
 @pytest.fixture(scope="session")
 def bad_model_files(tmp_path_factory, tiny_model) -> dict[str, Path]:
     """Inputs a user might pass by mistake, by kind: truncated (tensor data cut), truncated_header (metadata cut),
-    unknown_arch, unsupported_type (an IQ4_NL tensor), not_gguf, empty, directory, missing."""
+    unknown_arch, unsupported_type (an IQ2_XXS tensor), not_gguf, empty, directory, missing."""
     root = tmp_path_factory.mktemp("bad_models")
     (root / "empty.gguf").touch()
     (root / "a_directory.gguf").mkdir()

@@ -42,11 +42,10 @@ _TO_FLOAT = {T.F16: "ggml_fp16_to_fp32_row", T.BF16: "ggml_bf16_to_fp32_row"}
 
 
 def ggml_type_symbol(qtype: T) -> str:
-    """ggml's spelling of a type in symbol names: Q4_K -> q4_K, Q8_0 -> q8_0, F16 -> f16, BF16 -> bf16."""
+    """ggml's spelling of a type in symbol names: Q4_K -> q4_K, Q8_0 -> q8_0, F16 -> f16, BF16 -> bf16, IQ4_NL ->
+    iq4_nl (lower case but the K-quants' ``K``)."""
     name = T(int(qtype)).name
-    if name in ("F32", "F16", "BF16"):
-        return name.lower()
-    return name[0].lower() + name[1:]
+    return name[:-1].lower() + "K" if name.endswith("_K") else name.lower()
 
 
 def _ptr(a: np.ndarray) -> ctypes.c_void_p:

@@ -103,7 +103,7 @@ class MLXBackend(Backend):
                 " (ggml numerics: use --backend numpy or numba)"
             )
         self.placement = mlx_device.select(self.device)  # MLX's default device now; float32 checked there
-        # Our kernels for Q2_K/Q3_K/Q6_K run on a GPU only: Metal or CUDA, whichever MLX computes on (None: the CPU).
+        # Our kernels for Q2_K/Q3_K/Q6_K/IQ4_XS run on a GPU only: Metal or CUDA, whichever MLX computes on (None: the CPU).
         self.kernels = block_kernels.gpu_dialect()
         self.weight_forms: Counter[str] = Counter()  # "Q4_K->mlx-affine" -> number of matrices
         self._pending: dict[int, mx.array] = {}  # KV buffers written since the last evaluation
@@ -143,7 +143,8 @@ class MLXBackend(Backend):
                         else "; decode attention kernel asked for, not run (no GPU kernels on this device)")
         return (
             f"MLX {mx.__version__} on {self.device} ({where}), f32 numerics only; Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q5_K "
-            f"exactly as MLX affine 32-groups (float32 scales), Q2_K/Q3_K/Q6_K as {fallback}, floats as float32; "
+            f"exactly as MLX affine 32-groups (float32 scales), {block_kernels.kernel_type_names()} as {fallback}, "
+            f"IQ4_NL and floats as float32; "
             f"matrices: {forms}{threads}"
         )
 

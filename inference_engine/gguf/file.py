@@ -43,6 +43,8 @@ SUPPORTED_TENSOR_TYPES: tuple[GGMLQuantizationType, ...] = (
     GGMLQuantizationType.Q4_K,
     GGMLQuantizationType.Q5_K,
     GGMLQuantizationType.Q6_K,
+    GGMLQuantizationType.IQ4_NL,
+    GGMLQuantizationType.IQ4_XS,
 )
 
 # general.architecture values we run, and the aliases llama.cpp treats as one of them.

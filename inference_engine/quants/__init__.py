@@ -7,7 +7,7 @@
 - ``prepare_matmul(t, numerics="f32" | "ggml")`` -> a callable ``x (T, n_in) -> (T, n_out)``.
 """
 
-from inference_engine.quants import float_types, kquants, legacy  # noqa: F401  (registers the classes)
+from inference_engine.quants import float_types, iquants, kquants, legacy  # noqa: F401  (registers the classes)
 from inference_engine.quants.activations import (
     ACTIVATION_TYPES,
     Q8_QUANTIZERS,

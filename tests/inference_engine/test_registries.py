@@ -30,7 +30,7 @@ def test_unknown_names_and_bad_targets_are_one_line():
     with pytest.raises(GGUFParityError, match="has no attribute 'nothing'"):
         reg.get("c")
     wording = Registry("tensor type", {"Q4_0": 1}, unknown="unsupported", listing="supported", quote=False)
-    assert str(wording.error("IQ4_NL")) == "unsupported tensor type IQ4_NL; supported: Q4_0"
+    assert str(wording.error("IQ2_XXS")) == "unsupported tensor type IQ2_XXS; supported: Q4_0"
 
 
 def test_register_decorator_and_duplicates():

@@ -102,7 +102,7 @@ def test_validate_cli_on_an_aborting_file_is_one_line(base, tmp_path):
 
 
 def test_reference_still_loads_what_only_our_engine_refuses(bad_model_files, probe_on):
-    """A tensor type our engine does not run (IQ4_NL) is llama.cpp's to load: validated, probed, accepted."""
+    """A tensor type our engine does not run (IQ2_XXS) is llama.cpp's to load: validated, probed, accepted."""
     path = bad_model_files["unsupported_type"]
     probe.ensure_loadable(path)
     assert probe.is_known_good(path)

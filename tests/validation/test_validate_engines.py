@@ -13,6 +13,8 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -144,10 +146,11 @@ def test_lens_reproduces_llamacpps_logits(tiny_model, arch):
     assert nmse <= LENS_VS_LLAMACPP_NMSE_MAX
 
 
-# F32 (nothing quantized), Q8_0 (the activation type itself), Q4_1 (Q8_1 activations, the min term), Q5_0, and two
-# K-quants (Q8_K activations); f32 numerics on one quantized type.
+# F32 (nothing quantized), Q8_0 (the activation type itself), Q4_1 (Q8_1 activations, the min term), Q5_0, two
+# K-quants (Q8_K activations), the two code-book types (IQ4_NL: Q8_0 activations, IQ4_XS: Q8_K); f32 numerics on
+# one quantized type.
 FIXTURE_CASES = [("F32", "ggml"), ("Q8_0", "ggml"), ("Q4_1", "ggml"), ("Q5_0", "ggml"), ("Q4_K", "ggml"),
-                 ("Q6_K", "ggml"), ("Q4_K", "f32")]
+                 ("Q6_K", "ggml"), ("IQ4_NL", "ggml"), ("IQ4_XS", "ggml"), ("Q4_K", "f32")]
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -211,6 +214,42 @@ def test_real_model_passes_against_llamacpp(model, numerics):
     result = validate(_options(model, numerics=numerics, smoke_tokens=REAL_SMOKE_TOKENS))
     failed = [name for name, ok in result["checks"].items() if ok is False]
     assert not failed, f"failed: {failed}; {_worst(result)}; tokenizer {result['tokenizer']['special_tokens']}"
+
+
+@pytest.fixture(scope="module")
+def smollm2_iq4_xs(tmp_path_factory) -> Path:
+    """smollm2-135m re-quantized to IQ4_XS by llama.cpp's own quantizer (``llama_model_quantize``, as
+    ``llama-quantize --allow-requantize``): its 576-wide rows are not a multiple of 256, so llama.cpp writes them as
+    IQ4_NL and the rest as IQ4_XS, as it does for real IQ4_XS files of such models (10 s on 2 cores)."""
+    import ctypes
+
+    import llama_cpp
+
+    from inference_engine.store.named_models import resolve_model
+
+    out = tmp_path_factory.mktemp("iq4") / "smollm2-135m-IQ4_XS.gguf"
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype, params.allow_requantize, params.nthread = llama_cpp.LLAMA_FTYPE_MOSTLY_IQ4_XS, True, 2
+    src = str(resolve_model("smollm2-135m", progress=False)).encode()
+    assert llama_cpp.llama_model_quantize(src, str(out).encode(), ctypes.byref(params)) == 0
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ("numba", "numpy"))
+def test_real_iq4_model_passes_against_llamacpp(smollm2_iq4_xs, backend):
+    """A real model's weights in IQ4_NL and IQ4_XS (llama.cpp's own quantization of them), ggml numerics: every
+    tensor teacher-forced within the strict gate."""
+    from inference_engine.gguf.file import open_gguf
+
+    types = Counter(t.qtype.name for t in open_gguf(smollm2_iq4_xs).tensors.values())
+    assert types["IQ4_NL"] and types["IQ4_XS"], types
+    options = ValidateOptions(model=str(smollm2_iq4_xs), backend=backend, numerics="ggml", prompt=PROMPT,
+                              smoke_tokens=REAL_SMOKE_TOKENS, threads=TEST_THREADS)
+    result = validate(options)
+    failed = [name for name, ok in result["checks"].items() if ok is False]
+    assert not failed, f"failed: {failed}; {_worst(result)}"
+    assert all(t["nmse"] <= t["threshold"] for t in result["tensors"])
 
 
 @pytest.mark.heavy

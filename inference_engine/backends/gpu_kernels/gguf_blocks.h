@@ -1,4 +1,5 @@
-// The GGUF block layouts that MLX's affine format cannot hold (scales every 16 values: Q2_K, Q3_K, Q6_K), written
+// The GGUF block layouts that MLX's affine format cannot hold (scales every 16 values: Q2_K, Q3_K, Q6_K; a code
+// book of non-linear values: IQ4_XS), written
 // once for three compilers: Metal (mx.fast.metal_kernel), CUDA through NVRTC (mx.fast.cuda_kernel) and the host's
 // C++ compiler (the tests, which check every decoded value against gguf-py, i.e. ggml's dequantize_row_<type>).
 //
@@ -110,6 +111,30 @@ GQ_FN int gq_q6_k_quant(GQ_GLOBAL const uint8_t* b, unsigned int i) {
     return (int)(lo | (hi << 4)) - 32;
 }
 GQ_FN float gq_q6_k_apply(float scale, float sub_min, int q) {
+    return scale * (float)q;
+}
+
+// --- IQ4_XS: 136 bytes | d:f16 | scales_h: u16 LE @2 | scales_l[4] @4 | qs[128] @8 |
+// value i = 32t + 16k + j (t = i/32, k = (i/16)%2, j = i%16): code = nibble k of qs[16t + j], looked up in ggml's
+// kvalues_iq4nl; ggml's sub-block t (32 values) has ls = nibble t%2 of scales_l[t/2] | bits(scales_h, 2t, 2) << 4,
+// scale = d * (ls - 32), no min; value = scale * kvalue (ggml's dl * kvalues_iq4nl[code]; exact). Our 16-value
+// sub-block s takes ggml's sub-block s/2.
+enum { gq_iq4_xs_bytes = 136 };
+
+GQ_FN float gq_iq4_xs_scale(GQ_GLOBAL const uint8_t* b, unsigned int s) {
+    const unsigned int t = s >> 1;
+    const unsigned int low = (b[4u + (t >> 1)] >> (4u * (t & 1u))) & 15u;
+    const unsigned int high = (b[2u + (t >> 2)] >> (2u * (t & 3u))) & 3u;
+    return gq_f16(b) * (float)((int)(low | (high << 4)) - 32);
+}
+GQ_FN float gq_iq4_xs_min(GQ_GLOBAL const uint8_t* b, unsigned int s) {
+    return 0.0f;
+}
+GQ_FN int gq_iq4_xs_quant(GQ_GLOBAL const uint8_t* b, unsigned int i) {
+    const int kvalues[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+    return kvalues[(b[8u + 16u * (i >> 5) + (i & 15u)] >> (4u * ((i >> 4) & 1u))) & 15u];
+}
+GQ_FN float gq_iq4_xs_apply(float scale, float sub_min, int q) {
     return scale * (float)q;
 }
 

@@ -1,6 +1,6 @@
 """The NumPy twin of ``gpu_kernels/gguf_blocks.h``: for value ``i`` of a block, which bytes, which bits, which scale.
 
-The GPU kernels decode Q2_K, Q3_K and Q6_K blocks with the C functions of ``gguf_blocks.h`` (one text for Metal,
+The GPU kernels decode Q2_K, Q3_K, Q6_K and IQ4_XS blocks with the C functions of ``gguf_blocks.h`` (one text for Metal,
 CUDA and the host compiler). This module states the same index arithmetic as data, line for line with the header,
 so that it can be checked on every machine without a compiler: :func:`values` rebuilds every value of a block from
 these positions alone, and the tests hold it to gguf-py's dequantization (ggml's ``dequantize_row_<type>``) bit for
@@ -8,7 +8,8 @@ bit, and check that the fields of the 256 values use every bit of the quant byte
 
 A block holds ``QK = 256`` values in 16 sub-blocks of ``SUB = 16``. Value ``i`` is
 
-* an integer code ``q(i) = sum_f (bits(byte_f, shift_f, width_f) << dest_f) + offset`` (:attr:`Layout.quant`),
+* an integer code ``q(i) = sum_f (bits(byte_f, shift_f, width_f) << dest_f) + offset`` (:attr:`Layout.quant`;
+  IQ4_XS's bits index a code book first: ``q(i) = book[bits]``),
 * in sub-block ``s = i // 16`` with a scale code ``sc(s)`` and, for Q2_K, a min code ``m(s)`` built the same way,
   and f16 factors ``d`` (and ``dmin``) at fixed offsets;
 * ``value = (d * sc) * q - (dmin * m)`` in float32, in ggml's order (Q3_K and Q6_K have no min term).
@@ -20,6 +21,8 @@ from dataclasses import dataclass
 
 import numpy as np
 from gguf import GGMLQuantizationType as T
+
+from inference_engine.quants.iquants import KVALUES
 
 QK = 256  # values per block (GQ_QK)
 SUB = 16  # values per sub-block (GQ_SUB): one scale
@@ -44,6 +47,7 @@ class Code:
     fields: tuple[Field, ...]
     offset: int = 0
     signed: bool = False
+    book: np.ndarray | None = None  # a code book: the code is an index into it (IQ4_XS's kvalues_iq4nl)
 
     def read(self, blocks: np.ndarray) -> np.ndarray:
         """uint8 ``(n_blocks, type_size)`` -> int64 ``(n_blocks, len)`` codes."""
@@ -53,6 +57,8 @@ class Code:
             code |= bits << f.dest
         if self.signed:
             code = code - ((code & 0x80) << 1)
+        if self.book is not None:
+            code = self.book.astype(np.int64)[code]
         return code + self.offset
 
 
@@ -130,7 +136,19 @@ Q6_K = Layout(
     scale=Code((Field(192 + _s, _const(0, 16), 8),), signed=True),
 )
 
-LAYOUTS: dict[T, Layout] = {layout.qtype: layout for layout in (Q2_K, Q3_K, Q6_K)}
+# IQ4_XS: 136 bytes | d @0 | scales_h: u16 @2 | scales_l[4] @4 | qs[128] @8 |; value i = 32t + 16k + j: code = nibble
+# k of qs[16t + j] looked up in kvalues_iq4nl; our sub-block s is ggml's t = s/2: six-bit scale nibble t%2 of
+# scales_l[t/2] | bits(scales_h, 2t, 2) << 4, minus 32.
+_t = _s >> 1
+IQ4_XS = Layout(
+    T.IQ4_XS,
+    136,
+    d_offset=0,
+    quant=Code((Field(8 + 16 * (_i >> 5) + (_i & 15), 4 * ((_i >> 4) & 1), 4),), book=KVALUES),
+    scale=Code((Field(4 + (_t >> 1), 4 * (_t & 1), 4), Field(2 + (_t >> 2), 2 * (_t & 3), 2, dest=4)), offset=-32),
+)
+
+LAYOUTS: dict[T, Layout] = {layout.qtype: layout for layout in (Q2_K, Q3_K, Q6_K, IQ4_XS)}
 
 
 def values(rows: np.ndarray, qtype: T) -> np.ndarray:

@@ -1,5 +1,5 @@
 """Our GPU kernels for the GGUF types MLX's affine format cannot hold (Q2_K, Q3_K, Q6_K: a scale every 16 values,
-where MLX's groups are 32, 64 or 128): the weights stay in their GGUF blocks, at their file size, in GPU memory, and
+where MLX's groups are 32, 64 or 128; IQ4_XS: non-linear values from a code book): the weights stay in their GGUF blocks, at their file size, in GPU memory, and
 the kernels read them directly. One source, two dialects:
 
 * ``gpu_kernels/gguf_blocks.h``: each block layout, once (value ``i`` of a block exactly as ggml's
@@ -36,8 +36,13 @@ KERNEL_DIR = Path(__file__).resolve().parent.parent / "gpu_kernels"
 SHARED_FILES = ("gguf_blocks.h", "gguf_kernels.h")
 
 # type -> its name in gguf_blocks.h (gq_<name>_value, ...)
-KERNEL_TYPES: dict[T, str] = {T.Q2_K: "q2_k", T.Q3_K: "q3_k", T.Q6_K: "q6_k"}
+KERNEL_TYPES: dict[T, str] = {T.Q2_K: "q2_k", T.Q3_K: "q3_k", T.Q6_K: "q6_k", T.IQ4_XS: "iq4_xs"}
 KINDS = ("matvec", "matmul", "dequantize")
+
+
+def kernel_type_names() -> str:
+    """``Q2_K/Q3_K/Q6_K/IQ4_XS``: the types these kernels read, as the backend's description names them."""
+    return "/".join(t.name for t in KERNEL_TYPES)
 
 
 @dataclass(frozen=True)

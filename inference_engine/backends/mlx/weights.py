@@ -5,10 +5,11 @@ Which form a GGUF tensor gets (:func:`prepare_matrix`), from cheapest to most ex
 * :class:`AffineMatrix`: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K transcoded exactly to MLX's affine format
   (``transcode.py``) and multiplied by ``mx.quantized_matmul`` (on Metal, CUDA and the CPU); no float copy of the
   weight ever exists.
-* :class:`BlockMatrix`: Q2_K, Q3_K, Q6_K on a GPU: the GGUF blocks as they are in the file, in GPU memory, read by our
-  kernels (``block_kernels.py``: Metal on Apple silicon, CUDA in MLX's CUDA build).
-* :class:`DenseMatrix`: float32, for F32 / F16 / BF16 weights (converted exactly) and for Q2_K, Q3_K, Q6_K on the
-  CPU, where custom kernels cannot run (dequantized exactly with gguf-py, as ggml's dequantize_row).
+* :class:`BlockMatrix`: Q2_K, Q3_K, Q6_K, IQ4_XS on a GPU: the GGUF blocks as they are in the file, in GPU memory,
+  read by our kernels (``block_kernels.py``: Metal on Apple silicon, CUDA in MLX's CUDA build).
+* :class:`DenseMatrix`: float32, for F32 / F16 / BF16 weights (converted exactly), for IQ4_NL (no kernel of ours
+  yet: its 32-value blocks do not fit the 256-value block kernels), and for Q2_K, Q3_K, Q6_K, IQ4_XS on the CPU,
+  where custom kernels cannot run (dequantized exactly with gguf-py, as ggml's dequantize_row).
 
 Every form computes with exactly ggml's weight values; they differ only in float32 summation order.
 
@@ -122,7 +123,7 @@ def fuse_runs(matrices: list) -> list:
 
 
 class BlockMatrix:
-    """A Q2_K / Q3_K / Q6_K weight as its GGUF rows on the GPU, multiplied by our kernels in ``dialect``."""
+    """A Q2_K / Q3_K / Q6_K / IQ4_XS weight as its GGUF rows on the GPU, multiplied by our kernels in ``dialect``."""
 
     def __init__(self, t: TensorInfo, dialect: Dialect):
         self.qtype, self.dialect = t.qtype, dialect

@@ -14,7 +14,20 @@ from inference_engine.backends.numba_kernels import float_blocks, intdot, inttil
 from inference_engine.backends.numba_kernels.isa import simd
 from inference_engine.backends.numba_kernels.kernel_entry import Kernels
 from inference_engine.backends.numba_kernels.ops import activations
-from inference_engine.backends.numba_kernels.types import q2_k, q3_k, q4_0, q4_1, q4_k, q5_0, q5_1, q5_k, q6_k, q8_0
+from inference_engine.backends.numba_kernels.types import (
+    iq4_nl,
+    iq4_xs,
+    q2_k,
+    q3_k,
+    q4_0,
+    q4_1,
+    q4_k,
+    q5_0,
+    q5_1,
+    q5_k,
+    q6_k,
+    q8_0,
+)
 
 
 # --- F32 --------------------------------------------------------------------------------------------------------------
@@ -458,6 +471,38 @@ def token_q6_k(w, x, out):
     matvec_int_q6_k(w, yq, yd, ya, out)
 
 
+# --- IQ4_NL -----------------------------------------------------------------------------------------------------------
+@njit(inline="always", cache=True)
+def layout_iq4_nl():
+    return 18, np.float32(0.0)
+
+
+@njit(parallel=True, fastmath=True, cache=True)
+def matvec_float_iq4_nl(w, xv, xs, out):
+    float_blocks.pairs_matvec_float(float_blocks.offset_block, iq4_nl.unpack_iq4_nl, layout_iq4_nl, w, xv, xs, out)
+
+
+@njit(parallel=True, cache=True)
+def dequant_iq4_nl(w, row0, out):
+    float_blocks.blocks_dequant(float_blocks.offset_dequant, iq4_nl.unpack_iq4_nl, layout_iq4_nl, w, row0, out)
+
+
+# --- IQ4_XS -----------------------------------------------------------------------------------------------------------
+@njit(inline="always", cache=True)
+def layout_iq4_xs():
+    return 136, np.float32(0.0)
+
+
+@njit(parallel=True, fastmath=True, cache=True)
+def matvec_float_iq4_xs(w, xv, xs, out):
+    float_blocks.superblocks_matvec_float(iq4_xs.iq4_xs_superblock, layout_iq4_xs, w, xv, xs, out)
+
+
+@njit(parallel=True, cache=True)
+def dequant_iq4_xs(w, row0, out):
+    float_blocks.superblocks_dequant(iq4_xs.dequant_superblock_iq4_xs, layout_iq4_xs, w, row0, out)
+
+
 @njit(cache=True)
 def token_matvec(qtype, w, x, out):
     """``out = W x`` for one float32 token by the ``token_<type>`` kernel of GGML type id ``qtype``."""
@@ -580,4 +625,6 @@ ENTRIES: dict[T, Kernels] = {
         token_q6_k,
         matmul_ktiled=ktiled_q6_k,
     ),
+    T.IQ4_NL: Kernels(matvec_float_iq4_nl, dequant_iq4_nl, "q8_0", 32),
+    T.IQ4_XS: Kernels(matvec_float_iq4_xs, dequant_iq4_xs, "q8_K", 0),
 }

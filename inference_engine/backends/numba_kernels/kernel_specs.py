@@ -5,7 +5,7 @@ table (:mod:`.kernel_table`) holds them in this order.
 
 ``layout`` is ``(block bytes, constant-term factor)``: the constant term of a block is ``factor * c * sum(x)``
 with ``c`` the block's ``d`` (Q4_0: ``-8 d`` -> 8, Q5_0: 16), its ``m`` (Q4_1 / Q5_1: ``+m`` -> -1), its sub-block
-minimum (Q2_K / Q4_K / Q5_K: 1) or offset (Q3_K: 4, Q6_K: 32); the float types have none (bytes a value, 0).
+minimum (Q2_K / Q4_K / Q5_K: 1) or offset (Q3_K: 4, Q6_K: 32); the float types and the code-book types (IQ4_NL, IQ4_XS) have none (0).
 """
 
 from gguf import GGMLQuantizationType as T
@@ -22,7 +22,20 @@ from inference_engine.backends.numba_kernels.kernel_entry import (
     Call,
     KernelSpec,
 )
-from inference_engine.backends.numba_kernels.types import q2_k, q3_k, q4_0, q4_1, q4_k, q5_0, q5_1, q5_k, q6_k, q8_0
+from inference_engine.backends.numba_kernels.types import (
+    iq4_nl,
+    iq4_xs,
+    q2_k,
+    q3_k,
+    q4_0,
+    q4_1,
+    q4_k,
+    q5_0,
+    q5_1,
+    q5_k,
+    q6_k,
+    q8_0,
+)
 
 
 def _floats(qtype: T, width: int, vload, load) -> KernelSpec:
@@ -122,4 +135,12 @@ SPECS: tuple[KernelSpec, ...] = (
         matvec_int=Call(intdot.rows_matvec, q6_k.row_dot_q6_k), tiled=Call(q6_k.tiled_loop_q6_k),
         ktiled=Call(ktiles.ktiled, q6_k.unpack_rows_q6_k, 16, 32, False),  # sub-block, offset, min terms
     ),
+    # The code-book types: float kernels only (no integer mat-vec yet); ``sub`` 32 gives IQ4_NL's block loop its
+    # block count (its constant-term factor is 0), IQ4_XS has no sums at all.
+    KernelSpec(
+        T.IQ4_NL, "q8_0", 32, (18, 0.0),
+        matvec_float=Call(fb.pairs_matvec_float, fb.offset_block, iq4_nl.unpack_iq4_nl, LAYOUT),
+        dequant=Call(fb.blocks_dequant, fb.offset_dequant, iq4_nl.unpack_iq4_nl, LAYOUT),
+    ),
+    _superblocks(T.IQ4_XS, 0, (136, 0.0), iq4_xs.iq4_xs_superblock, iq4_xs.dequant_superblock_iq4_xs),
 )  # fmt: skip

@@ -41,7 +41,7 @@ def test_open_gguf_refuses_bad_input_in_one_line(bad_model_files, kind):
 # Files GGUFFile reads (for inspect) but we cannot run: the run policy refuses them where a model is built.
 RUN_POLICY_MESSAGE = {
     "unknown_arch": ["unsupported architecture 'bloom'", "llama", "qwen2", "qwen3", "gemma3", "phi3"],
-    "unsupported_type": ["IQ4_NL", "blk.0.ffn_down.weight", "supported", "Q4_K", "Q8_0"],
+    "unsupported_type": ["IQ2_XXS", "blk.0.ffn_down.weight", "supported", "Q4_K", "Q8_0"],
 }
 
 

@@ -25,8 +25,9 @@ from inference_engine.engine import OurEngine
 
 ARCHS = ARCHITECTURES
 # F32 (no quantization at all), the two legacy kinds (Q4_1 has the per-block min term ggml handles specially),
-# Q8_0 (the activation type itself), two K-quants.
-QTYPES = ("F32", "Q4_1", "Q8_0", "Q4_K", "Q6_K")
+# Q8_0 (the activation type itself), two K-quants, the two code-book types (non-linear values: IQ4_NL's 32-value
+# blocks against Q8_0 activations, IQ4_XS's super-blocks against Q8_K).
+QTYPES = ("F32", "Q4_1", "Q8_0", "Q4_K", "Q6_K", "IQ4_NL", "IQ4_XS")
 PROMPT_LEN = 16
 
 # --- tolerances ---------------------------------------------------------------------------------------------------

@@ -20,6 +20,7 @@ EXPECTED_VEC_DOT_TYPE = {
     T.Q4_0: T.Q8_0, T.Q5_0: T.Q8_0, T.Q8_0: T.Q8_0,
     T.Q4_1: T.Q8_1, T.Q5_1: T.Q8_1,
     T.Q2_K: T.Q8_K, T.Q3_K: T.Q8_K, T.Q4_K: T.Q8_K, T.Q5_K: T.Q8_K, T.Q6_K: T.Q8_K,
+    T.IQ4_NL: T.Q8_0, T.IQ4_XS: T.Q8_K,
 }  # fmt: skip
 
 ALL_TYPES = list(EXPECTED_VEC_DOT_TYPE)
@@ -141,6 +142,6 @@ def test_dequantize_tensor_reads_what_gguf_py_hands_over(tmp_path, rng):
 
 
 def test_dequantize_tensor_unsupported_type_is_a_user_error():
-    t = TensorInfo("x", T.IQ4_NL, (1, 32), 18, np.zeros((1, 18), np.uint8))
-    with pytest.raises(GGUFParityError, match="unsupported tensor type IQ4_NL"):
+    t = TensorInfo("x", T.IQ2_XXS, (1, 256), 66, np.zeros((1, 66), np.uint8))
+    with pytest.raises(GGUFParityError, match="unsupported tensor type IQ2_XXS"):
         dequantize_tensor(t)

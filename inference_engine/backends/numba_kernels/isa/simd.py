@@ -23,6 +23,7 @@ Vocabulary (all usable only inside ``@njit`` code):
 - ``U8x16`` (16 bytes to take apart nibbles and bit fields): ``bload(u8, off)``, ``bstore(u8, off, v)``, ``band(v, k)``, ``bxor(v, k)``, ``bshr(v, k)``,
   ``bshl(v, k)``, ``bor(a, b)``, ``bbits(u8, off, first_bit)`` (16 consecutive bits of the little-endian word at
   ``off``, one per byte as 0/1), ``bto_f32(v)`` (unsigned bytes -> floats), ``bto_f32_signed(v)`` (int8 -> floats),
+  ``blookup(table, v)`` (lane i = ``table[v[i] & 15]``),
   and for unpacking scale fields: ``bshuffle(v, pattern)``, ``bshr_lanes(v, amounts)``, ``bselect(mask, a, b)``
   (patterns as string literals of 16 hex digits, one per lane).
 - ``prefetch(u8, off)``: a cache hint for the weight stream.
@@ -329,6 +330,33 @@ def bshuffle(typingctx, v, pattern):
 
     return U8x16(v, pattern), codegen
 
+
+
+@intrinsic
+def blookup(typingctx, table, v):
+    """Lane i = ``table[v[i] & 15]``: a 16-entry byte table indexed by nibbles (the IQ4 types' code book).
+
+    One ``pshufb`` where the target has SSSE3 (every x86-64 the kernels pick vector code for), one ``tbl`` on
+    Arm; elsewhere 16 element moves (portable IR, the same values)."""
+    if table != U8x16 or v != U8x16:
+        raise TypingError(f"blookup expects two U8x16, got {table}, {v}")
+
+    def codegen(context, builder, sig, args):
+        from inference_engine.backends.numba_kernels.isa.int8 import target_features  # int8 imports this module
+
+        lut, idx = args[0], builder.and_(args[1], ir.Constant(_VB, [15] * LANES))
+        feats = target_features(context)
+        if "+ssse3" in feats:
+            return _call_intrinsic(builder, "llvm.x86.ssse3.pshuf.b.128", _VB, [lut, idx])
+        if "+neon" in feats:
+            return _call_intrinsic(builder, "llvm.aarch64.neon.tbl1.v16i8", _VB, [lut, idx])
+        out = ir.Constant(_VB, ir.Undefined)
+        for i in range(LANES):
+            lane = ir.Constant(_I32, i)
+            out = builder.insert_element(out, builder.extract_element(lut, builder.extract_element(idx, lane)), lane)
+        return out
+
+    return U8x16(U8x16, U8x16), codegen
 
 @intrinsic
 def bshr_lanes(typingctx, v, amounts):

@@ -200,7 +200,7 @@ def prepare(x: np.ndarray, numerics: str, vec_dot_type: str, sub: int) -> tuple[
     elif vec_dot_type == "q8_1":
         xv, xs = ggml_q8_1(x)
     elif vec_dot_type == "q8_K":
-        xv, xs = ggml_q8_K(x, sub)
+        xv, xs = ggml_q8_K(x, sub or QK_K)  # a type without constant terms (IQ4_XS): sums dropped below
     elif vec_dot_type == "f16":
         with np.errstate(over="ignore"):  # beyond 65504 becomes inf, as _mm512_cvtps_ph does
             xv, xs = x.astype(np.float16).astype(np.float32), _no_sums(x.shape[0])

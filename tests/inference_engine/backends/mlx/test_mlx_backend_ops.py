@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from fixtures.tiny_models import TENSOR_TYPES
 from gguf import GGMLQuantizationType as T
 
 from inference_engine.backends import get_backend
@@ -34,7 +35,7 @@ ACTIVATION_ATOL = 1e-6
 # out of each group): relative to the row norms, a few 1e-7 per product; 1e-5 of the output scale leaves room.
 MATMUL_RTOL = 1e-5
 
-MATRIX_TYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
+MATRIX_TYPES = TENSOR_TYPES  # every type the fixtures write
 # Every op test on MLX's CPU and, where MLX has one, on its GPU (Metal or CUDA), against the same bounds: on the GPU
 # our f32 numerics are float32 too (MLX_ENABLE_TF32=0, inference_engine.backends.mlx.device).
 DEVICES = ["cpu", pytest.param("gpu", marks=pytest.mark.gpu)]
@@ -73,7 +74,7 @@ def test_description_says_numerics_and_weight_forms(mlx_backend):
     assert "f32 numerics only" in text and f"MLX {mx.__version__}" in text
     kernels = mlx_backend.kernels  # our GGUF-block kernels: Metal / CUDA on a GPU, None on the CPU
     expected = f"GGUF blocks read by our {kernels.name} kernels" if kernels else "dequantized float32 (CPU)"
-    assert f"Q2_K/Q3_K/Q6_K as {expected}" in text
+    assert f"Q2_K/Q3_K/Q6_K/IQ4_XS as {expected}, IQ4_NL and floats as float32" in text
     assert (kernels is None) == (mlx_backend.device == "cpu")
     assert mlx_backend.versions()["mlx"] == mx.__version__
 
@@ -256,7 +257,7 @@ def test_weight_forms_follow_the_type():
     for dialect in (None, *DIALECTS):  # the CPU, Metal, CUDA
         for qtype in (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q5_K):
             assert matrix_form(qtype, dialect) is AffineMatrix
-        for qtype in (T.Q2_K, T.Q3_K, T.Q6_K):
+        for qtype in (T.Q2_K, T.Q3_K, T.Q6_K, T.IQ4_XS):
             assert matrix_form(qtype, dialect) is (DenseMatrix if dialect is None else BlockMatrix)
-        for qtype in (T.F32, T.F16, T.BF16):
+        for qtype in (T.F32, T.F16, T.BF16, T.IQ4_NL):  # IQ4_NL: no kernel of ours (32-value blocks)
             assert matrix_form(qtype, dialect) is DenseMatrix

@@ -1,4 +1,4 @@
-"""Our GPU kernels for Q2_K / Q3_K / Q6_K (``gpu_kernels/``, ``inference_engine/backends/mlx/block_kernels.py``).
+"""Our GPU kernels for Q2_K / Q3_K / Q6_K / IQ4_XS (``gpu_kernels/``, ``inference_engine/backends/mlx/block_kernels.py``).
 
 Three levels:
 
@@ -31,7 +31,7 @@ from inference_engine.gguf.file import TensorInfo
 from inference_engine.quants import quant_for
 
 KERNEL_DIR = Path(__file__).resolve().parents[4] / "inference_engine" / "backends" / "gpu_kernels"
-KERNEL_TYPES = (T.Q2_K, T.Q3_K, T.Q6_K)
+KERNEL_TYPES = tuple(block_index.LAYOUTS)  # Q2_K, Q3_K, Q6_K, IQ4_XS
 N_IN = 768  # three 256-value blocks per row
 N_OUT = 70  # not a multiple of the mat-vec's 4 rows per threadgroup nor of the mat-mul's 64-row tiles
 MATVEC_TOKENS = (1, 3, 8)  # 8: the most the mat-vec takes (GQ_MAX_TOK)
@@ -73,7 +73,7 @@ def test_twin_rebuilds_every_value_as_ggml(qtype):
 
 
 # The bytes of each type's block that hold quant bits (the rest are scales and f16 factors).
-QUANT_BYTES = {T.Q2_K: range(16, 80), T.Q3_K: range(96), T.Q6_K: range(192)}
+QUANT_BYTES = {T.Q2_K: range(16, 80), T.Q3_K: range(96), T.Q6_K: range(192), T.IQ4_XS: range(8, 136)}
 
 
 @pytest.mark.parametrize("qtype", KERNEL_TYPES, ids=lambda t: t.name)

@@ -142,8 +142,8 @@ def test_shapes_and_user_errors(rng):
         dispatch.matmul(w, np.zeros((1, 63), np.float32))
     with pytest.raises(GGUFParityError, match="unknown numerics"):
         dispatch.matmul(w, np.zeros((1, 64), np.float32), "f64")
-    with pytest.raises(GGUFParityError, match="no kernel for IQ4_NL"):
-        dispatch.pack_matrix("x", T.IQ4_NL, np.zeros((4, 36), np.uint8), (4, 64))
+    with pytest.raises(GGUFParityError, match="no kernel for IQ2_XXS"):
+        dispatch.pack_matrix("x", T.IQ2_XXS, np.zeros((4, 66), np.uint8), (4, 256))
 
 
 @pytest.mark.parametrize("n_tokens", [1, 9, 20])
