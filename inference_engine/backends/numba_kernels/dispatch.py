@@ -39,7 +39,7 @@ from inference_engine.backends.numba_kernels import gemm, inttiles, ktiles
 from inference_engine.backends.numba_kernels.kernel_entry import Kernels
 from inference_engine.backends.numba_kernels.kernel_table import KERNELS
 from inference_engine.backends.numba_kernels.ops import activations
-from inference_engine.backends.numba_kernels.types import q4_0
+from inference_engine.backends.numba_kernels.types import iq4_nl, q4_0
 from inference_engine.cpu_features import CPUFeatures, cpu_features
 from inference_engine.errors import GGUFParityError
 from inference_engine.platform.mapped_pages import copy_out_of_map, drop_file_pages, weight_buffer
@@ -83,7 +83,10 @@ INT8_FLAVOURS = ("avx2", "avx512", "neon")
 # "kernel choices" (intdot's untiled mat-mat, never faster than the tiled kernel, is kept for measuring in
 # bench_compare.untiled_int).
 TILED_MIN_TOKENS: dict[T, int] = {T.Q6_K: 2, T.Q4_K: 3, T.Q5_K: 3, T.Q5_0: 3, T.Q5_1: 3, T.Q4_0: 4, T.Q4_1: 4,
-                                  T.Q8_0: 4}
+                                  T.Q8_0: 4, T.IQ4_XS: 3}
+# IQ4_XS (no ktiles: llama.cpp multiplies it by vec_dot at every count, which its tiles equal bit for bit), 1 thread,
+# 8960x1536, ms per-token mat-vecs / tiles / dequantized tiles: 2 tokens 1.04 / 1.19 / 2.94, 3 1.56 / 1.20 / 2.95,
+# 16 8.49 / 5.25 / 6.53, 64 35.2 / 20.0 / 23.4, 512 - / 175 / 217.
 # The same rule decides the last tile of a longer run: a remainder of fewer than the type's TILED_MIN_TOKENS goes
 # through the mat-vec (matmul_by_int_tiles).
 # From how many tokens a type takes ktiles (16 tokens a vector), per compile target (ktiles.compiled_target).
@@ -104,7 +107,11 @@ TILED_MIN_TOKENS: dict[T, int] = {T.Q6_K: 2, T.Q4_K: 3, T.Q5_K: 3, T.Q5_0: 3, T.
 # llamafile's sgemm): from where they are faster, 1 thread, ms tiles / ktiles, 8960x1536: Q4_1 8 tokens 2.36 / 1.91,
 # 16 4.77 / 2.04, 128 38.0 / 11.3; Q5_1 8 2.50 / 2.05; Q5_0 8 2.29 / 1.84, 16 4.60 / 1.79; Q8_0 8 1.91 / 1.91, 12
 # 2.91 / 2.23, 16 4.27 / 2.31 (at 4 to 6 tokens the tiles, or the tiles plus a mat-vec, are faster for each).
+# IQ4_NL: llama.cpp repacks it as Q4_0 (rows a multiple of 8) and its gemm's float steps are ktiled_blocks'; faster
+# from 3 tokens (1 thread, 8960x1536, ms per-token mat-vecs / ktiles / dequantized tiles: 4 tokens 3.24 / 1.77 / 3.11,
+# 8 6.44 / 1.70 / 3.70, 16 12.95 / 1.71 / 6.36, 64 51.7 / 5.75 / 22.7; one token 0.81 by the mat-vec).
 _KTILED_MIN_TOKENS_VNNI: dict[T, int] = {
+    T.IQ4_NL: 3,
     T.Q4_0: 5,
     T.Q4_1: 8,
     T.Q5_0: 8,
@@ -136,7 +143,7 @@ KTILED_MIN_TOKENS: dict[str, dict[T, int]] = {"avx512_vnni": _KTILED_MIN_TOKENS_
 # Where llama.cpp repacks a type at load (x86 with AVX2: rows a multiple of this) and multiplies it at every token
 # count by its own gemv / gemm: a type's ktiles only there; and on AVX-512 VNNI its one-token mat-vec takes the gemv's
 # order there, which also takes fewer tokens than ktiles (:func:`repacked_order`).
-REPACKED_ROWS = {T.Q4_0: q4_0.REPACKED_ROWS}
+REPACKED_ROWS = {T.Q4_0: q4_0.REPACKED_ROWS, T.IQ4_NL: iq4_nl.REPACKED_ROWS}
 
 
 def matvec_family(features: CPUFeatures | None = None) -> str:

@@ -487,6 +487,22 @@ def dequant_iq4_nl(w, row0, out):
     float_blocks.blocks_dequant(float_blocks.offset_dequant, iq4_nl.unpack_iq4_nl, layout_iq4_nl, w, row0, out)
 
 
+@njit(parallel=True, cache=True)
+def matvec_int_iq4_nl(w, yq, yd, ya, out):
+    iq4_nl.matvec_int_loop_iq4_nl(w, yq, yd, ya, out)
+
+
+@njit(parallel=True, cache=True)
+def ktiled_iq4_nl(w, yq, yd, ya, out):
+    ktiles.ktiled_blocks(iq4_nl.unpack_rows_iq4_nl, 128, w, yq, yd, ya, out)
+
+
+@njit(cache=True)
+def token_iq4_nl(w, x, out):
+    yq, yd, ya = activations.row_q8_0_sum4(x)
+    matvec_int_iq4_nl(w, yq, yd, ya, out)
+
+
 # --- IQ4_XS -----------------------------------------------------------------------------------------------------------
 @njit(inline="always", cache=True)
 def layout_iq4_xs():
@@ -501,6 +517,22 @@ def matvec_float_iq4_xs(w, xv, xs, out):
 @njit(parallel=True, cache=True)
 def dequant_iq4_xs(w, row0, out):
     float_blocks.superblocks_dequant(iq4_xs.dequant_superblock_iq4_xs, layout_iq4_xs, w, row0, out)
+
+
+@njit(parallel=True, cache=True)
+def matvec_int_iq4_xs(w, yq, yd, ya, out):
+    intdot.rows_matvec(iq4_xs.row_dot_iq4_xs, w, yq, yd, ya, out)
+
+
+@njit(parallel=True, cache=True)
+def tiled_iq4_xs(w, yq, yd, ya, out):
+    inttiles.tiled_pairs(iq4_xs.tile_iq4_xs, w, yq, yd, ya, out)
+
+
+@njit(cache=True)
+def token_iq4_xs(w, x, out):
+    yq, yd, ya = activations.row_q8_K(x)
+    matvec_int_iq4_xs(w, yq, yd, ya, out)
 
 
 @njit(cache=True)
@@ -524,12 +556,16 @@ def token_matvec(qtype, w, x, out):
         token_q5_k(w, x, out)
     elif qtype == 14:  # Q6_K
         token_q6_k(w, x, out)
+    elif qtype == 20:  # IQ4_NL
+        token_iq4_nl(w, x, out)
+    elif qtype == 23:  # IQ4_XS
+        token_iq4_xs(w, x, out)
     else:
         raise ValueError("token_matvec: no one-token kernel for this tensor type")
 
 
 # the types token_matvec multiplies (those with an integer-dot mat-vec)
-TOKEN_TYPES: tuple[T, ...] = (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K)
+TOKEN_TYPES: tuple[T, ...] = (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_NL, T.IQ4_XS)
 # tensor type -> its kernels, in the order of kernel_specs.SPECS
 ENTRIES: dict[T, Kernels] = {
     T.F32: Kernels(matvec_float_f32, dequant_f32, "f32", 0),
@@ -625,6 +661,18 @@ ENTRIES: dict[T, Kernels] = {
         token_q6_k,
         matmul_ktiled=ktiled_q6_k,
     ),
-    T.IQ4_NL: Kernels(matvec_float_iq4_nl, dequant_iq4_nl, "q8_0", 32),
-    T.IQ4_XS: Kernels(matvec_float_iq4_xs, dequant_iq4_xs, "q8_K", 0),
+    T.IQ4_NL: Kernels(
+        matvec_float_iq4_nl,
+        dequant_iq4_nl,
+        "q8_0",
+        32,
+        matvec_int_iq4_nl,
+        "q8_0_sum4",
+        None,
+        token_iq4_nl,
+        matmul_ktiled=ktiled_iq4_nl,
+    ),
+    T.IQ4_XS: Kernels(
+        matvec_float_iq4_xs, dequant_iq4_xs, "q8_K", 0, matvec_int_iq4_xs, "q8_K", tiled_iq4_xs, token_iq4_xs
+    ),
 }

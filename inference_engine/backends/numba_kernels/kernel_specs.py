@@ -135,12 +135,18 @@ SPECS: tuple[KernelSpec, ...] = (
         matvec_int=Call(intdot.rows_matvec, q6_k.row_dot_q6_k), tiled=Call(q6_k.tiled_loop_q6_k),
         ktiled=Call(ktiles.ktiled, q6_k.unpack_rows_q6_k, 16, 32, False),  # sub-block, offset, min terms
     ),
-    # The code-book types: float kernels only (no integer mat-vec yet); ``sub`` 32 gives IQ4_NL's block loop its
-    # block count (its constant-term factor is 0), IQ4_XS has no sums at all.
+    # The code-book types: float kernels, the integer mat-vec, IQ4_NL's repacked gemm (no 4-token tiles: other batches
+    # take dequantized tiles);
+    # ``sub`` 32 gives IQ4_NL's float block loop its block count (its constant-term factor is 0), IQ4_XS has no sums.
     KernelSpec(
-        T.IQ4_NL, "q8_0", 32, (18, 0.0),
+        T.IQ4_NL, "q8_0", 32, (18, 0.0), int_activation="q8_0_sum4",  # the sums: ktiled_blocks' offset term
         matvec_float=Call(fb.pairs_matvec_float, fb.offset_block, iq4_nl.unpack_iq4_nl, LAYOUT),
         dequant=Call(fb.blocks_dequant, fb.offset_dequant, iq4_nl.unpack_iq4_nl, LAYOUT),
+        matvec_int=Call(iq4_nl.matvec_int_loop_iq4_nl),
+        ktiled=Call(ktiles.ktiled_blocks, iq4_nl.unpack_rows_iq4_nl, 128),  # values + 128
     ),
-    _superblocks(T.IQ4_XS, 0, (136, 0.0), iq4_xs.iq4_xs_superblock, iq4_xs.dequant_superblock_iq4_xs),
+    _superblocks(
+        T.IQ4_XS, 0, (136, 0.0), iq4_xs.iq4_xs_superblock, iq4_xs.dequant_superblock_iq4_xs, int_activation="q8_K",
+        matvec_int=Call(intdot.rows_matvec, iq4_xs.row_dot_iq4_xs), tiled=Call(inttiles.tiled_pairs, iq4_xs.tile_iq4_xs),
+    ),
 )  # fmt: skip

@@ -127,7 +127,7 @@ def _type_block(spec: KernelSpec, imports: set[str]) -> tuple[str, str]:
         parts.append(_token(t, spec.int_activation))
         entry = (
             f'Kernels(matvec_float_{t}, dequant_{t}, "{spec.vec_dot_type}", {spec.sub}, matvec_int_{t}, '
-            f'"{spec.int_activation}", tiled_{t}, token_{t}'
+            f'"{spec.int_activation}", {f"tiled_{t}" if spec.tiled is not None else "None"}, token_{t}'
             + (f", matmul_ktiled=ktiled_{t})" if spec.ktiled is not None else ")")
         )
     elif spec.ktiled is not None:
@@ -149,8 +149,8 @@ def render(specs: list[KernelSpec] | None = None) -> str:
     imports: set[str] = {f"{PACKAGE}.ops.activations"}
     blocks, entries = [], []
     for spec in specs:
-        if spec.matvec_int is not None and (spec.tiled is None or not spec.int_activation):
-            raise ValueError(f"{spec.qtype.name}: an integer-dot mat-vec needs its tiled kernel and int_activation")
+        if spec.matvec_int is not None and not spec.int_activation:
+            raise ValueError(f"{spec.qtype.name}: an integer-dot mat-vec needs the int_activation it reads")
         if spec.ktiled is not None and not spec.int_activation:
             raise ValueError(f"{spec.qtype.name}: a ktiled kernel needs the int_activation it reads")
         block, entry = _type_block(spec, imports)

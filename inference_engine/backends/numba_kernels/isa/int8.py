@@ -174,6 +174,22 @@ def lower_abs_sign(context, builder, a, s):
     return ab, sb
 
 
+
+def lower_lookup16(context, builder, lut, idx):
+    """``<16 x i8>``: lane i = ``lut[idx[i]]`` for indices 0..15 (a code book by nibble): one ``pshufb`` where the
+    target has SSSE3, one ``tbl`` on Arm, elsewhere 16 element moves (portable IR, the same values)."""
+    feats = target_features(context)
+    v16 = ir.VectorType(_I8, 16)
+    if "+ssse3" in feats:
+        return _call(builder, "llvm.x86.ssse3.pshuf.b.128", v16, [lut, idx])
+    if "+neon" in feats:
+        return _call(builder, "llvm.aarch64.neon.tbl1.v16i8", v16, [lut, idx])
+    out = ir.Constant(v16, ir.Undefined)
+    for i in range(16):
+        lane = ir.Constant(_I32, i)
+        out = builder.insert_element(out, builder.extract_element(lut, builder.extract_element(idx, lane)), lane)
+    return out
+
 # --- I8x32 ---------------------------------------------------------------------------------------------------------
 @intrinsic
 def load32(typingctx, arr, offset):
@@ -200,6 +216,27 @@ def nibbles32(typingctx, arr, offset):
 
     return I8x32(arr, offset), codegen
 
+
+
+@intrinsic
+def lookup32(typingctx, table, arr, offset):
+    """The code-book values the 16 bytes at ``offset`` index by nibble: lane j = ``table[lo(arr[offset + j])]``,
+    lane 16 + j = ``table[hi(arr[offset + j])]`` (an IQ4_NL block, an IQ4_XS sub-block: ggml's ``vpshufb`` on
+    ``kvalues_iq4nl``). ``table``: 16 bytes (the int8 values as uint8)."""
+    _check(table, types.uint8, "lookup32")
+    _check(arr, types.uint8, "lookup32")
+
+    def codegen(context, builder, sig, args):
+        v16 = ir.VectorType(_I8, 16)
+        lut = builder.load(_ptr(context, builder, sig.args[0], args[0], context.get_constant(types.intp, 0), v16),
+                           align=1)
+        q = builder.load(_ptr(context, builder, sig.args[1], args[1], args[2], v16), align=1)
+        m = ir.Constant(v16, [15] * 16)
+        lo = lower_lookup16(context, builder, lut, builder.and_(q, m))
+        hi = lower_lookup16(context, builder, lut, builder.and_(builder.lshr(q, ir.Constant(v16, [4] * 16)), m))
+        return builder.shuffle_vector(lo, hi, _vconst(ir.VectorType(_I32, BYTES), range(BYTES)))
+
+    return I8x32(table, arr, offset), codegen
 
 @intrinsic
 def bits32(typingctx, arr, offset):
@@ -287,6 +324,21 @@ def dot4_scaled(typingctx, u, s, k_lo, k_hi):
 
     return I32x8(I8x32, I8x32, k_lo, k_hi), codegen
 
+
+
+@intrinsic
+def dot4_signed_scaled(typingctx, a, s, k):
+    """``k * dot4_signed(a, s)`` (|k| < 2**15): ggml's ``mul_add_epi8`` (``vpsignb`` twice, ``vpmaddubsw``) then
+    ``vpmaddwd`` with the sub-block scale ``k`` as int16 (IQ4_XS)."""
+    if a != I8x32 or s != I8x32 or not isinstance(k, types.Integer):
+        raise TypingError(f"dot4_signed_scaled expects two I8x32 and an int, got {a}, {s}, {k}")
+
+    def codegen(context, builder, sig, args):
+        ab, sb = lower_abs_sign(context, builder, args[0], args[1])
+        k16 = context.cast(builder, args[2], sig.args[2], types.int16)
+        return lower_dot4_scaled(context, builder, ab, sb, k16, k16)
+
+    return I32x8(I8x32, I8x32, k), codegen
 
 # --- I32x8 ---------------------------------------------------------------------------------------------------
 @intrinsic

@@ -42,6 +42,8 @@ from numba.core import cgutils
 from numba.core.errors import TypingError
 from numba.extending import intrinsic, models, register_model
 
+from inference_engine.backends.numba_kernels.isa.int8 import lower_lookup16
+
 LANES = 16
 # How far ahead of the rows being multiplied the mat-vec kernels prefetch (see ``prefetch``): a few KB, several
 # rows of a typical matrix. 2 KB to 20 KB measured the same; 4 KB.
@@ -336,27 +338,16 @@ def bshuffle(typingctx, v, pattern):
 def blookup(typingctx, table, v):
     """Lane i = ``table[v[i] & 15]``: a 16-entry byte table indexed by nibbles (the IQ4 types' code book).
 
-    One ``pshufb`` where the target has SSSE3 (every x86-64 the kernels pick vector code for), one ``tbl`` on
-    Arm; elsewhere 16 element moves (portable IR, the same values)."""
+    Lowered by :func:`.int8.lower_lookup16` (``pshufb`` / ``tbl`` / portable IR)."""
     if table != U8x16 or v != U8x16:
         raise TypingError(f"blookup expects two U8x16, got {table}, {v}")
 
     def codegen(context, builder, sig, args):
-        from inference_engine.backends.numba_kernels.isa.int8 import target_features  # int8 imports this module
-
-        lut, idx = args[0], builder.and_(args[1], ir.Constant(_VB, [15] * LANES))
-        feats = target_features(context)
-        if "+ssse3" in feats:
-            return _call_intrinsic(builder, "llvm.x86.ssse3.pshuf.b.128", _VB, [lut, idx])
-        if "+neon" in feats:
-            return _call_intrinsic(builder, "llvm.aarch64.neon.tbl1.v16i8", _VB, [lut, idx])
-        out = ir.Constant(_VB, ir.Undefined)
-        for i in range(LANES):
-            lane = ir.Constant(_I32, i)
-            out = builder.insert_element(out, builder.extract_element(lut, builder.extract_element(idx, lane)), lane)
-        return out
+        idx = builder.and_(args[1], ir.Constant(_VB, [15] * LANES))
+        return lower_lookup16(context, builder, args[0], idx)
 
     return U8x16(U8x16, U8x16), codegen
+
 
 @intrinsic
 def bshr_lanes(typingctx, v, amounts):

@@ -18,6 +18,7 @@ from bench_compare import untiled_int
 from inference_engine.backends.numba_kernels import dispatch
 from inference_engine.backends.numba_kernels.isa import int8, simd, zmm
 from inference_engine.backends.numba_kernels.ops import activations
+from inference_engine.backends.numba_kernels.types import iq4_nl
 from inference_engine.cpu_features import CPUFeatures, cpu_features
 
 INT_TYPES = [t for t, k in dispatch.KERNELS.items() if k.matvec_int is not None]
@@ -109,28 +110,33 @@ def _compile_steps():
     """A fresh, uncached function, so that it is compiled under whatever lowering the test has set up."""
 
     @njit
-    def steps(u, a, s, k_lo, k_hi, a16, out):
+    def steps(u, a, s, k_lo, k_hi, a16, book, codes, out):
         int8.istore(out, 0, int8.dot4(int8.load32(u, 0), int8.load32(s, 0)))
         int8.istore(out, 8, int8.dot4_signed(int8.load32(a, 0), int8.load32(s, 0)))
         int8.istore(out, 16, int8.dot4_scaled(int8.load32(u, 0), int8.load32(s, 0), k_lo, k_hi))
         int8.istore(out, 24, int8.madd16(a16, 0, s, 0))
+        int8.istore(out, 32, int8.dot4_signed_scaled(int8.load32(a, 0), int8.load32(s, 0), k_lo))
+        int8.istore(out, 40, int8.dot4_signed(int8.lookup32(book, codes, 0), int8.load32(s, 0)))
 
     return steps
 
 
-def _reference_steps(u, a, s, k_lo, k_hi, a16):
+def _reference_steps(u, a, s, k_lo, k_hi, a16, book, codes):
     ss = s.view(np.int8).astype(np.int32)
     dot = (u.astype(np.int32) * ss).reshape(8, 4).sum(1)
     signed = (a.view(np.int8).astype(np.int32) * ss).reshape(8, 4).sum(1)
     scaled = dot * np.array([k_lo] * 4 + [k_hi] * 4)
     madd = (a16.astype(np.int32) * ss[:16]).reshape(8, 2).sum(1)
-    return np.concatenate([dot, signed, scaled, madd]).astype(np.int32)
+    looked_up = book.view(np.int8).astype(np.int32)[np.concatenate([codes & 15, codes >> 4])]
+    book_dot = (looked_up * ss).reshape(8, 4).sum(1)
+    return np.concatenate([dot, signed, scaled, madd, signed * k_lo, book_dot]).astype(np.int32)
 
 
 @pytest.mark.parametrize("lowering", ["target", "portable"])
 def test_integer_steps_on_every_lowering(lowering, rng, monkeypatch):
-    """dot4 / dot4_signed / dot4_scaled / madd16 give the exact integers through the x86 intrinsics and through
-    the portable IR that NEON and other targets get (forced here by hiding the target's features)."""
+    """dot4 / dot4_signed / dot4_scaled / madd16 / dot4_signed_scaled, and lookup32's code-book values, give the
+    exact integers through the x86 intrinsics and through the portable IR that NEON and other targets get (forced
+    here by hiding the target's features)."""
     if lowering == "portable":
         monkeypatch.setattr(int8, "target_features", lambda context: frozenset())
     steps = _compile_steps()
@@ -141,17 +147,20 @@ def test_integer_steps_on_every_lowering(lowering, rng, monkeypatch):
         a[:2] = [0x80, 0x7F]
         s = rng.integers(-127, 128, 32).astype(np.int8).view(np.uint8)  # Q8 activations are within +-127
         a16 = rng.integers(-2032, 2033, 16).astype(np.int16)  # |bsums| <= 16 * 127
-        out = np.empty(32, np.int32)
-        steps(u, a, s, -37, 63, a16, out)
-        np.testing.assert_array_equal(out, _reference_steps(u, a, s, -37, 63, a16))
+        codes = rng.integers(0, 256, 16, dtype=np.uint8)  # two 4-bit codes a byte, as IQ4_NL's qs
+        out = np.empty(48, np.int32)
+        steps(u, a, s, -37, 63, a16, iq4_nl.CODE_BOOK, codes, out)
+        np.testing.assert_array_equal(out, _reference_steps(u, a, s, -37, 63, a16, iq4_nl.CODE_BOOK, codes))
     asm = steps.inspect_asm(steps.signatures[0])
     if lowering == "target" and X86:
         assert "vpmaddubsw" in asm or "vpdpbusd" in asm
+    if lowering == "target" and X86:
+        assert "vpshufb" in asm
     if lowering == "portable":
-        assert "vpmaddubsw" not in asm and "vpsignb" not in asm
+        assert "vpmaddubsw" not in asm and "vpsignb" not in asm and "vpshufb" not in asm
 
 
-@pytest.mark.parametrize("qtype", INT_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", [t for t in INT_TYPES if t in untiled_int.MATMUL_INT], ids=lambda t: t.name)
 def test_int_matmul_equals_the_matvec_per_token(qtype, rng, oracle):
     """The several-token kernel (measured for prefill) gives each token the mat-vec's output bit for bit."""
     w, rows = random_weight(qtype, N_OUT, N_IN, rng)

@@ -22,15 +22,15 @@ from inference_engine.backends.numba_kernels.isa.zmm import izero16
 from inference_engine.backends.numba_kernels.ops import activations
 
 KTILED_TYPES = [t for t, k in dispatch.KERNELS.items() if k.matmul_ktiled is not None]
-SHAPES = [(8, 256), (37, 7 * 256)]  # Q4_0: 40 rows for 37 (llama.cpp repacks only rows a multiple of 8)
+SHAPES = [(8, 256), (37, 7 * 256)]  # Q4_0, IQ4_NL: 40 rows for 37 (llama.cpp repacks only rows a multiple of 8)
 TOKEN_COUNTS = [8, 9, 31, 32]
 TARGET = ktiles.compiled_target()
 VNNI = TARGET == "avx512_vnni"
 # the types the engine sends through ktiles on this compile target (AVX2: not Q4_1 / Q5_1, slower there, nor Q8_0,
 # whose quants would saturate vpmaddubsw): where the kernels must be llama.cpp's mul_mat bit for bit
 TARGET_TYPES = set(dispatch.KTILED_MIN_TOKENS.get(TARGET, {}))
-# exact everywhere (dpbusd_row's AVX2 lowering holds weights below 129; Q8_0's are q + 128)
-EXACT_TYPES = [t for t in KTILED_TYPES if TARGET != "avx2" or t != T.Q8_0]
+# exact everywhere (dpbusd_row's AVX2 lowering holds weights below 129; Q8_0's are q + 128, IQ4_NL's up to 241)
+EXACT_TYPES = [t for t in KTILED_TYPES if TARGET != "avx2" or t not in (T.Q8_0, T.IQ4_NL)]
 
 
 def on_this_target(qtype):
@@ -51,7 +51,7 @@ def shape_for(qtype, shape):
 
 
 def llamacpp(oracle, qtype, rows, x):
-    """ggml's mul_mat on the weight as a model holds it: Q4_0 repacked at load (llama.cpp's default)."""
+    """ggml's mul_mat on the weight as a model holds it: Q4_0 and IQ4_NL repacked at load (llama.cpp's default)."""
     return oracle.mul_mat(qtype, rows, x, repacked=qtype in dispatch.REPACKED_ROWS)
 
 
@@ -66,9 +66,9 @@ VEC_DOT_ORDER = {T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0}
 
 
 def test_every_quantized_type_has_the_16_token_kernel():
-    """Every K-quant (llama.cpp's tiled mat-mul takes them all), Q4_0 (which llama.cpp repacks) and the other 32-weight
-    types (vec_dot's order)."""
-    assert set(KTILED_TYPES) == {T.Q4_0, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K} | VEC_DOT_ORDER
+    """Every K-quant (llama.cpp's tiled mat-mul takes them all), Q4_0 and IQ4_NL (which llama.cpp repacks) and the
+    other 32-weight types (vec_dot's order); not IQ4_XS (llama.cpp multiplies it by vec_dot at every count)."""
+    assert set(KTILED_TYPES) == {T.Q4_0, T.IQ4_NL, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K} | VEC_DOT_ORDER
 
 
 @pytest.mark.parametrize("qtype", KTILED_TYPES, ids=lambda t: t.name)
