@@ -165,4 +165,11 @@ print("meanwhile; speed waits for it (<= 120 s) so its timings do not share the 
 print("gpu-tests (they passed on an H100 at 96b818e): give it a timeout_s of the budget left (status) less 15 s, and")
 print("it runs them as long as the budget lasts. Results: each call's $OUT (summary.txt, logs, results.tgz, made")
 print("again after every step, so a call cut off keeps its finished steps' JSON; a step's log grows as it runs).")
+# What the last GPU-less sessions built for the GPU and left to measure (issue 30): read these results first.
+print("Read first: speed's *-decode-attnkernel*.json and *-decode-unfused.json against *-decode.json (do the stacked")
+print("Q/K/V and gate/up, and the opt-in attention kernel, cut the 5.45 ms of device time a 1.5B-shape token took on")
+print("the H200?); gpu-tests (the attention kernel's GPU test; IQ4_XS in the block kernels, never run on a GPU);")
+print("validate-tiny (IQ4_NL and IQ4_XS among the types). Turn MLXBackend.attention_kernel on by default only with its")
+print("GPU test passing and its gain measured. Still open: validate-smollm2 (--device gpu), cpu-crash (point 6),")
+print("prefill vs prefill-f32, and the greedy loop's 8.4 ms a token against 6.4 forced (docs/PERFORMANCE.md).")
 EOF

@@ -103,7 +103,8 @@ class MLXBackend(Backend):
                 " (ggml numerics: use --backend numpy or numba)"
             )
         self.placement = mlx_device.select(self.device)  # MLX's default device now; float32 checked there
-        # Our kernels for Q2_K/Q3_K/Q6_K/IQ4_XS run on a GPU only: Metal or CUDA, whichever MLX computes on (None: the CPU).
+        # Our kernels for Q2_K/Q3_K/Q6_K/IQ4_XS run on a GPU only: Metal or CUDA, whichever MLX computes on (None:
+        # the CPU).
         self.kernels = block_kernels.gpu_dialect()
         self.weight_forms: Counter[str] = Counter()  # "Q4_K->mlx-affine" -> number of matrices
         self._pending: dict[int, mx.array] = {}  # KV buffers written since the last evaluation

@@ -5,7 +5,8 @@ table (:mod:`.kernel_table`) holds them in this order.
 
 ``layout`` is ``(block bytes, constant-term factor)``: the constant term of a block is ``factor * c * sum(x)``
 with ``c`` the block's ``d`` (Q4_0: ``-8 d`` -> 8, Q5_0: 16), its ``m`` (Q4_1 / Q5_1: ``+m`` -> -1), its sub-block
-minimum (Q2_K / Q4_K / Q5_K: 1) or offset (Q3_K: 4, Q6_K: 32); the float types and the code-book types (IQ4_NL, IQ4_XS) have none (0).
+minimum (Q2_K / Q4_K / Q5_K: 1) or offset (Q3_K: 4, Q6_K: 32); the float types and the code-book types (IQ4_NL,
+IQ4_XS) have none (0).
 """
 
 from gguf import GGMLQuantizationType as T
@@ -147,6 +148,7 @@ SPECS: tuple[KernelSpec, ...] = (
     ),
     _superblocks(
         T.IQ4_XS, 0, (136, 0.0), iq4_xs.iq4_xs_superblock, iq4_xs.dequant_superblock_iq4_xs, int_activation="q8_K",
-        matvec_int=Call(intdot.rows_matvec, iq4_xs.row_dot_iq4_xs), tiled=Call(inttiles.tiled_pairs, iq4_xs.tile_iq4_xs),
+        matvec_int=Call(intdot.rows_matvec, iq4_xs.row_dot_iq4_xs),
+        tiled=Call(inttiles.tiled_pairs, iq4_xs.tile_iq4_xs),
     ),
 )  # fmt: skip

@@ -60,8 +60,8 @@ def block_dot_iq4_nl(row, o, yq, b):
 def row_dot_iq4_nl(w0, p0, yq, yd, ya):
     """One row in ``ggml_vec_dot_iq4_nl_q8_0``'s order (x86): blocks in pairs, even ones into one accumulator and
     odd ones into another (``fma(d_y d_w, float(dot), acc)``), ``hsum_float_8`` of their sum, an odd last block
-    added as a scalar (``sumf += d * sumi``: two roundings, as libggml is built; ``ya`` unused). llama.cpp repacks rows that are a multiple of 8 on AVX2 (its gemv sums each
-    block to one integer first): there the values differ from these by float rounding only."""
+    added as a scalar (``sumf += d * sumi``: two roundings, as libggml is built; ``ya`` unused). For rows llama.cpp
+    does not repack (:func:`matvec_int_loop_iq4_nl`)."""
     nb = yd.shape[0]
     a0, a1 = int8.fzero(), int8.fzero()
     b = 0

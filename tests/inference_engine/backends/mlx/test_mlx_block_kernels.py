@@ -1,4 +1,5 @@
-"""Our GPU kernels for Q2_K / Q3_K / Q6_K / IQ4_XS (``gpu_kernels/``, ``inference_engine/backends/mlx/block_kernels.py``).
+"""Our GPU kernels for Q2_K / Q3_K / Q6_K / IQ4_XS (``gpu_kernels/``,
+``inference_engine/backends/mlx/block_kernels.py``).
 
 Three levels:
 

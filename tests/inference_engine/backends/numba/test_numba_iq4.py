@@ -47,7 +47,7 @@ def test_iq4_nl_one_token_is_llamacpps_value(shape, rng, oracle):
         np.testing.assert_array_equal(one_token(w, x), reference, err_msg=f"{shape}, scale {scale}")
 
 
-@pytest.mark.skipif(not VNNI, reason="ktiles takes IQ4_NL on AVX-512 VNNI only (its values + 128 saturate AVX2's pairs)")
+@pytest.mark.skipif(not VNNI, reason="ktiles takes IQ4_NL on AVX-512 VNNI only (values + 128 saturate AVX2's pairs)")
 def test_iq4_nl_every_token_count_is_llamacpps_repacked_value(rng, oracle):
     """dispatch.matmul, ggml numerics: one mat-vec per token below ktiles' threshold, ktiles from it; both the
     repacked gemv / gemm's values at every count."""
