@@ -13,23 +13,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
-from test_numba_intdot import X86
 from test_numba_kernels import random_activation, random_weight
+from test_numba_q4_0 import GEMV_ORDER, VNNI, needs_x86, one_token
 
-from inference_engine.backends.numba_kernels import dispatch, ktiles
-from inference_engine.backends.numba_kernels.ops import activations
+from inference_engine.backends.numba_kernels import dispatch
 from inference_engine.backends.numba_kernels.types import iq4_nl
-
-VNNI = ktiles.compiled_target() == "avx512_vnni"
-GEMV_ORDER = ktiles.compiled_target() in ("avx512_vnni", "avx2")  # where the one-token mat-vec takes it
-needs_x86 = pytest.mark.skipif(not X86, reason="the integer kernels are llama.cpp's x86 values bit for bit")
-
-
-def one_token(w, x):
-    yq, yd, ya = activations.quantize_int(x, w.kernels.int_activation)
-    out = np.full(w.n_out, np.nan, np.float32)  # a row left unwritten stays NaN
-    w.kernels.matvec_int(w.rows, yq[0], yd[0], ya[0], out)
-    return out
 
 
 @needs_x86
