@@ -174,7 +174,6 @@ def lower_abs_sign(context, builder, a, s):
     return ab, sb
 
 
-
 def lower_lookup16(context, builder, lut, idx):
     """``<16 x i8>``: lane i = ``lut[idx[i]]`` for indices 0..15 (a code book by nibble): one ``pshufb`` where the
     target has SSSE3, one ``tbl`` on Arm, elsewhere 16 element moves (portable IR, the same values)."""
@@ -189,6 +188,7 @@ def lower_lookup16(context, builder, lut, idx):
         lane = ir.Constant(_I32, i)
         out = builder.insert_element(out, builder.extract_element(lut, builder.extract_element(idx, lane)), lane)
     return out
+
 
 # --- I8x32 ---------------------------------------------------------------------------------------------------------
 @intrinsic
@@ -217,7 +217,6 @@ def nibbles32(typingctx, arr, offset):
     return I8x32(arr, offset), codegen
 
 
-
 @intrinsic
 def lookup32(typingctx, table, arr, offset):
     """The code-book values the 16 bytes at ``offset`` index by nibble: lane j = ``table[lo(arr[offset + j])]``,
@@ -237,6 +236,7 @@ def lookup32(typingctx, table, arr, offset):
         return builder.shuffle_vector(lo, hi, _vconst(ir.VectorType(_I32, BYTES), range(BYTES)))
 
     return I8x32(table, arr, offset), codegen
+
 
 @intrinsic
 def bits32(typingctx, arr, offset):
@@ -325,7 +325,6 @@ def dot4_scaled(typingctx, u, s, k_lo, k_hi):
     return I32x8(I8x32, I8x32, k_lo, k_hi), codegen
 
 
-
 @intrinsic
 def dot4_signed_scaled(typingctx, a, s, k):
     """``k * dot4_signed(a, s)`` (|k| < 2**15): ggml's ``mul_add_epi8`` (``vpsignb`` twice, ``vpmaddubsw``) then
@@ -339,6 +338,7 @@ def dot4_signed_scaled(typingctx, a, s, k):
         return lower_dot4_scaled(context, builder, ab, sb, k16, k16)
 
     return I32x8(I8x32, I8x32, k), codegen
+
 
 # --- I32x8 ---------------------------------------------------------------------------------------------------
 @intrinsic

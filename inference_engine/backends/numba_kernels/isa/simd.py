@@ -333,7 +333,6 @@ def bshuffle(typingctx, v, pattern):
     return U8x16(v, pattern), codegen
 
 
-
 @intrinsic
 def blookup(typingctx, table, v):
     """Lane i = ``table[v[i] & 15]``: a 16-entry byte table indexed by nibbles (the IQ4 types' code book).
