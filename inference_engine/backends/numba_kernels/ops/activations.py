@@ -151,14 +151,15 @@ def ggml_q8_1(x):
 
 @njit(cache=True)
 def ggml_q8_K(x, sub):
-    """Q8_K activation; ``xs`` per ``sub`` = 16 or 32 elements (bsums added in pairs for 32, as ggml does)."""
+    """Q8_K activation; ``xs`` per ``sub`` = 16 or 32 elements (bsums added in pairs for 32, as ggml does), none for
+    ``sub`` 0 (a type without constant terms: IQ4_XS)."""
     qs = np.empty(x.shape, np.int8)
     d = np.empty((x.shape[0], x.shape[1] // QK_K), np.float32)
     bsums = np.empty((x.shape[0], x.shape[1] // 16), np.int16)
     quantize_q8_K(x, qs, d, bsums)
     xv = np.empty(x.shape, np.float32)
     per = sub // 16
-    xs = np.empty((x.shape[0], x.shape[1] // sub), np.float32)
+    xs = np.empty((x.shape[0], x.shape[1] // sub if sub else 0), np.float32)
     for t in range(x.shape[0]):
         for b in range(d.shape[1]):
             for j in range(QK_K):
@@ -200,7 +201,7 @@ def prepare(x: np.ndarray, numerics: str, vec_dot_type: str, sub: int) -> tuple[
     elif vec_dot_type == "q8_1":
         xv, xs = ggml_q8_1(x)
     elif vec_dot_type == "q8_K":
-        xv, xs = ggml_q8_K(x, sub or QK_K)  # a type without constant terms (IQ4_XS): sums dropped below
+        xv, xs = ggml_q8_K(x, sub)
     elif vec_dot_type == "f16":
         with np.errstate(over="ignore"):  # beyond 65504 becomes inf, as _mm512_cvtps_ph does
             xv, xs = x.astype(np.float16).astype(np.float32), _no_sums(x.shape[0])
