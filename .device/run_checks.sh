@@ -7,6 +7,8 @@
 #     build-llama      start building CUDA llama-bench from the carried llama.cpp sources in the background
 #                      (setsid: it outlives this call while the machine stays warm; ~209 s on 16 cores)
 #     gpu-tests        pytest -m gpu over the MLX backend and --device tests, then the block-kernel and steps tests
+#     gpu-kernels      the GPU tests of our own kernels only (block kernels, every type; the decode attention kernel,
+#                      and a compiled step handing its attention to it): gpu-tests' newest part, in seconds
 #     validate-tiny    validate --backend mlx --numerics f32 on tiny models of every architecture and type
 #     matrices         matrix_profile: each kind of weight matrix's device time (decode, prefill as run and via
 #                      float32) on the 1.5B-shaped Q4_K_M model and smollm2-135m; may run while the build does
@@ -56,12 +58,12 @@ LLAMA_OUT=$GP_DIR/llama                # the llama-bench build (bench_compare.bu
 LLAMA_BENCH=$LLAMA_OUT/build/bin/llama-bench
 MODELS=$GP_DIR/models
 SMOLLM2=SmolLM2-135M-Instruct.Q4_1.gguf
-STEPS="probe build-llama matrices kernels graphs gpu-tests validate-tiny speed llama-bench validate-smollm2 speed-smollm2 cpu-crash"
+STEPS="probe build-llama matrices kernels graphs gpu-tests gpu-kernels validate-tiny speed llama-bench validate-smollm2 speed-smollm2 cpu-crash"
 export PYTHONPATH=$ROOT:$ROOT/tests${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 export GGUF_PARITY_CACHE=$GP_DIR/cache   # the named models' cache: validate-smollm2 puts the carried file there
 
 # Each step's seconds under `timeout` (the device tool stops a call at 600 s; these leave room for the rest).
-declare -A LIMIT=([probe]=60 [build-llama]=30 [matrices]=150 [kernels]=180 [graphs]=90 [gpu-tests]=420 [validate-tiny]=240 [speed]=360
+declare -A LIMIT=([probe]=60 [build-llama]=30 [matrices]=150 [kernels]=180 [graphs]=90 [gpu-tests]=420 [gpu-kernels]=120 [validate-tiny]=240 [speed]=360
                   [llama-bench]=480
                   [validate-smollm2]=180 [speed-smollm2]=150 [cpu-crash]=300)
 
@@ -187,6 +189,14 @@ step_gpu_tests() {
       tests/inference_engine/backends/mlx/test_mlx_block_kernels.py tests/inference_engine/backends/mlx/test_mlx_steps.py \
       || rc=$?
   return $rc
+}
+
+step_gpu_kernels() {
+  mlx_ready || return
+  run "$PY" -m pytest -p no:cacheprovider -q -rfE --durations=10 --maxfail=30 --timeout=120 \
+      -m "gpu or not slow" tests/inference_engine/backends/mlx/test_mlx_attention_kernel.py \
+      "tests/inference_engine/backends/mlx/test_mlx_block_kernels.py::test_gpu_dequantize_is_exact" \
+      "tests/inference_engine/backends/mlx/test_mlx_block_kernels.py::test_gpu_products"
 }
 
 step_validate_tiny() {
