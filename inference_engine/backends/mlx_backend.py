@@ -70,13 +70,17 @@ STEP_MODES = ("compiled", "lazy", "sync")
 # How a prefill's products with quantized weights run (MLXBackend.prefill_matmul): "quantized" (mx.quantized_matmul,
 # our tiled kernel: the weight read as stored) or "f32" (the weight dequantized to float32 on the device, then a
 # float32 matmul: cuBLAS's float32 GEMM on CUDA, where MLX 0.32 sends a quantized mat-mul's float32 activations to its
-# generic qmm_naive kernel). The same float32 products either way, in another summation order. Which is faster on a
-# GPU is for bench_compare.matrix_profile and decode_profile --prefill N --mlx-prefill-matmul to measure; until one
-# has, "quantized".
+# generic qmm_naive kernel). The same float32 products either way, in another summation order.
 PREFILL_MATMULS = ("quantized", "f32")
-# Rows from which "f32" applies: a guess until a GPU measures the crossover. The float32 copy costs ~8 bytes of
-# traffic a weight (written, read) against the affine form's 0.75 read: it can pay only where a product reuses each
-# weight over many rows; a decode step (one row) never takes it.
+# The default per GPU backend (the CPU and any other: "quantized"). CUDA: "f32", measured on an H200 (2026-11-27,
+# MLX 0.32.4, decode_profile --prefill 512, one run each): a random-weight model of Qwen2.5-1.5B's shape and Q4_K_M
+# types 79.8 ms of device time as "quantized" against 44.5 ms as "f32" (1.8x); SmolLM2-135M's shape (Q4_1) 16.7
+# against 17.0 ms, the same; matrix_profile had every large matrix faster through float32 (ffn_down Q6_K 543 against
+# 911 us) and the small attention ones about even. Metal and MLX's CPU build: not measured, so their kernels stay.
+PREFILL_MATMUL_DEFAULTS = {"cuda": "f32"}
+# Rows from which "f32" applies: a guess the H200 did not test (its prefills were 512 rows). The float32 copy costs
+# ~8 bytes of traffic a weight (written, read) against the affine form's 0.75 read: it can pay only where a product
+# reuses each weight over many rows; a decode step (one row) never takes it.
 PREFILL_F32_MIN_ROWS = 64
 _CACHE_SIZE = 16  # rope tables / masks kept (one per distinct positions and settings in flight)
 
@@ -114,7 +118,7 @@ class MLXBackend(Backend):
         self.prepared_matrices: dict[str, object] = {}  # GGUF name -> its matrix (a step's token rows come from one)
         self._runs: dict[tuple[int, ...], list] = {}  # ids of a load_matrices group -> its runs (matmul_many)
         self._stacked_biases: dict[tuple[int, ...], tuple] = {}  # ids of a run's biases -> (stacked, the biases)
-        self._prefill_matmul = PREFILL_MATMULS[0]
+        self._prefill_matmul = PREFILL_MATMUL_DEFAULTS.get(self.placement.gpu_backend or "", PREFILL_MATMULS[0])
 
     @property
     def prefill_matmul(self) -> str:

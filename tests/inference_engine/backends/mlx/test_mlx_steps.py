@@ -228,6 +228,20 @@ def test_a_prefill_through_float32_weights_gives_the_same_logits(tiny_model, mon
     assert calls == []
 
 
+@pytest.mark.parametrize("gpu_backend, expected", [("cuda", "f32"), ("metal", "quantized"), (None, "quantized")])
+def test_the_prefill_matmul_default_is_the_one_measured_faster_there(monkeypatch, gpu_backend, expected):
+    """CUDA prefills through float32 weights (1.8x on an H200: PREFILL_MATMUL_DEFAULTS); Metal and the CPU keep the
+    quantized kernels, unmeasured."""
+    import dataclasses
+
+    from inference_engine.backends import mlx_backend
+    from inference_engine.backends.mlx import device as mlx_device
+
+    select = mlx_device.select
+    monkeypatch.setattr(mlx_device, "select", lambda d: dataclasses.replace(select("cpu"), gpu_backend=gpu_backend))
+    assert mlx_backend.MLXBackend().prefill_matmul == expected
+
+
 def test_an_unknown_prefill_matmul_is_one_line(tiny_model):
     e = engine(tiny_model("llama", "Q8_0"), "sync")
     with pytest.raises(GGUFParityError, match="unknown MLX prefill matmul 'fast'; supported: quantized, f32"):
