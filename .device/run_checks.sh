@@ -11,7 +11,8 @@
 #                      and a compiled step handing its attention to it): 33 tests in 44 s on an H200 (quiet CPUs)
 #     validate-tiny    validate --backend mlx --numerics f32 on tiny models of every architecture and type
 #     matrices         matrix_profile: each kind of weight matrix's device time (decode, prefill as run and via
-#                      float32) on the 1.5B-shaped Q4_K_M model and smollm2-135m; may run while the build does
+#                      float32) on the 1.5B-shaped Q4_K_M model (also with Q4_K in its GGUF blocks: our mat-vec) and
+#                      smollm2-135m; may run while the build does
 #     kernels          every CUDA kernel of compiled decode steps of the 1.5B shape by its share of GPU time: nsys
 #                      where the machine has it (20 steps; CUDA API calls, MLX's NVTX ranges), else ncu (2 steps at
 #                      depth 0 and 512, each launch timed alone: .device/kernel_steps.py, ncu_kernels.py)
@@ -237,9 +238,11 @@ speed_of() {  # $1: name, $2: model
       --mlx-attention-kernel --json "$WORK/$1-decode-d512-attnkernel.json" || rc=$?
   run "$PY" -m bench_compare.decode_profile "$2" --backend mlx --steps "$DECODE_STEPS" --mlx-modes compiled --unfused \
       --json "$WORK/$1-decode-unfused.json" || rc=$?
+  run "$PY" -m bench_compare.decode_profile "$2" --backend mlx --steps "$DECODE_STEPS" --mlx-modes compiled \
+      --mlx-block-kernel-types Q4_K,Q5_K --json "$WORK/$1-decode-blocks.json" || rc=$?
   run "$PY" -m bench_compare.decode_profile "$2" --backend mlx --prefill "$PREFILL" --json "$WORK/$1-prefill.json" || rc=$?
-  run "$PY" -m bench_compare.decode_profile "$2" --backend mlx --prefill "$PREFILL" --mlx-prefill-matmul f32 \
-      --json "$WORK/$1-prefill-f32.json" || rc=$?
+  run "$PY" -m bench_compare.decode_profile "$2" --backend mlx --prefill "$PREFILL" --mlx-prefill-matmul quantized \
+      --json "$WORK/$1-prefill-quantized.json" || rc=$?
   # shellcheck disable=SC2086  # BENCH_ARGS is a list of flags
   bench_compare bench -m "$2" --engine ours:mlx --numerics f32 --device "$DEVICE" $BENCH_ARGS -o md --no-progress \
      --json "$WORK/$1-bench.json" || rc=$?
@@ -251,6 +254,10 @@ step_matrices() {  # device times, so it may run while the llama-bench build doe
   local rc=0 model
   model=$(model_path "$SPEED_SHAPE") || return 1
   matrices_of "$SPEED_SHAPE" "$model" || rc=$?
+  # A/B: its Q4_K matrices read in their GGUF blocks by our mat-vec (MLXBackend.block_kernel_types) instead of MLX's
+  # affine qmv (20-60 us a call on the H200, 2026-11-27)
+  run "$PY" -m bench_compare.matrix_profile "$model" --device "$DEVICE" --block-kernel-types Q4_K,Q5_K \
+      --json "$WORK/$SPEED_SHAPE-matrices-blocks.json" || rc=$?
   if ! have "$SMOLLM2.xz"; then   # the real file, when carried, gets its own in speed-smollm2
     model=$(smollm2_path) || return 1
     matrices_of smollm2-135m "$model" || rc=$?

@@ -64,11 +64,18 @@ LAYER_NAME = re.compile(r"^blk\.(\d+)\.")
 @contextlib.contextmanager
 def _switched_off(cls: type, attribute: str, when: bool) -> Iterator[None]:
     """``cls.attribute`` False inside the block where ``when`` (a class-level switch read at load time)."""
+    with _class_attribute(cls, attribute, False, when):
+        yield
+
+
+@contextlib.contextmanager
+def _class_attribute(cls: type, attribute: str, value, when: bool) -> Iterator[None]:
+    """``cls.attribute`` = ``value`` inside the block where ``when`` (a class-level setting read at load time)."""
     if not when:
         yield
         return
     before = getattr(cls, attribute)
-    setattr(cls, attribute, False)
+    setattr(cls, attribute, value)
     try:
         yield
     finally:
@@ -407,6 +414,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--mlx-attention-kernel", action="store_true",
                         help="MLX on a GPU: a compiled decode step's attention over the F16 cache as our one kernel "
                              "(backends/mlx/attention_kernel.py; off by default until measured)")
+    parser.add_argument("--mlx-block-kernel-types", default=None, metavar="TYPES",
+                        help="MLX on a GPU: these affine types (Q4_K,Q5_K) read in their GGUF blocks by our kernels "
+                             "instead of MLX's affine form (MLXBackend.block_kernel_types; off until measured)")
     parser.add_argument("--ops", action="store_true",
                         help="MLX: time each op call as for the other backends (on MLX that is graph building only)")
     parser.add_argument("--json", metavar="FILE", default=None, help="MLX: write the step profile as JSON here")
@@ -420,10 +430,22 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--mlx-prefill-matmul applies to --backend mlx")
     if args.mlx_attention_kernel and args.backend != "mlx":
         parser.error("--mlx-attention-kernel applies to --backend mlx")
+    block_types = frozenset()
+    if args.mlx_block_kernel_types is not None:
+        if args.backend != "mlx":
+            parser.error("--mlx-block-kernel-types applies to --backend mlx")
+        from inference_engine.backends.mlx_backend import parse_block_kernel_types
+
+        try:
+            block_types = parse_block_kernel_types(args.mlx_block_kernel_types)
+        except GGUFParityError as exc:
+            parser.error(f"--mlx-block-kernel-types: {exc}")
     n_ctx = max(2048, args.depth + max(args.prefill, 64 + 2 * args.steps + 8))  # each step runs twice
     backend_class = get_backend_class(args.backend)
     unstacked = args.backend == "mlx" and args.unfused  # MLX: every weight matrix loaded alone
-    with recording_weights(backend_class) as weights, _switched_off(backend_class, "fuse_matrices", unstacked):
+    with (recording_weights(backend_class) as weights,
+          _switched_off(backend_class, "fuse_matrices", unstacked),
+          _class_attribute(backend_class, "block_kernel_types", block_types, when=bool(block_types))):
         engine = load_engine(args.model, backend=args.backend, numerics=args.numerics, n_threads=args.threads,
                              n_ctx=n_ctx, kv_type="f16")
     if args.mlx_prefill_matmul is not None:

@@ -203,19 +203,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", choices=("gpu", "cpu"), default=None, help="MLX's device (default: MLX's own)")
     parser.add_argument("--prefill", type=int, default=512, metavar="N", help="tokens of the prefill products")
     parser.add_argument("--repeats", type=int, default=16, metavar="R", help="calls per timing (decode; prefill R/4)")
+    parser.add_argument("--block-kernel-types", default=None, metavar="TYPES",
+                        help="these affine types (Q4_K,Q5_K) read in their GGUF blocks by our GPU kernels instead of "
+                             "MLX's affine form (MLXBackend.block_kernel_types)")
     parser.add_argument("--json", metavar="FILE", default=None, help="write the profile as JSON here")
     args = parser.parse_args(argv)
     if args.prefill < 0 or args.repeats < 1:
         parser.error("--prefill must be at least 0 and --repeats at least 1")
+    from inference_engine.backends.mlx_backend import MLXBackend, parse_block_kernel_types
     from inference_engine.engine import OurEngine
     from inference_engine.store.named_models import resolve_model
 
+    before = MLXBackend.block_kernel_types
     try:
+        if args.block_kernel_types is not None:
+            MLXBackend.block_kernel_types = parse_block_kernel_types(args.block_kernel_types)
         engine = OurEngine(resolve_model(args.model), backend="mlx", numerics="f32", n_ctx=64, device=args.device)
         p = run(engine, prefill=args.prefill, repeats=args.repeats)
     except GGUFParityError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    finally:
+        MLXBackend.block_kernel_types = before
     print_report(p)
     if args.json:
         atomic_write_text(args.json, json.dumps(p, indent=1))

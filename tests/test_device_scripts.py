@@ -86,7 +86,7 @@ def test_every_step_prints_its_commands(commands):
     assert any("-m gpu tests/inference_engine/backends/mlx" in c for c in commands["gpu-tests"])
     assert any("build_llama_cpp" in c and "--sdist" in c and "-DGGML_CUDA=ON" in c for c in commands["build-llama"])
     assert any("--against llama-bench:" in c for c in commands["llama-bench"])
-    assert sum("bench_compare.matrix_profile" in c and "--device gpu" in c for c in commands["matrices"]) == 2
+    assert sum("bench_compare.matrix_profile" in c and "--device gpu" in c for c in commands["matrices"]) == 3
     assert all("--device gpu" in c for c in flat(commands) if "bench_compare.cli" in c)
     assert any("-m gpu" in c and "test_mlx_block_kernels.py" in c and "test_mlx_attention_kernel.py" in c
                for c in commands["gpu-kernels"])

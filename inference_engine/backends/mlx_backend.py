@@ -48,6 +48,7 @@ from inference_engine.backends import numerics as nx
 from inference_engine.backends.base import Backend, add_biases, check_kv_type
 from inference_engine.backends.mlx import block_kernels
 from inference_engine.backends.mlx import device as mlx_device  # sets MLX_ENABLE_TF32=0 before MLX's first matmul
+from inference_engine.backends.mlx.block_kernels import KERNEL_TYPES
 from inference_engine.backends.mlx.steps import (
     MLXSteps,
     RopeTables,
@@ -57,7 +58,16 @@ from inference_engine.backends.mlx.steps import (
     has_device_rows,
     rope_key,
 )
-from inference_engine.backends.mlx.weights import FusedAffine, HostEmbeddingRows, fuse_runs, prepare_matrix
+from inference_engine.backends.mlx.transcode import AFFINE_32
+from inference_engine.backends.mlx.weights import (
+    AffineMatrix,
+    FusedAffine,
+    FusedBlocks,
+    HostEmbeddingRows,
+    fuse_runs,
+    matrix_form,
+    prepare_matrix,
+)
 from inference_engine.errors import GGUFParityError
 from inference_engine.gguf.file import TensorInfo
 from inference_engine.platform.mapped_pages import tensor_out_of_map
@@ -89,6 +99,20 @@ _GELU_A = float(nx.GELU_COEF_A)
 _SQRT_2_OVER_PI = float(nx.SQRT_2_OVER_PI)
 
 
+def parse_block_kernel_types(text: str) -> frozenset:
+    """``Q4_K,Q5_K`` -> the types for :attr:`MLXBackend.block_kernel_types`; a type our kernels do not read, or one
+    they read anyway (Q6_K), is one line naming those it may hold."""
+    allowed = {t.name: t for t in KERNEL_TYPES if t in AFFINE_32}
+    names = [n.strip().upper() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in allowed]
+    if unknown or not names:
+        raise GGUFParityError(
+            f"block kernel types: {', '.join(unknown) or 'none given'} not supported; supported: {', '.join(allowed)}"
+            " (the others read in their blocks already or have no kernel of ours)"
+        )
+    return frozenset(allowed[n] for n in names)
+
+
 class MLXBackend(Backend):
     name = "mlx"
     step_mode = "compiled"  # generation steps: one of STEP_MODES (async_steps)
@@ -96,6 +120,10 @@ class MLXBackend(Backend):
     # A compiled decode step's attention over an F16 cache as our one GPU kernel (attention_kernel.py) instead of MLX's
     # masked attention. Off until measured on a GPU: it has run only compiled for the host and through NVRTC.
     attention_kernel = False
+    # Types MLX's affine form holds (Q4_K, Q5_K) read instead in their GGUF blocks by our kernels, on a GPU: the
+    # file's bytes in GPU memory and our mat-vec for decode. Empty until a GPU measures it against MLX's qmv
+    # (decode_profile --mlx-block-kernel-types, matrix_profile --block-kernel-types: parse_block_kernel_types).
+    block_kernel_types: frozenset = frozenset()
     devices = staticmethod(mlx_device.available)  # the GPU (default) where MLX has one, and the CPU
     no_gpu_reason = staticmethod(mlx_device.no_gpu_reason)
 
@@ -138,17 +166,20 @@ class MLXBackend(Backend):
         fallback = (
             f"GGUF blocks read by our {self.kernels.name} kernels" if self.kernels else "dequantized float32 (CPU)"
         )
+        form_of = {t: matrix_form(t, self.kernels, self.block_kernel_types) for t in (*AFFINE_32, *KERNEL_TYPES)}
+        affine = "/".join(t.name for t, form in form_of.items() if form is AffineMatrix)
+        blocks = "/".join(t.name for t, form in form_of.items() if form is not AffineMatrix)
         forms = ", ".join(f"{n}x {form}" for form, n in sorted(self.weight_forms.items())) or "none loaded yet"
-        stacked = sum(isinstance(r, FusedAffine) for runs in self._runs.values() for r in runs)
+        stacked = sum(isinstance(r, (FusedAffine, FusedBlocks)) for runs in self._runs.values() for r in runs)
         if stacked:
-            forms += f" ({stacked} stacked runs of affine matrices, one product each)"
+            forms += f" ({stacked} stacked runs of matrices, one product each)"
         threads = "" if self.n_threads is None else f"; --threads {self.n_threads} not applied (MLX sets its own)"
         if self.attention_kernel:
             threads += ("; decode attention over an F16 cache: our kernel" if self.kernels
                         else "; decode attention kernel asked for, not run (no GPU kernels on this device)")
         return (
-            f"MLX {mx.__version__} on {self.device} ({where}), f32 numerics only; Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q5_K "
-            f"exactly as MLX affine 32-groups (float32 scales), {block_kernels.kernel_type_names()} as {fallback}, "
+            f"MLX {mx.__version__} on {self.device} ({where}), f32 numerics only; {affine} "
+            f"exactly as MLX affine 32-groups (float32 scales), {blocks} as {fallback}, "
             f"IQ4_NL and floats as float32; "
             f"matrices: {forms}{threads}"
         )
@@ -166,14 +197,15 @@ class MLXBackend(Backend):
 
     # --- load time ------------------------------------------------------------------------------------------
     def load_matrix(self, t: TensorInfo):
-        w = prepare_matrix(t, self.kernels)
+        w = prepare_matrix(t, self.kernels, self.block_kernel_types)
         self.weight_forms[f"{t.qtype.name}->{w.form}"] += 1
         self.prepared_matrices[t.name] = w
         return w
 
     def load_matrices(self, tensors) -> list:
-        """Each prepared alone, then runs of affine matrices of one bits / group size / width stacked into one
-        :class:`~inference_engine.backends.mlx.weights.FusedAffine` that :meth:`matmul_many` multiplies at once."""
+        """Each prepared alone, then runs of affine matrices of one bits / group size / width, or of block matrices of
+        one type and width, stacked into one :class:`~inference_engine.backends.mlx.weights.FusedAffine` /
+        :class:`~inference_engine.backends.mlx.weights.FusedBlocks` that :meth:`matmul_many` multiplies at once."""
         parts = [self.load_matrix(t) for t in tensors]
         if self.fuse_matrices:
             self._runs[tuple(map(id, parts))] = fuse_runs(parts)  # the key's parts are held by the runs
@@ -208,11 +240,12 @@ class MLXBackend(Backend):
             return super().matmul_many(ws, x, biases)
         out: list[mx.array] = []
         for run in runs:
-            n = len(run.parts) if isinstance(run, FusedAffine) else 1
+            fused = isinstance(run, (FusedAffine, FusedBlocks))
+            n = len(run.parts) if fused else 1
             run_biases, biases = (None, None) if biases is None else (biases[:n], biases[n:])
-            if isinstance(run, FusedAffine) and run_biases is not None and all(b is not None for b in run_biases):
+            if fused and run_biases is not None and all(b is not None for b in run_biases):
                 out.extend(run(x, self._stacked_bias(run_biases)))
-            elif isinstance(run, FusedAffine):
+            elif fused:
                 out.extend(add_biases(self, run(x), run_biases))
             else:
                 out.extend(add_biases(self, [self.matmul(run, x)], run_biases))

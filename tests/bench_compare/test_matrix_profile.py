@@ -80,6 +80,21 @@ def test_cli_refuses_bad_input_in_one_line(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         matrix_profile.main([str(tmp_path / "missing.gguf"), "--repeats", "0"])
     assert exc.value.code == 2
+    capsys.readouterr()
+    assert matrix_profile.main([str(tmp_path / "missing.gguf"), "--block-kernel-types", "Q6_K"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == ("error: block kernel types: Q6_K not supported; supported: Q4_K, Q5_K (the others read in their "
+                   "blocks already or have no kernel of ours)")
+
+
+def test_block_kernel_types_apply_to_that_run_only(tiny_model, capsys):
+    """On MLX's CPU build our kernels do not run, so Q4_K stays affine; the class setting is restored after."""
+    from inference_engine.backends.mlx_backend import MLXBackend
+
+    assert matrix_profile.main([str(tiny_model("llama", "Q4_K")), "--prefill", "0", "--repeats", "1",
+                                "--block-kernel-types", "q4_k,Q5_K"]) == 0
+    assert "Q4_K->mlx-affine" in capsys.readouterr().out
+    assert MLXBackend.block_kernel_types == frozenset()
 
 
 def test_needs_the_mlx_backend(tiny_model):
@@ -97,6 +112,25 @@ def test_gguf_block_kinds_on_the_gpu(tiny_model):
     p = matrix_profile.run(engine, prefill=64, repeats=2)
     block = [k for k in p["kinds"] if k["form"].endswith("-kernel")]
     assert block and all(k["qtype"] == "Q6_K" for k in block)
+    check_block_kinds(block)
+
+
+@pytest.mark.gpu
+def test_k_quants_in_their_blocks_on_the_gpu(tiny_model, monkeypatch):
+    """MLXBackend.block_kernel_types: Q4_K matrices as GGUF blocks, timed as our kernels'."""
+    from gguf import GGMLQuantizationType as T
+
+    from inference_engine.backends.mlx_backend import MLXBackend
+
+    monkeypatch.setattr(MLXBackend, "block_kernel_types", frozenset({T.Q4_K}))
+    engine = OurEngine(tiny_model("qwen2", "Q4_K", untied=True), backend="mlx", numerics="f32", n_ctx=64,
+                       device="gpu")
+    block = [k for k in matrix_profile.run(engine, prefill=64, repeats=2)["kinds"] if k["form"].endswith("-kernel")]
+    assert any(k["qtype"] == "Q4_K" for k in block)
+    check_block_kinds(block)
+
+
+def check_block_kinds(block: list[dict]) -> None:
     for k in block:
         assert k["decode_us"] > 0
         if k["role"] != "output":

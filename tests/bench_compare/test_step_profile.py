@@ -97,3 +97,14 @@ def test_a_wrong_prefill_matmul_is_a_usage_error(tiny_model, capsys, backend, ho
         decode_profile.main([str(tiny_model("llama", "Q8_0")), "--backend", backend, "--prefill", "8",
                              "--mlx-prefill-matmul", how])
     assert exc.value.code == 2 and message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("backend", "types", "message"), [
+    ("mlx", "Q6_K,Q9", "--mlx-block-kernel-types: block kernel types: Q6_K, Q9 not supported; supported: Q4_K, Q5_K"),
+    ("numpy", "Q4_K", "--mlx-block-kernel-types applies to --backend mlx"),
+])
+def test_wrong_block_kernel_types_are_a_usage_error(tiny_model, capsys, backend, types, message):
+    with pytest.raises(SystemExit) as exc:
+        decode_profile.main([str(tiny_model("llama", "Q4_K")), "--backend", backend, "--mlx-block-kernel-types",
+                             types])
+    assert exc.value.code == 2 and message in capsys.readouterr().err

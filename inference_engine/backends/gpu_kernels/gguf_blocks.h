@@ -1,5 +1,6 @@
-// The GGUF block layouts that MLX's affine format cannot hold (scales every 16 values: Q2_K, Q3_K, Q6_K; a code
-// book of non-linear values: IQ4_XS), written
+// The GGUF block layouts of 256 values: those MLX's affine format cannot hold (scales every 16 values: Q2_K, Q3_K,
+// Q6_K; a code book of non-linear values: IQ4_XS), and Q4_K / Q5_K (which it holds, at 6 bits a weight instead of the
+// file's 4.5 / 5.5; read here in their blocks where MLXBackend.block_kernel_types asks for it), written
 // once for three compilers: Metal (mx.fast.metal_kernel), CUDA through NVRTC (mx.fast.cuda_kernel) and the host's
 // C++ compiler (the tests, which check every decoded value against gguf-py, i.e. ggml's dequantize_row_<type>).
 //
@@ -91,6 +92,55 @@ GQ_FN int gq_q3_k_quant(GQ_GLOBAL const uint8_t* b, unsigned int i) {
 }
 GQ_FN float gq_q3_k_apply(float scale, float sub_min, int q) {
     return scale * (float)q;
+}
+
+// --- Q4_K: 144 bytes | d:f16 | dmin:f16 @2 | scales[12] @4 | qs[128] @16 |
+// value i = 64h + 32k + l (h = i/64, k = (i/32)%2, l = i%32): q = nibble k of qs[32h + l]; ggml's sub-block
+// j = i/32 (32 values; our 16-value sub-block s takes j = s/2) has six-bit codes (get_scale_min_k4): for j < 4
+// sc = bits(scales[j], 0, 6), m = bits(scales[j + 4], 0, 6); for j >= 4 sc = lo(scales[j + 4]) | bits(scales[j - 4],
+// 6, 2) << 4, m = hi(scales[j + 4]) | bits(scales[j], 6, 2) << 4. scale = d * sc, min = dmin * m (both exact: 11 x 6
+// bits); value = scale * q - min (scale * q exact: one rounding, as ggml's d1 * q - m1).
+enum { gq_q4_k_bytes = 144 };
+
+GQ_FN unsigned int gq_k4_code(GQ_GLOBAL const uint8_t* b, unsigned int j, unsigned int is_min) {
+    GQ_GLOBAL const uint8_t* sc = b + 4;
+    if (j < 4u) {
+        return sc[j + 4u * is_min] & 63u;
+    }
+    const unsigned int low = is_min != 0u ? sc[j + 4u] >> 4 : sc[j + 4u] & 15u;
+    return low | ((sc[j - 4u * (1u - is_min)] >> 6) << 4);
+}
+GQ_FN float gq_q4_k_scale(GQ_GLOBAL const uint8_t* b, unsigned int s) {
+    return gq_f16(b) * (float)gq_k4_code(b, s >> 1, 0u);
+}
+GQ_FN float gq_q4_k_min(GQ_GLOBAL const uint8_t* b, unsigned int s) {
+    return gq_f16(b + 2) * (float)gq_k4_code(b, s >> 1, 1u);
+}
+GQ_FN int gq_q4_k_quant(GQ_GLOBAL const uint8_t* b, unsigned int i) {
+    return (int)((b[16u + 32u * (i >> 6) + (i & 31u)] >> (4u * ((i >> 5) & 1u))) & 15u);
+}
+GQ_FN float gq_q4_k_apply(float scale, float sub_min, int q) {
+    return scale * (float)q - sub_min;
+}
+
+// --- Q5_K: 176 bytes | d:f16 | dmin:f16 @2 | scales[12] @4 | qh[32] @16 | qs[128] @48 |
+// value i = 64h + 32k + l: q = nibble k of qs[32h + l] | bits(qh[l], i/32, 1) << 4; scales and mins as Q4_K's;
+// value = scale * q - min (scale * q exact: 17 x 5 bits).
+enum { gq_q5_k_bytes = 176 };
+
+GQ_FN float gq_q5_k_scale(GQ_GLOBAL const uint8_t* b, unsigned int s) {
+    return gq_f16(b) * (float)gq_k4_code(b, s >> 1, 0u);
+}
+GQ_FN float gq_q5_k_min(GQ_GLOBAL const uint8_t* b, unsigned int s) {
+    return gq_f16(b + 2) * (float)gq_k4_code(b, s >> 1, 1u);
+}
+GQ_FN int gq_q5_k_quant(GQ_GLOBAL const uint8_t* b, unsigned int i) {
+    const unsigned int lo = (b[48u + 32u * (i >> 6) + (i & 31u)] >> (4u * ((i >> 5) & 1u))) & 15u;
+    const unsigned int hi = (b[16u + (i & 31u)] >> (i >> 5)) & 1u;
+    return (int)(lo | (hi << 4));
+}
+GQ_FN float gq_q5_k_apply(float scale, float sub_min, int q) {
+    return scale * (float)q - sub_min;
 }
 
 // --- Q6_K: 210 bytes | ql[128] | qh[64] | scales[16]: int8 | d:f16 @208 |

@@ -16,9 +16,11 @@
 #define GQ_FUNC(suffix) GQ_CAT(GQ_CAT(gq_, GQ_TYPE), suffix)
 #define GQ_BYTES GQ_FUNC(_bytes)
 
-// Mat-vec (decode): one SIMD group of 32 threads per output row, GQ_MATVEC_ROWS rows per threadgroup, every token
-// of the call (at most GQ_MAX_TOK) in the same pass over the row, so each weight byte is read once per call.
-#define GQ_MATVEC_ROWS 4
+// Mat-vec (decode): GQ_MATVEC_WARPS SIMD groups of 32 threads per threadgroup, SPLIT of them (a template constant:
+// 1, 2 or 4) sharing an output row, each through every SPLIT-th block of it, so a long row is not one SIMD group's
+// chain of dependent loads; every token of the call (at most GQ_MAX_TOK) in the same pass over the row, so each
+// weight byte is read once per call.
+#define GQ_MATVEC_WARPS 4
 #define GQ_MAX_TOK 8
 
 // Tiled mat-mul (prefill): a threadgroup of GQ_TILE_THREADS computes GQ_TILE_ROWS output rows x GQ_TILE_TOKS
@@ -91,14 +93,15 @@ GQ_FN void GQ_FUNC(_dequantize8)(GQ_GLOBAL const uint8_t* w, GQ_GLOBAL float* y,
     }
 }
 
-// Lane `lane` (0..31) of the SIMD group computing one output row: acc[t] += the products of values
-// [8 lane, 8 lane + 8) of every block of the row (one sub-block: its scale is decoded once) with token t's x.
+// Lane `lane` (0..31) of SIMD group `part` (0..split-1) of those computing one output row: acc[t] += the products
+// of values [8 lane, 8 lane + 8) of blocks part, part + split, ... of the row (one sub-block: its scale is decoded
+// once) with token t's x.
 GQ_FN void GQ_FUNC(_matvec_lane)(GQ_GLOBAL const uint8_t* wrow, GQ_GLOBAL const float* x, int n_in, int n_tok,
-                                 unsigned int lane, GQ_THREAD float* acc) {
+                                 unsigned int lane, unsigned int part, unsigned int split, GQ_THREAD float* acc) {
     const unsigned int first = 8u * lane;
     const unsigned int s = first / GQ_SUB;
     const unsigned int n_blocks = (unsigned int)n_in / GQ_QK;
-    for (unsigned int blk = 0; blk < n_blocks; ++blk) {
+    for (unsigned int blk = part; blk < n_blocks; blk += split) {
         GQ_GLOBAL const uint8_t* b = wrow + (size_t)blk * (size_t)GQ_BYTES;
         GQ_GLOBAL const float* xb = x + (size_t)blk * GQ_QK + first;
         const float scale = GQ_FUNC(_scale)(b, s);

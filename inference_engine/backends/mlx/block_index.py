@@ -1,6 +1,6 @@
 """The NumPy twin of ``gpu_kernels/gguf_blocks.h``: for value ``i`` of a block, which bytes, which bits, which scale.
 
-The GPU kernels decode Q2_K, Q3_K, Q6_K and IQ4_XS blocks with the C functions of ``gguf_blocks.h`` (one text for
+The GPU kernels decode Q2_K, Q3_K, Q4_K, Q5_K, Q6_K and IQ4_XS blocks with the C functions of ``gguf_blocks.h`` (one text for
 Metal, CUDA and the host compiler). This module states the same index arithmetic as data, line for line with the
 header, so that it can be checked on every machine without a compiler: :func:`values` rebuilds every value of a block
 from these positions alone, and the tests hold it to gguf-py's dequantization (ggml's ``dequantize_row_<type>``) bit
@@ -10,7 +10,8 @@ A block holds ``QK = 256`` values in 16 sub-blocks of ``SUB = 16``. Value ``i`` 
 
 * an integer code ``q(i) = sum_f (bits(byte_f, shift_f, width_f) << dest_f) + offset`` (:attr:`Layout.quant`;
   IQ4_XS's bits index a code book first: ``q(i) = book[bits]``),
-* in sub-block ``s = i // 16`` with a scale code ``sc(s)`` and, for Q2_K, a min code ``m(s)`` built the same way,
+* in sub-block ``s = i // 16`` with a scale code ``sc(s)`` and, for Q2_K, Q4_K and Q5_K, a min code ``m(s)`` built
+  the same way,
   and f16 factors ``d`` (and ``dmin``) at fixed offsets;
 * ``value = (d * sc) * q - (dmin * m)`` in float32, in ggml's order (Q3_K and Q6_K have no min term).
 """
@@ -71,7 +72,7 @@ class Layout:
     d_offset: int
     quant: Code  # per value i = 0..255
     scale: Code  # per sub-block s = 0..15
-    min_offset: int | None = None  # dmin's offset (Q2_K), None: no min term
+    min_offset: int | None = None  # dmin's offset (Q2_K, Q4_K, Q5_K), None: no min term
     min: Code | None = None
 
     def values(self, blocks: np.ndarray) -> np.ndarray:
@@ -123,6 +124,41 @@ Q3_K = Layout(
     scale=Code((Field(96 + (_s & 7), 4 * (_s >> 3), 4), Field(104 + (_s & 3), 2 * (_s >> 2), 2, dest=4)), offset=-32),
 )
 
+# Q4_K / Q5_K's six-bit codes of ggml's 32-value sub-block j = s/2 (get_scale_min_k4), as two fields each: for j < 4
+# sc = bits(scales[j], 0, 6) (its low nibble, then bits 4-5), m the same of scales[j + 4]; for j >= 4 sc =
+# lo(scales[j + 4]) | bits(scales[j - 4], 6, 2) << 4 and m = hi(scales[j + 4]) | bits(scales[j], 6, 2) << 4.
+_k = _s >> 1
+_low4 = _k < 4
+K4_SCALE = Code((Field(4 + np.where(_low4, _k, _k + 4), _const(0, 16), 4),
+                 Field(4 + np.where(_low4, _k, _k - 4), np.where(_low4, 4, 6), 2, dest=4)))
+K4_MIN = Code((Field(4 + _k + 4, np.where(_low4, 0, 4), 4),
+               Field(4 + np.where(_low4, _k + 4, _k), np.where(_low4, 4, 6), 2, dest=4)))
+
+# Q4_K: 144 bytes | d @0 | dmin @2 | scales[12] @4 | qs[128] @16 |; value i = 64h + 32k + l: q = nibble k of
+# qs[32h + l].
+_h64, _k32 = _i >> 6, (_i >> 5) & 1
+Q4_K = Layout(
+    T.Q4_K,
+    144,
+    d_offset=0,
+    quant=Code((Field(16 + 32 * _h64 + _l, 4 * _k32, 4),)),
+    scale=K4_SCALE,
+    min_offset=2,
+    min=K4_MIN,
+)
+
+# Q5_K: 176 bytes | d @0 | dmin @2 | scales[12] @4 | qh[32] @16 | qs[128] @48 |; q = nibble k of qs[32h + l] |
+# bits(qh[l], i/32, 1) << 4.
+Q5_K = Layout(
+    T.Q5_K,
+    176,
+    d_offset=0,
+    quant=Code((Field(48 + 32 * _h64 + _l, 4 * _k32, 4), Field(16 + _l, _i >> 5, 1, dest=4))),
+    scale=K4_SCALE,
+    min_offset=2,
+    min=K4_MIN,
+)
+
 # Q6_K: 210 bytes | ql[128] | qh[64] | scales[16]: int8 | d @208 |; q = nibble k/2 of ql[64h + 32(k%2) + l] |
 # bits(qh[32h + l], 2k, 2) << 4, minus 32; scale code: the int8 scales[s].
 Q6_K = Layout(
@@ -148,7 +184,7 @@ IQ4_XS = Layout(
     scale=Code((Field(4 + (_t >> 1), 4 * (_t & 1), 4), Field(2 + (_t >> 2), 2 * (_t & 3), 2, dest=4)), offset=-32),
 )
 
-LAYOUTS: dict[T, Layout] = {layout.qtype: layout for layout in (Q2_K, Q3_K, Q6_K, IQ4_XS)}
+LAYOUTS: dict[T, Layout] = {layout.qtype: layout for layout in (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS)}
 
 
 def values(rows: np.ndarray, qtype: T) -> np.ndarray:

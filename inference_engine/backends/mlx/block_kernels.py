@@ -11,7 +11,8 @@ blocks, at their file size, in GPU memory, and the kernels read them directly. O
 
 Kernels, each ``x @ W.T`` with ``W`` the GGUF rows (uint8 ``(n_out, row_bytes)``):
 
-* :func:`matvec` (decode: at most ``GQ_MAX_TOK`` tokens): one SIMD group per output row, every token in one pass.
+* :func:`matvec` (decode: at most ``GQ_MAX_TOK`` tokens): 1, 2 or 4 SIMD groups per output row (by its length),
+  every token in one pass.
 * :func:`matmul` (prefill): 64 rows x 64 tokens per threadgroup, the weight tile decoded into threadgroup memory 32
   columns at a time, float32 products (no float copy of W).
 * :func:`dequantize`: W as float32, bit for bit ggml's (tests).
@@ -35,14 +36,11 @@ from gguf import GGMLQuantizationType as T
 KERNEL_DIR = Path(__file__).resolve().parent.parent / "gpu_kernels"
 SHARED_FILES = ("gguf_blocks.h", "gguf_kernels.h")
 
-# type -> its name in gguf_blocks.h (gq_<name>_value, ...)
-KERNEL_TYPES: dict[T, str] = {T.Q2_K: "q2_k", T.Q3_K: "q3_k", T.Q6_K: "q6_k", T.IQ4_XS: "iq4_xs"}
+# type -> its name in gguf_blocks.h (gq_<name>_value, ...). Q4_K and Q5_K go to MLX's affine form unless
+# MLXBackend.block_kernel_types names them (weights.matrix_form).
+KERNEL_TYPES: dict[T, str] = {T.Q2_K: "q2_k", T.Q3_K: "q3_k", T.Q4_K: "q4_k", T.Q5_K: "q5_k", T.Q6_K: "q6_k",
+                              T.IQ4_XS: "iq4_xs"}
 KINDS = ("matvec", "matmul", "dequantize")
-
-
-def kernel_type_names() -> str:
-    """``Q2_K/Q3_K/Q6_K/IQ4_XS``: the types these kernels read, as the backend's description names them."""
-    return "/".join(t.name for t in KERNEL_TYPES)
 
 
 @dataclass(frozen=True)
@@ -89,7 +87,12 @@ def constant(name: str) -> int:
 
 
 MATVEC_MAX_TOKENS = constant("GQ_MAX_TOK")  # above this many tokens: the tiled mat-mul
-MATVEC_ROWS = constant("GQ_MATVEC_ROWS")
+MATVEC_WARPS = constant("GQ_MATVEC_WARPS")
+# SIMD groups per row of the mat-vec (its SPLIT) by blocks per row: a row of n blocks is split so that each SIMD
+# group walks ~2-9 of them. On an H200 (2026-11-27) the mat-vec of one SIMD group per row read like a chain of
+# dependent loads: 25 us for 256 rows of 6 blocks (Q6_K attn_v), 43 us for 1,536 rows of 35 (ffn_down), ~260 GB/s.
+# The values here are not measured yet (the next GPU session's matrix_profile is the A/B against those figures).
+MATVEC_SPLITS = ((8, 4), (4, 2))  # (at least this many blocks, SPLIT), the first that applies; else 1
 TILE_THREADS, TILE_ROWS, TILE_TOKS = constant("GQ_TILE_THREADS"), constant("GQ_TILE_ROWS"), constant("GQ_TILE_TOKS")
 DEQ_THREADS = constant("GQ_DEQ_THREADS")
 
@@ -121,14 +124,22 @@ def _blocks(n: int, per: int) -> int:
     return -(-n // per)
 
 
+def matvec_split(n_in: int) -> int:
+    """SIMD groups per output row for rows of ``n_in`` values (:data:`MATVEC_SPLITS`)."""
+    n_blocks = n_in // 256
+    return next((split for least, split in MATVEC_SPLITS if n_blocks >= least), 1)
+
+
 def matvec(dialect: Dialect, qtype: T, w: mx.array, x: mx.array) -> mx.array:
     """``x (T, n_in) float32 @ W.T`` for ``T <= MATVEC_MAX_TOKENS``: ``(T, n_out)``."""
     n_tok, n_out = x.shape[0], w.shape[0]
+    split = matvec_split(x.shape[1])
+    rows_per_group = MATVEC_WARPS // split
     return _kernel(dialect, "matvec", qtype)(
         inputs=[w, x],
-        template=[("N_TOK", n_tok)],
-        grid=(32 * MATVEC_ROWS * _blocks(n_out, MATVEC_ROWS), 1, 1),
-        threadgroup=(32 * MATVEC_ROWS, 1, 1),
+        template=[("N_TOK", n_tok), ("SPLIT", split)],
+        grid=(32 * MATVEC_WARPS * _blocks(n_out, rows_per_group), 1, 1),
+        threadgroup=(32 * MATVEC_WARPS, 1, 1),
         output_shapes=[(n_tok, n_out)],
         output_dtypes=[mx.float32],
         stream=mx.gpu,

@@ -6,7 +6,8 @@ Which form a GGUF tensor gets (:func:`prepare_matrix`), from cheapest to most ex
   (``transcode.py``) and multiplied by ``mx.quantized_matmul`` (on Metal, CUDA and the CPU); no float copy of the
   weight ever exists.
 * :class:`BlockMatrix`: Q2_K, Q3_K, Q6_K, IQ4_XS on a GPU: the GGUF blocks as they are in the file, in GPU memory,
-  read by our kernels (``block_kernels.py``: Metal on Apple silicon, CUDA in MLX's CUDA build).
+  read by our kernels (``block_kernels.py``: Metal on Apple silicon, CUDA in MLX's CUDA build); Q4_K and Q5_K too
+  where ``MLXBackend.block_kernel_types`` names them (their file's 4.5 / 5.5 bits a weight, not the affine form's 6).
 * :class:`DenseMatrix`: float32, for F32 / F16 / BF16 weights (converted exactly), for IQ4_NL (no kernel of ours
   yet: its 32-value blocks do not fit the 256-value block kernels), and for Q2_K, Q3_K, Q6_K, IQ4_XS on the CPU,
   where custom kernels cannot run (dequantized exactly with gguf-py, as ggml's dequantize_row).
@@ -16,6 +17,7 @@ Every form computes with exactly ggml's weight values; they differ only in float
 :class:`FusedAffine`: consecutive affine matrices that multiply the same input (a layer's Q and K, V too where it has
 their type; gate and up) share one set of device arrays, each part a row slice of it, so a decode step multiplies
 the run in one ``quantized_matmul`` (one kernel, where three products were three) and splits its output by columns.
+:class:`FusedBlocks` does the same for block matrices of one type (their GGUF rows end to end, one kernel).
 """
 
 from __future__ import annotations
@@ -109,21 +111,31 @@ class FusedAffine:
 
 
 def fuse_runs(matrices: list) -> list:
-    """``matrices`` (multiplying one input, in order) as runs: a :class:`FusedAffine` of each stretch of two or more
-    consecutive :meth:`FusedAffine.fusable` matrices, the others as they are."""
+    """``matrices`` (multiplying one input, in order) as runs: a :class:`FusedAffine` or :class:`FusedBlocks` of
+    each stretch of two or more consecutive matrices that can share one product, the others as they are."""
     runs: list = []
     i = 0
     while i < len(matrices):
+        kind = next((k for k in (FusedAffine, FusedBlocks)
+                     if i + 1 < len(matrices) and k.fusable(matrices[i], matrices[i + 1])), None)
         j = i + 1
-        while j < len(matrices) and FusedAffine.fusable(matrices[j - 1], matrices[j]):
+        while kind is not None and j < len(matrices) and kind.fusable(matrices[j - 1], matrices[j]):
             j += 1
-        runs.append(FusedAffine(matrices[i:j]) if j - i > 1 else matrices[i])
+        runs.append(kind(matrices[i:j]) if kind is not None else matrices[i])
         i = j
     return runs
 
 
+def block_product(dialect: Dialect, qtype: T, blocks: mx.array, x: mx.array) -> mx.array:
+    """``x @ W.T`` with ``W`` the GGUF rows ``blocks``: our mat-vec for a few tokens, the tiled mat-mul above."""
+    if x.shape[0] <= block_kernels.MATVEC_MAX_TOKENS:
+        return block_kernels.matvec(dialect, qtype, blocks, x)
+    return block_kernels.matmul(dialect, qtype, blocks, x)
+
+
 class BlockMatrix:
-    """A Q2_K / Q3_K / Q6_K / IQ4_XS weight as its GGUF rows on the GPU, multiplied by our kernels in ``dialect``."""
+    """A weight of one of ``block_kernels.KERNEL_TYPES`` as its GGUF rows on the GPU, multiplied by our kernels in
+    ``dialect``."""
 
     def __init__(self, t: TensorInfo, dialect: Dialect):
         self.qtype, self.dialect = t.qtype, dialect
@@ -143,12 +155,45 @@ class BlockMatrix:
         return block_kernels.dequantize(self.dialect, self.qtype, self.blocks[ids], self.n_in)
 
     def __call__(self, x: mx.array) -> mx.array:
-        if x.shape[0] <= block_kernels.MATVEC_MAX_TOKENS:
-            return block_kernels.matvec(self.dialect, self.qtype, self.blocks, x)
-        return block_kernels.matmul(self.dialect, self.qtype, self.blocks, x)
+        return block_product(self.dialect, self.qtype, self.blocks, x)
 
     def __repr__(self) -> str:
         return f"BlockMatrix({self.qtype.name}, {self.dialect.name}, ({self.n_out}, {self.n_in}))"
+
+
+class FusedBlocks:
+    """Block matrices of one type and input width stacked by rows (their GGUF rows end to end), multiplied by one
+    kernel; as :class:`FusedAffine`, each part's ``blocks`` becomes a row slice of the stacked array."""
+
+    def __init__(self, parts: list[BlockMatrix]):
+        self.parts = parts
+        first = parts[0]
+        self.qtype, self.dialect = first.qtype, first.dialect
+        self.blocks = mx.concatenate([p.blocks for p in parts])
+        mx.eval(self.blocks)
+        self.bounds: list[tuple[int, int]] = []
+        row = 0
+        for p in parts:
+            self.bounds.append((row, row + p.n_out))
+            p.blocks = self.blocks[row:row + p.n_out]
+            mx.eval(p.blocks)
+            row += p.n_out
+        self.n_out, self.n_in = row, first.n_in
+
+    @staticmethod
+    def fusable(a, b) -> bool:
+        """Whether ``b`` can join a run that ends with ``a``: both GGUF blocks of one type and input width."""
+        return (isinstance(a, BlockMatrix) and isinstance(b, BlockMatrix)
+                and (a.qtype, a.dialect, a.n_in) == (b.qtype, b.dialect, b.n_in))
+
+    def __call__(self, x: mx.array, bias: mx.array | None = None) -> list[mx.array]:
+        out = block_product(self.dialect, self.qtype, self.blocks, x)
+        if bias is not None:
+            out = out + bias
+        return [out[..., lo:hi] for lo, hi in self.bounds]
+
+    def __repr__(self) -> str:
+        return f"FusedBlocks({', '.join(map(repr, self.parts))})"
 
 
 class DenseMatrix:
@@ -178,8 +223,11 @@ class DenseMatrix:
         return f"DenseMatrix({self.qtype.name}, ({self.n_out}, {self.n_in}))"
 
 
-def matrix_form(qtype: T, dialect: Dialect | None) -> type:
-    """The storage class a tensor of ``qtype`` gets where our GPU kernels run in ``dialect`` (None: the CPU)."""
+def matrix_form(qtype: T, dialect: Dialect | None, block_types: frozenset = frozenset()) -> type:
+    """The storage class a tensor of ``qtype`` gets where our GPU kernels run in ``dialect`` (None: the CPU);
+    ``block_types``: transcodable types our kernels read in their GGUF blocks instead (Q4_K, Q5_K; on a GPU)."""
+    if dialect is not None and qtype in block_types and qtype in block_kernels.KERNEL_TYPES:
+        return BlockMatrix
     if is_transcodable(qtype):
         return AffineMatrix
     if dialect is not None and qtype in block_kernels.KERNEL_TYPES:
@@ -187,8 +235,8 @@ def matrix_form(qtype: T, dialect: Dialect | None) -> type:
     return DenseMatrix
 
 
-def prepare_matrix(t: TensorInfo, dialect: Dialect | None):
-    form = matrix_form(t.qtype, dialect)
+def prepare_matrix(t: TensorInfo, dialect: Dialect | None, block_types: frozenset = frozenset()):
+    form = matrix_form(t.qtype, dialect, block_types)
     return form(t, dialect) if form is BlockMatrix else form(t)
 
 

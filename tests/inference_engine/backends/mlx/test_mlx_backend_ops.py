@@ -261,3 +261,28 @@ def test_weight_forms_follow_the_type():
             assert matrix_form(qtype, dialect) is (DenseMatrix if dialect is None else BlockMatrix)
         for qtype in (T.F32, T.F16, T.BF16, T.IQ4_NL):  # IQ4_NL: no kernel of ours (32-value blocks)
             assert matrix_form(qtype, dialect) is DenseMatrix
+        # MLXBackend.block_kernel_types: Q4_K / Q5_K in their blocks on a GPU; types our kernels lack stay affine
+        asked = frozenset({T.Q4_K, T.Q5_K, T.Q8_0})
+        assert matrix_form(T.Q4_K, dialect, asked) is (AffineMatrix if dialect is None else BlockMatrix)
+        assert matrix_form(T.Q5_K, dialect, asked) is (AffineMatrix if dialect is None else BlockMatrix)
+        assert matrix_form(T.Q8_0, dialect, asked) is AffineMatrix
+
+
+def test_block_matrices_of_one_type_stack_into_one_product():
+    """fuse_runs stacks consecutive block matrices of one type and width (a layer's Q and K in Q4_K, with V in
+    Q6_K alone), each part's blocks a row slice of the stacked rows, the file's bytes unchanged."""
+    from inference_engine.backends.mlx.block_kernels import CUDA
+    from inference_engine.backends.mlx.weights import BlockMatrix, FusedBlocks, fuse_runs
+
+    rng = np.random.default_rng(5)
+    shapes = [(T.Q4_K, 512), (T.Q4_K, 256), (T.Q6_K, 256), (T.Q4_K, 128)]
+    rows = [quant_for(qtype).random_rows(n_out, 512, rng) for qtype, n_out in shapes]
+    parts = [BlockMatrix(TensorInfo(f"w{i}", qtype, (n_out, 512), r.nbytes, r), CUDA)
+             for i, ((qtype, n_out), r) in enumerate(zip(shapes, rows))]
+    runs = fuse_runs(parts)
+    assert [type(r) for r in runs] == [FusedBlocks, BlockMatrix, BlockMatrix]
+    stacked = runs[0]
+    assert stacked.bounds == [(0, 512), (512, 768)] and (stacked.n_out, stacked.n_in) == (768, 512)
+    np.testing.assert_array_equal(np.array(stacked.blocks), np.concatenate(rows[:2]))
+    for part, r in zip(parts, rows):
+        np.testing.assert_array_equal(np.array(part.blocks), r)

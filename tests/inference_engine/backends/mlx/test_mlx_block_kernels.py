@@ -1,4 +1,4 @@
-"""Our GPU kernels for Q2_K / Q3_K / Q6_K / IQ4_XS (``gpu_kernels/``,
+"""Our GPU kernels for Q2_K / Q3_K / Q4_K / Q5_K / Q6_K / IQ4_XS (``gpu_kernels/``,
 ``inference_engine/backends/mlx/block_kernels.py``).
 
 Three levels:
@@ -32,9 +32,11 @@ from inference_engine.gguf.file import TensorInfo
 from inference_engine.quants import quant_for
 
 KERNEL_DIR = Path(__file__).resolve().parents[4] / "inference_engine" / "backends" / "gpu_kernels"
-KERNEL_TYPES = tuple(block_index.LAYOUTS)  # Q2_K, Q3_K, Q6_K, IQ4_XS
+KERNEL_TYPES = tuple(block_index.LAYOUTS)  # Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS
 N_IN = 768  # three 256-value blocks per row
-N_OUT = 70  # not a multiple of the mat-vec's 4 rows per threadgroup nor of the mat-mul's 64-row tiles
+N_OUT = 70  # not a multiple of the mat-vec's 4 or 2 rows per threadgroup nor of the mat-mul's 64-row tiles
+# SIMD groups per mat-vec row (its SPLIT): 1; 2 (3 blocks: one group walks two, the other one); 4 (one group idle)
+MATVEC_SPLITS = (1, 2, 4)
 MATVEC_TOKENS = (1, 3, 8)  # 8: the most the mat-vec takes (GQ_MAX_TOK)
 MATMUL_TOKENS = (9, 70)  # 70: two token tiles, the second partial
 # A float32 dot product of 768 terms summed in another order than float64's, with or without fused multiply-adds:
@@ -43,10 +45,10 @@ MATMUL_TOKENS = (9, 70)  # 70: two token tiles, the second partial
 DOT_RTOL = 1e-5
 
 
-def random_rows(qtype: T, n_rows: int, rng: np.random.Generator) -> np.ndarray:
+def random_rows(qtype: T, n_rows: int, rng: np.random.Generator, n_in: int = N_IN) -> np.ndarray:
     """Random blocks with f16 scales of random sign (negative scales and signed zeros covered)."""
     quant = quant_for(qtype)
-    rows = quant.random_rows(n_rows, N_IN, rng)
+    rows = quant.random_rows(n_rows, n_in, rng)
     blocks = rows.reshape(-1, quant.type_size)
     for off in quant.f16_scale_offsets:
         blocks[:, off + 1] ^= (rng.integers(0, 2, len(blocks)) * 0x80).astype(np.uint8)
@@ -74,7 +76,8 @@ def test_twin_rebuilds_every_value_as_ggml(qtype):
 
 
 # The bytes of each type's block that hold quant bits (the rest are scales and f16 factors).
-QUANT_BYTES = {T.Q2_K: range(16, 80), T.Q3_K: range(96), T.Q6_K: range(192), T.IQ4_XS: range(8, 136)}
+QUANT_BYTES = {T.Q2_K: range(16, 80), T.Q3_K: range(96), T.Q4_K: range(16, 144), T.Q5_K: range(16, 176),
+               T.Q6_K: range(192), T.IQ4_XS: range(8, 136)}
 
 
 @pytest.mark.parametrize("qtype", KERNEL_TYPES, ids=lambda t: t.name)
@@ -100,7 +103,7 @@ SHIM_TYPE = r"""
 #define GQ_TYPE {t}
 #include "gguf_kernels.h"
 
-template <int N_TOK>
+template <int N_TOK, int SPLIT>
 static void {t}_matvec_body(const uint8_t* w, const int* w_shape, const float* x, const int* x_shape, float* y,
                             unsigned int gq_tid, unsigned int gq_group_x, unsigned int gq_group_y) {{
 #include "kernel_matvec.inc"
@@ -116,21 +119,29 @@ static void {t}_dequantize_body(const uint8_t* w, const int* w_shape, float* y, 
 #include "kernel_dequantize.inc"
 }}
 
-template <int N_TOK>
+template <int N_TOK, int SPLIT>
 static void {t}_matvec_n(const uint8_t* w, const int* ws, const float* x, const int* xs, float* y) {{
-    const unsigned int groups = ((unsigned int)ws[0] + GQ_MATVEC_ROWS - 1) / GQ_MATVEC_ROWS;
-    gq_host_launch(groups, 1, 32 * GQ_MATVEC_ROWS, [&](unsigned int tid, unsigned int gx, unsigned int gy) {{
-        {t}_matvec_body<N_TOK>(w, ws, x, xs, y, tid, gx, gy);
+    const unsigned int rows = GQ_MATVEC_WARPS / SPLIT;
+    const unsigned int groups = ((unsigned int)ws[0] + rows - 1) / rows;
+    gq_host_launch(groups, 1, 32 * GQ_MATVEC_WARPS, [&](unsigned int tid, unsigned int gx, unsigned int gy) {{
+        {t}_matvec_body<N_TOK, SPLIT>(w, ws, x, xs, y, tid, gx, gy);
     }});
 }}
 
-extern "C" void {t}_matvec(const uint8_t* w, const float* x, float* y, int n_out, int n_in, int n_tok) {{
+template <int SPLIT>
+static void {t}_matvec_split(const uint8_t* w, const int* ws, const float* x, const int* xs, float* y, int n_tok) {{
+    static void (*const by_tokens[])(const uint8_t*, const int*, const float*, const int*, float*) = {{
+        {t}_matvec_n<1, SPLIT>, {t}_matvec_n<2, SPLIT>, {t}_matvec_n<3, SPLIT>, {t}_matvec_n<4, SPLIT>,
+        {t}_matvec_n<5, SPLIT>, {t}_matvec_n<6, SPLIT>, {t}_matvec_n<7, SPLIT>, {t}_matvec_n<8, SPLIT>}};
+    by_tokens[n_tok - 1](w, ws, x, xs, y);
+}}
+
+extern "C" void {t}_matvec(const uint8_t* w, const float* x, float* y, int n_out, int n_in, int n_tok, int split) {{
     const int ws[2] = {{n_out, n_in / GQ_QK * (int)GQ_BYTES}};
     const int xs[2] = {{n_tok, n_in}};
-    static void (*const by_tokens[])(const uint8_t*, const int*, const float*, const int*, float*) = {{
-        {t}_matvec_n<1>, {t}_matvec_n<2>, {t}_matvec_n<3>, {t}_matvec_n<4>,
-        {t}_matvec_n<5>, {t}_matvec_n<6>, {t}_matvec_n<7>, {t}_matvec_n<8>}};
-    by_tokens[n_tok - 1](w, ws, x, xs, y);
+    if (split == 1) {t}_matvec_split<1>(w, ws, x, xs, y, n_tok);
+    if (split == 2) {t}_matvec_split<2>(w, ws, x, xs, y, n_tok);
+    if (split == 4) {t}_matvec_split<4>(w, ws, x, xs, y, n_tok);
 }}
 
 extern "C" void {t}_matmul(const uint8_t* w, const float* x, float* y, int n_out, int n_in, int n_tok) {{
@@ -197,18 +208,26 @@ def test_dequantize_kernel_equals_ggml_bit_for_bit(host_kernels, qtype):
     np.testing.assert_array_equal(out.view(np.uint32), gguf_quants.dequantize(rows, qtype).view(np.uint32))
 
 
-# (kernel, tokens, seed scale): the mat-vec at decode's token counts, the tiled mat-mul at prefill's
-PRODUCT_CASES = [("matvec", n, 10) for n in MATVEC_TOKENS] + [("matmul", n, 100) for n in MATMUL_TOKENS]
-
-
-@pytest.mark.parametrize(("kernel", "n_tok", "seed_scale"), PRODUCT_CASES, ids=lambda v: str(v))
+@pytest.mark.parametrize("split", MATVEC_SPLITS)
+@pytest.mark.parametrize("n_tok", MATVEC_TOKENS)
 @pytest.mark.parametrize("qtype", KERNEL_TYPES, ids=lambda t: t.name)
-def test_product_kernels_give_the_products(host_kernels, qtype, kernel, n_tok, seed_scale):
-    rng = np.random.default_rng(int(qtype) * seed_scale + n_tok)
+def test_matvec_kernel_gives_the_products(host_kernels, qtype, n_tok, split):
+    rng = np.random.default_rng(int(qtype) * 10 + n_tok + 1000 * split)
     rows = random_rows(qtype, N_OUT, rng)
     x = rng.standard_normal((n_tok, N_IN)).astype(np.float32)
     y = np.full((n_tok, N_OUT), np.nan, dtype=np.float32)
-    getattr(host_kernels, f"{qtype.name.lower()}_{kernel}")(_ptr(rows), _ptr(x), _ptr(y), N_OUT, N_IN, n_tok)
+    getattr(host_kernels, f"{qtype.name.lower()}_matvec")(_ptr(rows), _ptr(x), _ptr(y), N_OUT, N_IN, n_tok, split)
+    assert_products_close(y, rows, qtype, x)
+
+
+@pytest.mark.parametrize("n_tok", MATMUL_TOKENS)
+@pytest.mark.parametrize("qtype", KERNEL_TYPES, ids=lambda t: t.name)
+def test_matmul_kernel_gives_the_products(host_kernels, qtype, n_tok):
+    rng = np.random.default_rng(int(qtype) * 100 + n_tok)
+    rows = random_rows(qtype, N_OUT, rng)
+    x = rng.standard_normal((n_tok, N_IN)).astype(np.float32)
+    y = np.full((n_tok, N_OUT), np.nan, dtype=np.float32)
+    getattr(host_kernels, f"{qtype.name.lower()}_matmul")(_ptr(rows), _ptr(x), _ptr(y), N_OUT, N_IN, n_tok)
     assert_products_close(y, rows, qtype, x)
 
 
@@ -251,7 +270,9 @@ def test_kernel_text_for_each_dialect(bk, qtype, kind):
 
 @pytest.mark.mlx
 def test_launch_geometry_comes_from_the_kernels_text(bk):
-    assert (bk.MATVEC_MAX_TOKENS, bk.MATVEC_ROWS) == (8, 4)
+    assert (bk.MATVEC_MAX_TOKENS, bk.MATVEC_WARPS) == (8, 4)
+    assert [bk.matvec_split(256 * n) for n in (1, 3, 4, 6, 7, 8, 35)] == [1, 1, 2, 2, 2, 4, 4]
+    assert all(bk.MATVEC_WARPS % split == 0 for _, split in bk.MATVEC_SPLITS)
     assert (bk.TILE_THREADS, bk.TILE_ROWS, bk.TILE_TOKS, bk.DEQ_THREADS) == (256, 64, 64, 256)
 
 
@@ -325,7 +346,8 @@ def test_cuda_kernels_compile_with_nvrtc(bk, nvrtc, qtype, kind):
     inputs = [("w", "uint8_t")] + ([] if kind == "dequantize" else [("x", "float")])
     name = f"gguf_{qtype.name.lower()}_{kind}"
     text = cuda_kernel_text(
-        name, bk.header(bk.CUDA, qtype), bk.source(bk.CUDA, kind), inputs, {"N_TOK": 3} if kind == "matvec" else {}
+        name, bk.header(bk.CUDA, qtype), bk.source(bk.CUDA, kind), inputs,
+        {"N_TOK": 3, "SPLIT": 2} if kind == "matvec" else {}
     )
     compile_with_nvrtc(nvrtc, text, name)
 
@@ -365,7 +387,8 @@ def dialect(bk):
 def gpu_matrix(qtype: T, rows: np.ndarray, dialect):
     from inference_engine.backends.mlx.weights import BlockMatrix
 
-    return BlockMatrix(TensorInfo("w", qtype, (rows.shape[0], N_IN), rows.nbytes, rows), dialect)
+    n_in = rows.shape[1] // quant_for(qtype).type_size * 256
+    return BlockMatrix(TensorInfo("w", qtype, (rows.shape[0], n_in), rows.nbytes, rows), dialect)
 
 
 @pytest.mark.gpu
@@ -387,5 +410,19 @@ def test_gpu_products(dialect, qtype, n_tok):
     rng = np.random.default_rng(int(qtype) + 7 * n_tok)
     rows = random_rows(qtype, N_OUT, rng)
     x = rng.standard_normal((n_tok, N_IN)).astype(np.float32)
+    got = np.array(gpu_matrix(qtype, rows, dialect)(mx.array(x)))
+    assert_products_close(got, rows, qtype, x)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n_blocks", (4, 8))  # rows split over 2 and 4 SIMD groups (block_kernels.matvec_split)
+@pytest.mark.parametrize("qtype", (T.Q4_K, T.Q6_K), ids=lambda t: t.name)
+def test_gpu_matvec_of_long_rows(dialect, bk, qtype, n_blocks):
+    import mlx.core as mx
+
+    assert bk.matvec_split(256 * n_blocks) > 1
+    rng = np.random.default_rng(int(qtype) + 11 * n_blocks)
+    rows = random_rows(qtype, N_OUT, rng, n_in=256 * n_blocks)
+    x = rng.standard_normal((3, 256 * n_blocks)).astype(np.float32)
     got = np.array(gpu_matrix(qtype, rows, dialect)(mx.array(x)))
     assert_products_close(got, rows, qtype, x)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from fixtures.tiny_models import ARCHITECTURES, MOE_ARCHITECTURES
+from gguf import GGMLQuantizationType as T
 
 from inference_engine.backends import get_backend_class
 from inference_engine.backends import numerics as nx
@@ -226,6 +227,21 @@ def test_a_prefill_through_float32_weights_gives_the_same_logits(tiny_model, mon
     calls.clear()
     via_f32.decode(5)
     assert calls == []
+
+
+@pytest.mark.gpu
+def test_k_quants_in_their_blocks_give_the_affine_paths_logits(tiny_model, monkeypatch):
+    """MLXBackend.block_kernel_types (Q4_K, Q5_K read by our kernels in their GGUF blocks, a layer's Q/K/V and
+    gate/up stacked as FusedBlocks): the same weights as MLX's affine form, other float32 summation orders."""
+    from inference_engine.backends import mlx_backend
+
+    path = tiny_model("qwen2", "Q4_K")
+    affine = logits_rows(engine(path, "compiled"))
+    monkeypatch.setattr(mlx_backend.MLXBackend, "block_kernel_types", frozenset({T.Q4_K, T.Q5_K}))
+    e = engine(path, "compiled")
+    assert any(form.startswith("Q4_K->") and form.endswith("-kernel") for form in e.backend.weight_forms)
+    assert "stacked runs" in e.backend.description
+    assert rel(logits_rows(e), affine) <= LOGITS_REL_TOL
 
 
 @pytest.mark.parametrize("gpu_backend, expected", [("cuda", "f32"), ("metal", "quantized"), (None, "quantized")])
