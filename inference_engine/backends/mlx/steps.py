@@ -124,7 +124,7 @@ class StepCache:
         if (not softcap and b.attention_kernel and b.kernels is not None
                 and attention_kernel.supports(q.shape, self.k[il], self.v[il])):  # the F16 cache read in place
             return attention_kernel.decode_attention(b.kernels, q, self.k[il], self.v[il], at.pos, scale,
-                                                     sliding_window)
+                                                     sliding_window, n_keys=at.keys.shape[0])
         n = at.keys.shape[0]
         keys = self.k[il][:, :n, :].transpose(1, 0, 2)  # (L, n_head_kv, d_k): the slots attention reads
         values = self.v[il][:, :n, :].transpose(1, 0, 2)

@@ -1,9 +1,9 @@
 """The decode-attention GPU kernel (``gpu_kernels/kernel_decode_attention.inc``, ``backends/mlx/attention_kernel.py``).
 
-* Where a C++20 compiler exists: the kernel's own files compiled for the host with ``dialect_host.h`` and run for
-  every thread of the grid (SIMD groups and the barrier as in test_mlx_block_kernels.py), against the NumPy
-  reference backend's attention over the same F16 cache: grouped heads, head sizes 64 and 128, positions before
-  and past the SIMD groups' count, sliding windows.
+* Where a C++20 compiler exists: the kernels' own files compiled for the host with ``dialect_host.h`` and both
+  passes run for every thread of their grids (SIMD groups and the barrier as in test_mlx_block_kernels.py), against
+  the NumPy reference backend's attention over the same F16 cache: grouped heads, head sizes 64 and 128, positions
+  in the first chunk of slots and past it (three chunks), sliding windows, a chunk the window leaves empty.
 * Where NVRTC is installed (no GPU needed): the CUDA text as MLX compiles it.
 * The compiled decode step's wiring: with the switch on and a kernel dialect, it calls the kernel with this
   layer's buffers, the step's position, the scale and the window, and its logits stay the plain path's.
@@ -21,32 +21,48 @@ import pytest
 from inference_engine.backends.numpy_ref import NumpyBackend
 
 KERNEL_DIR = Path(__file__).resolve().parents[4] / "inference_engine" / "backends" / "gpu_kernels"
-# Attention over the same F16 keys and values: the kernel sums the scores and the weighted values in another order
-# (per SIMD group, online rescaling) and takes float32 exponentials; measured ~1e-7 on unit-scale inputs. A wrong
-# slot, head or window gives O(0.1).
+# Attention over the same F16 keys and values: the kernels sum the scores and the weighted values in another order
+# (per chunk of slots, then the chunks rescaled) and take float32 exponentials; measured ~1e-7 on unit-scale inputs.
+# A wrong slot, head or window gives O(0.1).
 ATTENTION_ATOL = 1e-5
 # (head size, query heads per K/V head, sliding window) instantiated in the host build
-VARIANTS = [(64, 1, 0), (64, 3, 0), (128, 2, 0), (128, 2, 5), (64, 1, 5)]
+VARIANTS = [(64, 1, 0), (64, 3, 0), (128, 2, 0), (128, 2, 5), (64, 1, 5), (64, 1, 140)]
 N_KV = 2
-N_CTX = 48
+N_CTX = 300  # three chunks of 128 slots, the last partial
 
 SHIM = r"""
 #include "dialect_host.h"
 #include "gguf_blocks.h"
 #include "decode_attention.h"
 
+// N_CHUNKS: a template constant on the GPU, a parameter here (one build for every key block)
 template <int D, int GROUP, int WINDOW>
-static void body(const float* q, const uint16_t* k, const int* k_shape, const uint16_t* v, const int* pos,
-                 const float* scale, float* o, unsigned int gq_tid, unsigned int gq_group_x, unsigned int gq_group_y) {
+static void chunks(const float* q, const uint16_t* k, const int* k_shape, const uint16_t* v, const int* pos,
+                   const float* scale, float* part_o, float* part_m, float* part_l, const int N_CHUNKS,
+                   unsigned int gq_tid, unsigned int gq_group_x, unsigned int gq_group_y) {
 #include "kernel_decode_attention.inc"
+}
+
+template <int D>
+static void combine(const float* part_o, const float* part_m, const float* part_l, float* o, const int N_CHUNKS,
+                    unsigned int gq_tid, unsigned int gq_group_x, unsigned int gq_group_y) {
+#include "kernel_decode_attention_combine.inc"
 }
 
 template <int D, int GROUP, int WINDOW>
 static void launch(const float* q, const uint16_t* k, const uint16_t* v, int n_head, int n_kv, int n_ctx, int p,
                    float scale, float* o) {
     const int k_shape[3] = {n_kv, n_ctx, D};
+    const int n_chunks = (n_ctx + GQ_ATTN_CHUNK - 1) / GQ_ATTN_CHUNK;
+    std::vector<float> part_o((size_t)n_head * n_chunks * D, NAN), part_m((size_t)n_head * n_chunks, NAN),
+        part_l((size_t)n_head * n_chunks, NAN);
+    gq_host_launch((unsigned int)n_chunks, (unsigned int)n_head, GQ_ATTN_THREADS,
+                   [&](unsigned int tid, unsigned int gx, unsigned int gy) {
+        chunks<D, GROUP, WINDOW>(q, k, k_shape, v, &p, &scale, part_o.data(), part_m.data(), part_l.data(), n_chunks,
+                                 tid, gx, gy);
+    });
     gq_host_launch((unsigned int)n_head, 1, GQ_ATTN_THREADS, [&](unsigned int tid, unsigned int gx, unsigned int gy) {
-        body<D, GROUP, WINDOW>(q, k, k_shape, v, &p, &scale, o, tid, gx, gy);
+        combine<D>(part_o.data(), part_m.data(), part_l.data(), o, n_chunks, tid, gx, gy);
     });
 }
 
@@ -90,7 +106,7 @@ def reference(q, k, v, p: int, scale: float, window: int) -> np.ndarray:
 
 
 @pytest.mark.parametrize("d, group, window", VARIANTS)
-@pytest.mark.parametrize("p", [0, 2, 3, 4, 37, N_CTX - 1])  # fewer visible slots than SIMD groups, and many
+@pytest.mark.parametrize("p", [0, 2, 3, 37, 127, 128, 200, N_CTX - 1])  # the first chunk, its end, the next ones
 def test_host_kernel_is_the_reference_attention(host_kernel, d, group, window, p):
     q, k, v = case(d, group, seed=1000 * d + 10 * group + p)
     scale = float(np.float32(1.0) / np.sqrt(np.float32(d)))
@@ -132,10 +148,12 @@ def test_kernel_text_for_each_dialect(ak):
     from inference_engine.backends.mlx import block_kernels as bk
 
     for dialect, ids in ((bk.METAL, "threadgroup_position_in_grid"), (bk.CUDA, "blockIdx")):
-        head, body = ak.header(dialect), ak.source(dialect)
+        head = ak.header(dialect)
         assert (KERNEL_DIR / dialect.header_file).read_text() in head and "gq_f16_bits" in head
-        assert ids in body and (KERNEL_DIR / "kernel_decode_attention.inc").read_text() in body
-    assert (ak.THREADS, ak.MAX_DIM) == (128, 256)
+        for kernel_pass in ak.PASSES:
+            body = ak.source(dialect, kernel_pass)
+            assert ids in body and (KERNEL_DIR / f"kernel_{kernel_pass}.inc").read_text() in body
+    assert (ak.THREADS, ak.CHUNK, ak.MAX_DIM) == (128, 128, 256)
 
 
 @pytest.mark.mlx
@@ -161,9 +179,13 @@ def test_cuda_text_compiles_with_nvrtc(ak):
     if lib is None:
         pytest.skip("no NVRTC here (pip install nvidia-cuda-nvrtc, or MLX's CUDA build, to compile the CUDA kernels)")
     inputs = [("q", "float"), ("k", "uint16_t"), ("v", "uint16_t"), ("pos", "int32_t"), ("scale", "float")]
-    text = cuda_kernel_text("decode_attention_f16", ak.header(bk.CUDA), ak.source(bk.CUDA), inputs,
-                            {"D": 128, "GROUP": 6, "WINDOW": 0}, output="o")
+    text = cuda_kernel_text("decode_attention_f16", ak.header(bk.CUDA), ak.source(bk.CUDA, ak.PASSES[0]), inputs,
+                            {"D": 128, "GROUP": 6, "WINDOW": 0, "N_CHUNKS": 4}, output=["part_o", "part_m", "part_l"])
     compile_with_nvrtc(ctypes.CDLL(str(lib)), text, "decode_attention_f16")
+    inputs = [("part_o", "float"), ("part_m", "float"), ("part_l", "float")]
+    text = cuda_kernel_text("decode_attention_combine_f16", ak.header(bk.CUDA), ak.source(bk.CUDA, ak.PASSES[1]),
+                            inputs, {"D": 128, "N_CHUNKS": 4}, output="o")
+    compile_with_nvrtc(ctypes.CDLL(str(lib)), text, "decode_attention_combine_f16")
 
 
 @pytest.mark.mlx
@@ -183,8 +205,8 @@ def test_a_compiled_step_hands_its_attention_to_the_kernel(tiny_model, monkeypat
         e = OurEngine(path, backend="mlx", numerics="f32", n_ctx=64, kv_type="f16")
         b = e.backend
 
-        def stand_in(dialect, q, k_buffer, v_buffer, pos, scale, window):
-            calls.append((dialect, k_buffer.shape, scale, window))
+        def stand_in(dialect, q, k_buffer, v_buffer, pos, scale, window, n_keys):
+            calls.append((dialect, k_buffer.shape, scale, window, n_keys))
             slots = mx.arange(k_buffer.shape[1])[None, :]
             visible = slots <= pos[:, None]
             if window:
@@ -204,6 +226,7 @@ def test_a_compiled_step_hands_its_attention_to_the_kernel(tiny_model, monkeypat
     assert len(calls) == hp.n_layer  # traced once: one call per layer
     assert {c[0] for c in calls} == {"a dialect"} and {c[1] for c in calls} == {(hp.n_head_kv, 64, hp.head_dim_k)}
     assert sorted({c[3] for c in calls}) == [0, hp.sliding_window]
+    assert {c[4] for c in calls} == {64}  # the step's block of key slots: all 64 of this cache
     assert rel(got, plain) <= STEP_REL_TOL
 
 
@@ -216,7 +239,7 @@ def test_gpu_kernel_is_the_reference_attention(ak, d, group, window):
 
     if not mx.is_available(mx.gpu) or bk.gpu_dialect() is None:
         pytest.skip(f"MLX {mx.__version__} has no GPU here: our kernels run on Metal or CUDA only")
-    for p in (0, 3, 37):
+    for p in (0, 3, 37, 128, 200, N_CTX - 1):
         q, k, v = case(d, group, seed=7 * d + group + p)
         scale = float(np.float32(1.0) / np.sqrt(np.float32(d)))
         got = ak.decode_attention(bk.gpu_dialect(), mx.array(q[None]), mx.array(k), mx.array(v),

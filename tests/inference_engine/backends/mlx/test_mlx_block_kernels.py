@@ -293,7 +293,7 @@ struct Shape {
 
 
 def cuda_kernel_text(name: str, header: str, body: str, inputs: list[tuple[str, str]], template: dict,
-                     output: str = "y") -> str:
+                     output: str | list[str] = "y") -> str:
     """The translation unit ``mx.fast.cuda_kernel`` compiles, as MLX 0.32's ``build_kernel``
     (mlx/backend/cuda/custom_kernel.cpp) writes it: header, then in ``mlx::core::cu`` a ``__global__`` function with
     ``const T* name`` per input (plus ``name_shape`` where the body names it), the outputs, the template constants,
@@ -306,7 +306,7 @@ def cuda_kernel_text(name: str, header: str, body: str, inputs: list[tuple[str, 
     constants = "".join(f"  constexpr int {k} = {v};\n" for k, v in template.items())
     return (
         f"{NVRTC_STAND_IN}{header}namespace mlx::core::cu {{\n__global__ void {name}(\n    "
-        + ",\n    ".join([*params, f"float* {output}"])
+        + ",\n    ".join([*params, *(f"float* {o}" for o in ([output] if isinstance(output, str) else output))])
         + f") {{\n{constants}\n{body}\n}}\n}}  // namespace mlx::core::cu\n"
     )
 
