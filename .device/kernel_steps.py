@@ -23,8 +23,15 @@ CUDART = ("libcudart.so.13", "libcudart.so.12", "libcudart.so")
 
 
 def cuda_runtime():
-    """The CUDA runtime MLX's CUDA build loaded (ctypes finds the process's copy by its soname), or None."""
-    for name in CUDART:
+    """The CUDA runtime MLX's CUDA build loaded (ctypes finds the process's copy by its soname), else one from
+    NVIDIA's pip wheels (``nvidia/*/lib``), or None."""
+    import importlib.util
+
+    candidates = list(CUDART)
+    spec = importlib.util.find_spec("nvidia")
+    for root in (spec.submodule_search_locations or []) if spec is not None else []:
+        candidates += sorted(str(p) for p in Path(root).glob("*/lib/libcudart.so*"))
+    for name in candidates:
         try:
             return ctypes.CDLL(name)
         except OSError:

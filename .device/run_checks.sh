@@ -14,8 +14,8 @@
 #                      float32) on the 1.5B-shaped Q4_K_M model (also with Q4_K in its GGUF blocks: our mat-vec) and
 #                      smollm2-135m; may run while the build does
 #     kernels          every CUDA kernel of compiled decode steps of the 1.5B shape by its share of GPU time: nsys
-#                      where the machine has it (20 steps; CUDA API calls, MLX's NVTX ranges), else ncu (2 steps at
-#                      depth 0 and 512, each launch timed alone: .device/kernel_steps.py, ncu_kernels.py)
+#                      where the machine has it (20 steps; CUDA API calls, MLX's NVTX ranges), else ncu (one step,
+#                      each launch timed alone: .device/kernel_steps.py, ncu_kernels.py)
 #     graphs           decode_profile's compiled steps with MLX_USE_CUDA_GRAPHS=0 (each kernel launched on its own)
 #     speed            decode_profile (decode, prefill 512) and bench -p 512 -n 128 on the 1.5B-shaped Q4_K_M model
 #                      and smollm2-135m (the real file if carried, else its shape); waits for the build first
@@ -70,7 +70,7 @@ export PYTHONPATH=$ROOT:$ROOT/tests${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=
 export GGUF_PARITY_CACHE=$GP_DIR/cache   # the named models' cache: validate-smollm2 puts the carried file there
 
 # Each step's seconds under `timeout` (the device tool stops a call at 600 s; these leave room for the rest).
-declare -A LIMIT=([probe]=60 [build-llama]=30 [matrices]=150 [kernels]=180 [graphs]=90 [gpu-tests]=420 [gpu-kernels]=180 [validate-tiny]=240 [speed]=360
+declare -A LIMIT=([probe]=60 [build-llama]=30 [matrices]=150 [kernels]=240 [graphs]=90 [gpu-tests]=420 [gpu-kernels]=180 [validate-tiny]=240 [speed]=360
                   [llama-bench]=480
                   [validate-smollm2]=180 [speed-smollm2]=150 [cpu-crash]=300)
 
@@ -273,17 +273,16 @@ step_kernels() {  # every CUDA kernel of compiled decode steps by its GPU time: 
   [ -n "$nsys" ] || [ -n "$ncu" ] || [ "$DRY_RUN" = 1 ] || { echo "no nsys or ncu on this machine"; return 3; }
   model=$(model_path "$SPEED_SHAPE") || return 1
   if [ -z "$nsys" ]; then
-    # Nsight Compute: each launch of 2 compiled decode steps (at depth 0 and 512; MLX's CUDA graphs off, so kernels
-    # launch one by one) timed alone, clocks and caches as they are; only the steps inside kernel_steps.py's
-    # cudaProfilerStart/Stop range. --log-file takes ncu's own lines and its CSV table (ncu_kernels.py finds the
-    # table); the program's own lines stay in this log
-    local depth rc=0
-    for depth in 0 512; do
-      run env MLX_USE_CUDA_GRAPHS=0 "${ncu:-ncu}" --profile-from-start off --metrics gpu__time_duration.sum --csv \
-          --clock-control none --cache-control none --log-file "$WORK/ncu-d$depth.csv" \
-          "$PY" .device/kernel_steps.py "$model" --steps 2 --depth "$depth" || rc=$?
-      run "$PY" .device/ncu_kernels.py "$WORK/ncu-d$depth.csv" --json "$WORK/ncu-d$depth.json" | head -n 30 || rc=$?
-    done
+    # Nsight Compute: each launch of one compiled decode step at depth 0 (~700 kernels; MLX's CUDA graphs off, so
+    # kernels launch one by one) timed alone, clocks and caches as they are; only the step inside kernel_steps.py's
+    # cudaProfilerStart/Stop range. Its stdout holds ncu's lines, the program's and, last, the CSV table
+    # (ncu_kernels.py finds the table)
+    local rc=0
+    run env MLX_USE_CUDA_GRAPHS=0 "${ncu:-ncu}" --profile-from-start off --metrics gpu__time_duration.sum --csv \
+        --clock-control none --cache-control none \
+        "$PY" .device/kernel_steps.py "$model" --steps 1 > "$WORK/ncu-decode.csv" || rc=$?
+    grep -h '^kernel_steps:\|==ERROR==\|==WARNING==' "$WORK/ncu-decode.csv" 2> /dev/null | cut -c1-220
+    run "$PY" .device/ncu_kernels.py "$WORK/ncu-decode.csv" --json "$WORK/ncu-decode.json" | head -n 30 || rc=$?
     return $rc
   fi
   # MLX 0.32 replays its kernels as CUDA graphs (MLX_USE_CUDA_GRAPHS, default on): node tracing lists each kernel

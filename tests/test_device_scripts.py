@@ -260,3 +260,17 @@ def test_ncu_kernels_without_a_table_is_one_line(tmp_path, capsys):
     (tmp_path / "empty.csv").write_text("==PROF== ERR_NVGPUCTRPERM\n")
     assert ncu.main([str(tmp_path / "empty.csv")]) == 2
     assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_kernel_steps_runs_compiled_steps_and_says_whether_it_marked_them(tiny_model):
+    """The steps run on MLX's default device; the line says whether the profiler range was marked (only where MLX
+    computes on CUDA: elsewhere cudaProfilerStart fails or there is no CUDA runtime)."""
+    mx = pytest.importorskip("mlx.core", reason="mlx is not installed (pip install 'gguf-parity[mlx]')")
+    cuda = getattr(mx, "cuda", None) is not None and mx.cuda.is_available()
+    done = subprocess.run([sys.executable, str(ROOT / ".device" / "kernel_steps.py"), str(tiny_model("qwen2", "Q4_K")),
+                           "--steps", "1", "--depth", "3"], capture_output=True, text=True, cwd=ROOT, timeout=120,
+                          check=False)
+    assert done.returncode == 0, done.stderr
+    line = done.stdout.strip().splitlines()[-1]
+    assert line.startswith("kernel_steps: 1 compiled decode steps at depth 3 ")
+    assert ("inside cudaProfilerStart/Stop" in line) == cuda and ("range not marked" in line) == (not cuda)
