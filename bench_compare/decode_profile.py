@@ -408,9 +408,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--mlx-modes", default=",".join(step_profile.MODES),
                         help="MLX: the step modes to profile (bench_compare.step_profile), comma-separated")
     parser.add_argument("--mlx-prefill-matmul", default=None, metavar="HOW",
-                        help="MLX: a prefill's quantized products as 'quantized' (the weight read as stored) or 'f32' (the "
-                             "weight dequantized, then a float32 matmul); default: f32 on CUDA, quantized elsewhere "
-                             "(mlx_backend.PREFILL_MATMUL_DEFAULTS)")
+                        help="MLX: a prefill's quantized products as 'quantized' (the weight read as stored) or "
+                             "'f32' (the weight dequantized, then a float32 matmul); default: f32 on CUDA, quantized "
+                             "elsewhere (mlx_backend.PREFILL_MATMUL_DEFAULTS)")
     parser.add_argument("--mlx-attention-kernel", action="store_true",
                         help="MLX on a GPU: a compiled decode step's attention over the F16 cache as our one kernel "
                              "(backends/mlx/attention_kernel.py; off by default until measured)")

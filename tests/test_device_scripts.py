@@ -267,9 +267,9 @@ def test_kernel_steps_runs_compiled_steps_and_says_whether_it_marked_them(tiny_m
     computes on CUDA: elsewhere cudaProfilerStart fails or there is no CUDA runtime)."""
     mx = pytest.importorskip("mlx.core", reason="mlx is not installed (pip install 'gguf-parity[mlx]')")
     cuda = getattr(mx, "cuda", None) is not None and mx.cuda.is_available()
-    done = subprocess.run([sys.executable, str(ROOT / ".device" / "kernel_steps.py"), str(tiny_model("qwen2", "Q4_K")),
-                           "--steps", "1", "--depth", "3"], capture_output=True, text=True, cwd=ROOT, timeout=120,
-                          check=False)
+    script, model = ROOT / ".device" / "kernel_steps.py", tiny_model("qwen2", "Q4_K")
+    done = subprocess.run([sys.executable, str(script), str(model), "--steps", "1", "--depth", "3"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=120, check=False)
     assert done.returncode == 0, done.stderr
     line = done.stdout.strip().splitlines()[-1]
     assert line.startswith("kernel_steps: 1 compiled decode steps at depth 3 ")

@@ -117,8 +117,9 @@ class MLXBackend(Backend):
     name = "mlx"
     step_mode = "compiled"  # generation steps: one of STEP_MODES (async_steps)
     fuse_matrices = True  # load_matrices stacks runs of affine matrices (False: each alone; decode_profile --unfused)
-    # A compiled decode step's attention over an F16 cache as our one GPU kernel (attention_kernel.py) instead of MLX's
-    # masked attention. Off until measured on a GPU: it has run only compiled for the host and through NVRTC.
+    # A compiled decode step's attention over an F16 cache as our GPU kernels (attention_kernel.py) instead of MLX's
+    # masked attention. Off: the first version ran right on an H200 but slower than MLX's ops at depth; the chunked
+    # one that replaced it has run only compiled for the host and through NVRTC.
     attention_kernel = False
     # Types MLX's affine form holds (Q4_K, Q5_K) read instead in their GGUF blocks by our kernels, on a GPU: the
     # file's bytes in GPU memory and our mat-vec for decode. Empty until a GPU measures it against MLX's qmv

@@ -129,10 +129,10 @@ GQ_FN float gq_q4_k_apply(float scale, float sub_min, int q) {
 enum { gq_q5_k_bytes = 176 };
 
 GQ_FN float gq_q5_k_scale(GQ_GLOBAL const uint8_t* b, unsigned int s) {
-    return gq_f16(b) * (float)gq_k4_code(b, s >> 1, 0u);
+    return gq_q4_k_scale(b, s);  // the same header: d, dmin, scales[12]
 }
 GQ_FN float gq_q5_k_min(GQ_GLOBAL const uint8_t* b, unsigned int s) {
-    return gq_f16(b + 2) * (float)gq_k4_code(b, s >> 1, 1u);
+    return gq_q4_k_min(b, s);
 }
 GQ_FN int gq_q5_k_quant(GQ_GLOBAL const uint8_t* b, unsigned int i) {
     const unsigned int lo = (b[48u + 32u * (i >> 6) + (i & 31u)] >> (4u * ((i >> 5) & 1u))) & 15u;

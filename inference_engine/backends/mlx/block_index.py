@@ -1,10 +1,10 @@
 """The NumPy twin of ``gpu_kernels/gguf_blocks.h``: for value ``i`` of a block, which bytes, which bits, which scale.
 
-The GPU kernels decode Q2_K, Q3_K, Q4_K, Q5_K, Q6_K and IQ4_XS blocks with the C functions of ``gguf_blocks.h`` (one text for
-Metal, CUDA and the host compiler). This module states the same index arithmetic as data, line for line with the
-header, so that it can be checked on every machine without a compiler: :func:`values` rebuilds every value of a block
-from these positions alone, and the tests hold it to gguf-py's dequantization (ggml's ``dequantize_row_<type>``) bit
-for bit, and check that the fields of the 256 values use every bit of the quant bytes exactly once.
+The GPU kernels decode Q2_K, Q3_K, Q4_K, Q5_K, Q6_K and IQ4_XS blocks with the C functions of ``gguf_blocks.h`` (one
+text for Metal, CUDA and the host compiler). This module states the same index arithmetic as data, line for line with
+the header, so that it can be checked on every machine without a compiler: :func:`values` rebuilds every value of a
+block from these positions alone, and the tests hold it to gguf-py's dequantization (ggml's ``dequantize_row_<type>``)
+bit for bit, and check that the fields of the 256 values use every bit of the quant bytes exactly once.
 
 A block holds ``QK = 256`` values in 16 sub-blocks of ``SUB = 16``. Value ``i`` is
 
