@@ -1,6 +1,7 @@
 """Our GPU kernels for the GGUF types MLX's affine format cannot hold (Q2_K, Q3_K, Q6_K: a scale every 16 values,
-where MLX's groups are 32, 64 or 128; IQ4_XS: non-linear values from a code book): the weights stay in their GGUF
-blocks, at their file size, in GPU memory, and the kernels read them directly. One source, two dialects:
+where MLX's groups are 32, 64 or 128; IQ4_XS: non-linear values from a code book), and for Q4_K / Q5_K where
+``MLXBackend.block_kernel_types`` asks: the weights stay in their GGUF blocks, at their file size, in GPU memory, and
+the kernels read them directly. One source, two dialects:
 
 * ``gpu_kernels/gguf_blocks.h``: each block layout, once (value ``i`` of a block exactly as ggml's
   ``dequantize_row_<type>``); ``gguf_kernels.h``: each thread's work in the mat-vec, the tiled mat-mul and the
