@@ -64,12 +64,12 @@ LAYER_NAME = re.compile(r"^blk\.(\d+)\.")
 @contextlib.contextmanager
 def _switched_off(cls: type, attribute: str, when: bool) -> Iterator[None]:
     """``cls.attribute`` False inside the block where ``when`` (a class-level switch read at load time)."""
-    with _class_attribute(cls, attribute, False, when):
+    with class_attribute(cls, attribute, False, when):
         yield
 
 
 @contextlib.contextmanager
-def _class_attribute(cls: type, attribute: str, value, when: bool) -> Iterator[None]:
+def class_attribute(cls: type, attribute: str, value, when: bool) -> Iterator[None]:
     """``cls.attribute`` = ``value`` inside the block where ``when`` (a class-level setting read at load time)."""
     if not when:
         yield
@@ -445,7 +445,7 @@ def main(argv: list[str] | None = None) -> None:
     unstacked = args.backend == "mlx" and args.unfused  # MLX: every weight matrix loaded alone
     with (recording_weights(backend_class) as weights,
           _switched_off(backend_class, "fuse_matrices", unstacked),
-          _class_attribute(backend_class, "block_kernel_types", block_types, when=bool(block_types))):
+          class_attribute(backend_class, "block_kernel_types", block_types, when=bool(block_types))):
         engine = load_engine(args.model, backend=args.backend, numerics=args.numerics, n_threads=args.threads,
                              n_ctx=n_ctx, kv_type="f16")
     if args.mlx_prefill_matmul is not None:

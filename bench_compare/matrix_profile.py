@@ -210,21 +210,22 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.prefill < 0 or args.repeats < 1:
         parser.error("--prefill must be at least 0 and --repeats at least 1")
+    from bench_compare.decode_profile import class_attribute
     from inference_engine.backends.mlx_backend import MLXBackend, parse_block_kernel_types
     from inference_engine.engine import OurEngine
     from inference_engine.store.named_models import resolve_model
 
-    before = MLXBackend.block_kernel_types
     try:
+        block_types = frozenset()
         if args.block_kernel_types is not None:
-            MLXBackend.block_kernel_types = parse_block_kernel_types(args.block_kernel_types)
-        engine = OurEngine(resolve_model(args.model), backend="mlx", numerics="f32", n_ctx=64, device=args.device)
+            block_types = parse_block_kernel_types(args.block_kernel_types)
+        with class_attribute(MLXBackend, "block_kernel_types", block_types, when=bool(block_types)):
+            engine = OurEngine(resolve_model(args.model), backend="mlx", numerics="f32", n_ctx=64,
+                               device=args.device)
         p = run(engine, prefill=args.prefill, repeats=args.repeats)
     except GGUFParityError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    finally:
-        MLXBackend.block_kernel_types = before
     print_report(p)
     if args.json:
         atomic_write_text(args.json, json.dumps(p, indent=1))

@@ -61,9 +61,8 @@ from inference_engine.backends.mlx.steps import (
 from inference_engine.backends.mlx.transcode import AFFINE_32
 from inference_engine.backends.mlx.weights import (
     AffineMatrix,
-    FusedAffine,
-    FusedBlocks,
     HostEmbeddingRows,
+    StackedRows,
     fuse_runs,
     matrix_form,
     prepare_matrix,
@@ -171,7 +170,7 @@ class MLXBackend(Backend):
         affine = "/".join(t.name for t, form in form_of.items() if form is AffineMatrix)
         blocks = "/".join(t.name for t, form in form_of.items() if form is not AffineMatrix)
         forms = ", ".join(f"{n}x {form}" for form, n in sorted(self.weight_forms.items())) or "none loaded yet"
-        stacked = sum(isinstance(r, (FusedAffine, FusedBlocks)) for runs in self._runs.values() for r in runs)
+        stacked = sum(isinstance(r, StackedRows) for runs in self._runs.values() for r in runs)
         if stacked:
             forms += f" ({stacked} stacked runs of matrices, one product each)"
         threads = "" if self.n_threads is None else f"; --threads {self.n_threads} not applied (MLX sets its own)"
@@ -241,7 +240,7 @@ class MLXBackend(Backend):
             return super().matmul_many(ws, x, biases)
         out: list[mx.array] = []
         for run in runs:
-            fused = isinstance(run, (FusedAffine, FusedBlocks))
+            fused = isinstance(run, StackedRows)
             n = len(run.parts) if fused else 1
             run_biases, biases = (None, None) if biases is None else (biases[:n], biases[n:])
             if fused and run_biases is not None and all(b is not None for b in run_biases):

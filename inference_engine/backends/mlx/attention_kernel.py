@@ -18,19 +18,13 @@ session runs to decide.
 
 from __future__ import annotations
 
-import re
 from functools import cache
 
 import mlx.core as mx
 
-from inference_engine.backends.mlx.block_kernels import Dialect, read
+from inference_engine.backends.mlx.block_kernels import Dialect, constant, read
 
-
-def _constant(name: str) -> int:
-    return int(re.search(rf"^#define {name} (\d+)", read("decode_attention.h"), re.MULTILINE).group(1))
-
-
-THREADS, CHUNK, MAX_DIM = _constant("GQ_ATTN_THREADS"), _constant("GQ_ATTN_CHUNK"), _constant("GQ_ATTN_MAX_DIM")
+THREADS, CHUNK, MAX_DIM = (constant(f"GQ_ATTN_{n}", "decode_attention.h") for n in ("THREADS", "CHUNK", "MAX_DIM"))
 PASSES = ("decode_attention", "decode_attention_combine")  # kernel_<pass>.inc
 
 

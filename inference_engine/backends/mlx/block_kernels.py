@@ -79,9 +79,9 @@ def read(name: str) -> str:
     return (KERNEL_DIR / name).read_text()
 
 
-def constant(name: str) -> int:
-    """A ``#define NAME <int>`` of ``gguf_kernels.h`` (the launch geometry comes from the kernels' own text)."""
-    found = re.search(rf"^#define {name} (\d+)$", read("gguf_kernels.h"), re.MULTILINE)
+def constant(name: str, header: str = "gguf_kernels.h") -> int:
+    """A ``#define NAME <int>`` of ``header`` (the launch geometry comes from the kernels' own text)."""
+    found = re.search(rf"^#define {name} (\d+)\b", read(header), re.MULTILINE)
     if found is None:
         raise KeyError(name)
     return int(found.group(1))

@@ -68,27 +68,53 @@ class AffineMatrix:
         return f"AffineMatrix({self.qtype.name}, bits={self.bits}, ({self.n_out}, {self.n_in}))"
 
 
-class FusedAffine:
-    """Affine matrices of one bits / group size / input width stacked by rows, multiplied by one product.
+class StackedRows:
+    """Matrices that multiply one input, stacked by rows into one set of device arrays (``ARRAYS``, each concatenated
+    over the parts) and multiplied by one product (:meth:`product`), its output split by columns.
 
     The parts keep working alone (``matrix_profile``, a prefill in float32): each part's arrays become row slices
     of the stacked ones, which are row-contiguous views, so no weight is held twice."""
 
-    def __init__(self, parts: list[AffineMatrix]):
+    ARRAYS: tuple[str, ...] = ()
+
+    def __init__(self, parts: list):
         self.parts = parts
-        first = parts[0]
-        self.bits, self.group_size = first.bits, first.group_size
-        self.packed = mx.concatenate([p.packed for p in parts])
-        self.scales = mx.concatenate([p.scales for p in parts])
-        self.biases = mx.concatenate([p.biases for p in parts])
-        mx.eval(self.packed, self.scales, self.biases)
+        for name in self.ARRAYS:
+            setattr(self, name, mx.concatenate([getattr(p, name) for p in parts]))
+        mx.eval(*(getattr(self, name) for name in self.ARRAYS))
         self.bounds: list[tuple[int, int]] = []
         row = 0
         for p in parts:
             self.bounds.append((row, row + p.n_out))
-            p.packed, p.scales, p.biases = (a[row:row + p.n_out] for a in (self.packed, self.scales, self.biases))
-            mx.eval(p.packed, p.scales, p.biases)  # views of the stacked arrays
+            for name in self.ARRAYS:
+                setattr(p, name, getattr(self, name)[row:row + p.n_out])
+            mx.eval(*(getattr(p, name) for name in self.ARRAYS))  # views of the stacked arrays
             row += p.n_out
+        self.n_out, self.n_in = row, parts[0].n_in
+
+    def product(self, x: mx.array) -> mx.array:
+        raise NotImplementedError
+
+    def __call__(self, x: mx.array, bias: mx.array | None = None) -> list[mx.array]:
+        """Each part's product ``x @ W_i.T``, ``(T, n_out_i)``: column slices of the one product, after adding
+        ``bias`` (the parts' biases end to end) to it where given."""
+        out = self.product(x)
+        if bias is not None:
+            out = out + bias
+        return [out[..., lo:hi] for lo, hi in self.bounds]
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({', '.join(map(repr, self.parts))})"
+
+
+class FusedAffine(StackedRows):
+    """Affine matrices of one bits / group size / input width stacked by rows: one ``quantized_matmul``."""
+
+    ARRAYS = ("packed", "scales", "biases")
+
+    def __init__(self, parts: list[AffineMatrix]):
+        super().__init__(parts)
+        self.bits, self.group_size = parts[0].bits, parts[0].group_size
 
     @staticmethod
     def fusable(a, b) -> bool:
@@ -96,23 +122,16 @@ class FusedAffine:
         return (isinstance(a, AffineMatrix) and isinstance(b, AffineMatrix)
                 and (a.bits, a.group_size, a.n_in) == (b.bits, b.group_size, b.n_in))
 
-    def __call__(self, x: mx.array, bias: mx.array | None = None) -> list[mx.array]:
-        """Each part's product ``x @ W_i.T``, ``(T, n_out_i)``: column slices of the one product, after adding
-        ``bias`` (the parts' biases end to end) to it where given."""
-        out = mx.quantized_matmul(
+    def product(self, x: mx.array) -> mx.array:
+        return mx.quantized_matmul(
             x, self.packed, self.scales, self.biases, transpose=True, group_size=self.group_size, bits=self.bits
         )
-        if bias is not None:
-            out = out + bias
-        return [out[..., lo:hi] for lo, hi in self.bounds]
-
-    def __repr__(self) -> str:
-        return f"FusedAffine({', '.join(map(repr, self.parts))})"
 
 
 def fuse_runs(matrices: list) -> list:
-    """``matrices`` (multiplying one input, in order) as runs: a :class:`FusedAffine` or :class:`FusedBlocks` of
-    each stretch of two or more consecutive matrices that can share one product, the others as they are."""
+    """``matrices`` (multiplying one input, in order) as runs: a :class:`FusedAffine` or :class:`FusedBlocks`
+    (each a :class:`StackedRows`) of each stretch of two or more consecutive matrices that can share one product,
+    the others as they are."""
     runs: list = []
     i = 0
     while i < len(matrices):
@@ -161,24 +180,14 @@ class BlockMatrix:
         return f"BlockMatrix({self.qtype.name}, {self.dialect.name}, ({self.n_out}, {self.n_in}))"
 
 
-class FusedBlocks:
-    """Block matrices of one type and input width stacked by rows (their GGUF rows end to end), multiplied by one
-    kernel; as :class:`FusedAffine`, each part's ``blocks`` becomes a row slice of the stacked array."""
+class FusedBlocks(StackedRows):
+    """Block matrices of one type and input width stacked by rows (their GGUF rows end to end): one kernel."""
+
+    ARRAYS = ("blocks",)
 
     def __init__(self, parts: list[BlockMatrix]):
-        self.parts = parts
-        first = parts[0]
-        self.qtype, self.dialect = first.qtype, first.dialect
-        self.blocks = mx.concatenate([p.blocks for p in parts])
-        mx.eval(self.blocks)
-        self.bounds: list[tuple[int, int]] = []
-        row = 0
-        for p in parts:
-            self.bounds.append((row, row + p.n_out))
-            p.blocks = self.blocks[row:row + p.n_out]
-            mx.eval(p.blocks)
-            row += p.n_out
-        self.n_out, self.n_in = row, first.n_in
+        super().__init__(parts)
+        self.qtype, self.dialect = parts[0].qtype, parts[0].dialect
 
     @staticmethod
     def fusable(a, b) -> bool:
@@ -186,14 +195,8 @@ class FusedBlocks:
         return (isinstance(a, BlockMatrix) and isinstance(b, BlockMatrix)
                 and (a.qtype, a.dialect, a.n_in) == (b.qtype, b.dialect, b.n_in))
 
-    def __call__(self, x: mx.array, bias: mx.array | None = None) -> list[mx.array]:
-        out = block_product(self.dialect, self.qtype, self.blocks, x)
-        if bias is not None:
-            out = out + bias
-        return [out[..., lo:hi] for lo, hi in self.bounds]
-
-    def __repr__(self) -> str:
-        return f"FusedBlocks({', '.join(map(repr, self.parts))})"
+    def product(self, x: mx.array) -> mx.array:
+        return block_product(self.dialect, self.qtype, self.blocks, x)
 
 
 class DenseMatrix:

@@ -36,11 +36,19 @@ CODE_BOOK = KVALUES.view("uint8")  # the int8 table as the bytes blookup indexes
 
 
 @njit(inline="always", cache=True)
-def code_book_values(row, off):
-    """The 32 values the 16 bytes at ``row[off:off+16]`` code for, as two F32x16 (lo nibbles: 0..15, hi: 16..31)."""
+def code_book_bytes(row, off):
+    """The 32 int8 values the 16 bytes at ``row[off:off+16]`` code for, as two U8x16 (lo nibbles: 0..15, hi:
+    16..31)."""
     table = bload(CODE_BOOK, 0)
     q = bload(row, off)
-    return bto_f32_signed(blookup(table, q)), bto_f32_signed(blookup(table, bshr(q, 4)))
+    return blookup(table, q), blookup(table, bshr(q, 4))
+
+
+@njit(inline="always", cache=True)
+def code_book_values(row, off):
+    """:func:`code_book_bytes` as two F32x16."""
+    lo, hi = code_book_bytes(row, off)
+    return bto_f32_signed(lo), bto_f32_signed(hi)
 
 
 @njit(inline="always", cache=True)
@@ -105,9 +113,8 @@ def matvec_int_loop_iq4_nl(w, yq, yd, ya, out):
 @njit(inline="always", cache=True)
 def halves_iq4_nl(row, o):
     """The block at ``o``'s code-book values plus 128 (unsigned bytes), elements 0..15 and 16..31."""
-    table = bload(CODE_BOOK, 0)
-    q = bload(row, o + 2)
-    return bxor(blookup(table, q), 128), bxor(blookup(table, bshr(q, 4)), 128)
+    lo, hi = code_book_bytes(row, o + 2)
+    return bxor(lo, 128), bxor(hi, 128)
 
 
 @njit(inline="always", cache=True)
