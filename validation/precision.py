@@ -60,7 +60,7 @@ LLAMACPP_DEFAULTS = "llama.cpp defaults (K/V F16, flash attention auto)"
 def open_variants(reference: Engine, thresholds: Thresholds) -> tuple[dict[str, Engine], dict[str, str]]:
     """The reference's variants for ``thresholds``' class: ``({label: engine}, {label: why it could not open})``.
 
-    Strict (ggml) classes get the reference's rounding variants only (flash attention toggled), as before; the
+    Strict (ggml) classes get the reference's rounding variants only (flash attention toggled, K/V in F16); the
     noise-floor classes add llama.cpp's own default settings and the model with its matrices in the class's type.
     The caller closes the engines."""
     engines: dict[str, Engine] = {}

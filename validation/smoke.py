@@ -17,7 +17,7 @@ reference's logits at that step (where both engines saw the identical prefix):
 The smoke test passes when there is no divergence, or when the divergence is a near tie: ``margin`` below
 :data:`NEAR_TIE_MARGIN`. A near tie is a legitimate outcome of rounding-level differences (the greedy choice between
 two almost equal logits can flip under any reordering of a float sum). A wider gap is also excused when one of the
-reference's own *rounding variants* (llama.cpp with its other attention kernel, see
+reference's own *rounding variants* (llama.cpp with its other attention kernel or its K/V cache in F16, see
 ``LlamaCppEngine.rounding_variants``), run on the identical prefix, picks our token: then llama.cpp itself flips
 that choice under a rounding-level change (seen on Gemma 3 in ggml numerics, where every activation is re-quantized
 to 8 bits and a last-bit difference can move a logit by more than 0.05). It is excused, as in the free-running gate

@@ -59,7 +59,8 @@ DEFAULT_TOKENS = 16
 SHARED_KLD_MEAN_MAX = 1e-4
 # A server need not compute exactly as the in-process reference does (llama.cpp's own server with flash attention
 # off, another engine): the KLD gate is max(SHARED_KLD_MEAN_MAX, factor x llama.cpp's own noise floor), the floor
-# being the same metric between llama.cpp and its rounding variant (the other attention kernel) on the same positions,
+# being the same metric between llama.cpp and its rounding variants (the other attention kernel, an F16 K/V cache:
+# LlamaCppEngine.rounding_variants) on the same positions,
 # with the factor (and its reasons) of the free-running logits gate (validation.free_running.NOISE_FACTOR). Seen on
 # SmolLM2 Q4_1: a server with flash attention off gave shared-top-k KLD mean 2.2e-3 (log-prob differences up to 0.54)
 # against the in-process reference with it on.
@@ -176,7 +177,7 @@ def run_http_fidelity(engine, reference, prompt: str, *, n_tokens: int = DEFAULT
 
 def noise_floor(reference, tok, ids: list[int], ref_ids: list[int], positions: list[dict], top_k: int) -> dict:
     """How far llama.cpp moves from *itself* on the compared positions, by the same metrics: each of its rounding
-    variants (``rounding_variants()``: the other attention kernel) against it. Sets ``variant_top1`` on each row
+    variants (``rounding_variants()``: the other attention kernel, an F16 K/V cache) against it. Sets ``variant_top1`` on each row
     (whether a variant picks the server's top-1 there) and returns {label: shared-top-k KLD mean}, the largest as
     ``floor`` (see :data:`SHARED_KLD_NOISE_FACTOR`)."""
     variants = reference.rounding_variants() if hasattr(reference, "rounding_variants") else {}

@@ -12,6 +12,7 @@ from fixtures.tiny_models import ARCHITECTURES
 
 from inference_engine.engine import OurEngine
 from validation.decode_steps import PREFIX_CHUNK, DepthPlan, validate_depths
+from validation.free_running import KV_F16_PLAIN
 from validation.metrics import thresholds_for
 from validation.run import ValidateOptions, validate
 
@@ -141,7 +142,7 @@ def test_validate_runs_decode_steps_and_corpus_kld_end_to_end(tiny_model, tmp_pa
                                       corpus_kld=str(text), ctx=64))
     assert result["checks"]["decode_steps"] is True and result["checks"]["corpus_kld"] is True
     ck = result["corpus_kld"]
-    assert ck["windows"] >= 4 and list(ck["reference_self"]) == ["flash attention on"]
+    assert ck["windows"] >= 4 and list(ck["reference_self"]) == ["flash attention on", KV_F16_PLAIN]
     assert ck["ours"]["KLD"]["Mean"] <= ck["kld_mean_limit"]
     lines = summary_lines(result)
     assert any(line.startswith("decode steps at depth 20: 2/2 steps pass") for line in lines)

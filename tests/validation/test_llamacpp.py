@@ -13,7 +13,9 @@ import pytest
 
 from inference_engine.errors import GGUFParityError
 from validation import ggml_ctypes as g
+from validation.free_running import KV_F16_PLAIN
 from validation.llamacpp import LlamaCppEngine, is_graph_name
+from validation.metrics import logit_metrics
 
 # Same library, same graph, same kernels, same thread count: the engine must reproduce llama-cpp-python's
 # high-level API bit for bit. Any difference means a setting differs.
@@ -183,6 +185,30 @@ def test_rewind_is_refused_on_a_sliding_window_model(tiny_model):
     with LlamaCppEngine(tiny_model("gemma3"), n_ctx=64, n_threads=1) as engine:
         engine.prefill([20 + i for i in range(10)])
         assert not engine.rewind(4) and engine.n_past == 10
+
+
+@pytest.mark.parametrize("kv_type, flash_attn, expected", [
+    ("f32", "off", {"flash attention on": ("f32", "on"), KV_F16_PLAIN: ("f16", "off")}),
+    ("f32", "on", {"flash attention off": ("f32", "off"), KV_F16_PLAIN: ("f16", "off")}),
+    ("f16", "off", {"flash attention on": ("f16", "on")}),  # its cache is F16 already: one draw left
+])
+def test_rounding_variants_change_only_attention_rounding(tiny_model, kv_type, flash_attn, expected):
+    ids = [(7 * i) % 200 + 20 for i in range(12)]
+    with LlamaCppEngine(tiny_model("llama", "Q8_0"), n_ctx=64, n_threads=1, kv_type=kv_type,
+                        flash_attn=flash_attn) as ref:
+        base = ref.capture(ids, names=["result_output"])["result_output"]
+        variants = ref.rounding_variants()
+        try:
+            assert {label: (v.kv_type, v.flash_attn_resolved) for label, v in variants.items()} == expected
+            for variant in variants.values():
+                assert (variant.n_threads, variant.n_batch, variant.n_ctx) == (ref.n_threads, ref.n_batch, ref.n_ctx)
+                kld = logit_metrics(variant.capture(ids, names=["result_output"])["result_output"], base)["kld_mean"]
+                # a draw of rounding noise: a change (0 would draw nothing), and a small one (measured 1.3e-4 to
+                # 1.5e-4 here; a permuted weight gives KLD of order 1, validation.free_running)
+                assert 0 < kld < 1e-2
+        finally:
+            for variant in variants.values():
+                variant.close()
 
 
 # --- SmolLM2 (llama architecture) --------------------------------------------------------------------------------

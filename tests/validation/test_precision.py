@@ -11,7 +11,7 @@ import pytest
 
 from bench_compare.engines import make_engine
 from inference_engine.errors import GGUFParityError
-from validation.free_running import NOISE_FACTOR
+from validation.free_running import KV_F16_PLAIN, NOISE_FACTOR
 from validation.gguf_rewrite import rewrite, weights_as
 from validation.metrics import NMSE_MIN_BF16, NMSE_MIN_F32, thresholds_for
 from validation.precision import LLAMACPP_DEFAULTS, open_variants, tensor_bands
@@ -144,15 +144,16 @@ def test_variants_by_class(tiny_model):
     try:
         ggml, errors = open_variants(ref, thresholds_for("ggml"))
         opened += ggml.values()
-        assert set(ggml) == {"flash attention on"} and not errors  # the strict class: rounding only
+        assert set(ggml) == {"flash attention on", KV_F16_PLAIN} and not errors  # the strict class: rounding only
+        assert ggml[KV_F16_PLAIN].kv_type == "f16" and ggml[KV_F16_PLAIN].flash_attn_resolved == "off"
         f16, errors = open_variants(ref, thresholds_for("f16"))
         opened += f16.values()
-        assert set(f16) == {"flash attention on", LLAMACPP_DEFAULTS, "weights F16"} and not errors
+        assert set(f16) == {"flash attention on", KV_F16_PLAIN, LLAMACPP_DEFAULTS, "weights F16"} and not errors
         assert f16[LLAMACPP_DEFAULTS].kv_type == "f16" and f16[LLAMACPP_DEFAULTS].flash_attn == "auto"
         bf16, errors = open_variants(ref, thresholds_for("bf16"))
         opened += bf16.values()
         kv = "K/V BF16 (flash attention on)"
-        assert set(bf16) == {"flash attention on", LLAMACPP_DEFAULTS, "weights BF16", kv} and not errors
+        assert set(bf16) == {"flash attention on", KV_F16_PLAIN, LLAMACPP_DEFAULTS, "weights BF16", kv} and not errors
         assert bf16[kv].kv_type == "bf16" and bf16[kv].flash_attn_resolved == "on"
         weights = gguf.GGUFReader(str(f16["weights F16"].path))
         assert {t.tensor_type.name for t in weights.tensors if len(t.shape) >= 2} == {"F16"}
@@ -203,7 +204,8 @@ def test_a_topk_only_engine_is_checked_on_its_own_path(tiny_model):
     assert top["metrics"]["top1_agreement"] == 1.0 and top["checks"]["topk_overlap"]
     # the same llama.cpp computes both sides: what is left is the F16 K/V and flash attention of its defaults
     assert top["metrics"]["shared_kld_mean"] <= top["limits"]["shared_kld_mean_max"]
-    assert set(top["reference_self"]["variants"]) == {"flash attention on", LLAMACPP_DEFAULTS, "weights F32"}
+    assert set(top["reference_self"]["variants"]) == {"flash attention on", KV_F16_PLAIN, LLAMACPP_DEFAULTS,
+                                                      "weights F32"}
 
 
 def test_an_engine_that_gives_nothing_checkable_is_refused(tiny_model):
@@ -317,10 +319,10 @@ def test_a_bug_too_small_for_a_short_prompt_fails_at_depth(tiny_model, tmp_path,
                                depth="0,16,64"), ours_opener=opener(planted))
     assert result["checks"]["tensors"] and result["checks"]["logits"]  # the prompt cannot see it
     steps = result["decode_steps"]
-    expected = ["flash attention on", LLAMACPP_DEFAULTS, f"weights {precision.upper()}"]
+    expected = ["flash attention on", KV_F16_PLAIN, LLAMACPP_DEFAULTS, f"weights {precision.upper()}"]
     if precision == "bf16":  # the class's K/V type too: attention computed in bf16
-        expected.insert(0, "K/V BF16 (flash attention on)")
-    assert steps["bands_from"] == expected
+        expected.append("K/V BF16 (flash attention on)")
+    assert steps["bands_from"] == sorted(expected)
     assert steps["first_failure"] == {"depth": 64, "step": 0, "position": 64, "tensor": "Qcur-0"}
     failure = steps["depths"][2]["steps"][-1]["failure"]
     assert failure["nmse"] > failure["threshold"]

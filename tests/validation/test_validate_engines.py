@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 from fixtures.tiny_models import ARCHITECTURES
 
+from validation.free_running import KV_F16_PLAIN
 from validation.metrics import tensor_metrics
 from validation.precision import LLAMACPP_DEFAULTS
 from validation.run import ValidateOptions, open_ours, open_reference, validate
@@ -173,7 +174,7 @@ def test_fixture_passes_against_llamacpp(tiny_model, one_text_corpus, arch, qtyp
     free = result["free_running"]
     assert free["gated"] is False and free["worst"] and len(free["tensors"]) == len(result["tensors"])
     noise = free["reference_self_kld"]
-    variants = {"token by token", "flash attention on"}
+    variants = {"token by token", "flash attention on", KV_F16_PLAIN}
     if numerics == "f32":  # the f32 class's floor adds llama.cpp's defaults and its F32-weights variant
         variants |= {LLAMACPP_DEFAULTS, "weights F32"}
     assert set(noise["variants"]) == variants and not noise["errors"]

@@ -43,8 +43,9 @@ from llama_cpp import llama_cpp as ll
 
 from inference_engine.backends.numerics import set_ggml_simd
 from inference_engine.errors import GGUFParityError
-from inference_engine.store.digests import file_sha256
 from inference_engine.gguf.file import GGUF_MAGIC, GGUFFile, open_gguf
+from inference_engine.store.digests import file_sha256
+from validation.free_running import KV_F16_PLAIN
 from validation.ggml_ctypes import check_layout
 from validation.llamacpp.capture import GraphNode, GraphRecorder
 from validation.llamacpp.library import (
@@ -447,19 +448,40 @@ class LlamaCppEngine:
 
     # --- llama.cpp against itself -------------------------------------------------------------------------------
     def rounding_variants(self) -> dict[str, LlamaCppEngine]:
-        """llama.cpp computing the same model with its other attention kernel: ``{label: engine}`` (caller closes).
+        """llama.cpp computing the same model with rounding-level changes: ``{label: engine}`` (caller closes).
 
-        Flash attention (llama.cpp's CPU default, "auto" -> on) and the plain KQ / softmax / KQV path compute the
-        same attention with float32 sums in different orders. Comparing the two measures how far llama.cpp's own
-        output moves under a rounding-level change, which validation uses as a noise floor for free-running
-        comparisons. Everything else (KV type, threads, batch, extra buffer types) is kept.
+        * its other attention kernel: flash attention (llama.cpp's CPU default, "auto" -> on) and the plain KQ /
+          softmax / KQV path compute the same attention with float32 sums in different orders, and flash attention
+          over K/V in F16 (llama.cpp casts an F32 cache to F16 for it: with it on, an F32 and an F16 cache gave
+          bit-identical logits, Gemma 3 270M IQ4_XS);
+        * where the reference keeps its K/V in F32: the K/V cache in F16 through the plain path
+          (:data:`KV_F16_PLAIN`), the same rounding of K and V as flash attention's through the other kernel.
+
+        Comparing them with the reference measures how far llama.cpp's own output moves under a rounding-level
+        change, which validation uses as a noise floor for free-running comparisons. Why two draws of it: on a model
+        whose activations are re-quantized to 8 bits at every product, any last-bit change cascades, and how far one
+        cascade moves a given position is luck. Measured on Gemma 3 270M IQ4_XS, the default prompt: flash attention
+        moved position 7's top-1/top-2 gap (1.21) by 0.02, the F16 cache through the plain path by 1.19 (to 0.02),
+        with the same KLD mean (1.44e-2 and 1.52e-2); one draw left a correct engine's flip there unexplained.
+        Everything else (threads, batch, extra buffer types) is kept: other thread counts (SmolLM2) and batches of 8
+        tokens (Gemma 3 IQ4_XS) gave bit-identical logits, no draw at all.
         """
         self._require_open()
         other = "on" if self.flash_attn_resolved == "off" else "off"
-        variant = LlamaCppEngine(self.path, n_ctx=self._n_ctx, n_threads=self.n_threads, n_batch=self.n_batch,
-                                 kv_type=self.kv_type, flash_attn=other, extra_bufts=self.extra_bufts,
-                                 verbose=self.verbose)
-        return {f"flash attention {other}": variant}
+        settings = {f"flash attention {other}": (self.kv_type, other)}
+        if self.kv_type == "f32":
+            settings[KV_F16_PLAIN] = ("f16", "off")
+        variants: dict[str, LlamaCppEngine] = {}
+        try:
+            for label, (kv_type, flash_attn) in settings.items():
+                variants[label] = LlamaCppEngine(self.path, n_ctx=self._n_ctx, n_threads=self.n_threads,
+                                                 n_batch=self.n_batch, kv_type=kv_type, flash_attn=flash_attn,
+                                                 extra_bufts=self.extra_bufts, verbose=self.verbose)
+        except BaseException:
+            for opened in variants.values():
+                opened.close()
+            raise
+        return variants
 
     def variant(self, *, weight_type: str | None = None, kv_type: str | None = None,
                 flash_attn: bool | str | None = None) -> LlamaCppEngine:
