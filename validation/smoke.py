@@ -18,14 +18,15 @@ The smoke test passes when there is no divergence, or when the divergence is a n
 :data:`NEAR_TIE_MARGIN`. A near tie is a legitimate outcome of rounding-level differences (the greedy choice between
 two almost equal logits can flip under any reordering of a float sum). A wider gap is also excused when one of the
 reference's own *rounding variants* (llama.cpp with its other attention kernel or its K/V cache in F16, see
-``LlamaCppEngine.rounding_variants``), run on the identical prefix, picks our token: then llama.cpp itself flips
-that choice under a rounding-level change (seen on Gemma 3 in ggml numerics, where every activation is re-quantized
-to 8 bits and a last-bit difference can move a logit by more than 0.05). It is excused, as in the free-running gate
-(:func:`validation.free_running.top1_disagreements`), when the margin is within ``GAP_SHIFT_FACTOR`` times the
-largest change the reference's own variants make to that same gap on the identical prefix (seen: SmolLM2, "The
-capital of Italy is", step 5: ' the' over ' Spain' by 0.145 with llama.cpp, by less with flash attention on; ours,
-closer to llama.cpp over the prompt than flash attention is, picked ' Spain'). And it is excused when its margin is
-within ``drift_margin``: the caller's bound on the margins by which llama.cpp's own variants flip top-1 tokens on
+``LlamaCppEngine.rounding_variants``), run on the identical prefix (prefilled at once, and decoded a token at a time
+as the engines did; the reference itself prefilling it at once counts too), picks our token: then llama.cpp itself
+flips that choice under a rounding-level change (seen on Gemma 3 in ggml numerics, where every activation is
+re-quantized to 8 bits and a last-bit difference can move a logit by more than 0.05). It is excused, as in the
+free-running gate (:func:`validation.free_running.top1_disagreements`), when the margin is within ``GAP_SHIFT_FACTOR``
+times the largest change the reference's own variants make to that same gap on the identical prefix (seen: SmolLM2,
+"The capital of Italy is", step 5: ' the' over ' Spain' by 0.145 with llama.cpp, by less with flash attention on;
+ours, closer to llama.cpp over the prompt than flash attention is, picked ' Spain'). And it is excused when its margin
+is within ``drift_margin``: the caller's bound on the margins by which llama.cpp's own variants flip top-1 tokens on
 the validation prompt (``validation.free_running``: GAP_SHIFT_FACTOR x the largest margin of such a flip), i.e. a
 divergence no bigger than the ones llama.cpp makes against itself. Anything else is a bug.
 """
@@ -38,7 +39,7 @@ from typing import Mapping
 
 import numpy as np
 
-from inference_engine.generate import generate_step
+from inference_engine.generate import PREFILL_CHUNK, generate_step, prefill_chunked
 from inference_engine.protocol import Engine
 from inference_engine.sampling import greedy
 from validation.free_running import NEAR_TIE_MARGIN, reference_gap_shift  # the drift rules, shared with validate
@@ -94,8 +95,8 @@ def greedy_smoke(ours: Engine, reference: Engine, prompt_ids: list[int], n_token
         if tok_ours != tok_ref:
             divergence = _divergence(step, tok_ours, tok_ref, logits_ref, reference)
             if not divergence["near_tie"]:
-                prefix = list(prompt_ids) + generated
-                picks, gaps = _variants_on(variants or {}, prefix, tok_ref, tok_ours)
+                picks, gaps = _variants_on(variants or {}, reference, list(prompt_ids), generated, tok_ref,
+                                           tok_ours)
                 shift, within = reference_gap_shift(divergence["margin"], gaps)
                 divergence["reference_variants_agreeing"] = picks
                 divergence["reference_self_gap_shift"] = shift
@@ -123,18 +124,54 @@ def _divergence(step: int, tok_ours: int, tok_ref: int, logits_ref: np.ndarray, 
     }
 
 
-def _variants_on(variants: Mapping[str, Engine], prefix: list[int], tok_ref: int, tok_ours: int
-                 ) -> tuple[list[str], list[float]]:
-    """After ``prefix``: the labels of the reference variants whose greedy pick is ``tok_ours``, and each variant's
-    gap ``logit[tok_ref] - logit[tok_ours]``."""
-    agreeing, gaps = [], []
+# The labels of the reference's realizations of the identical prefix other than its own decode loop (_variants_on).
+DECODED = "{label}, token by token"
+REFERENCE_ONE_BATCH = "the reference, the prefix as one batch"
+
+
+def _variants_on(variants: Mapping[str, Engine], reference: Engine, prompt_ids: list[int], generated: list[int],
+                 tok_ref: int, tok_ours: int) -> tuple[list[str], list[float]]:
+    """After the prompt and ``generated``: the labels of the reference's realizations of that prefix whose greedy pick
+    is ``tok_ours``, and each one's gap ``logit[tok_ref] - logit[tok_ours]``. The realizations: each rounding
+    variant prefilling the prefix as one batch, and, where tokens were generated, each variant decoding them as the
+    two engines did (the prompt, then one token at a time: :data:`DECODED`) and the reference itself prefilling the
+    prefix as one batch (:data:`REFERENCE_ONE_BATCH`; its cache is left empty). Why more than one batch a variant:
+    how far a rounding change moves one gap is luck on a model whose activations are re-quantized at every product.
+    Seen: Qwen2.5-Coder-1.5B re-quantized to Q2_K, step 7 of the default prompt, the reference's gap 0.407 between
+    '9' and '0': flash attention moved it by 0.10 prefilling the prefix and by 0.29 decoding it token by token."""
+    prefix = prompt_ids + generated
+    realizations = []
     for label, engine in variants.items():
-        engine.reset()
-        logits = np.asarray(engine.prefill(prefix), dtype=np.float64)
+        realizations.append((label, lambda engine=engine: _one_batch(engine, prefix)))
+        if generated:
+            realizations.append((DECODED.format(label=label),
+                                 lambda engine=engine: _decoded(engine, prompt_ids, generated)))
+    if generated:
+        realizations.append((REFERENCE_ONE_BATCH, lambda: _one_batch(reference, prefix)))
+    agreeing, gaps = [], []
+    for label, logits_of in realizations:
+        logits = np.asarray(logits_of(), dtype=np.float64)
         if int(np.argmax(logits)) == tok_ours:
             agreeing.append(label)
         gaps.append(float(logits[tok_ref] - logits[tok_ours]))
+    if generated:
+        reference.reset()
     return agreeing, gaps
+
+
+def _one_batch(engine: Engine, prefix: list[int]) -> np.ndarray:
+    engine.reset()
+    return engine.prefill(prefix)
+
+
+def _decoded(engine: Engine, prompt_ids: list[int], generated: list[int]) -> np.ndarray:
+    """The logits after the prompt and ``generated`` as :func:`generate_step` feeds them: the prompt in chunks of
+    PREFILL_CHUNK, then one decode a token."""
+    engine.reset()
+    logits = prefill_chunked(engine, prompt_ids, PREFILL_CHUNK)
+    for token in generated:
+        logits = engine.decode(int(token))
+    return logits
 
 
 def token_text(engine: Engine, token: int) -> str | None:

@@ -220,10 +220,13 @@ class TeacherForcedFakeEngine(FakeEngine):
 
 
 class ScriptedEngine:
-    """Returns a fixed sequence of logit vectors, one per prefill/decode call (for the smoke test's margins)."""
+    """Returns a fixed sequence of logit vectors, one per prefill/decode call (for the smoke test's margins);
+    ``batches``: what a prefill of that many ids returns instead, without taking a step of the script (a whole
+    prefix prefilled at once, as the smoke's one-batch realizations do)."""
 
-    def __init__(self, script: list[np.ndarray], n_ctx: int = 256):
+    def __init__(self, script: list[np.ndarray], n_ctx: int = 256, batches: dict[int, np.ndarray] | None = None):
         self.script = [np.asarray(s, dtype=np.float32) for s in script]
+        self.batches = {n: np.asarray(b, dtype=np.float32) for n, b in (batches or {}).items()}
         self.calls = 0
         self.fed: list[int] = []
         self.name = "scripted"
@@ -244,6 +247,8 @@ class ScriptedEngine:
 
     def prefill(self, ids):
         self.fed += list(ids)
+        if len(ids) in self.batches:
+            return self.batches[len(ids)]
         return self._next()
 
     def decode(self, token_id):
