@@ -83,7 +83,11 @@ INT8_FLAVOURS = ("avx2", "avx512", "neon")
 # "kernel choices" (intdot's untiled mat-mat, never faster than the tiled kernel, is kept for measuring in
 # bench_compare.untiled_int).
 TILED_MIN_TOKENS: dict[T, int] = {T.Q6_K: 2, T.Q4_K: 3, T.Q5_K: 3, T.Q5_0: 3, T.Q5_1: 3, T.Q4_0: 4, T.Q4_1: 4,
-                                  T.Q8_0: 4, T.IQ4_XS: 3}
+                                  T.Q8_0: 4, T.IQ4_XS: 3, T.Q2_K: 3, T.Q3_K: 4}
+# Q2_K, Q3_K (vec_dot's values below ktiles, where llama.cpp multiplies by vec_dot), 2 threads, 8960x1536, ms
+# per-token mat-vecs / tiles / dequantized float tiles: Q3_K 2 tokens 0.49 / 0.83 / 2.16, 3 0.80-0.98 / 0.97-1.04 /
+# 2.0, 4 1.19-1.30 / 0.88-1.03 / 2.0, 7 2.24 / 2.08 / 2.32; Q2_K 2 0.46 / 0.48 / 1.91, 3 0.55 / 0.47 / 1.92, 4 0.73
+# / 0.47 / 1.93, 11 1.99 / 1.40 / 3.32 (two runs where two figures are given).
 # IQ4_XS (no ktiles: llama.cpp multiplies it by vec_dot at every count, which its tiles equal bit for bit), 1 thread,
 # 8960x1536, ms per-token mat-vecs / tiles / dequantized tiles: 2 tokens 1.04 / 1.19 / 2.94, 3 1.56 / 1.20 / 2.95,
 # 16 8.49 / 5.25 / 6.53, 64 35.2 / 20.0 / 23.4, 512 - / 175 / 217.
@@ -99,10 +103,11 @@ TILED_MIN_TOKENS: dict[T, int] = {T.Q6_K: 2, T.Q4_K: 3, T.Q5_K: 3, T.Q5_0: 3, T.
 # by its gemm / gemv at every token count, whose float steps ktiles.ktiled_blocks takes; from 5 tokens on it is the
 # faster kernel here (1 thread, ms tiled / ktiled, 8960x1536: 4 tokens 0.99 / 1.01, 6 1.99 / 1.03, 16 4.14 / 0.99).
 # Rows not a multiple of 8 stay unrepacked in llama.cpp (llamafile's sgemm: vec_dot's values): the 4-token tiles.
-# Q2_K, Q3_K (no integer mat-vec: fewer tokens take the float kernels, dequantized tiles x the Numba GEMM): Q3_K
-# from ggml's floor, where llama.cpp takes its tiled kernel (2 threads, 8960x1536, ms float tiles / ktiles: 8 tokens
-# 1.45 / 1.74, 64 8.82 / 2.91, 512 68.4 / 14.5); Q2_K, which llama.cpp repacks on AVX-512 (its own gemm), from where
-# ktiles is faster: 8 tokens 1.38 / 1.54, 12 2.20 / 1.57, 512 56.2 / 15.5.
+# Q2_K, Q3_K (fewer tokens: the integer mat-vec or the 4-token tiles, vec_dot's values; above): from ggml's floor,
+# where llama.cpp's mul_mat takes its tiled kernel for both (checked against libggml, 2026-11-27: ktiles equals it
+# from 8 tokens, vec_dot below), though the 4-token tiles are faster there (2 threads, 8960x1536, ms tiles / ktiles:
+# Q3_K 8 tokens 1.75 / 4.46, 12 3.73 / 3.58, 64 17.3 / 6.2; Q2_K 8 0.94 / 3.65, 16 1.90 / 2.64, 64 7.8 / 5.3); the
+# float tiles ktiles replaced: Q3_K 8 tokens 1.45 / 1.74, 512 68.4 / 14.5, Q2_K 512 56.2 / 15.5.
 # Q4_1, Q5_0, Q5_1, Q8_0 (ktiles.ktiled_lanes: vec_dot's float order, so the same values as the 4-token tiles and
 # llamafile's sgemm): from where they are faster, 1 thread, ms tiles / ktiles, 8960x1536: Q4_1 8 tokens 2.36 / 1.91,
 # 16 4.77 / 2.04, 128 38.0 / 11.3; Q5_1 8 2.50 / 2.05; Q5_0 8 2.29 / 1.84, 16 4.60 / 1.79; Q8_0 8 1.91 / 1.91, 12
@@ -117,7 +122,7 @@ _KTILED_MIN_TOKENS_VNNI: dict[T, int] = {
     T.Q5_0: 8,
     T.Q5_1: 8,
     T.Q8_0: 9,
-    T.Q2_K: 12,
+    T.Q2_K: ktiles.MIN_TOKENS,
     T.Q3_K: ktiles.MIN_TOKENS,
     T.Q4_K: 16,
     T.Q5_K: ktiles.MIN_TOKENS,
@@ -129,11 +134,12 @@ _KTILED_MIN_TOKENS_VNNI: dict[T, int] = {
 # Q3_K 8 4.61 / 4.70 (the same), 12 7.62 / 4.76; Q4_K 24 3.99 / 4.95, 32 5.32 / 5.11, 64 10.6 / 9.6; Q5_K 8 1.92 / 2.64,
 # 12 2.65 / 2.58, 16 3.43 / 2.62; Q6_K 12 2.23 / 2.54, 16 2.84 / 2.54, 24 4.24 / 4.79, 32 5.62 / 4.89. Q4_1 and Q5_1
 # never faster (64: 19.4 / 21.6, 22.9 / 22.2), Q8_0 not exact there (dpbusd_row's AVX2 bound): the 4-token tiles,
-# which are vec_dot's values as ktiled_lanes' are.
+# which are vec_dot's values as ktiled_lanes' are. Q2_K: from ggml's floor since it has integer tiles below (its
+# values, as on AVX-512; from 12 when the float tiles were all it had).
 _KTILED_MIN_TOKENS_AVX2: dict[T, int] = {
     T.Q4_0: 12,
     T.Q5_0: 32,
-    T.Q2_K: 12,
+    T.Q2_K: ktiles.MIN_TOKENS,
     T.Q3_K: ktiles.MIN_TOKENS,
     T.Q4_K: 32,
     T.Q5_K: 12,

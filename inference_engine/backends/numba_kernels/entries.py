@@ -335,8 +335,24 @@ def dequant_q2_k(w, row0, out):
 
 
 @njit(parallel=True, cache=True)
+def matvec_int_q2_k(w, yq, yd, ya, out):
+    intdot.rows_matvec(q2_k.row_dot_q2_k, w, yq, yd, ya, out)
+
+
+@njit(parallel=True, cache=True)
+def tiled_q2_k(w, yq, yd, ya, out):
+    inttiles.tiled_pairs(q2_k.tile_q2_k, w, yq, yd, ya, out)
+
+
+@njit(parallel=True, cache=True)
 def ktiled_q2_k(w, yq, yd, ya, out):
     ktiles.ktiled(q2_k.unpack_rows_q2_k, 16, 0, True, w, yq, yd, ya, out)
+
+
+@njit(cache=True)
+def token_q2_k(w, x, out):
+    yq, yd, ya = activations.row_q8_K(x)
+    matvec_int_q2_k(w, yq, yd, ya, out)
 
 
 # --- Q3_K -------------------------------------------------------------------------------------------------------------
@@ -356,8 +372,24 @@ def dequant_q3_k(w, row0, out):
 
 
 @njit(parallel=True, cache=True)
+def matvec_int_q3_k(w, yq, yd, ya, out):
+    intdot.rows_matvec(q3_k.row_dot_q3_k, w, yq, yd, ya, out)
+
+
+@njit(parallel=True, cache=True)
+def tiled_q3_k(w, yq, yd, ya, out):
+    inttiles.tiled_pairs(q3_k.tile_q3_k, w, yq, yd, ya, out)
+
+
+@njit(parallel=True, cache=True)
 def ktiled_q3_k(w, yq, yd, ya, out):
     ktiles.ktiled(q3_k.unpack_rows_q3_k, 16, 4, False, w, yq, yd, ya, out)
+
+
+@njit(cache=True)
+def token_q3_k(w, x, out):
+    yq, yd, ya = activations.row_q8_K(x)
+    matvec_int_q3_k(w, yq, yd, ya, out)
 
 
 # --- Q4_K -------------------------------------------------------------------------------------------------------------
@@ -550,6 +582,10 @@ def token_matvec(qtype, w, x, out):
         token_q5_1(w, x, out)
     elif qtype == 8:  # Q8_0
         token_q8_0(w, x, out)
+    elif qtype == 10:  # Q2_K
+        token_q2_k(w, x, out)
+    elif qtype == 11:  # Q3_K
+        token_q3_k(w, x, out)
     elif qtype == 12:  # Q4_K
         token_q4_k(w, x, out)
     elif qtype == 13:  # Q5_K
@@ -565,7 +601,7 @@ def token_matvec(qtype, w, x, out):
 
 
 # the types token_matvec multiplies (those with an integer-dot mat-vec)
-TOKEN_TYPES: tuple[T, ...] = (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_NL, T.IQ4_XS)
+TOKEN_TYPES: tuple[T, ...] = (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_NL, T.IQ4_XS)
 # tensor type -> its kernels, in the order of kernel_specs.SPECS
 ENTRIES: dict[T, Kernels] = {
     T.F32: Kernels(matvec_float_f32, dequant_f32, "f32", 0),
@@ -626,8 +662,28 @@ ENTRIES: dict[T, Kernels] = {
         token_q8_0,
         matmul_ktiled=ktiled_q8_0,
     ),
-    T.Q2_K: Kernels(matvec_float_q2_k, dequant_q2_k, "q8_K", 16, int_activation="q8_K", matmul_ktiled=ktiled_q2_k),
-    T.Q3_K: Kernels(matvec_float_q3_k, dequant_q3_k, "q8_K", 16, int_activation="q8_K", matmul_ktiled=ktiled_q3_k),
+    T.Q2_K: Kernels(
+        matvec_float_q2_k,
+        dequant_q2_k,
+        "q8_K",
+        16,
+        matvec_int_q2_k,
+        "q8_K",
+        tiled_q2_k,
+        token_q2_k,
+        matmul_ktiled=ktiled_q2_k,
+    ),
+    T.Q3_K: Kernels(
+        matvec_float_q3_k,
+        dequant_q3_k,
+        "q8_K",
+        16,
+        matvec_int_q3_k,
+        "q8_K",
+        tiled_q3_k,
+        token_q3_k,
+        matmul_ktiled=ktiled_q3_k,
+    ),
     T.Q4_K: Kernels(
         matvec_float_q4_k,
         dequant_q4_k,

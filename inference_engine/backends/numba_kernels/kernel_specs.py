@@ -115,10 +115,12 @@ SPECS: tuple[KernelSpec, ...] = (
     ),
     _superblocks(
         T.Q2_K, 16, (84, 1.0), q2_k.q2_k_superblock, q2_k.dequant_superblock_q2_k, int_activation="q8_K",
+        matvec_int=Call(intdot.rows_matvec, q2_k.row_dot_q2_k), tiled=Call(inttiles.tiled_pairs, q2_k.tile_q2_k),
         ktiled=Call(ktiles.ktiled, q2_k.unpack_rows_q2_k, 16, 0, True),  # sub-block, offset, min terms
     ),
     _superblocks(
         T.Q3_K, 16, (110, 4.0), q3_k.q3_k_superblock, q3_k.dequant_superblock_q3_k, int_activation="q8_K",
+        matvec_int=Call(intdot.rows_matvec, q3_k.row_dot_q3_k), tiled=Call(inttiles.tiled_pairs, q3_k.tile_q3_k),
         ktiled=Call(ktiles.ktiled, q3_k.unpack_rows_q3_k, 16, 4, False),  # sub-block, offset, min terms
     ),
     _superblocks(

@@ -15,7 +15,8 @@ cache is keyed by, so a cached kernel never runs on a CPU it was not built for):
   ``mul_sum_us8_pairs``); anything else (NEON, SSE): generic IR that LLVM lowers to widening multiplies: correct,
   slower. Callers keep ``|u * s| * 2 < 2**15`` (no ``vpmaddubsw`` saturation), so all three are the same integers.
 - ``dot4_scaled(u, s, k)``: ``k * dot4(u, s)`` as ggml's K-quant kernels do it (``vpmaddubsw`` then ``vpmaddwd``
-  with the sub-block scale ``k`` as int16).
+  with the sub-block scale ``k`` as int16); ``dot4_scaled_lanes`` / ``dot4_diff_scaled_lanes`` take the pair of
+  scales from a super-block's :data:`I16x16` (Q2_K, Q3_K: one ``vpshufb`` of the scale vector, as ggml).
 
 Every vector value is a register value like a scalar local. Loads are unaligned and take a byte offset into a
 ``uint8`` array (the GGUF blocks as they are).
@@ -50,10 +51,18 @@ class F32x8Type(types.Type):
         super().__init__(name="F32x8")
 
 
-I8x32, I32x8, F32x8 = I8x32Type(), I32x8Type(), F32x8Type()
+class I16x16Type(types.Type):
+    """A K-quant super-block's 16 sub-block scales as int16 lanes (made once per super-block)."""
+
+    def __init__(self):
+        super().__init__(name="I16x16")
+
+
+I8x32, I32x8, F32x8, I16x16 = I8x32Type(), I32x8Type(), F32x8Type(), I16x16Type()
 _VB = ir.VectorType(_I8, BYTES)
 _VI = ir.VectorType(_I32, LANES)
 _VF = ir.VectorType(_F32, LANES)
+_VS = ir.VectorType(_I16, 16)
 
 
 @register_model(I8x32Type)
@@ -72,6 +81,12 @@ class _I32x8Model(models.PrimitiveModel):
 class _F32x8Model(models.PrimitiveModel):
     def __init__(self, dmm, fe_type):
         super().__init__(dmm, fe_type, _VF)
+
+
+@register_model(I16x16Type)
+class _I16x16Model(models.PrimitiveModel):
+    def __init__(self, dmm, fe_type):
+        super().__init__(dmm, fe_type, _VS)
 
 
 # --- code generation helpers ---------------------------------------------------------------------------------
@@ -271,6 +286,7 @@ def _byte_op(op_name):
 band8 = intrinsic(_byte_op("and_"))
 bshr8 = intrinsic(_byte_op("lshr"))
 bshl8 = intrinsic(_byte_op("shl"))
+bxor8 = intrinsic(_byte_op("xor"))
 
 
 @intrinsic
@@ -340,6 +356,102 @@ def dot4_signed_scaled(typingctx, a, s, k):
     return I32x8(I8x32, I8x32, k), codegen
 
 
+def _scale_pair(builder, scales, k):
+    """int16 ``scales[k]`` in lanes 0..7 and ``scales[k + 1]`` in lanes 8..15 (one shuffle once ``k`` is a constant:
+    the callers' loops are unrolled)."""
+    k = builder.trunc(k, _I32) if k.type.width > 32 else k
+    lo = builder.extract_element(scales, k)
+    hi = builder.extract_element(scales, builder.add(k, ir.Constant(k.type, 1)))
+    v8 = ir.VectorType(_I16, 8)
+    return builder.shuffle_vector(_splat(builder, lo, v8), _splat(builder, hi, v8),
+                                  _vconst(ir.VectorType(_I32, 16), range(16)))
+
+
+def _pair_scaled_dot(context, builder, u, h, s, pair):
+    """``dot4(u, s)``, less ``dot4(h, s)`` where ``h`` is given, times the scale ``pair`` (:func:`_scale_pair`): on
+    AVX2 ggml's ``vpmaddubsw`` (the two subtracted as int16), then ``vpmaddwd`` with the pair; elsewhere portable
+    int32 IR. The same integers either way."""
+    if "+avx2" in target_features(context):
+        p16 = _maddubs(builder, u, s)
+        if h is not None:
+            p16 = builder.sub(p16, _maddubs(builder, h, s))
+        return _madd(builder, p16, pair)
+    dots = _generic_dot4(builder, u, s)
+    if h is not None:
+        dots = builder.sub(dots, _generic_dot4(builder, h, s))
+    even, _ = _even_odd(builder, builder.sext(pair, ir.VectorType(_I32, 16)), 16)  # an int32 lane's one scale
+    return builder.mul(dots, even)
+
+
+@intrinsic
+def dot4_scaled_lanes(typingctx, u, s, scales, k):
+    """``dot4_scaled(u, s, scales[k], scales[k + 1])``: the two sub-block scales taken from a super-block's
+    :data:`I16x16` (Q2_K), ggml's ``vpshufb`` of its scale vector then ``vpmaddwd``."""
+    if u != I8x32 or s != I8x32 or scales != I16x16 or not isinstance(k, types.Integer):
+        raise TypingError(f"dot4_scaled_lanes expects two I8x32, an I16x16 and an int, got {u}, {s}, {scales}, {k}")
+
+    def codegen(context, builder, sig, args):
+        return _pair_scaled_dot(context, builder, args[0], None, args[1], _scale_pair(builder, args[2], args[3]))
+
+    return I32x8(I8x32, I8x32, I16x16, k), codegen
+
+
+@intrinsic
+def dot4_diff_scaled_lanes(typingctx, u, h, s, scales, k):
+    """``dot4_scaled_lanes(u, s, scales, k) - dot4_scaled_lanes(h, s, scales, k)`` as Q3_K's ``vec_dot`` forms
+    it: the two ``vpmaddubsw`` subtracted as int16, then one ``vpmaddwd`` with the pair of sub-block scales (``u``
+    the low 2 bits, ``h`` 4 where the high bit is clear: ``u - h`` the signed 3-bit value). The same integers as
+    two scaled dots; one multiply by the scales."""
+    if u != I8x32 or h != I8x32 or s != I8x32 or scales != I16x16 or not isinstance(k, types.Integer):
+        raise TypingError(f"dot4_diff_scaled_lanes expects three I8x32, an I16x16 and an int, got {u}, {h}, {s}, "
+                          f"{scales}, {k}")
+
+    def codegen(context, builder, sig, args):
+        return _pair_scaled_dot(context, builder, args[0], args[1], args[2], _scale_pair(builder, args[3], args[4]))
+
+    return I32x8(I8x32, I8x32, I8x32, I16x16, k), codegen
+
+
+def _bytes16(context, builder, sig, args):
+    return builder.load(_ptr(context, builder, sig.args[0], args[0], args[1], ir.VectorType(_I8, 16)), align=1)
+
+
+def _shift_mask(builder, v, shifts, mask):
+    """``(v >> shifts) & mask`` lane by lane on int16 lanes (``shifts`` a list of constants)."""
+    return builder.and_(builder.lshr(v, ir.Constant(_VS, list(shifts))), ir.Constant(_VS, [mask] * 16))
+
+
+@intrinsic
+def low_nibbles16(typingctx, row, offset):
+    """The low nibbles of the 16 bytes at ``offset``, as int16 lanes: Q2_K's sub-block scales."""
+    _check(row, types.uint8, "low_nibbles16")
+
+    def codegen(context, builder, sig, args):
+        return builder.and_(builder.zext(_bytes16(context, builder, sig, args), _VS), ir.Constant(_VS, [15] * 16))
+
+    return I16x16(row, offset), codegen
+
+
+@intrinsic
+def q3_k_scales16(typingctx, row, offset):
+    """Q3_K's 16 sub-block scales from its 12 scale bytes at ``offset + 2``, minus 32, as int16 lanes: scale ``k``
+    = the nibble ``k // 8`` of byte ``k % 8`` | bits ``2 (k // 4)`` .. of byte ``8 + k % 4``, << 4 (ggml's ``aux``
+    words). The 16 bytes read start 2 before the scales so that the load stays inside the block."""
+    _check(row, types.uint8, "q3_k_scales16")
+
+    def codegen(context, builder, sig, args):
+        b = builder.zext(_bytes16(context, builder, sig, args), _VS)  # scale byte i is lane i + 2
+        idx = ir.VectorType(_I32, 16)
+        low_src = builder.shuffle_vector(b, b, _vconst(idx, [2 + (k % 8) for k in range(16)]))
+        high_src = builder.shuffle_vector(b, b, _vconst(idx, [10 + (k % 4) for k in range(16)]))
+        low = _shift_mask(builder, low_src, [4 * (k // 8) for k in range(16)], 15)
+        high = _shift_mask(builder, high_src, [2 * (k // 4) for k in range(16)], 3)
+        packed = builder.or_(low, builder.shl(high, ir.Constant(_VS, [4] * 16)))
+        return builder.sub(packed, ir.Constant(_VS, [32] * 16))
+
+    return I16x16(row, offset), codegen
+
+
 # --- I32x8 ---------------------------------------------------------------------------------------------------
 @intrinsic
 def izero(typingctx):
@@ -393,6 +505,28 @@ def madd16(typingctx, a, a_index, s, s_offset):
             return _madd(builder, av, sv)
         wide = ir.VectorType(_I32, 16)
         p = builder.mul(builder.sext(av, wide), builder.sext(sv, wide))
+        e, o = _even_odd(builder, p, 16)
+        return builder.add(e, o)
+
+    return I32x8(a, a_index, s, s_offset), codegen
+
+
+@intrinsic
+def madd16_high_nibbles(typingctx, a, a_index, s, s_offset):
+    """As :func:`madd16` with the high nibbles of the 16 bytes (0..15) for ``s``: Q2_K's ``bsums . mins``
+    (``vpmovsxbw`` of ``(scales >> 4) & 15``, then ``vpmaddwd``)."""
+    _check(a, types.int16, "madd16_high_nibbles")
+    _check(s, types.uint8, "madd16_high_nibbles")
+
+    def codegen(context, builder, sig, args):
+        v16 = ir.VectorType(_I16, 16)
+        av = builder.load(_ptr(context, builder, sig.args[0], args[0], args[1], v16), align=2)
+        s8 = builder.load(_ptr(context, builder, sig.args[2], args[2], args[3], ir.VectorType(_I8, 16)), align=1)
+        sv = builder.zext(builder.lshr(s8, ir.Constant(ir.VectorType(_I8, 16), [4] * 16)), v16)
+        if "+avx2" in target_features(context):
+            return _madd(builder, av, sv)
+        wide = ir.VectorType(_I32, 16)
+        p = builder.mul(builder.sext(av, wide), builder.zext(sv, wide))
         e, o = _even_odd(builder, p, 16)
         return builder.add(e, o)
 

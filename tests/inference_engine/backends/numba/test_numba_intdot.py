@@ -160,6 +160,60 @@ def test_integer_steps_on_every_lowering(lowering, rng, monkeypatch):
         assert "vpmaddubsw" not in asm and "vpsignb" not in asm and "vpshufb" not in asm
 
 
+def _compile_k_scale_steps():
+    """Q2_K's and Q3_K's steps: their scale vectors and the dots that take a pair of lanes of them (fresh, uncached,
+    compiled under the lowering the test sets up)."""
+
+    @njit
+    def steps(u, h, s, block, a16, k, out):
+        q2, q3 = int8.low_nibbles16(block, 0), int8.q3_k_scales16(block, 0)  # q3: its 12 scale bytes at 2..13
+        int8.istore(out, 0, int8.dot4_scaled_lanes(int8.load32(u, 0), int8.load32(s, 0), q2, k))
+        int8.istore(out, 8, int8.dot4_diff_scaled_lanes(int8.load32(u, 0), int8.load32(h, 0), int8.load32(s, 0),
+                                                        q3, k))
+        int8.istore(out, 16, int8.madd16_high_nibbles(a16, 0, block, 0))
+        flipped = int8.bxor8(int8.load32(u, 0), 255)
+        int8.istore(out, 24, int8.dot4(int8.band8(flipped, 7), int8.load32(s, 0)))
+
+    return steps
+
+
+def _q3_k_scales(block):
+    """Q3_K's 16 scales minus 32, from its 12 scale bytes (``block[2:14]``), as dequantize_row_q3_K unpacks them."""
+    sc = block[2:14].astype(np.int32)
+    low = np.concatenate([sc[:8] & 15, sc[:8] >> 4])
+    high = np.array([(sc[8 + k % 4] >> (2 * (k // 4))) & 3 for k in range(16)])
+    return (low | (high << 4)) - 32
+
+
+@pytest.mark.parametrize("lowering", ["target", "portable"])
+def test_k_quant_scale_steps_on_every_lowering(lowering, rng, monkeypatch):
+    """Q2_K / Q3_K's integer steps (scale vectors, a pair of their lanes times a 4-byte dot, Q3_K's difference of
+    two dots, Q2_K's mins times block sums) give scalar integer arithmetic's values through the x86 intrinsics and
+    through the portable IR."""
+    if lowering == "portable":
+        monkeypatch.setattr(int8, "target_features", lambda context: frozenset())
+    steps = _compile_k_scale_steps()
+    for k in (0, 6, 14):
+        u = rng.integers(0, 8, 32, dtype=np.uint8)  # Q3_K's low 2 bits (Q2_K's 0..3) with room for the test's 7s
+        h = (rng.integers(0, 2, 32) * 4).astype(np.uint8)  # 4 where a Q3_K high bit is clear
+        s = rng.integers(-127, 128, 32).astype(np.int8).view(np.uint8)
+        block = rng.integers(0, 256, 16, dtype=np.uint8)
+        a16 = rng.integers(-2032, 2033, 16).astype(np.int16)
+        out = np.empty(32, np.int32)
+        steps(u, h, s, block, a16, k, out)
+        ss, lane = s.view(np.int8).astype(np.int32), np.arange(8) >= 4
+        pick = lambda scales: np.where(lane, scales[k + 1], scales[k])  # noqa: E731
+        q2 = (block & 15).astype(np.int32)
+        q3 = _q3_k_scales(block)
+        expected = np.concatenate([
+            (u.astype(np.int32) * ss).reshape(8, 4).sum(1) * pick(q2),
+            ((u.astype(np.int32) - h) * ss).reshape(8, 4).sum(1) * pick(q3),
+            (a16.astype(np.int32) * (block >> 4)).reshape(8, 2).sum(1),
+            (((u ^ 255) & 7).astype(np.int32) * ss).reshape(8, 4).sum(1),
+        ])
+        np.testing.assert_array_equal(out, expected)
+
+
 @pytest.mark.parametrize("qtype", [t for t in INT_TYPES if t in untiled_int.MATMUL_INT], ids=lambda t: t.name)
 def test_int_matmul_equals_the_matvec_per_token(qtype, rng, oracle):
     """The several-token kernel (measured for prefill) gives each token the mat-vec's output bit for bit."""

@@ -35,7 +35,7 @@ def per_token_matvec(w, yq, yd, ya):
 
 def test_the_quantized_types_of_the_real_models_have_tiled_kernels():
     """Qwen2.5-1.5B (Q4_K, Q6_K), SmolLM2 (Q4_1), Gemma 3 (Q4_K, Q6_K...), and Q4_0 / Q8_0 / Q5_*."""
-    assert {T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K} <= set(TILED_TYPES)
+    assert {T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K} <= set(TILED_TYPES)
 
 
 @pytest.mark.parametrize("qtype", TILED_TYPES, ids=lambda t: t.name)
@@ -79,10 +79,10 @@ def test_ggml_matmul_takes_the_tiled_path_and_is_libggml(qtype, rng, oracle, mon
     assert_matches_libggml(y, oracle.matmul(qtype, rows, x), dequantized(qtype, rows), xv)
 
 
-def test_types_without_a_tiled_kernel_keep_their_paths(rng):
+def test_each_count_below_the_tiles_takes_the_mat_vec_and_floats_no_integer_path(rng):
     w, _ = random_weight(T.Q3_K, 8, 256, rng)
-    assert w.kernels.matmul_tiled is None and w.kernels.matvec_int is None
-    assert dispatch.int_kernel_for(w, 4) == ""  # (from 8 tokens, ktiles on AVX-512 VNNI: test_numba_ktiles)
+    assert [dispatch.int_kernel_for(w, n) for n in (1, 3, 4, 7)] == ["matvec", "matvec", "tiled", "tiled"]
+    # (from 8 tokens, ktiles on AVX-512 VNNI: test_numba_ktiles)
     f16, _ = random_weight(T.F16, 8, 256, rng)
     assert dispatch.int_kernel_for(f16, 64) == ""
     q4k, _ = random_weight(T.Q4_K, 8, 256, rng)

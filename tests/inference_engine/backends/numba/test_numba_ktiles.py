@@ -98,11 +98,8 @@ def test_ktiled_is_the_matvec_to_float_rounding(qtype, rng):
     for n_tokens in (9, 31):
         x = random_activation(rng, n_tokens, n_in)
         yq, yd, ya = activations.quantize_int(x, w.kernels.int_activation)
-        xv, xs = activations.prepare(x, "ggml", w.kernels.vec_dot_type, w.kernels.sub)
-        if w.kernels.matvec_int is not None:
-            ref = per_token_matvec(w, yq, yd, ya)
-        else:  # Q2_K, Q3_K: the float mat-vec on ggml's activation (vec_dot's sums, rounded its own way)
-            ref = dispatch.matmul_by_matvec(w, xv, xs)
+        xv, _ = activations.prepare(x, "ggml", w.kernels.vec_dot_type, w.kernels.sub)
+        ref = per_token_matvec(w, yq, yd, ya)
         ours = ktiled(w, yq, yd, ya)
         if qtype in VEC_DOT_ORDER or dispatch.repacked_order(w):  # the same order (Q4_0: the repacked gemv's)
             np.testing.assert_array_equal(ours, ref)
@@ -132,7 +129,7 @@ def test_ggml_matmul_takes_the_tiled_path_from_its_threshold(qtype, rng, oracle)
     on_this_target(qtype)
     w, rows = random_weight(qtype, shape_for(qtype, (37, 512))[0], 512, rng)
     first = dispatch.KTILED_MIN_TOKENS[TARGET][qtype]
-    below = "tiled" if w.kernels.matmul_tiled is not None else ""  # Q2_K, Q3_K: the float paths below
+    below = "tiled"
     if dispatch.repacked_order(w):  # Q4_0 on AVX-512 VNNI: one mat-vec per token, in the repacked gemv's order
         below = "matvec"
     assert dispatch.int_kernel_for(w, first - 1) == below
@@ -140,7 +137,7 @@ def test_ggml_matmul_takes_the_tiled_path_from_its_threshold(qtype, rng, oracle)
     for n_tokens in (first, first + 9):  # + 9: not a whole number of 16-token groups
         x = random_activation(rng, n_tokens, 512)
         np.testing.assert_array_equal(dispatch.matmul(w, x, "ggml"), llamacpp(oracle, qtype, rows, x))
-    if qtype in (T.Q5_K, T.Q6_K):  # (Q2_K, Q3_K below 8 tokens: the float kernels, vec_dot's sums to rounding)
+    if qtype in (T.Q3_K, T.Q5_K, T.Q6_K):  # below ggml's floor of 8: vec_dot's values (Q3_K's 4-token tiles too)
         x = random_activation(rng, 7, 512)
         np.testing.assert_array_equal(dispatch.matmul(w, x, "ggml"), oracle.mul_mat(qtype, rows, x))
 
