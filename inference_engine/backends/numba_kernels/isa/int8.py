@@ -497,18 +497,21 @@ def madd16(typingctx, a, a_index, s, s_offset):
     _check(s, types.uint8, "madd16")
 
     def codegen(context, builder, sig, args):
-        v16 = ir.VectorType(_I16, 16)
-        av = builder.load(_ptr(context, builder, sig.args[0], args[0], args[1], v16), align=2)
-        s8 = builder.load(_ptr(context, builder, sig.args[2], args[2], args[3], ir.VectorType(_I8, 16)), align=1)
-        sv = builder.sext(s8, v16)
-        if "+avx2" in target_features(context):
-            return _madd(builder, av, sv)
-        wide = ir.VectorType(_I32, 16)
-        p = builder.mul(builder.sext(av, wide), builder.sext(sv, wide))
-        e, o = _even_odd(builder, p, 16)
-        return builder.add(e, o)
+        return _lower_madd16(context, builder, sig, args, lambda s8: builder.sext(s8, _VS))
 
     return I32x8(a, a_index, s, s_offset), codegen
+
+
+def _lower_madd16(context, builder, sig, args, widen):
+    """``vpmaddwd`` of the 16 int16 at ``args[0][args[1]:]`` with ``widen`` of the 16 bytes at ``args[2][args[3]:]``
+    (an int16 vector), or the same integers in portable IR."""
+    av = builder.load(_ptr(context, builder, sig.args[0], args[0], args[1], _VS), align=2)
+    sv = widen(builder.load(_ptr(context, builder, sig.args[2], args[2], args[3], ir.VectorType(_I8, 16)), align=1))
+    if "+avx2" in target_features(context):
+        return _madd(builder, av, sv)
+    wide = ir.VectorType(_I32, 16)
+    e, o = _even_odd(builder, builder.mul(builder.sext(av, wide), builder.sext(sv, wide)), 16)
+    return builder.add(e, o)
 
 
 @intrinsic
@@ -519,16 +522,8 @@ def madd16_high_nibbles(typingctx, a, a_index, s, s_offset):
     _check(s, types.uint8, "madd16_high_nibbles")
 
     def codegen(context, builder, sig, args):
-        v16 = ir.VectorType(_I16, 16)
-        av = builder.load(_ptr(context, builder, sig.args[0], args[0], args[1], v16), align=2)
-        s8 = builder.load(_ptr(context, builder, sig.args[2], args[2], args[3], ir.VectorType(_I8, 16)), align=1)
-        sv = builder.zext(builder.lshr(s8, ir.Constant(ir.VectorType(_I8, 16), [4] * 16)), v16)
-        if "+avx2" in target_features(context):
-            return _madd(builder, av, sv)
-        wide = ir.VectorType(_I32, 16)
-        p = builder.mul(builder.sext(av, wide), builder.zext(sv, wide))
-        e, o = _even_odd(builder, p, 16)
-        return builder.add(e, o)
+        four = ir.Constant(ir.VectorType(_I8, 16), [4] * 16)
+        return _lower_madd16(context, builder, sig, args, lambda s8: builder.zext(builder.lshr(s8, four), _VS))
 
     return I32x8(a, a_index, s, s_offset), codegen
 
