@@ -90,8 +90,8 @@ def step_q2_k(u0, u1, sc0, sc1, s, yq, e, i0, i1):
 
 @njit(cache=True)  # not inlined: the parfor pass's array analysis rejects its tuple states
 def tile_q2_k(w0, w1, yq, yd, ya, t0, t1, t2, t3):
-    """Two rows x four tokens, each output :func:`row_dot_q2_k`'s value bit for bit (``vec_dot``'s, which llama.cpp
-    takes below its gemm's floor): a step's quants and a super-block's scales serve the four tokens."""
+    """Two rows x four tokens, each output :func:`row_dot_q2_k`'s value bit for bit (``vec_dot``'s, which llama.cpp's
+    ``mul_mat`` takes below 8 tokens): a step's quants and a super-block's scales serve the four tokens."""
     y0, y1, y2, y3 = yq[t0], yq[t1], yq[t2], yq[t3]
     d0, d1, d2, d3 = yd[t0], yd[t1], yd[t2], yd[t3]
     s0, s1, s2, s3 = ya[t0], ya[t1], ya[t2], ya[t3]
