@@ -10,8 +10,9 @@ The variants, per precision class (``--precision``, or the engine's own ``precis
 =========  ==========================================================================================================
 class      llama.cpp variants (each against the clean reference, same prompt, same threads)
 =========  ==========================================================================================================
-all        the prompt decoded token by token; flash attention on; llama.cpp's own defaults (F16 K/V, flash
-           attention auto). Thread count is not one: 1 and 2 threads gave bit-identical logits (SmolLM2, measured).
+all        the prompt decoded token by token; flash attention on; the K/V cache in F16 with flash attention off
+           (the rounding variants; ggml: these only); llama.cpp's own defaults (F16 K/V, flash attention auto).
+           Thread count is not one: 1 and 2 threads gave bit-identical logits (SmolLM2, measured).
 f32        + the model with every matrix dequantized to F32: ggml then multiplies in float32 without quantizing the
            activations to 8 bits, which is what an engine that dequantizes and multiplies in f32 computes (our own
            f32 numerics gave the same KLD against the reference as this variant, 4.81e-3, on SmolLM2)
