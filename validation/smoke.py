@@ -135,7 +135,7 @@ def _variants_on(variants: Mapping[str, Engine], reference: Engine, prompt_ids: 
     is ``tok_ours``, and each one's gap ``logit[tok_ref] - logit[tok_ours]``. The realizations: each rounding
     variant prefilling the prefix as one batch, and, where tokens were generated, each variant decoding them as the
     two engines did (the prompt, then one token at a time: :data:`DECODED`) and the reference itself prefilling the
-    prefix as one batch (:data:`REFERENCE_ONE_BATCH`; its cache is left empty). Why more than one batch a variant:
+    prefix as one batch (:data:`REFERENCE_ONE_BATCH`; its cache is left empty). Why two realizations a variant:
     how far a rounding change moves one gap is luck on a model whose activations are re-quantized at every product.
     Seen: Qwen2.5-Coder-1.5B re-quantized to Q2_K, step 7 of the default prompt, the reference's gap 0.407 between
     '9' and '0': flash attention moved it by 0.10 prefilling the prefix and by 0.29 decoding it token by token."""
