@@ -53,6 +53,7 @@ def test_pass_exit_0_writes_report_and_json(model_path, corpus, engines, tmp_pat
     assert main(_args(model_path, corpus, report, "--logit-lens", "--json", str(json_path))) == 0
     out = capsys.readouterr().out
     assert "PASS" in out and "worst tensors" in out and "per layer" in out
+    assert "not checked: depth (positions past " in out and "--decode-steps N --depth D compares" in out  # said, not hidden
     assert sorted(p.name for p in report.iterdir()) == ["nmse_heatmap.png", "nmse_worst_per_layer.png", "report.md",
                                                         "validate.json"]
     assert (report / "nmse_heatmap.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -175,6 +175,10 @@ def test_llamacpp_as_a_logits_only_plugin_passes_with_default_flags(tiny_model, 
     assert result["capabilities"] == ["logits", "tokenize"]
     assert result["checks_run"] == ["tensors", "logits", "smoke", "tokenizer"][1:]
     assert result["checks"]["tensors"] is None and "no intermediate tensors" in result["not_checked"]["tensors"]
+    # what the default run leaves out is said, with the check that reaches deeper for an engine with logits only
+    n = result["prompt"]["n_tokens"] + 4
+    depth = result["not_checked"]["depth"]
+    assert depth.startswith(f"positions past {n} ") and "--corpus-kld" in depth and "--decode-steps" not in depth
     floor = result["free_running"]["reference_self_kld"]["variants"]
     assert {"weights F32", LLAMACPP_DEFAULTS} <= set(floor)
     assert result["logits"]["gated"] and result["logits"]["kld_mean"] <= result["logits"]["kld_mean_limit"]
@@ -198,7 +202,10 @@ def test_a_topk_only_engine_is_checked_on_its_own_path(tiny_model):
     assert result["passed"], result["checks"]
     assert result["mode"] == "generated" and result["capabilities"] == ["text", "top_logprobs"]
     assert result["checks_run"] == ["top_k", "smoke"]
-    assert set(result["not_checked"]) == {"tensors", "logits", "tokenizer"}
+    assert set(result["not_checked"]) == {"tensors", "logits", "tokenizer", "depth"}
+    # a top-k-only engine has no logits for --corpus-kld and no tensors for --decode-steps: nothing deeper to offer
+    assert result["not_checked"]["depth"].startswith("positions past ") and "--" not in \
+        result["not_checked"]["depth"]
     top = result["top_k"]
     assert top["top_k"] == 3 and top["generated"] == 6 and len(top["positions"]) == 6
     assert top["metrics"]["top1_agreement"] == 1.0 and top["checks"]["topk_overlap"]
@@ -318,6 +325,7 @@ def test_a_bug_too_small_for_a_short_prompt_fails_at_depth(tiny_model, tmp_path,
     result = validate(_options(src, numerics="f32", precision=precision, smoke_tokens=0, decode_steps=1,
                                depth="0,16,64"), ours_opener=opener(planted))
     assert result["checks"]["tensors"] and result["checks"]["logits"]  # the prompt cannot see it
+    assert "depth" not in result["not_checked"]  # the decode steps compared there
     steps = result["decode_steps"]
     expected = ["flash attention on", KV_F16_PLAIN, LLAMACPP_DEFAULTS, f"weights {precision.upper()}"]
     if precision == "bf16":  # the class's K/V type too: attention computed in bf16
