@@ -12,15 +12,18 @@ K/V cache in F32, as the llama.cpp reference's (the table's one exception; its d
 
 from __future__ import annotations
 
+import sys
+from contextlib import nullcontext
+
 import click
 
 from bench_compare import engines
+from bench_compare.options import NON_NEGATIVE, POSITIVE, OutputFile, ReportDir, device_option, table_default
 from inference_engine import defaults
 from inference_engine.backends import BACKENDS
 from inference_engine.errors import CheckFailed, GGUFParityError
 from validation.metrics import PRECISIONS
 from validation.run import REFERENCES
-from bench_compare.options import NON_NEGATIVE, POSITIVE, OutputFile, ReportDir, device_option, table_default
 
 
 class ValidationFailed(CheckFailed):
@@ -70,12 +73,14 @@ class ValidationFailed(CheckFailed):
               help="Also write the result JSON here.")
 @click.option("--report", "report_dir", default=None, type=ReportDir(), metavar="DIR",
               help="Report directory (default: reports/validate/<model>-<backend>-<numerics>-<timestamp>/).")
+@click.option("--progress/--no-progress", default=None,
+              help="A progress bar on stderr for --corpus-kld and --decode-steps (default: if a terminal).")
 @click.option("--top-k", "top_k", default=5, show_default=True, type=int,
               help="Engines that give top-k log-probabilities only (HTTP servers, mistralrs:, GeneratingEngine "
                    "plugins): log-probabilities per position to compare.")
 def validate(model, backend, engine, engine_opts, numerics, precision, prompt, against, logit_lens, corpus, smoke_tokens,
              threads, free_running, decode_steps, depth, corpus_kld, ctx, name_map, json_path, report_dir,
-             top_k, device) -> None:
+             top_k, device, progress) -> None:
     """Diff our engine against a reference tensor by tensor; exit 0 pass, 1 fail, 2 bad input. With --engine
     openai:URL (or llamacpp-server): top-k log-probabilities against llama.cpp in-process (no tensors over HTTP).
 
@@ -100,6 +105,7 @@ def validate(model, backend, engine, engine_opts, numerics, precision, prompt, a
             failed = [name for name, ok in result["checks"].items() if not ok]
             raise ValidationFailed(f"HTTP validation failed: {', '.join(failed)}")
         return
+    from validation.progress import ProgressBar, silent
     from validation.report import check_report_target, default_report_dir, print_result, write_json, write_report_dir
     from validation.run import ValidateOptions
     from validation.run import validate as run_validate
@@ -124,7 +130,10 @@ def validate(model, backend, engine, engine_opts, numerics, precision, prompt, a
     options.check()
     if report_dir:
         check_report_target(report_dir)
-    result = run_validate(options, ours_opener=ours_opener)
+    show = sys.stderr.isatty() if progress is None else progress
+    with ProgressBar() if show else nullcontext(silent) as bar:
+        options.progress = bar
+        result = run_validate(options, ours_opener=ours_opener)
     print_result(result)
     directory = write_report_dir(result, report_dir or default_report_dir(result))
     click.echo(f"report: {directory}")

@@ -38,6 +38,7 @@ from inference_engine.errors import GGUFParityError
 from inference_engine.protocol import Engine
 from validation.free_running import NOISE_FACTOR
 from validation.metrics import KLD_MEAN_MAX_GGML, Thresholds
+from validation.progress import ProgressHook, silent
 
 DEFAULT_CTX = 512  # llama-perplexity's usual -c for KLD runs
 # Base log-probs kept per position. Why 256: a small model's next-token distribution on prose can keep several percent
@@ -219,22 +220,30 @@ def window_logits(engine: Engine, window: list[int]) -> np.ndarray:
 
 def corpus_kld(ours: Engine, reference: Engine, ids: list[int], ctx: int, bos: int | None,
                thresholds: Thresholds, variants: Mapping[str, Engine] | None = None,
-               source: str = "") -> dict[str, Any]:
-    """Ours and each reference variant against the reference, over the windows of ``ids`` (see the module doc)."""
+               source: str = "", progress: ProgressHook = silent) -> dict[str, Any]:
+    """Ours and each reference variant against the reference, over the windows of ``ids`` (see the module doc).
+    ``progress`` hears of each window each engine finished."""
     wins = windows(ids, ctx, bos)
     first = ctx // 2
     base = BaseTopK()
     stats: dict[str, TokenStats] = {"ours": TokenStats(), **{label: TokenStats() for label in (variants or {})}}
     engines: dict[str, Engine] = {"ours": ours, **dict(variants or {})}
     errors: dict[str, str] = {}
+    phase, done, total = f"corpus KLD, {len(wins)} windows of {ctx}", 0, len(wins) * (1 + len(engines))
+    progress(phase, done, total)
     for w, window in enumerate(wins):
         nxt = np.asarray(window[first + 1:], dtype=np.int64)
         base.add(window_logits(reference, window)[first:ctx - 1], nxt)
+        done += 1
+        progress(phase, done, total)
         for label, engine in engines.items():
+            done += 1
             if label in errors:
+                progress(phase, done, total)
                 continue
             try:
                 stats[label].add(window_logits(engine, window)[first:ctx - 1], nxt, base, w)
+                progress(phase, done, total)
             except GGUFParityError:
                 raise
             except Exception as exc:  # noqa: BLE001 - a variant that fails is reported, never fatal

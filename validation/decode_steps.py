@@ -30,7 +30,7 @@ base 1% off) shows: its error grows with the position, the variants' does not in
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,6 +40,7 @@ from inference_engine.errors import GGUFParityError
 from inference_engine.protocol import Engine, capture_takes_force
 from validation.diff import diff_captures
 from validation.metrics import Thresholds, logit_metrics
+from validation.progress import ProgressHook, silent
 
 KV_KINDS = ("Kcur", "Vcur")
 PREFIX_CHUNK = -1  # the step index under which the prefix's last chunk is reported
@@ -94,9 +95,10 @@ def tap_names(ours: Engine, token: int) -> list[str]:
 
 def validate_depths(ours: Engine, reference: Engine, ids: Sequence[int], plan: DepthPlan,
                     thresholds: Thresholds, chunk: int | None = None,
-                    variants: Mapping[str, Engine] | None = None) -> dict[str, Any]:
+                    variants: Mapping[str, Engine] | None = None, progress: ProgressHook = silent) -> dict[str, Any]:
     """Every depth of ``plan`` on ``ids`` (reference tokens; at least ``plan.tokens_needed`` of them).
-    ``variants``: the reference's variants for a noise-floor class, whose distances make each tensor's band."""
+    ``variants``: the reference's variants for a noise-floor class, whose distances make each tensor's band;
+    ``progress`` hears of each prefix chunk and decode step done."""
     if len(ids) < plan.tokens_needed:
         raise GGUFParityError(f"depth {max(plan.depths)} plus {plan.steps} decode steps needs "
                               f"{plan.tokens_needed} tokens; the text has {len(ids)}")
@@ -108,8 +110,17 @@ def validate_depths(ours: Engine, reference: Engine, ids: Sequence[int], plan: D
     names = tap_names(ours, int(ids[0]))
     variants = {label: v for label, v in (variants or {}).items() if thresholds.noise_floor
                 and callable(getattr(v, "capture_next", None))}
-    depths = [validate_depth(ours, reference, list(ids[: d + plan.steps]), d, names, thresholds, chunk, variants)
-              for d in plan.depths]
+    phase = f"decode steps at depth {', '.join(map(str, plan.depths))}"
+    total = sum(len(range(0, d, chunk)) + plan.steps for d in plan.depths)
+    done = [0]
+
+    def tick() -> None:
+        done[0] += 1
+        progress(phase, done[0], total)
+
+    progress(phase, 0, total)
+    depths = [validate_depth(ours, reference, list(ids[: d + plan.steps]), d, names, thresholds, chunk, variants,
+                             tick) for d in plan.depths]
     first = next((d for d in depths if d["first_failure"]), None)
     return {
         "passed": all(d["passed"] for d in depths),
@@ -125,8 +136,9 @@ def validate_depths(ours: Engine, reference: Engine, ids: Sequence[int], plan: D
 
 
 def validate_depth(ours: Engine, reference: Engine, ids: list[int], depth: int, names: list[str],
-                   thresholds: Thresholds, chunk: int, variants: Mapping[str, Engine] | None = None
-                   ) -> dict[str, Any]:
+                   thresholds: Thresholds, chunk: int, variants: Mapping[str, Engine] | None = None,
+                   tick: Callable[[], None] = lambda: None) -> dict[str, Any]:
+    """One depth: its prefix in chunks (the last compared), then the decode steps; ``tick()`` after each."""
     variants = dict(variants or {})
     reference.capture_reset()
     for variant in variants.values():
@@ -144,8 +156,10 @@ def validate_depth(ours: Engine, reference: Engine, ids: list[int], depth: int, 
                 variant.capture_next(part, names=kv_names)  # its own prefix, free-running
         else:
             reports.append(_compare(ours, reference, part, names, thresholds, PREFIX_CHUNK, start, variants))
+        tick()
     for step, token in enumerate(ids[depth:]):
         reports.append(_compare(ours, reference, [token], names, thresholds, step, depth + step, variants))
+        tick()
     failing = next((r for r in reports if not r["passed"]), None)
     worst = max(reports, key=lambda r: r["worst_nmse"]) if reports else None
     return {

@@ -38,7 +38,7 @@ check 4 and never disguises itself as a numerics difference in checks 1-3.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -60,6 +60,7 @@ from validation.free_running import (
 )
 from validation.metrics import THRESHOLD_TABLE, THRESHOLDS, Thresholds, logit_metrics, logits_pass, thresholds_for
 from validation.precision import capture_variants, open_variants, tensor_bands
+from validation.progress import ProgressHook, silent
 from validation.results import ValidationResult
 from validation.smoke import greedy_smoke, token_text
 from validation.tokenizer_parity import builtin_corpus, load_jsonl_corpus, tokenizer_parity
@@ -115,6 +116,8 @@ class ValidateOptions:
     depth: str = "0"  # comma-separated prefix lengths for decode_steps
     corpus_kld: str | None = None  # a text file, or CORPUS_BUILTIN, for llama-perplexity-style KLD; None: not run
     ctx: int = DEFAULT_CORPUS_CTX  # window of the corpus KLD
+    # told of the corpus KLD's windows and the decode steps as they finish (validation.progress; the CLI: a bar)
+    progress: ProgressHook = field(default=silent, repr=False, compare=False)
 
     def check(self) -> None:
         """Reject bad choices before anything is loaded."""
@@ -591,7 +594,8 @@ def _decode_steps(ours: Engine, reference: Engine, options: ValidateOptions, thr
         return {"passed": None, "skipped": why}
     ids = list(reference.tokenize(builtin_text(), add_bos=True))
     variants = variants.get()[0] if thresholds.noise_floor else None
-    out = validate_depths(ours, reference, ids, options.depth_plan(), thresholds, variants=variants)
+    out = validate_depths(ours, reference, ids, options.depth_plan(), thresholds, variants=variants,
+                          progress=options.progress)
     out["text"] = BUILTIN_NAME
     return out
 
@@ -606,7 +610,8 @@ def _corpus_kld(ours: Engine, reference: Engine, options: ValidateOptions, thres
     ids = list(reference.tokenize(text, add_bos=True))
     with_bos = list(reference.tokenize("", add_bos=True))
     bos = with_bos[0] if with_bos else None
-    return corpus_kld(ours, reference, ids, options.ctx, bos, thresholds, variants.get()[0], source)
+    return corpus_kld(ours, reference, ids, options.ctx, bos, thresholds, variants.get()[0], source,
+                      progress=options.progress)
 
 
 def _logits_check(ours: dict, reference: dict, thresholds) -> dict[str, Any]:

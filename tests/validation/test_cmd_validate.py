@@ -161,3 +161,22 @@ def test_reference_that_cannot_load_the_model_exit_2(model_path, corpus, tmp_pat
     err = capsys.readouterr().err
     assert err.startswith("error: ") and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "rep").exists()
+
+
+@pytest.mark.parametrize("flag, shown", [(["--progress"], True), ([], False), (["--no-progress"], False)])
+def test_progress_bar_on_stderr_when_asked_or_a_terminal(model_path, corpus, engines, tmp_path, capsys, monkeypatch,
+                                                         flag, shown):
+    """The long checks' progress reaches stderr with --progress, or by default where stderr is a terminal (not
+    here: captured); never stdout, where the result goes."""
+    real = run_module.validate
+
+    def validate(options, **kw):  # the real run, after the hook has heard of a phase as the long checks tell it
+        for done in range(3):
+            options.progress("corpus KLD, 2 windows of 64", done, 2)
+        return real(options, **kw)
+
+    monkeypatch.setattr(run_module, "validate", validate)
+    assert main(_args(model_path, corpus, tmp_path / "rep", *flag)) == 0
+    captured = capsys.readouterr()
+    assert ("corpus KLD, 2 windows of 64" in captured.err) is shown
+    assert "corpus KLD" not in captured.out and "PASS" in captured.out

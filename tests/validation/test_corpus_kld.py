@@ -110,8 +110,12 @@ def test_engines_on_a_tiny_model_gate_against_the_floor(tiny_model):
     ours = OurEngine(path, backend="numpy", numerics="f32")
     same = OurEngine(path, backend="numpy", numerics="ggml")
     ids = [int(t) for t in np.random.default_rng(2).integers(3, ref.n_vocab, size=260)]
-    out = corpus_kld(ours, ref, ids, 64, 1, thresholds_for("ggml"), {"itself": same}, source="test")
+    heard = []
+    out = corpus_kld(ours, ref, ids, 64, 1, thresholds_for("ggml"), {"itself": same}, source="test",
+                     progress=lambda *a: heard.append(a))
     assert out["windows"] == 4 and out["ours"]["scored_positions"] == 4 * 31
+    # each window of each engine (the reference, ours, the variant) as it finishes, from 0 to all of them
+    assert heard == [("corpus KLD, 4 windows of 64", done, 12) for done in range(13)]
     assert out["reference_self"]["itself"]["KLD"]["Mean"] == 0.0 and out["kld_mean_floor"] == 0.0
     assert out["kld_mean_limit"] == max(KLD_MEAN_MAX_GGML, NOISE_FACTOR * 0.0)
     assert out["passed"] is bool(out["ours"]["KLD"]["Mean"] <= KLD_MEAN_MAX_GGML)

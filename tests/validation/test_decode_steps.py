@@ -39,8 +39,12 @@ def test_depth_plan_parses_and_rejects():
 @pytest.mark.parametrize("arch", ["llama", "gemma3"])
 def test_identical_engines_pass_every_step_and_the_last_prefix_chunk(tiny_model, arch):
     ours, ref = _pair(tiny_model(arch))
-    out = validate_depths(ours, ref, _ids(20, ours.n_vocab), DepthPlan((0, 9), 4), GGML, chunk=CHUNK)
+    heard = []
+    out = validate_depths(ours, ref, _ids(20, ours.n_vocab), DepthPlan((0, 9), 4), GGML, chunk=CHUNK,
+                          progress=lambda *a: heard.append(a))
     assert out["passed"] and out["first_failure"] is None
+    # depth 0: 4 steps; depth 9: 3 prefix chunks (the last compared) and 4 steps
+    assert heard == [("decode steps at depth 0, 9", done, 11) for done in range(12)]
     d0, d9 = out["depths"]
     assert [s["step"] for s in d0["steps"]] == [0, 1, 2, 3] and d0["prefix_chunks"] == 0
     assert [s["step"] for s in d9["steps"]] == [PREFIX_CHUNK, 0, 1, 2, 3] and d9["prefix_chunks"] == 3
