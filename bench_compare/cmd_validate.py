@@ -139,6 +139,9 @@ def validate(model, backend, engine, engine_opts, numerics, precision, prompt, a
     click.echo(f"report: {directory}")
     if json_path:
         click.echo(f"json: {write_json(result, json_path)}")
+    if result.get("interrupted"):  # Ctrl-C in a minutes-long check: what finished is written, then exit 130
+        click.echo(f"interrupted during {result['interrupted']}: the report holds the checks that finished", err=True)
+        raise click.exceptions.Exit(130)
     if not result["passed"]:
         failed = [name for name, ok in result["checks"].items() if ok is False]
         raise ValidationFailed(f"validation failed: {', '.join(failed)}"

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
@@ -55,6 +55,12 @@ DP_PERCENTILES = (("99.9%", 0.999), ("99.0%", 0.990), ("95.0%", 0.950), ("90.0%"
 MIN_SCORED = 100  # llama.cpp: "we do not wish to do statistics on so few values"
 
 
+def _keep_windows(per_window, n_windows: int) -> None:
+    """Cut each per-window list of a dataclass to its first ``n_windows`` entries."""
+    for f in fields(per_window):
+        del getattr(per_window, f.name)[n_windows:]
+
+
 @dataclass
 class BaseTopK:
     """The reference's scored positions, kept small: top-k log-probs, the next token's log-prob, the argmax."""
@@ -64,6 +70,10 @@ class BaseTopK:
     next_logp: list[np.ndarray] = field(default_factory=list)  # per window: (n_scored,)
     argmax: list[np.ndarray] = field(default_factory=list)  # per window: (n_scored,)
     mass_outside: list[np.ndarray] = field(default_factory=list)  # per window: (n_scored,)
+
+    def keep(self, n_windows: int) -> None:
+        """Forget every window from ``n_windows`` on (an interrupted run keeps those all engines finished)."""
+        _keep_windows(self, n_windows)
 
     def add(self, logits: np.ndarray, next_tokens: np.ndarray, k: int = TOP_K) -> None:
         logp = log_softmax(logits)
@@ -86,6 +96,10 @@ class TokenStats:
     kld: list[np.ndarray] = field(default_factory=list)
     p_diff: list[np.ndarray] = field(default_factory=list)
     same_top: list[np.ndarray] = field(default_factory=list)
+
+    def keep(self, n_windows: int) -> None:
+        """Forget every window from ``n_windows`` on."""
+        _keep_windows(self, n_windows)
 
     def add(self, logits: np.ndarray, next_tokens: np.ndarray, base: BaseTopK, window: int) -> None:
         logq = log_softmax(logits)
@@ -225,35 +239,47 @@ def corpus_kld(ours: Engine, reference: Engine, ids: list[int], ctx: int, bos: i
     ``progress`` hears of each window each engine finished."""
     wins = windows(ids, ctx, bos)
     first = ctx // 2
+    planned = len(wins) * (ctx - 1 - first)
+    if planned < MIN_SCORED:  # before any window runs
+        raise GGUFParityError(f"only {planned} scored positions ({len(wins)} windows of {ctx}); llama-perplexity "
+                              f"needs {MIN_SCORED}: give a longer text or a larger --ctx")
     base = BaseTopK()
     stats: dict[str, TokenStats] = {"ours": TokenStats(), **{label: TokenStats() for label in (variants or {})}}
     engines: dict[str, Engine] = {"ours": ours, **dict(variants or {})}
     errors: dict[str, str] = {}
     phase, done, total = f"corpus KLD, {len(wins)} windows of {ctx}", 0, len(wins) * (1 + len(engines))
     progress(phase, done, total)
-    for w, window in enumerate(wins):
-        nxt = np.asarray(window[first + 1:], dtype=np.int64)
-        base.add(window_logits(reference, window)[first:ctx - 1], nxt)
-        done += 1
-        progress(phase, done, total)
-        for label, engine in engines.items():
+    finished = len(wins)  # windows every engine finished
+    w = 0
+    try:
+        for w, window in enumerate(wins):
+            nxt = np.asarray(window[first + 1:], dtype=np.int64)
+            base.add(window_logits(reference, window)[first:ctx - 1], nxt)
             done += 1
-            if label in errors:
+            progress(phase, done, total)
+            for label, engine in engines.items():
+                done += 1
+                if label not in errors:
+                    try:
+                        stats[label].add(window_logits(engine, window)[first:ctx - 1], nxt, base, w)
+                    except GGUFParityError:
+                        raise
+                    except Exception as exc:  # noqa: BLE001 - a variant that fails is reported, never fatal
+                        if label == "ours":
+                            raise
+                        errors[label] = (" ".join(str(exc).split()) or type(exc).__name__)[:200]
                 progress(phase, done, total)
-                continue
-            try:
-                stats[label].add(window_logits(engine, window)[first:ctx - 1], nxt, base, w)
-                progress(phase, done, total)
-            except GGUFParityError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - a variant that fails is reported, never fatal
-                if label == "ours":
-                    raise
-                errors[label] = (" ".join(str(exc).split()) or type(exc).__name__)[:200]
-    n_scored = len(wins) * (ctx - 1 - first)
-    if n_scored < MIN_SCORED:
-        raise GGUFParityError(f"only {n_scored} scored positions ({len(wins)} windows of {ctx}); llama-perplexity "
-                              f"needs {MIN_SCORED}: give a longer text or a larger --ctx")
+    except KeyboardInterrupt:  # Ctrl-C: the statistics of the windows every engine finished, if enough
+        finished = w
+        for kept in (base, *stats.values()):
+            kept.keep(finished)
+    interrupted = finished < len(wins)
+    n_scored = finished * (ctx - 1 - first)
+    if interrupted and n_scored < MIN_SCORED:
+        return {"source": source, "ctx": ctx, "windows": finished, "windows_planned": len(wins), "tokens": len(ids),
+                "interrupted": True, "passed": None,
+                "skipped": f"interrupted (Ctrl-C) after {finished} of {len(wins)} windows: {n_scored} scored "
+                           f"positions, fewer than llama-perplexity's {MIN_SCORED}"}
     outside = np.concatenate(base.mass_outside)
     ours_report = stats["ours"].report()
     floors = {label: stats[label].report() for label in (variants or {}) if label not in errors}
@@ -261,10 +287,14 @@ def corpus_kld(ours: Engine, reference: Engine, ids: list[int], ctx: int, bos: i
     gated = thresholds.kld_mean_max is not None
     limit = None if not gated else max(KLD_MEAN_MAX_GGML, NOISE_FACTOR * (floor or 0.0))
     passed = None if not gated else bool(ours_report["KLD"]["Mean"] <= limit)
+    if interrupted and passed:
+        passed = None  # a part of the text passing is no verdict on the text; a part failing is one
     return {
         "source": source,
         "ctx": ctx,
-        "windows": len(wins),
+        "windows": finished,
+        "windows_planned": len(wins),
+        "interrupted": interrupted,
         "tokens": len(ids),
         "top_k": TOP_K,
         "base_mass_outside_top_k": {"mean": float(outside.mean()), "max": float(outside.max())},

@@ -119,11 +119,20 @@ def validate_depths(ours: Engine, reference: Engine, ids: Sequence[int], plan: D
         progress(phase, done[0], total)
 
     progress(phase, 0, total)
-    depths = [validate_depth(ours, reference, list(ids[: d + plan.steps]), d, names, thresholds, chunk, variants,
-                             tick) for d in plan.depths]
+    depths: list[dict[str, Any]] = []
+    interrupted = False
+    try:
+        for d in plan.depths:
+            depths.append(validate_depth(ours, reference, list(ids[: d + plan.steps]), d, names, thresholds, chunk,
+                                         variants, tick))
+    except KeyboardInterrupt:  # Ctrl-C: the depths that finished are kept (a failure among them still fails)
+        interrupted = True
     first = next((d for d in depths if d["first_failure"]), None)
+    passed = all(d["passed"] for d in depths)
     return {
-        "passed": all(d["passed"] for d in depths),
+        "passed": None if interrupted and passed else passed,
+        "interrupted": interrupted,
+        "depths_planned": list(plan.depths),
         "steps": plan.steps,
         "depths": depths,
         "chunk": chunk,

@@ -224,10 +224,17 @@ def depth_lines(result: dict) -> list[str]:
                     f = d["first_failure"]
                     line += f"; first failure: {f['tensor']} at step {f['step']} (position {f['position']})"
                 lines.append(line)
-            lines.append(f"decode steps -> {_verdict(checks.get('decode_steps'))}")
+            done = "" if not ds.get("interrupted") else (
+                f" (interrupted by Ctrl-C: {len(ds['depths'])} of {len(ds.get('depths_planned') or [])} depths "
+                "finished)")
+            lines.append(f"decode steps -> {_verdict(checks.get('decode_steps'))}{done}")
     ck = result.get("corpus_kld")
-    if ck:
-        lines.append(f"corpus KLD ({ck['source']}, {ck['windows']} windows of {ck['ctx']}, base top-{ck['top_k']}: "
+    if ck and ck.get("skipped"):
+        lines.append(f"corpus KLD: not checked ({ck['skipped']})")
+    elif ck:
+        windows = (f"{ck['windows']} of {ck['windows_planned']} windows of {ck['ctx']}, interrupted by Ctrl-C"
+                   if ck.get("interrupted") else f"{ck['windows']} windows of {ck['ctx']}")
+        lines.append(f"corpus KLD ({ck['source']}, {windows}, base top-{ck['top_k']}: "
                      f"mass outside mean {fmt(ck['base_mass_outside_top_k']['mean'])}): ours KLD mean "
                      f"{fmt(ck['ours']['KLD']['Mean'])}, llama.cpp against itself {fmt(ck.get('kld_mean_floor'))}"
                      + (f", limit {fmt(ck['kld_mean_limit'])}" if ck.get("gated") else " (reported, not gated)")
@@ -240,7 +247,7 @@ def corpus_kld_lines(result: dict) -> list[str]:
     from validation.corpus_kld import format_report
 
     ck = result.get("corpus_kld")
-    if not ck:
+    if not ck or "ours" not in ck:  # not run, or skipped (no logits; interrupted before enough windows)
         return []
     lines = format_report("ours vs llama.cpp", ck["ours"])
     for label, r in ck.get("reference_self", {}).items():
@@ -349,11 +356,18 @@ def _verdict(value: bool | None) -> str:
     return "skipped" if value is None else ("PASS" if value else "FAIL")
 
 
+def run_verdict(result: dict) -> str:
+    """PASS, FAIL, or INTERRUPTED (Ctrl-C stopped a check: FAIL still, where a finished check failed)."""
+    if not result.get("interrupted"):
+        return "PASS" if result["passed"] else "FAIL"
+    failed = any(v is False for v in (result.get("checks") or {}).values())
+    return f"{'FAIL, ' if failed else ''}INTERRUPTED during {result['interrupted']}"
+
+
 def markdown(result: dict) -> str:
     m = result["model"]
     out = [
-        f"# Validation: {m['name']} -- {under_test(result)} vs {result['against']}: "
-        f"{'PASS' if result['passed'] else 'FAIL'}",
+        f"# Validation: {m['name']} -- {under_test(result)} vs {result['against']}: {run_verdict(result)}",
         "",
         f"- model: `{m['path']}` ({m.get('architecture')}, {m.get('quant')}), sha256 `{m['sha256']}`",
         f"- prompt: {result['prompt']['n_tokens']} tokens: {result['prompt']['text']!r}",
@@ -403,7 +417,7 @@ def markdown(result: dict) -> str:
             out.append(f"| {row['layer']} | {fmt(row['kld_mean'])} | {fmt(row['kld_max'])} | "
                        f"{fmt(row['top1_agreement'])} | {fmt(row['top5_overlap'])} | "
                        f"{row['reference_top1_last']} / {row['ours_top1_last']} |")
-    if result.get("corpus_kld"):
+    if corpus_kld_lines(result):
         out += ["", "## Corpus KLD (llama-perplexity's statistics)", "", "```", *corpus_kld_lines(result), "```"]
     um = result.get("unmatched", {})
     out += ["", "## Unmatched names", "",
@@ -477,7 +491,7 @@ def print_result(result: dict, console=None) -> None:
 
     console = console or Console()
     m = result["model"]
-    verdict = "[bold green]PASS[/]" if result["passed"] else "[bold red]FAIL[/]"
+    verdict = f"[bold {'green' if result['passed'] else 'red'}]{run_verdict(result)}[/]"
     console.print(f"validate {m['name']} ({m.get('architecture')}, {m.get('quant')}): "
                   f"{under_test(result)} vs {result['against']}, "
                   f"{result['prompt']['n_tokens']} prompt tokens -> {verdict}")

@@ -84,6 +84,7 @@ class ValidationResult(Result):
     top_k: dict[str, Any] | None = None  # an engine that only generates: validation.top_k
     decode_steps: dict[str, Any] | None = None  # --decode-steps
     corpus_kld: dict[str, Any] | None = None  # --corpus-kld
+    interrupted: str | None = None  # the check Ctrl-C stopped (decode_steps, corpus_kld); what finished is kept
     logit_lens: list[dict[str, Any]] | None = None  # --logit-lens (diagnostic)
     engines: dict[str, Any] = field(default_factory=dict)
     engine_notes: list[str] = field(default_factory=list)  # what an outside engine did and did not provide

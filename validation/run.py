@@ -374,19 +374,7 @@ def _validate_engines(ours: Engine, reference: Engine, gguf, options: ValidateOp
     _tokenizer_check(result, ours, reference, corpus_texts, corpus_source, caps, not_checked)
     result.not_checked = not_checked
 
-    if options.decode_steps:
-        result.decode_steps = _decode_steps(ours, reference, options, thresholds, variants)
-        checks["decode_steps"] = result.decode_steps["passed"]
-        if result.decode_steps.get("skipped"):
-            not_checked["decode_steps"] = result.decode_steps["skipped"]
-    if options.corpus_kld is not None:
-        if "logits" in caps:
-            result.corpus_kld = _corpus_kld(ours, reference, options, thresholds, variants)
-            checks["corpus_kld"] = result.corpus_kld["passed"]
-        else:
-            not_checked["corpus_kld"] = f"{_name(ours)} gives no logits: a full-vocabulary KLD needs every logit"
-            result.corpus_kld = {"passed": None, "skipped": not_checked["corpus_kld"]}
-            checks["corpus_kld"] = None
+    _long_checks(result, ours, reference, options, thresholds, variants, caps, not_checked)
     if not options.decode_steps and options.corpus_kld is None:
         not_checked["depth"] = _depth_not_checked(len(ids), options, caps)
 
@@ -394,8 +382,9 @@ def _validate_engines(ours: Engine, reference: Engine, gguf, options: ValidateOp
     if not ran:
         raise GGUFParityError(f"no check could run on {_name(ours)}: " + "; ".join(
             f"{k}: {v}" for k, v in not_checked.items()))
-    # A check that did not run (None) does not fail the run; every check that ran must pass.
-    result.passed = all(checks[name] for name in ran)
+    # A check that did not run (None) does not fail the run; every check that ran must pass, and a run Ctrl-C
+    # stopped did not pass (what it found is kept: a failure among its finished parts is a failure).
+    result.passed = all(checks[name] for name in ran) and result.interrupted is None
     result.checks_run = ran
     result.engines = {"ours": _info(ours), "reference": _info(reference)}
     result.engine_notes = list(result.engines["ours"].get("notes") or [])
@@ -566,6 +555,40 @@ def _free_running_logits(reference: Engine, ids: list[int], ref_logits, ours_log
     noise.errors.update(errors)
     return {"reference_self_kld": noise.to_dict(),
             "logits": free_running_logits(ours_logits, ref_logits, noise, thresholds)}
+
+
+def _long_checks(result: ValidationResult, ours: Engine, reference: Engine, options: ValidateOptions, thresholds,
+                 variants: _ReferenceVariants, caps: frozenset[str], not_checked: dict[str, str]) -> None:
+    """--decode-steps, then --corpus-kld: minutes each, so Ctrl-C in either keeps what finished (their depths,
+    their windows), names the check in ``result.interrupted`` and runs nothing after it."""
+    checks = result.checks
+    if options.decode_steps:
+        try:
+            result.decode_steps = _decode_steps(ours, reference, options, thresholds, variants)
+        except KeyboardInterrupt:  # before its first depth began (its loop keeps finished depths itself)
+            result.decode_steps = {"passed": None, "interrupted": True, "depths": []}
+        checks["decode_steps"] = result.decode_steps["passed"]
+        if result.decode_steps.get("skipped"):
+            not_checked["decode_steps"] = result.decode_steps["skipped"]
+        if result.decode_steps.get("interrupted"):
+            result.interrupted = "decode_steps"
+    if options.corpus_kld is not None:
+        if result.interrupted:
+            not_checked["corpus_kld"] = f"not run: interrupted (Ctrl-C) during {result.interrupted}"
+            checks["corpus_kld"] = None
+        elif "logits" in caps:
+            try:
+                result.corpus_kld = _corpus_kld(ours, reference, options, thresholds, variants)
+            except KeyboardInterrupt:  # before its first window began
+                result.corpus_kld = {"passed": None, "interrupted": True,
+                                     "skipped": "interrupted (Ctrl-C) before its first window finished"}
+            checks["corpus_kld"] = result.corpus_kld["passed"]
+            if result.corpus_kld.get("interrupted"):
+                result.interrupted = "corpus_kld"
+        else:
+            not_checked["corpus_kld"] = f"{_name(ours)} gives no logits: a full-vocabulary KLD needs every logit"
+            result.corpus_kld = {"passed": None, "skipped": not_checked["corpus_kld"]}
+            checks["corpus_kld"] = None
 
 
 def _depth_not_checked(n_prompt: int, options: ValidateOptions, caps: frozenset[str]) -> str:

@@ -11,6 +11,7 @@ checks run with Python's own handler installed (``pythons_sigint_handler``), as 
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -207,3 +208,25 @@ def test_off_the_main_thread_nothing_is_installed():
     t.start()
     t.join()
     assert seen == [(signal.default_int_handler, False)]
+
+
+def test_interrupt_during_corpus_kld_keeps_what_finished(tiny_model, tmp_path):
+    """SIGINT in a minutes-long check: the report and the JSON are written with the windows every engine finished
+    (here 4: each window is the reference's then ours), the verdict is not PASS, exit 130."""
+    setup = """
+        from validation import corpus_kld
+        interrupt_at_call(corpus_kld, "window_logits", 9)  # window 5's reference
+    """
+    report, out = tmp_path / "report", tmp_path / "out.json"
+    done = run_child(tmp_path, setup, "validate", "--model", tiny_model("llama", "Q8_0"), "--against", "numpy",
+                     "--backend", "numpy", "--corpus-kld", "--ctx", 64, "--smoke-tokens", 0, "--report", report,
+                     "--json", out)
+    assert done.returncode == 130, done.stderr[-2000:]
+    assert done.stderr.splitlines()[-1] == "interrupted during corpus_kld: the report holds the checks that finished"
+    data = json.loads(out.read_text())
+    assert data == json.loads((report / "validate.json").read_text())
+    kld = data["corpus_kld"]
+    assert data["interrupted"] == "corpus_kld" and data["passed"] is False and data["checks"]["tensors"] is True
+    assert kld["interrupted"] is True and kld["windows"] == 4 and kld["windows_planned"] > 4
+    assert kld["ours"]["scored_positions"] == 4 * 31 and kld["passed"] is None
+    assert "interrupted by Ctrl-C" in (report / "report.md").read_text()

@@ -180,3 +180,28 @@ def test_progress_bar_on_stderr_when_asked_or_a_terminal(model_path, corpus, eng
     captured = capsys.readouterr()
     assert ("corpus KLD, 2 windows of 64" in captured.err) is shown
     assert "corpus KLD" not in captured.out and "PASS" in captured.out
+
+
+def test_ctrl_c_in_a_long_check_writes_what_finished_and_exits_130(model_path, corpus, engines, tmp_path, capsys,
+                                                                  monkeypatch):
+    """Ctrl-C during --decode-steps: the checks before it are reported and written, the corpus KLD after it is not
+    run, the verdict is not PASS, exit 130."""
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(run_module, "_decode_steps", interrupted)
+    report, json_path = tmp_path / "rep", tmp_path / "result.json"
+    code = main(_args(model_path, corpus, report, "--decode-steps", "2", "--corpus-kld", "--json", str(json_path)))
+    captured = capsys.readouterr()
+    assert code == 130
+    assert captured.err.strip().splitlines()[-1] == ("interrupted during decode_steps: the report holds the checks "
+                                                     "that finished")
+    assert "INTERRUPTED during decode_steps" in captured.out and "PASS" not in captured.out.splitlines()[0]
+    data = json.loads(json_path.read_text())
+    assert data == json.loads((report / "validate.json").read_text())
+    assert data["interrupted"] == "decode_steps" and data["passed"] is False
+    assert data["checks"]["tensors"] is True and data["checks"]["decode_steps"] is None  # what finished is kept
+    assert data["not_checked"]["corpus_kld"] == "not run: interrupted (Ctrl-C) during decode_steps"
+    assert "INTERRUPTED during decode_steps" in (report / "report.md").read_text().splitlines()[0]
+

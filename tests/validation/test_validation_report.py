@@ -98,3 +98,12 @@ def test_the_report_shows_the_pictures(forced_result, tmp_path):
     for stem in (HEATMAP, WORST_PER_LAYER):
         assert (out / f"{stem}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert f"![{CAPTIONS[stem]}]({stem}.png)" in md
+
+
+def test_a_skipped_corpus_kld_is_one_line_not_a_crash():
+    """--corpus-kld on an engine without logits (or Ctrl-C before enough windows): said, with no statistics."""
+    from validation.report import corpus_kld_lines, depth_lines
+
+    result = {"checks": {"corpus_kld": None}, "corpus_kld": {"passed": None, "skipped": "x gives no logits"}}
+    assert depth_lines(result) == ["corpus KLD: not checked (x gives no logits)"]
+    assert corpus_kld_lines(result) == []
