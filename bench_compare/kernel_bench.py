@@ -68,6 +68,8 @@ SYNTHETIC = (
     (T.Q2_K, ((2048, 1024), (640, 2048))),
     (T.Q3_K, ((2048, 1024), (640, 2048))),
     (T.Q5_K, ((2048, 1024), (640, 2048))),
+    (T.IQ4_NL, ((2048, 1024), (640, 2048))),
+    (T.IQ4_XS, ((2048, 1024), (640, 2048))),
 )
 SYNTHETIC_COPIES = 16  # distinct random matrices per shape, cycled through like layers
 PREFILL_TOKENS = (2, 4, 8, 16, 64, 512)

@@ -212,6 +212,38 @@ def quads_matvec(dots, block_bytes, has_min, w, yq, yd, ys, out):
             zmm.store_rows(out, r, lo, hi)
 
 
+# --- four rows a step in llama.cpp's repacked gemv's order (Q4_0, IQ4_NL: the 18-byte ``| d f16 | qs[16] |`` blocks
+# it interleaves 8 rows at a time): per block the exact integer dot of each row, then ``acc = fma(float(sum), d_w *
+# d_y, acc)``, one accumulator a row. ``dots(w0, w1, w2, w3, o, yq, yo, starts, so)``: the type's zmm step for the
+# quants at byte ``o``, lanes started at ``starts[so:so + 8]`` (its offset's ``-offset * sum4(y)``).
+@njit(inline="always", cache=True)
+def repacked_quad_blocks(dots, w0, w1, w2, w3, p0, yq, yd, starts):
+    """Four rows' accumulators, each in its four lanes. ``p0``: the first of the four rows to prefetch (they follow
+    it in memory: 72 bytes a block)."""
+    acc = vzero()
+    for b in range(yd.shape[0]):
+        o = 18 * b
+        prefetch_span(p0, 72 * b, 72)
+        d = zmm.row_scales(zmm.f16_quad(w0, w1, w2, w3, o), yd[b])
+        lo, hi = dots(w0, w1, w2, w3, o + 2, yq, 32 * b, starts, 8 * b)
+        acc = zmm.fma_lanes(d, zmm.block_sums(lo, hi), acc)
+    return acc
+
+
+@njit(inline="always", cache=True)
+def repacked_quads_matvec(dots, offset, w, yq, yd, ya, out):
+    """One token through :func:`repacked_quad_blocks`, rows a multiple of four (``offset``: the type's, for the lane
+    starts: Q4_0 8, IQ4_NL 128)."""
+    starts = lane_starts(ya, offset)
+    n = out.shape[0]
+    ahead = rows_ahead(w, zmm.ROWS)
+    for g in prange(n // zmm.ROWS):
+        r = zmm.ROWS * g
+        p = w[min(r + ahead, n - zmm.ROWS)]
+        zmm.store_first_lanes(out, r, repacked_quad_blocks(dots, w[r], w[r + 1], w[r + 2], w[r + 3], p, yq, yd,
+                                                           starts))
+
+
 @njit(inline="always", cache=True)
 def lane_starts(ya, offset):
     """``-offset * sum4(y)`` per int32 lane (``ya``: the activation's sums of 4 quants): the start values that take

@@ -41,7 +41,14 @@ from numba import types
 from numba.core.errors import TypingError
 from numba.extending import intrinsic, models, register_model
 
-from inference_engine.backends.numba_kernels.isa.int8 import F32x8, _call, _ptr, _vconst, target_features
+from inference_engine.backends.numba_kernels.isa.int8 import (
+    F32x8,
+    _call,
+    _ptr,
+    _vconst,
+    lower_lookup16,
+    target_features,
+)
 from inference_engine.backends.numba_kernels.isa.simd import F32x16
 
 _I8, _I16, _I32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
@@ -249,6 +256,41 @@ def _offset_dots(context, builder, sig, args, halves):
     lo, hi = halves(context, builder, sig, args)
     c0, c1 = _starts(context, builder, sig.args[7], args[7], args[8])
     return _dots_pair(context, builder, sig, args, lo, hi, c0, c1, True)
+
+
+@intrinsic
+def code_book_dots(typingctx, w0, w1, w2, w3, offset, yq, yoffset, corr, coffset, table):
+    """:func:`offset_nibble_dots` for a code-book type (IQ4_NL): each nibble stands for ``table[nibble]`` (16
+    unsigned bytes, the code book plus 128, as ``vpdpbusd`` takes them) and each lane starts from
+    ``corr[coffset + lane]`` (``-128 * sum4(y)``), so the lanes hold the code book's signed values dotted with y:
+    the integers of ggml's lookup. The values reach 241, too large for AVX2's ``vpmaddubsw`` pairs (portable IR
+    there)."""
+    _rows((w0, w1, w2, w3, yq), "code_book_dots")
+    _check_starts(corr, "code_book_dots")
+    if not isinstance(table, types.Array) or table.ndim != 1 or table.dtype != types.uint8:
+        raise TypingError(f"code_book_dots expects a 1-D uint8 table of 16 bytes, got {table}")
+
+    def codegen(context, builder, sig, args):
+        lo, hi = _nibble_halves(context, builder, sig, args)
+        lut = _broadcast16(context, builder, sig.args[9], args[9], ir.Constant(ir.IntType(64), 0))
+        c0, c1 = _starts(context, builder, sig.args[7], args[7], args[8])
+        return _dots_pair(context, builder, sig, args, _lookup64(context, builder, lut, lo),
+                          _lookup64(context, builder, lut, hi), c0, c1, False)
+
+    return types.UniTuple(I32x16, 2)(w0, w1, w2, w3, offset, yq, yoffset, corr, coffset, table), codegen
+
+
+def _lookup64(context, builder, lut, idx):
+    """Byte i = ``lut[idx[i]]`` for indices 0..15, ``lut`` repeated in each 128-bit lane: one ``vpshufb`` on
+    AVX-512 BW, else four 16-byte lookups (:func:`.int8.lower_lookup16`)."""
+    if "+avx512bw" in target_features(context):
+        return _call(builder, "llvm.x86.avx512.pshuf.b.512", _B64, [lut, idx])
+    quarters = []
+    for q in range(4):
+        pick = _vconst(ir.VectorType(_I32, 16), range(16 * q, 16 * q + 16))
+        quarters.append(lower_lookup16(context, builder, builder.shuffle_vector(lut, lut, pick),
+                                       builder.shuffle_vector(idx, idx, pick)))
+    return _concat4(builder, quarters)
 
 
 @intrinsic

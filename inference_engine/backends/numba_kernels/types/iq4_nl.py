@@ -33,6 +33,7 @@ from inference_engine.quants.iquants import KVALUES
 REPACKED_ROWS = 8
 
 CODE_BOOK = KVALUES.view("uint8")  # the int8 table as the bytes blookup indexes (a constant in compiled code)
+CODE_BOOK_PLUS_128 = (KVALUES.astype(np.int16) + 128).astype(np.uint8)  # vpdpbusd's unsigned operand (1..241)
 
 
 @njit(inline="always", cache=True)
@@ -99,10 +100,21 @@ def row_dot_iq4_nl_repacked(w0, p0, yq, yd, ya):
 
 
 @njit(inline="always", cache=True)
+def dots_iq4_nl(w0, w1, w2, w3, o, yq, yo, starts, so):
+    """Four rows' block at byte ``o`` (its codes) dotted with the activation: the code book's values ``. y``
+    (``starts``: ``-128 * sum4(y)``), the repacked gemv's step (:func:`..intdot.repacked_quad_blocks`)."""
+    return zmm.code_book_dots(w0, w1, w2, w3, o, yq, yo, starts, so, CODE_BOOK_PLUS_128)
+
+
+@njit(inline="always", cache=True)
 def matvec_int_loop_iq4_nl(w, yq, yd, ya, out):
     """One token as llama.cpp multiplies the weight: rows a multiple of :data:`REPACKED_ROWS` on AVX-512 VNNI and
-    AVX2 (kernels compiled for either) in the repacked gemv's order, others in ``vec_dot``'s."""
-    if zmm.compiled_isa() >= 1 and out.shape[0] % REPACKED_ROWS == 0:
+    AVX2 (kernels compiled for either) in the repacked gemv's order (on AVX-512 VNNI four rows a step:
+    :func:`..intdot.repacked_quads_matvec`), others in ``vec_dot``'s."""
+    n = out.shape[0]
+    if zmm.compiled_isa() == 2 and n % REPACKED_ROWS == 0:
+        intdot.repacked_quads_matvec(dots_iq4_nl, 128, w, yq, yd, ya, out)
+    elif zmm.compiled_isa() >= 1 and n % REPACKED_ROWS == 0:
         intdot.rows_matvec(row_dot_iq4_nl_repacked, w, yq, yd, ya, out)
     else:
         intdot.rows_matvec(row_dot_iq4_nl, w, yq, yd, ya, out)

@@ -11,10 +11,10 @@ for those weights on AVX-512 VNNI and on AVX2 (llama.cpp's values bit for bit), 
 ``hsum_float_8``) for the others, as llama.cpp does, and on other CPUs.
 """
 
-from numba import njit, prange
+from numba import njit
 
 from inference_engine.backends.numba_kernels import float_blocks, intdot, ktiles
-from inference_engine.backends.numba_kernels.isa import int8, simd, zmm
+from inference_engine.backends.numba_kernels.isa import int8, zmm
 
 REPACKED_ROWS = 8  # ggml_repack_get_optimal_repack_type: Q4_0 -> q4_0_8x8_q8_0 where the rows are a multiple of 8
 
@@ -32,18 +32,10 @@ def quants_q4_0(row, o):
 
 
 @njit(inline="always", cache=True)
-def quad_blocks_q4_0(w0, w1, w2, w3, p0, yq, yd, starts):
-    """Four rows on 512-bit vectors (:mod:`.zmm`) in the repacked gemv's order; each row's accumulator in its four
-    lanes. ``starts``: ``-8 * sum4(y)`` (:func:`..intdot.lane_starts`); ``p0``: the first of the four rows to
-    prefetch (they follow it in memory: 72 bytes a block)."""
-    acc = simd.vzero()
-    for b in range(yd.shape[0]):
-        o = 18 * b
-        intdot.prefetch_span(p0, 72 * b, 72)
-        d = zmm.row_scales(zmm.f16_quad(w0, w1, w2, w3, o), yd[b])
-        lo, hi = zmm.offset_nibble_dots(w0, w1, w2, w3, o + 2, yq, 32 * b, starts, 8 * b)
-        acc = zmm.fma_lanes(d, zmm.block_sums(lo, hi), acc)
-    return acc
+def dots_q4_0(w0, w1, w2, w3, o, yq, yo, starts, so):
+    """Four rows' block at byte ``o`` (its quants) dotted with the activation: ``(q - 8) . y`` (``starts``: ``-8 *
+    sum4(y)``), the repacked gemv's step (:func:`..intdot.repacked_quad_blocks`)."""
+    return zmm.offset_nibble_dots(w0, w1, w2, w3, o, yq, yo, starts, so)
 
 
 @njit(inline="always", cache=True)
@@ -52,14 +44,8 @@ def matvec_int_loop_q4_0(pair, w, yq, yd, ya, out):
     nibbles), rows a multiple of :data:`REPACKED_ROWS` in the repacked gemv's order, four rows a step; otherwise in
     ``vec_dot``'s (``pair``: :func:`.intdot.pair_offset`, two rows a step). The four-row loop beat the pair loop on
     AVX2 code too (1 thread, 8960x1536 streamed: 475 -> 369 us, docs/PERFORMANCE.md)."""
-    n = out.shape[0]
-    if zmm.compiled_isa() >= 1 and n % REPACKED_ROWS == 0:
-        starts = intdot.lane_starts(ya, 8)
-        ahead = simd.rows_ahead(w, zmm.ROWS)
-        for g in prange(n // zmm.ROWS):
-            r = zmm.ROWS * g
-            p = w[min(r + ahead, n - zmm.ROWS)]
-            zmm.store_first_lanes(out, r, quad_blocks_q4_0(w[r], w[r + 1], w[r + 2], w[r + 3], p, yq, yd, starts))
+    if zmm.compiled_isa() >= 1 and out.shape[0] % REPACKED_ROWS == 0:
+        intdot.repacked_quads_matvec(dots_q4_0, 8, w, yq, yd, ya, out)
     else:
         intdot.pairs_matvec(pair, w, yq, yd, ya, out)
 

@@ -214,17 +214,18 @@ def test_two_token_steps_on_every_lowering(lowering, rng, monkeypatch):
 def test_quad_matvecs_compiled_for_avx2_give_llamacpps_values(rng, oracle, tmp_path):
     """The one-token mat-vecs compiled for an AVX2 target (a fresh process, Numba's CPU set to Haswell): Q4_0 four
     rows a step in the repacked gemv's order (llama.cpp's mul_mat on the repacked weight, as a model holds it), Q4_1
-    four rows a step in ``vec_dot``'s (its plain mul_mat), bit for bit, through ``dispatch.matmul`` as decode calls
-    it."""
+    four rows a step in ``vec_dot``'s (its plain mul_mat), IQ4_NL a row at a time in the repacked gemv's order (its
+    four-row step, AVX-512 VNNI's, compiled in but not taken), bit for bit, through ``dispatch.matmul`` as decode
+    calls it."""
     from test_numba_kernels import random_activation, random_weight
     from test_numba_ktiles import compiled_for_haswell
 
     cases = {}
-    for qtype, (n_out, n_in) in {T.Q4_0: (40, 7 * 256), T.Q4_1: (37, 3 * 256)}.items():
+    for qtype, (n_out, n_in) in {T.Q4_0: (40, 7 * 256), T.Q4_1: (37, 3 * 256), T.IQ4_NL: (40, 7 * 32)}.items():
         _, rows = random_weight(qtype, n_out, n_in, rng)
         cases[qtype] = rows, np.concatenate([random_activation(rng, 1, n_in, scale) for scale in (1e-3, 1.0, 50.0)])
     for qtype, ours in compiled_for_haswell(tmp_path, "one_token_each", cases).items():
         rows, x = cases[qtype]
         for t in range(len(x)):
-            reference = oracle.mul_mat(qtype, rows, x[t : t + 1], repacked=qtype == T.Q4_0)[0]
+            reference = oracle.mul_mat(qtype, rows, x[t : t + 1], repacked=qtype in (T.Q4_0, T.IQ4_NL))[0]
             np.testing.assert_array_equal(ours[t], reference, err_msg=f"{qtype.name}, activation {t}")
