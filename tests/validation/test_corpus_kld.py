@@ -7,6 +7,7 @@ import math
 
 import numpy as np
 import pytest
+from validation_fakes import InterruptedAt
 
 from inference_engine.engine import OurEngine
 from inference_engine.errors import GGUFParityError
@@ -129,25 +130,9 @@ def test_engines_on_a_tiny_model_gate_against_the_floor(tiny_model):
     assert f32["passed"] is bool(f32["ours"]["KLD"]["Mean"] <= KLD_MEAN_MAX_GGML)
 
 
-class _StopsAt:
-    """``engine`` until its ``calls``-th capture, where Ctrl-C arrives (a window of the corpus is one capture)."""
-
-    def __init__(self, engine, calls: int):
-        self._engine, self._left = engine, calls
-
-    def __getattr__(self, name):
-        return getattr(self._engine, name)
-
-    def capture(self, *args, **kwargs):
-        self._left -= 1
-        if self._left < 0:
-            raise KeyboardInterrupt
-        return self._engine.capture(*args, **kwargs)
-
-
 def test_too_few_scored_positions_is_a_user_error_before_any_window(tiny_model):
     path = tiny_model("llama")
-    never = _StopsAt(OurEngine(path, backend="numpy"), 0)  # any window it were asked for would be Ctrl-C
+    never = InterruptedAt(OurEngine(path, backend="numpy"), "capture", 0)  # any window it were asked for would be Ctrl-C
     with pytest.raises(GGUFParityError, match="llama-perplexity needs 100"):
         corpus_kld(never, never, list(range(3, 40)), 16, 1, thresholds_for("ggml"))
 
@@ -157,7 +142,7 @@ def test_ctrl_c_keeps_the_windows_every_engine_finished(tiny_model):
     ref, ours = OurEngine(path, backend="numpy"), OurEngine(path, backend="numpy", numerics="f32")
     ids = [int(t) for t in np.random.default_rng(6).integers(3, ref.n_vocab, size=8 * 64)]
     heard = []
-    stopped = corpus_kld(_StopsAt(ours, 5), ref, ids, 64, 1, thresholds_for("f32"), source="test",
+    stopped = corpus_kld(InterruptedAt(ours, "capture", 5), ref, ids, 64, 1, thresholds_for("f32"), source="test",
                          progress=lambda *a: heard.append(a[1]))  # Ctrl-C in ours's sixth window
     first_five = corpus_kld(ours, ref, ids[:5 * 64], 64, 1, thresholds_for("f32"), source="test")
     assert stopped["interrupted"] is True and (stopped["windows"], stopped["windows_planned"]) == (5, 8)
@@ -165,7 +150,7 @@ def test_ctrl_c_keeps_the_windows_every_engine_finished(tiny_model):
     assert stopped["ours"]["scored_positions"] == 5 * 31 and heard[-1] == 11  # the reference's sixth window done
     assert first_five["passed"] is True and stopped["passed"] is None  # a part passing is no verdict on the text
     # one window finished: fewer positions than llama-perplexity's statistics take; said, not computed
-    early = corpus_kld(_StopsAt(ours, 1), ref, ids, 64, 1, thresholds_for("f32"), source="test")
+    early = corpus_kld(InterruptedAt(ours, "capture", 1), ref, ids, 64, 1, thresholds_for("f32"), source="test")
     assert early["interrupted"] is True and early["passed"] is None and "ours" not in early
     assert early["skipped"].startswith("interrupted (Ctrl-C) after 1 of 8 windows: 31 scored positions")
 
@@ -174,7 +159,8 @@ def test_ctrl_c_after_a_failing_part_still_fails(tiny_model):
     ref = OurEngine(tiny_model("llama"), backend="numpy")
     other = OurEngine(tiny_model("llama", seed=1), backend="numpy")
     ids = [int(t) for t in np.random.default_rng(3).integers(3, ref.n_vocab, size=8 * 64)]
-    stopped = corpus_kld(_StopsAt(other, 4), ref, ids, 64, 1, thresholds_for("ggml"), {"itself": ref})
+    stopped = corpus_kld(InterruptedAt(other, "capture", 4), ref, ids, 64, 1, thresholds_for("ggml"),
+                         {"itself": ref})
     assert stopped["interrupted"] is True and stopped["windows"] == 4 and stopped["passed"] is False
 
 

@@ -7,6 +7,7 @@ import dataclasses
 
 import numpy as np
 import pytest
+from validation_fakes import InterruptedAt
 
 from inference_engine.engine import OurEngine
 from inference_engine.errors import GGUFParityError
@@ -100,28 +101,12 @@ def test_wrong_sliding_window_is_named_once_the_depth_passes_the_window(tiny_mod
     assert d9["first_failure"] == {"depth": 9, "step": PREFIX_CHUNK, "position": 8, "tensor": "kqv_out-0"}
 
 
-class _StopsAt:
-    """An engine that is ``engine`` until its ``calls``-th capture_next, where Ctrl-C arrives."""
-
-    def __init__(self, engine, calls: int):
-        self._engine, self._left = engine, calls
-
-    def __getattr__(self, name):
-        return getattr(self._engine, name)
-
-    def capture_next(self, *args, **kwargs):
-        self._left -= 1
-        if self._left < 0:
-            raise KeyboardInterrupt
-        return self._engine.capture_next(*args, **kwargs)
-
-
 def test_ctrl_c_keeps_the_depths_that_finished(tiny_model):
     ours, ref = _pair(tiny_model("llama"))
     full = validate_depths(ours, ref, _ids(20, ours.n_vocab), DepthPlan((0, 9), 4), GGML, chunk=CHUNK)
     # depth 0 is 4 steps (4 reference calls); the interrupt comes inside depth 9's prefix
-    stopped = validate_depths(ours, _StopsAt(ref, 5), _ids(20, ours.n_vocab), DepthPlan((0, 9), 4), GGML,
-                              chunk=CHUNK)
+    stopped = validate_depths(ours, InterruptedAt(ref, "capture_next", 5), _ids(20, ours.n_vocab),
+                              DepthPlan((0, 9), 4), GGML, chunk=CHUNK)
     assert stopped["interrupted"] is True and stopped["passed"] is None  # a finished part passing is no verdict
     assert stopped["depths_planned"] == [0, 9] and stopped["depths"] == full["depths"][:1]
     assert full["interrupted"] is False and full["passed"] is True
@@ -130,7 +115,7 @@ def test_ctrl_c_keeps_the_depths_that_finished(tiny_model):
 def test_ctrl_c_after_a_failure_keeps_the_failure(tiny_model):
     ours = OurEngine(tiny_model("llama", seed=1), backend="numpy", n_ctx=256)  # other weights: fails at once
     ref = OurEngine(tiny_model("llama"), backend="numpy", n_ctx=256)
-    stopped = validate_depths(ours, _StopsAt(ref, 5), _ids(20, ours.n_vocab), DepthPlan((0, 9), 4), GGML,
-                              chunk=CHUNK)
+    stopped = validate_depths(ours, InterruptedAt(ref, "capture_next", 5), _ids(20, ours.n_vocab),
+                              DepthPlan((0, 9), 4), GGML, chunk=CHUNK)
     assert stopped["interrupted"] is True and stopped["passed"] is False
     assert stopped["first_failure"]["depth"] == 0

@@ -259,6 +259,27 @@ class ScriptedEngine:
         return "".join(f"<{i}>" for i in ids)
 
 
+class InterruptedAt:
+    """``engine`` as it is until the ``calls``-th call of its ``method`` (0: the first), where Ctrl-C arrives
+    (KeyboardInterrupt): a minutes-long check stopped part way."""
+
+    def __init__(self, engine, method: str, calls: int):
+        self._engine, self._method, self._left = engine, method, calls
+
+    def __getattr__(self, name):
+        attr = getattr(self._engine, name)
+        if name != self._method:
+            return attr
+
+        def counted(*args, **kwargs):
+            self._left -= 1
+            if self._left < 0:
+                raise KeyboardInterrupt
+            return attr(*args, **kwargs)
+
+        return counted
+
+
 def write_tiny_gguf(path, weights: TinyWeights, arch: str = "llama", softcap: float | None = None) -> str:
     """The fake's head (token_embd, output_norm) and rms eps as a GGUF file, F32, for the logit lens and validate().
 
