@@ -21,6 +21,12 @@ def list_models() -> None:
         click.echo(f"{m.name}{default}: {m.description}")
         click.echo(f"    {state}: {named_models.cached_path(m.name)}")
         click.echo(f"    sha256 {m.sha256}; wheels: {', '.join(m.wheels)}")
+    from validation.gguf_rewrite import variant_files, variants_dir
+
+    copies = variant_files()
+    total = sum(p.stat().st_size for p in copies)
+    click.echo(f"converted copies (validate's noise floors; each rewritten when needed, so they may be deleted): "
+               f"{len(copies)} files, {total / 1e9:.2f} GB in {variants_dir()}")
 
 
 @models.command("fetch")

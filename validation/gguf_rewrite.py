@@ -18,8 +18,10 @@ never sees half a file; copies are kept in :func:`variants_dir`, keyed by the so
 from __future__ import annotations
 
 import os
+import shutil
+import sys
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -38,23 +40,52 @@ def variants_dir() -> Path:
     return cache_dir() / VARIANTS_SUBDIR
 
 
-def weights_as(src: str | os.PathLike, weight_type: str, sha256: str) -> Path:
-    """The copy of ``src`` (whose sha256 is ``sha256``) with every matrix in ``weight_type``, written once."""
+# Free space kept beyond a copy's own size before it is written (the file system's own reserve, other writers).
+DISK_MARGIN_BYTES = 256 * 2**20
+
+
+def weights_as(src: str | os.PathLike, weight_type: str, sha256: str,
+               announce: Callable[[str], None] | None = None) -> Path:
+    """The copy of ``src`` (whose sha256 is ``sha256``) with every matrix in ``weight_type``, written once; a copy
+    about to be written is announced first (``announce``, default: one line on stderr), with its size and place."""
     weight_type = weight_type.upper()
     if weight_type not in WEIGHT_TYPES:
         raise GGUFParityError(f"unsupported weight type '{weight_type}'; supported: {', '.join(WEIGHT_TYPES)}")
     dst = variants_dir() / f"{sha256[:24]}-{weight_type}.gguf"
     if not dst.exists():
-        rewrite(src, dst, weight_type=weight_type)
+        say = announce or _to_stderr
+
+        def before_writing(n_bytes: int) -> None:
+            say(f"writing {Path(src).name} with every matrix in {weight_type} ({n_bytes / 1e9:.2f} GB, once; "
+                f"llama.cpp on it is a part of the noise floor) to {dst.parent}; `bench-compare models list` shows "
+                "these copies, which may be deleted")
+
+        rewrite(src, dst, weight_type=weight_type, before_writing=before_writing)
     return dst
 
 
+def variant_files() -> list[Path]:
+    """The converted copies kept in :func:`variants_dir`, largest first."""
+    folder = variants_dir()
+    files = [p for p in folder.glob("*.gguf") if p.is_file()] if folder.is_dir() else []
+    return sorted(files, key=lambda p: p.stat().st_size, reverse=True)
+
+
+def _to_stderr(line: str) -> None:
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
+
+
 def rewrite(src: str | os.PathLike, dst: str | os.PathLike, *, weight_type: str | None = None,
-            metadata: Mapping[str, Any] | None = None, tensor_sources: Mapping[str, str] | None = None) -> Path:
+            metadata: Mapping[str, Any] | None = None, tensor_sources: Mapping[str, str] | None = None,
+            before_writing: Callable[[int], None] | None = None) -> Path:
     """Copy ``src`` to ``dst`` with matrices converted to ``weight_type`` (None: unchanged), the metadata keys in
     ``metadata`` given new values (of the same GGUF type as before; the key must exist), and each tensor named in
     ``tensor_sources`` holding the data of the tensor it maps to (same type and shape: ``{"blk.1.attn_k.weight":
-    "blk.1.attn_v.weight", "blk.1.attn_v.weight": "blk.1.attn_k.weight"}`` swaps K and V in layer 1)."""
+    "blk.1.attn_v.weight", "blk.1.attn_v.weight": "blk.1.attn_k.weight"}`` swaps K and V in layer 1).
+
+    Refused with one line, before anything is written, where ``dst``'s file system lacks the room (the copy's
+    tensor bytes plus :data:`DISK_MARGIN_BYTES`); ``before_writing(tensor bytes)`` is called just before writing."""
     import gguf
 
     reader = gguf.GGUFReader(str(src))
@@ -91,6 +122,13 @@ def rewrite(src: str | os.PathLike, dst: str | os.PathLike, *, weight_type: str 
         if target is not None:
             writer.add_file_type(gguf.LlamaFileType[FILE_TYPES[target.name]])
         plans = [_plan(t, target) for t in reader.tensors]
+        needed = sum(nbytes for _, nbytes, _ in plans)
+        free = shutil.disk_usage(dst.parent).free
+        if free < needed + DISK_MARGIN_BYTES:
+            raise GGUFParityError(f"not enough disk space for {dst.name} in {dst.parent}: it needs "
+                                  f"{needed / 1e9:.2f} GB, {free / 1e9:.2f} GB free")
+        if before_writing is not None:
+            before_writing(needed)
         for tensor, (qtype, nbytes, shape) in zip(reader.tensors, plans):
             # a dtype other than uint8 with raw_dtype: gguf-py takes ``shape`` as the logical shape
             writer.add_tensor_info(tensor.name, shape, np.dtype(np.float32), nbytes, raw_dtype=qtype)

@@ -91,16 +91,35 @@ def test_weights_as_converts_every_matrix_once_and_keeps_the_rest(tiny_model, tm
     assert converted >= 7  # every matrix of every layer (the tiny llama has 2 layers of 7)
 
 
-def test_weights_as_is_written_once_into_the_cache(tiny_model, tmp_path, monkeypatch):
+def test_weights_as_is_written_once_into_the_cache(tiny_model, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("GGUF_PARITY_CACHE", str(tmp_path))
     src = tiny_model("llama", "Q8_0")
     first = weights_as(src, "bf16", "ab" * 32)
     mtime = first.stat().st_mtime_ns
     assert first.parent == tmp_path / "variants" and first.name == f"{'ab' * 12}-BF16.gguf"
+    # announced once, on stderr, with its size and folder; not again when it is there
+    told = capsys.readouterr().err.splitlines()
+    assert len(told) == 1 and told[0].startswith(f"writing {src.name} with every matrix in BF16 (")
+    assert f"GB, once; llama.cpp on it is a part of the noise floor) to {first.parent};" in told[0]
     assert weights_as(src, "BF16", "ab" * 32) == first and first.stat().st_mtime_ns == mtime
+    assert capsys.readouterr().err == ""
     assert not [p for p in first.parent.iterdir() if p.name.endswith(".tmp")]
     with pytest.raises(GGUFParityError, match="unsupported weight type 'Q2_K'; supported: F32, F16, BF16"):
         weights_as(src, "Q2_K", "ab" * 32)
+
+
+def test_a_copy_the_disk_cannot_hold_is_refused_before_writing(tiny_model, tmp_path, monkeypatch):
+    import shutil
+
+    from validation import gguf_rewrite
+
+    src = tiny_model("llama", "Q8_0")
+    full = shutil.disk_usage(tmp_path)._replace(free=gguf_rewrite.DISK_MARGIN_BYTES)  # the margin, no more
+    monkeypatch.setattr(gguf_rewrite.shutil, "disk_usage", lambda path: full)
+    heard = []
+    with pytest.raises(GGUFParityError, match=r"not enough disk space for c\.gguf in .*: it needs 0\.\d+ GB, "):
+        rewrite(src, tmp_path / "c.gguf", weight_type="F32", before_writing=heard.append)
+    assert heard == [] and list(tmp_path.iterdir()) == []  # nothing announced, nothing written, no temp file
 
 
 def test_rewrite_plants_metadata_and_tensor_swaps(tiny_model, tmp_path):
