@@ -566,7 +566,8 @@ def _long_checks(result: ValidationResult, ours: Engine, reference: Engine, opti
         try:
             result.decode_steps = _decode_steps(ours, reference, options, thresholds, variants)
         except KeyboardInterrupt:  # before its first depth began (its loop keeps finished depths itself)
-            result.decode_steps = {"passed": None, "interrupted": True, "depths": []}
+            result.decode_steps = {"passed": None, "interrupted": True, "depths": [],
+                                   "depths_planned": list(options.depth_plan().depths)}
         checks["decode_steps"] = result.decode_steps["passed"]
         if result.decode_steps.get("skipped"):
             not_checked["decode_steps"] = result.decode_steps["skipped"]

@@ -198,6 +198,7 @@ def test_ctrl_c_in_a_long_check_writes_what_finished_and_exits_130(model_path, c
     assert captured.err.strip().splitlines()[-1] == ("interrupted during decode_steps: the report holds the checks "
                                                      "that finished")
     assert "INTERRUPTED during decode_steps" in captured.out and "PASS" not in captured.out.splitlines()[0]
+    assert "decode steps -> skipped (interrupted by Ctrl-C: 0 of 1 depths finished)" in " ".join(captured.out.split())
     data = json.loads(json_path.read_text())
     assert data == json.loads((report / "validate.json").read_text())
     assert data["interrupted"] == "decode_steps" and data["passed"] is False
