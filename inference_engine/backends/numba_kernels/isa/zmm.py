@@ -250,12 +250,12 @@ def offset_nibble_dots(typingctx, w0, w1, w2, w3, offset, yq, yoffset, corr, cof
     return types.UniTuple(I32x16, 2)(w0, w1, w2, w3, offset, yq, yoffset, corr, coffset), codegen
 
 
-def _offset_dots(context, builder, sig, args, halves):
+def _offset_dots(context, builder, sig, args, halves, small=True):
     """The offset quad steps' tuple: ``halves``' two quant vectors (elements 0..15, 16..31) dotted with the
-    activation, each lane from its start value ``args[7][args[8] + lane]``."""
+    activation, each lane from its start value ``args[7][args[8] + lane]`` (``small``: as :func:`_dot4_acc`)."""
     lo, hi = halves(context, builder, sig, args)
     c0, c1 = _starts(context, builder, sig.args[7], args[7], args[8])
-    return _dots_pair(context, builder, sig, args, lo, hi, c0, c1, True)
+    return _dots_pair(context, builder, sig, args, lo, hi, c0, c1, small)
 
 
 @intrinsic
@@ -271,13 +271,15 @@ def code_book_dots(typingctx, w0, w1, w2, w3, offset, yq, yoffset, corr, coffset
         raise TypingError(f"code_book_dots expects a 1-D uint8 table of 16 bytes, got {table}")
 
     def codegen(context, builder, sig, args):
-        lo, hi = _nibble_halves(context, builder, sig, args)
-        lut = _broadcast16(context, builder, sig.args[9], args[9], ir.Constant(ir.IntType(64), 0))
-        c0, c1 = _starts(context, builder, sig.args[7], args[7], args[8])
-        return _dots_pair(context, builder, sig, args, _lookup64(context, builder, lut, lo),
-                          _lookup64(context, builder, lut, hi), c0, c1, False)
+        return _offset_dots(context, builder, sig, args, _code_book_halves, small=False)
 
     return types.UniTuple(I32x16, 2)(w0, w1, w2, w3, offset, yq, yoffset, corr, coffset, table), codegen
+
+
+def _code_book_halves(context, builder, sig, args):
+    """:func:`_nibble_halves` with each nibble replaced by its entry of the 16-byte table ``args[9]``."""
+    lut = _broadcast16(context, builder, sig.args[9], args[9], ir.Constant(ir.IntType(64), 0))
+    return tuple(_lookup64(context, builder, lut, half) for half in _nibble_halves(context, builder, sig, args))
 
 
 def _lookup64(context, builder, lut, idx):
