@@ -1,6 +1,6 @@
 """Compiled MLX decode steps inside a CUDA profiler range, for Nsight Compute (the lent machine's `kernels` step).
 
-``python3 .device/kernel_steps.py MODEL [--steps N] [--depth D] [--attention-kernel]`` loads MODEL on MLX's GPU
+``python3 .device/kernel_steps.py MODEL [--steps N] [--depth D] [--[no-]attention-kernel]`` loads MODEL on MLX's GPU
 (f32 numerics, F16 cache), prefills a short prompt (after D filler tokens), runs warm-up decode steps, then calls
 ``cudaProfilerStart``, runs N compiled decode steps (each waited for) and ``cudaProfilerStop``: run under
 ``ncu --profile-from-start off`` only those steps' kernels are profiled, not the loading, compiling and warm-up
@@ -45,11 +45,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--depth", type=int, default=0)
-    parser.add_argument("--attention-kernel", action="store_true")
+    parser.add_argument("--attention-kernel", action=argparse.BooleanOptionalAction, default=None,
+                        help="our decode attention kernel, or MLX's ops; default: the backend's (the kernel on CUDA)")
     args = parser.parse_args(argv)
     engine = load_engine(args.model, backend="mlx", numerics="f32", n_ctx=max(256, args.depth + 64),
                          kv_type="f16")
-    engine.backend.attention_kernel = args.attention_kernel
+    if args.attention_kernel is not None:
+        engine.backend.attention_kernel = args.attention_kernel
     prompt = engine.tokenizer.encode("The capital of France is")
     prefill_chunked(engine, [prompt[-1]] * args.depth, PREFILL_CHUNK)
     engine.prefill(prompt)

@@ -88,8 +88,10 @@ order+=("$(basename "$STAGE"/wheels/mlx_cuda_13-0.32.4-*.whl)")
 if [ "$WITH_SMOLLM2" = 1 ]; then
   echo "== smollm2-135m from the model cache"
   model=$("$PY" -c "from inference_engine.store.named_models import fetch; print(fetch('smollm2-135m', progress=False))")
-  [ -f "$STAGE/files/$SMOLLM2.xz" ] || xz -9 -T0 -c "$model" > "$STAGE/files/$SMOLLM2.xz.partial" \
-    && mv "$STAGE/files/$SMOLLM2.xz.partial" "$STAGE/files/$SMOLLM2.xz"
+  if [ ! -f "$STAGE/files/$SMOLLM2.xz" ]; then   # (`[ -f ] || xz && mv` ran the mv when the file was there)
+    xz -9 -T0 -c "$model" > "$STAGE/files/$SMOLLM2.xz.partial"
+    mv "$STAGE/files/$SMOLLM2.xz.partial" "$STAGE/files/$SMOLLM2.xz"
+  fi
   order+=("$SMOLLM2.xz")
 fi
 
@@ -125,17 +127,20 @@ for call in range(1, max(n, mlx + 1) + 1):
         s.append("probe")
     if call == sources:
         s.append("build-llama")
-    if call == mlx:  # while the build runs: device times (the build is niced)
-        s += ["matrices", "kernels", "graphs"]
-    if call == mlx + 1:  # the build is done by now: our kernels' GPU tests (they timed out beside the build), timings
-        s += ["gpu-kernels", "speed", "llama-bench"]  # on quiet CPUs, then llama.cpp's CUDA build beside ours
+    if call == mlx:  # while the (niced) build runs: device times, and llama.cpp's CPU builds (point 6)
+        s += ["kernels", "cpu-crash"]
+    if call == mlx + 1:  # the build is done by now: every GPU test (they timed out beside the build once), timings
+        s += ["gpu-tests", "speed", "llama-bench"]  # on quiet CPUs, then llama.cpp's CUDA build beside ours
     if call == max(smollm2, mlx + 1):
         s += ["validate-smollm2", "speed-smollm2"]
     steps[call] = s
-# Last: the tests marked gpu (they passed on an H100 at 96b818e; 330 s), cut off first when time runs short.
-steps[max(steps)].append("gpu-tests")
-cost = {"probe": 2, "build-llama": 1, "matrices": 92, "kernels": 120, "graphs": 48, "gpu-tests": 330, "gpu-kernels": 50,
-        "validate-tiny": 138, "speed": 153, "llama-bench": 30, "validate-smollm2": 40, "speed-smollm2": 70, "cpu-crash": 150}
+# Last: every architecture and type validated on the GPU (passed on an H100 at 96b818e and an H200 at 5cee08c), cut
+# off first when time runs short.
+steps[max(steps)].append("validate-tiny")
+# Seconds a step took on an H200 (2026-11-27 18:41-18:56 UTC, the third GPU session); cpu-crash an estimate (never run).
+cost = {"probe": 2, "build-llama": 1, "matrices": 109, "kernels": 89, "graphs": 14, "gpu-tests": 160, "gpu-kernels": 120,
+        "validate-tiny": 138, "speed": 160, "llama-bench": 23, "validate-smollm2": 58, "speed-smollm2": 70,
+        "cpu-crash": 150}
 total = 30  # a cold start, counted
 fits = []
 print("\nNext session with a GPU (device tool `run`, no kind: nvidia-h100-x1 or an H200). One call after the other,")
@@ -152,29 +157,23 @@ for call in sorted(steps):
     print(f"  call {call}: carry {carry}, timeout_s 600 (~{secs} s; {total // 60} min {total % 60:02d} s so far)")
     print(f"           command: {cmd}")
 print(f"Within 15 minutes (900 s) by these estimates: calls {', '.join(map(str, fits)) or 'none'}.")
-# Issue 30 point 6 (llama.cpp's CPU build crashed there on every model): four CPU builds at once (~60-90 s on 16
-# cores; pip's whole build took 52 s) and 14 one-second checks (torch's import a few seconds), gdb's rerun.
 extra = max(steps) + 1
-for step, why in (("validate-tiny", "every architecture and type against NumPy on the GPU (passed on an H100 at 96b818e)"),
-                  ("cpu-crash", "why llama.cpp's CPU build crashed there (it reuses the sources unpacked in /tmp/gp)")):
+for step, why in (("matrices", "each weight matrix's device time (measured on H200s twice: only after a kernel change)"),
+                  ("graphs", "compiled steps with MLX's CUDA graphs off (measured twice: ~0.5 ms of 5.6 saved)")):
     print(f"  optional call {extra}, only if {cost[step] // 60 + 1} min of device time are left (status) and the machine is")
     print(f"           still warm: carry [], timeout_s 400 (~{cost[step] + 10} s): {why}")
     print(f"           command: bash .device/run_checks.sh {step}")
-print(f"  A session that takes point 6 first puts cpu-crash before build-llama in call {sources} instead (the sources")
-print("  are complete there; the builds would share the CPUs). Reads: $OUT/cpu-crash.log (its table and reading).")
-print("The CUDA llama-bench build runs in the background from build-llama on; the matrix profile and nsys run")
-print("meanwhile; speed waits for it (<= 120 s) so its timings do not share the CPUs. The last call ends with the")
-print("gpu-tests (they passed on an H100 at 96b818e): give it a timeout_s of the budget left (status) less 15 s, and")
-print("it runs them as long as the budget lasts. Results: each call's $OUT (summary.txt, logs, results.tgz, made")
-print("again after every step, so a call cut off keeps its finished steps' JSON; a step's log grows as it runs).")
-# What the last GPU-less sessions built for the GPU and left to measure (issue 30): read these results first.
-print("Read first (the second GPU session, 2026-11-27 on an H200, left these; docs/PERFORMANCE.md has its figures):")
-print("matrices' qwen2-1.5b-matrices-blocks.json against qwen2-1.5b-matrices.json (our GGUF-block mat-vec, now split")
-print("over 2-4 SIMD groups a row, against MLX's affine qmv at 16-335 GB/s; ffn_down Q6_K took 43 us, attn_v 25 us);")
-print("speed's *-decode-blocks.json and *-decode-attnkernel*.json against *-decode.json (the 1.5B's step: 5.0 ms of")
-print("device time at depth 0, 7.4 at 512; the chunked attention kernel replaces one that took 16.5 at 512); the")
-print("kernels step's ncu tables (which kernels a step's 5 ms are). Turn MLXBackend.block_kernel_types or")
-print("attention_kernel on by default only with its GPU tests passing (gpu-kernels) and its gain measured. Still")
-print("open: validate-smollm2 and speed-smollm2 on the real file (now carried as xz), cpu-crash (point 6), compare's")
-print("pp512 with prefills through float32 (the CUDA default since; 44.5 against 79.8 ms of device time).")
+print("The CUDA llama-bench build runs in the background from build-llama on; ncu and llama.cpp's four CPU builds")
+print(f"(cpu-crash, point 6: read $OUT/cpu-crash.log, its table and reading) run meanwhile in call {mlx}; speed waits")
+print("for it (<= 120 s) so its timings do not share the CPUs. The last call ends with validate-tiny: give it a")
+print("timeout_s of the budget left (status) less 15 s. Results: each call's $OUT (summary.txt, logs, results.tgz,")
+print("made again after every step, so a call cut off keeps its finished steps' JSON; a step's log grows as it runs).")
+# What this tree changed for the GPU since the last measurements (issue 30): read these results first.
+print("Read first (the third GPU session, 2026-11-27 18:41 on an H200, is in docs/PERFORMANCE.md): our decode")
+print("attention kernel is now CUDA's default (ATTENTION_KERNEL_DEFAULTS: launched loop faster in 6 of 6 A/Bs there,")
+print("forced tokens in 4 of 6, one slower: speed's A/B says whether that holds);")
+print("gpu-tests checks the steps with it (test_f16_kv_cache's F16 band is new: the H200 read 1.7e-5 against the old")
+print("1e-5); speed's *-decode-mlxattn*.json are MLX's attention against *-decode*.json; llama-bench and speed-smollm2's")
+print("compares put the kernel's decode next to llama.cpp's CUDA build (the 1.5B shape read 0.21 before it, with MLX's")
+print("attention); the kernels step's ncu table is a step with it (before: 800 launches, 4.0 ms, MLX's qmv 40%).")
 EOF

@@ -6,7 +6,8 @@
 #     probe            the machine: GPU, driver, Python, the packages we rely on, cmake/nvcc (seconds)
 #     build-llama      start building CUDA llama-bench from the carried llama.cpp sources in the background
 #                      (setsid: it outlives this call while the machine stays warm; ~209 s on 16 cores)
-#     gpu-tests        pytest -m gpu over the MLX backend and --device tests, then the block-kernel and steps tests
+#     gpu-tests        pytest -m gpu over the MLX backend and --device tests, then the block-kernel, steps and
+#                      attention-kernel tests not marked gpu (a superset of gpu-kernels; 160 s on an H200)
 #     gpu-kernels      the GPU tests of our own kernels only (block kernels, every type; the decode attention kernel,
 #                      and a compiled step handing its attention to it): 33 tests in 44 s on an H200 (quiet CPUs)
 #     validate-tiny    validate --backend mlx --numerics f32 on tiny models of every architecture and type
@@ -192,9 +193,11 @@ step_gpu_tests() {
   run "$PY" -m pytest -p no:cacheprovider -q -rfE --durations=15 --maxfail=30 --timeout=120 -m gpu \
       tests/inference_engine/backends/mlx tests/bench_compare/test_device_flag.py \
       tests/bench_compare/test_matrix_profile.py || rc=$?
+  # and the block-kernel, compiled-step and attention-kernel tests that are not marked gpu: on a GPU they run there
+  # (the steps with our attention kernel, CUDA's default), on MLX's CPU build elsewhere
   run "$PY" -m pytest -p no:cacheprovider -q -rfE --durations=15 --maxfail=30 --timeout=120 -m "not gpu" \
       tests/inference_engine/backends/mlx/test_mlx_block_kernels.py tests/inference_engine/backends/mlx/test_mlx_steps.py \
-      || rc=$?
+      tests/inference_engine/backends/mlx/test_mlx_attention_kernel.py || rc=$?
   return $rc
 }
 
@@ -229,13 +232,13 @@ speed_of() {  # $1: name, $2: model
   # at depth 512 (compare's tg128 @ d512 read 121 t/s on an H200 against 156 at depth 0): what the attention adds
   run "$PY" -m bench_compare.decode_profile "$2" --backend mlx --steps "$DECODE_STEPS" --depth 512 --mlx-modes compiled \
       --json "$WORK/$1-decode-d512.json" || rc=$?
-  # A/Bs of this tree's decode-graph changes, compiled steps only: our F16 attention kernel (off by default until
-  # this says it is right and faster: the gpu-tests step checks its values), at depth 0 and 512; and every weight
+  # A/Bs of this tree's decode-graph choices, compiled steps only: MLX's masked attention instead of our F16 attention
+  # kernel (the CUDA default since 2026-11-27: faster in every run there), at depth 0 and 512; and every weight
   # matrix its own product (--unfused) against the default stacked Q/K/V and gate/up
   run "$PY" -m bench_compare.decode_profile "$2" --backend mlx --steps "$DECODE_STEPS" --mlx-modes compiled \
-      --mlx-attention-kernel --json "$WORK/$1-decode-attnkernel.json" || rc=$?
+      --no-mlx-attention-kernel --json "$WORK/$1-decode-mlxattn.json" || rc=$?
   run "$PY" -m bench_compare.decode_profile "$2" --backend mlx --steps "$DECODE_STEPS" --depth 512 --mlx-modes compiled \
-      --mlx-attention-kernel --json "$WORK/$1-decode-d512-attnkernel.json" || rc=$?
+      --no-mlx-attention-kernel --json "$WORK/$1-decode-d512-mlxattn.json" || rc=$?
   run "$PY" -m bench_compare.decode_profile "$2" --backend mlx --steps "$DECODE_STEPS" --mlx-modes compiled --unfused \
       --json "$WORK/$1-decode-unfused.json" || rc=$?
   run "$PY" -m bench_compare.decode_profile "$2" --backend mlx --steps "$DECODE_STEPS" --mlx-modes compiled \
@@ -346,6 +349,13 @@ step_speed_smollm2() {
   model=$(smollm2_path real) || return 1
   matrices_of smollm2-135m-real "$model" || rc=$?
   speed_of smollm2-135m-real "$model" || rc=$?
+  if [ -x "$LLAMA_BENCH" ] || [ "$DRY_RUN" = 1 ]; then   # the real file against llama.cpp's CUDA build (~20 s)
+    bench_compare compare -m "$model" --backend mlx --numerics f32 --device "$DEVICE" \
+       --against "llama-bench:$LLAMA_BENCH" --no-cold --no-progress --json "$WORK/compare-llama-bench-smollm2.json" \
+       --report "$WORK/compare-llama-bench-smollm2" || rc=$?
+  else
+    echo "no llama-bench built on this machine yet: the real smollm2-135m is not compared"
+  fi
   return $rc
 }
 

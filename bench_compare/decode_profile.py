@@ -411,9 +411,10 @@ def main(argv: list[str] | None = None) -> None:
                         help="MLX: a prefill's quantized products as 'quantized' (the weight read as stored) or "
                              "'f32' (the weight dequantized, then a float32 matmul); default: f32 on CUDA, quantized "
                              "elsewhere (mlx_backend.PREFILL_MATMUL_DEFAULTS)")
-    parser.add_argument("--mlx-attention-kernel", action="store_true",
-                        help="MLX on a GPU: a compiled decode step's attention over the F16 cache as our one kernel "
-                             "(backends/mlx/attention_kernel.py; off by default until measured)")
+    parser.add_argument("--mlx-attention-kernel", action=argparse.BooleanOptionalAction, default=None,
+                        help="MLX on a GPU: a compiled decode step's attention over the F16 cache as our kernels "
+                             "(backends/mlx/attention_kernel.py), or as MLX's ops; default: the kernels on CUDA, "
+                             "MLX's ops elsewhere (mlx_backend.ATTENTION_KERNEL_DEFAULTS)")
     parser.add_argument("--mlx-block-kernel-types", default=None, metavar="TYPES",
                         help="MLX on a GPU: these affine types (Q4_K,Q5_K) read in their GGUF blocks by our kernels "
                              "instead of MLX's affine form (MLXBackend.block_kernel_types; off until measured)")
@@ -428,7 +429,7 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--steps must be at least 1, --prefill and --depth at least 0")
     if args.mlx_prefill_matmul is not None and args.backend != "mlx":
         parser.error("--mlx-prefill-matmul applies to --backend mlx")
-    if args.mlx_attention_kernel and args.backend != "mlx":
+    if args.mlx_attention_kernel is not None and args.backend != "mlx":
         parser.error("--mlx-attention-kernel applies to --backend mlx")
     block_types = frozenset()
     if args.mlx_block_kernel_types is not None:
@@ -453,8 +454,8 @@ def main(argv: list[str] | None = None) -> None:
             engine.backend.prefill_matmul = args.mlx_prefill_matmul
         except GGUFParityError as exc:
             parser.error(f"--mlx-prefill-matmul: {exc}")
-    if args.mlx_attention_kernel:
-        engine.backend.attention_kernel = True
+    if args.mlx_attention_kernel is not None:
+        engine.backend.attention_kernel = args.mlx_attention_kernel
     if args.backend == "mlx" and not args.ops:  # a lazy backend: host build vs device wait per step, graph size
         step_profile.main(engine, args)
         return

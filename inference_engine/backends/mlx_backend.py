@@ -91,6 +91,15 @@ PREFILL_MATMUL_DEFAULTS = {"cuda": "f32"}
 # ~8 bytes of traffic a weight (written, read) against the affine form's 0.75 read: it can pay only where a product
 # reuses each weight over many rows; a decode step (one row) never takes it.
 PREFILL_F32_MIN_ROWS = 64
+# Whether a compiled decode step's attention over an F16 cache runs as our kernels (attention_kernel.py) instead of
+# MLX's masked attention (two F16 -> float32 copies of the key block, two matmuls, the mask, the softmax), per GPU
+# backend (the CPU has no kernels of ours). CUDA: on, measured on an H200 (2026-11-27, MLX 0.32.4, decode_profile
+# --mlx-modes compiled --steps 50, one run each, MLX's ops -> the kernel): the launched generation loop's tokens a
+# second rose in all six runs (a random-weight model of Qwen2.5-1.5B's shape and Q4_K_M types 167 -> 188 at depth 0
+# and 127 -> 165 at depth 512; SmolLM2-135M's shape 123 -> 237 and 159 -> 181; the real SmolLM2-135M 172 -> 202 and
+# 161 -> 171); forced tokens (bench's tg) faster in four, the same in one, slower in one (the real SmolLM2 at depth
+# 0: 7.24 against 5.80 ms); graph compute nodes 714 -> 601; its GPU tests passed there. Metal: never run, so off.
+ATTENTION_KERNEL_DEFAULTS = {"cuda": True}
 _CACHE_SIZE = 16  # rope tables / masks kept (one per distinct positions and settings in flight)
 
 # gelu_tanh's constants as nx defines them (float32)
@@ -116,10 +125,6 @@ class MLXBackend(Backend):
     name = "mlx"
     step_mode = "compiled"  # generation steps: one of STEP_MODES (async_steps)
     fuse_matrices = True  # load_matrices stacks runs of affine matrices (False: each alone; decode_profile --unfused)
-    # A compiled decode step's attention over an F16 cache as our GPU kernels (attention_kernel.py) instead of MLX's
-    # masked attention. Off: the first version ran right on an H200 but slower than MLX's ops at depth; the chunked
-    # one that replaced it has run only compiled for the host and through NVRTC.
-    attention_kernel = False
     # Types MLX's affine form holds (Q4_K, Q5_K) read instead in their GGUF blocks by our kernels, on a GPU: the
     # file's bytes in GPU memory and our mat-vec for decode. Empty until a GPU measures it against MLX's qmv
     # (decode_profile --mlx-block-kernel-types, matrix_profile --block-kernel-types: parse_block_kernel_types).
@@ -147,6 +152,8 @@ class MLXBackend(Backend):
         self._runs: dict[tuple[int, ...], list] = {}  # ids of a load_matrices group -> its runs (matmul_many)
         self._stacked_biases: dict[tuple[int, ...], tuple] = {}  # ids of a run's biases -> (stacked, the biases)
         self._prefill_matmul = PREFILL_MATMUL_DEFAULTS.get(self.placement.gpu_backend or "", PREFILL_MATMULS[0])
+        # A compiled decode step's attention over an F16 cache as our GPU kernels: ATTENTION_KERNEL_DEFAULTS
+        self.attention_kernel = ATTENTION_KERNEL_DEFAULTS.get(self.placement.gpu_backend or "", False)
 
     @property
     def prefill_matmul(self) -> str:

@@ -68,8 +68,14 @@ def test_attention_kernel_is_asked_for_and_said(tiny_model, capsys):
     decode_profile.main([str(tiny_model("llama", "Q8_0")), "--backend", "mlx", "--steps", "2", "--mlx-modes",
                          "compiled", "--mlx-attention-kernel"])
     assert "decode attention kernel asked for, not run (no GPU kernels on this device)" in capsys.readouterr().out
+    decode_profile.main([str(tiny_model("llama", "Q8_0")), "--backend", "mlx", "--steps", "2", "--mlx-modes",
+                         "compiled", "--no-mlx-attention-kernel"])
+    assert "decode attention" not in capsys.readouterr().out  # MLX's ops, said by nothing
     with pytest.raises(SystemExit) as exc:
         decode_profile.main([str(tiny_model("llama", "Q8_0")), "--backend", "numpy", "--mlx-attention-kernel"])
+    assert exc.value.code == 2 and "--mlx-attention-kernel applies to --backend mlx" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        decode_profile.main([str(tiny_model("llama", "Q8_0")), "--backend", "numpy", "--no-mlx-attention-kernel"])
     assert exc.value.code == 2 and "--mlx-attention-kernel applies to --backend mlx" in capsys.readouterr().err
 
 

@@ -8,12 +8,14 @@ over chunks of ``CHUNK`` slots in parallel, the second combining the chunks (``d
 as the GGUF block kernels (:mod:`~inference_engine.backends.mlx.block_kernels`: Metal through
 ``mx.fast.metal_kernel``, CUDA through ``mx.fast.cuda_kernel``).
 
-Off by default (:attr:`~inference_engine.backends.mlx_backend.MLXBackend.attention_kernel`). Its first version (a
-threadgroup per head walking every slot) passed its GPU tests on an H200 (2026-11-27) and took 16.5 ms of device
-time a token at depth 512 on the 1.5B shape against 7.4 for MLX's ops; this chunked one runs here only compiled for
-the host (tests/inference_engine/backends/mlx/test_mlx_attention_kernel.py, every thread of both grids against a
-float64 softmax) and through NVRTC. The GPU-marked tests and ``decode_profile --mlx-attention-kernel`` are what a GPU
-session runs to decide.
+On by default on CUDA (:data:`~inference_engine.backends.mlx_backend.ATTENTION_KERNEL_DEFAULTS`): on an H200
+(2026-11-27) a compiled decode step of a Qwen2.5-1.5B-shaped model ran 188 tokens a second with it against 167 with
+MLX's ops at depth 0 and 165 against 127 at depth 512 (launched steps; forced ones faster in four of six such
+A/Bs, slower in one: docs/PERFORMANCE.md), and its GPU tests passed there. Its first version (a
+threadgroup per head walking every slot) had taken 16.5 ms of device time a token at depth 512 against 7.4 for
+MLX's ops. Off on Metal, where it has never run. Tested on every machine compiled for the host
+(tests/inference_engine/backends/mlx/test_mlx_attention_kernel.py, every thread of both grids against a float64
+softmax) and through NVRTC where it is installed.
 """
 
 from __future__ import annotations

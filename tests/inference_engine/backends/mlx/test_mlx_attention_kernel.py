@@ -213,8 +213,8 @@ def test_a_compiled_step_hands_its_attention_to_the_kernel(tiny_model, monkeypat
                 visible = mx.logical_and(visible, (pos[:, None] - slots) < window)
             return b.masked_attention(q, k_buffer.transpose(1, 0, 2), v_buffer.transpose(1, 0, 2), visible, scale)
 
+        monkeypatch.setattr(b, "attention_kernel", kernel)  # on by default on CUDA: off here for the plain path
         if kernel:
-            monkeypatch.setattr(b, "attention_kernel", True)
             monkeypatch.setattr(b, "kernels", "a dialect")
             monkeypatch.setattr(ak, "decode_attention", stand_in)
         return np.stack([e.prefill(PROMPT)] + [e.decode(t) for t in DECODE]), e
