@@ -358,7 +358,7 @@ def _validate_engines(ours: Engine, reference: Engine, gguf, options: ValidateOp
     checks = result.checks
     not_checked: dict[str, str] = {}
     drift = 0.0
-    if caps & {"logits", "tensors"}:
+    if caps & {"logits", "tensors"}:  # Ctrl-C in these first checks: nothing finished, so nothing to report
         drift = _tensor_and_logit_checks(result, ours, reference, gguf, options, ids, variants, caps, not_checked)
     else:
         result.mode, result.mode_reason = GENERATED, (
@@ -370,8 +370,11 @@ def _validate_engines(ours: Engine, reference: Engine, gguf, options: ValidateOp
             not_checked[check] = f"{_name(ours)} gives no {what}"
             checks[check] = None
         result.logits = {"passed": None, "not_checked": not_checked["logits"]}
-    _generated_checks(result, ours, reference, ids, options, variants, caps, not_checked, drift)
-    _tokenizer_check(result, ours, reference, corpus_texts, corpus_source, caps, not_checked)
+    _short_checks(result, not_checked, corpus_source, (
+        ("smoke", lambda: _generated_checks(result, ours, reference, ids, options, variants, caps, not_checked,
+                                            drift)),
+        ("tokenizer", lambda: _tokenizer_check(result, ours, reference, corpus_texts, corpus_source, caps,
+                                               not_checked))))
     result.not_checked = not_checked
 
     _long_checks(result, ours, reference, options, thresholds, variants, caps, not_checked)
@@ -523,6 +526,37 @@ def _smoke_divergence(position: dict[str, Any], reference: Engine) -> dict[str, 
             "within_reference_drift": any(e.startswith("a flip like") for e in excused), "excused_by": excused}
 
 
+def _short_checks(result: ValidationResult, not_checked: dict[str, str], corpus_source: str, stages) -> None:
+    """The greedy smoke, then the tokenizer (``stages``: (name, run) pairs): Ctrl-C in one keeps the checks that
+    finished before it (the tensors and logits at least), names it in ``result.interrupted`` and runs nothing after
+    it. Where nothing had finished yet (an engine that only generates, stopped in its first check), the interrupt
+    goes on up: there is nothing to report."""
+    for name, run_stage in stages:
+        if result.interrupted:
+            _not_run(result, name, not_checked, f"not run: interrupted (Ctrl-C) during {result.interrupted}",
+                     corpus_source)
+            continue
+        try:
+            run_stage()
+        except KeyboardInterrupt:
+            if not any(v is not None for k, v in result.checks.items() if k != name):
+                raise
+            result.interrupted = name
+            _not_run(result, name, not_checked, "interrupted (Ctrl-C) before it finished", corpus_source)
+
+
+def _not_run(result: ValidationResult, name: str, not_checked: dict[str, str], why: str, corpus_source: str) -> None:
+    """A short check that Ctrl-C stopped or kept from starting: recorded as not checked, with why."""
+    not_checked[name] = why
+    result.checks[name] = None
+    if name == "tokenizer":
+        result.tokenizer = _tokenizer_skipped(corpus_source, why)
+    else:
+        result.smoke = {"skipped": why, "passed": None}
+        if "top_k" in result.checks:
+            result.checks["top_k"] = None
+
+
 def _tokenizer_check(result: ValidationResult, ours: Engine, reference: Engine, corpus_texts, corpus_source: str,
                      caps: frozenset[str], not_checked: dict[str, str]) -> None:
     skipped = None
@@ -536,10 +570,13 @@ def _tokenizer_check(result: ValidationResult, ours: Engine, reference: Engine, 
         except EngineCapabilityError as gap:
             skipped = not_checked["tokenizer"] = str(gap)
     if skipped is not None:
-        result.tokenizer = {"source": corpus_source if corpus_texts is not None else "builtin", "skipped": skipped,
-                            "passed": None, "cases": 0, "mismatches": 0, "first_mismatch": None,
-                            "special_tokens": None}
+        result.tokenizer = _tokenizer_skipped(corpus_source if corpus_texts is not None else "builtin", skipped)
     result.checks["tokenizer"] = result.tokenizer["passed"]
+
+
+def _tokenizer_skipped(source: str, why: str) -> dict[str, Any]:
+    return {"source": source, "skipped": why, "passed": None, "cases": 0, "mismatches": 0, "first_mismatch": None,
+            "special_tokens": None}
 
 
 def _free_running_logits(reference: Engine, ids: list[int], ref_logits, ours_logits,
@@ -560,8 +597,17 @@ def _free_running_logits(reference: Engine, ids: list[int], ref_logits, ours_log
 def _long_checks(result: ValidationResult, ours: Engine, reference: Engine, options: ValidateOptions, thresholds,
                  variants: _ReferenceVariants, caps: frozenset[str], not_checked: dict[str, str]) -> None:
     """--decode-steps, then --corpus-kld: minutes each, so Ctrl-C in either keeps what finished (their depths,
-    their windows), names the check in ``result.interrupted`` and runs nothing after it."""
+    their windows), names the check in ``result.interrupted`` and runs nothing after it; after a short check Ctrl-C
+    stopped, neither starts."""
     checks = result.checks
+    if result.interrupted:  # Ctrl-C in a short check: the long ones are not started
+        why = f"not run: interrupted (Ctrl-C) during {result.interrupted}"
+        for name, asked in (("decode_steps", options.decode_steps), ("corpus_kld", options.corpus_kld is not None)):
+            if asked:
+                not_checked[name] = why
+                checks[name] = None
+                setattr(result, name, {"passed": None, "skipped": why})
+        return
     if options.decode_steps:
         try:
             result.decode_steps = _decode_steps(ours, reference, options, thresholds, variants)

@@ -206,3 +206,47 @@ def test_ctrl_c_in_a_long_check_writes_what_finished_and_exits_130(model_path, c
     assert data["not_checked"]["corpus_kld"] == "not run: interrupted (Ctrl-C) during decode_steps"
     assert "INTERRUPTED during decode_steps" in (report / "report.md").read_text().splitlines()[0]
 
+
+
+def _interrupted(*args, **kwargs):
+    raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize("stopped, then", [("smoke", "tokenizer"), ("tokenizer", None)])
+def test_ctrl_c_in_a_short_check_keeps_the_tensors_and_logits(model_path, corpus, engines, tmp_path, capsys,
+                                                              monkeypatch, stopped, then):
+    """Ctrl-C in the greedy smoke or the tokenizer check: the tensors and logits that finished before it are reported
+    and written, what comes after is not run (said why), the verdict is INTERRUPTED, exit 130."""
+    monkeypatch.setattr(run_module, {"smoke": "greedy_smoke", "tokenizer": "tokenizer_parity"}[stopped], _interrupted)
+    report, json_path = tmp_path / "rep", tmp_path / "result.json"
+    code = main(_args(model_path, corpus, report, "--decode-steps", "2", "--json", str(json_path)))
+    captured = capsys.readouterr()
+    assert code == 130
+    assert captured.err.strip().splitlines()[-1] == (f"interrupted during {stopped}: the report holds the checks "
+                                                     "that finished")
+    data = json.loads(json_path.read_text())
+    assert data == json.loads((report / "validate.json").read_text())
+    assert data["interrupted"] == stopped and data["passed"] is False
+    assert data["checks"]["tensors"] is True and data["checks"]["logits"] is True  # what finished is kept
+    assert data["checks"][stopped] is None
+    assert data["not_checked"][stopped] == "interrupted (Ctrl-C) before it finished"
+    if then:
+        assert data["checks"][then] is None
+        assert data["not_checked"][then] == f"not run: interrupted (Ctrl-C) during {stopped}"
+    assert data["checks"]["decode_steps"] is None  # the long checks do not start
+    assert data["not_checked"]["decode_steps"] == f"not run: interrupted (Ctrl-C) during {stopped}"
+    assert data["checks"].get("smoke") is (True if stopped == "tokenizer" else None)
+    md = (report / "report.md").read_text()
+    assert f"INTERRUPTED during {stopped}" in md.splitlines()[0]
+    assert f"INTERRUPTED during {stopped}" in captured.out
+
+
+def test_ctrl_c_before_any_check_finished_writes_nothing(model_path, corpus, engines, tmp_path, capsys,
+                                                         monkeypatch):
+    """Ctrl-C in the first checks (the captures for the tensors and logits): nothing was measured, so no report or
+    JSON is written (never half a record), one line, exit 130."""
+    monkeypatch.setattr(run_module, "_tensor_and_logit_checks", _interrupted)
+    report, json_path = tmp_path / "rep", tmp_path / "result.json"
+    assert main(_args(model_path, corpus, report, "--json", str(json_path))) == 130
+    assert capsys.readouterr().err.strip() == "interrupted"
+    assert not report.exists() and not json_path.exists()

@@ -234,6 +234,20 @@ def test_a_topk_only_engine_is_checked_on_its_own_path(tiny_model):
                                                       "weights F32"}
 
 
+def test_ctrl_c_in_a_topk_only_engines_first_check_goes_up(tiny_model, monkeypatch):
+    """An engine that only generates has nothing finished before its top-k check: Ctrl-C there is the plain
+    interrupt (nothing to report), not a result with no checks in it."""
+    import validation.top_k
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(validation.top_k, "top_k_fidelity", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        validate(_options(tiny_model("llama", "Q4_1"), engine=TOPK_PLUGIN, smoke_tokens=2),
+                 ours_opener=_plugin(TOPK_PLUGIN))
+
+
 def test_an_engine_that_gives_nothing_checkable_is_refused(tiny_model):
     class TokenizerOnly:
         capabilities = ("tokenize",)
