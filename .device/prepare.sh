@@ -176,4 +176,6 @@ print("gpu-tests checks the steps with it (test_f16_kv_cache's F16 band is new: 
 print("1e-5); speed's *-decode-mlxattn*.json are MLX's attention against *-decode*.json; llama-bench and speed-smollm2's")
 print("compares put the kernel's decode next to llama.cpp's CUDA build (the 1.5B shape read 0.21 before it, with MLX's")
 print("attention); the kernels step's ncu table is a step with it (before: 800 launches, 4.0 ms, MLX's qmv 40%).")
+print("New since, never run on a GPU: IQ4_NL read in its GGUF blocks by our kernels (eight 32-value blocks as one of")
+print("256, rows ending inside one: gpu-tests' test_gpu_rows_ending_inside_a_block_of_256, validate-tiny's llama IQ4_NL).")
 EOF

@@ -140,8 +140,8 @@ class MLXBackend(Backend):
                 " (ggml numerics: use --backend numpy or numba)"
             )
         self.placement = mlx_device.select(self.device)  # MLX's default device now; float32 checked there
-        # Our kernels for Q2_K/Q3_K/Q6_K/IQ4_XS run on a GPU only: Metal or CUDA, whichever MLX computes on (None:
-        # the CPU).
+        # Our kernels for Q2_K/Q3_K/Q6_K/IQ4_XS/IQ4_NL run on a GPU only: Metal or CUDA, whichever MLX computes on
+        # (None: the CPU).
         self.kernels = block_kernels.gpu_dialect()
         self.weight_forms: Counter[str] = Counter()  # "Q4_K->mlx-affine" -> number of matrices
         self._pending: dict[int, mx.array] = {}  # KV buffers written since the last evaluation
@@ -187,7 +187,7 @@ class MLXBackend(Backend):
         return (
             f"MLX {mx.__version__} on {self.device} ({where}), f32 numerics only; {affine} "
             f"exactly as MLX affine 32-groups (float32 scales), {blocks} as {fallback}, "
-            f"IQ4_NL and floats as float32; "
+            f"floats as float32; "
             f"matrices: {forms}{threads}"
         )
 

@@ -1,5 +1,6 @@
 // The GGUF block layouts of 256 values: those MLX's affine format cannot hold (scales every 16 values: Q2_K, Q3_K,
-// Q6_K; a code book of non-linear values: IQ4_XS), and Q4_K / Q5_K (which it holds, at 6 bits a weight instead of the
+// Q6_K; a code book of non-linear values: IQ4_XS, and IQ4_NL, whose 32-value blocks are read eight at a time as one
+// of 256), and Q4_K / Q5_K (which it holds, at 6 bits a weight instead of the
 // file's 4.5 / 5.5; read here in their blocks where MLXBackend.block_kernel_types asks for it), written
 // once for three compilers: Metal (mx.fast.metal_kernel), CUDA through NVRTC (mx.fast.cuda_kernel) and the host's
 // C++ compiler (the tests, which check every decoded value against gguf-py, i.e. ggml's dequantize_row_<type>).
@@ -185,6 +186,26 @@ GQ_FN int gq_iq4_xs_quant(GQ_GLOBAL const uint8_t* b, unsigned int i) {
     return kvalues[(b[8u + 16u * (i >> 5) + (i & 15u)] >> (4u * ((i >> 4) & 1u))) & 15u];
 }
 GQ_FN float gq_iq4_xs_apply(float scale, float sub_min, int q) {
+    return scale * (float)q;
+}
+
+// --- IQ4_NL: blocks of 32 values, 18 bytes | d:f16 | qs[16] |, read as a block of 256 = eight of them (144 bytes;
+// a row's last may be partial: gguf_kernels.h's GQ_ROW_BYTES). Value i = 32t + 16k + j (t = i/32: file block t at
+// byte 18t, k = (i/16)%2, j = i%16): code = nibble k of its qs[j], looked up in kvalues_iq4nl; value = d * kvalue
+// (ggml's dequantize_row_iq4_nl, exact). Our 16-value sub-block s lies in file block s/2: its d.
+enum { gq_iq4_nl_bytes = 144 };
+
+GQ_FN float gq_iq4_nl_scale(GQ_GLOBAL const uint8_t* b, unsigned int s) {
+    return gq_f16(b + 18u * (s >> 1));
+}
+GQ_FN float gq_iq4_nl_min(GQ_GLOBAL const uint8_t* b, unsigned int s) {
+    return 0.0f;
+}
+GQ_FN int gq_iq4_nl_quant(GQ_GLOBAL const uint8_t* b, unsigned int i) {
+    const int kvalues[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+    return kvalues[(b[18u * (i >> 5) + 2u + (i & 15u)] >> (4u * ((i >> 4) & 1u))) & 15u];
+}
+GQ_FN float gq_iq4_nl_apply(float scale, float sub_min, int q) {
     return scale * (float)q;
 }
 

@@ -15,6 +15,10 @@
 #define GQ_CAT(a, b) GQ_CAT_(a, b)
 #define GQ_FUNC(suffix) GQ_CAT(GQ_CAT(gq_, GQ_TYPE), suffix)
 #define GQ_BYTES GQ_FUNC(_bytes)
+// A row of n_in values is n_in * GQ_BYTES / GQ_QK bytes: whole 256-value blocks, or for IQ4_NL (whose blocks of 256
+// are eight of the file's 32-value blocks) whole 32-value blocks, the last 256 possibly partial. The kernels below
+// walk a row in blocks of 256 and leave out the values past n_in (always whole 8-value runs: n_in % 32 == 0).
+#define GQ_ROW_BYTES(n_in) ((size_t)(n_in) * (size_t)GQ_BYTES / (size_t)GQ_QK)
 
 // Mat-vec (decode): GQ_MATVEC_WARPS SIMD groups of 32 threads per threadgroup, SPLIT of them (a template constant:
 // 1, 2 or 4) sharing an output row, each through every SPLIT-th block of it, so a long row is not one SIMD group's
@@ -86,7 +90,7 @@ GQ_FN void GQ_FUNC(_dequantize8)(GQ_GLOBAL const uint8_t* w, GQ_GLOBAL float* y,
     const size_t chunks = (size_t)n_in / 8u;
     const size_t row = g / chunks;
     const unsigned int col = 8u * (unsigned int)(g % chunks);
-    GQ_GLOBAL const uint8_t* b = w + (row * ((size_t)n_in / GQ_QK) + col / GQ_QK) * (size_t)GQ_BYTES;
+    GQ_GLOBAL const uint8_t* b = w + row * GQ_ROW_BYTES(n_in) + (size_t)(col / GQ_QK) * (size_t)GQ_BYTES;
     const unsigned int first = col % GQ_QK;
     for (unsigned int k = 0; k < 8u; ++k) {
         y[row * (size_t)n_in + col + k] = GQ_FUNC(_value)(b, first + k);
@@ -95,13 +99,16 @@ GQ_FN void GQ_FUNC(_dequantize8)(GQ_GLOBAL const uint8_t* w, GQ_GLOBAL float* y,
 
 // Lane `lane` (0..31) of SIMD group `part` (0..split-1) of those computing one output row: acc[t] += the products
 // of values [8 lane, 8 lane + 8) of blocks part, part + split, ... of the row (one sub-block: its scale is decoded
-// once) with token t's x.
+// once) with token t's x; none past n_in (a partial last block).
 GQ_FN void GQ_FUNC(_matvec_lane)(GQ_GLOBAL const uint8_t* wrow, GQ_GLOBAL const float* x, int n_in, int n_tok,
                                  unsigned int lane, unsigned int part, unsigned int split, GQ_THREAD float* acc) {
     const unsigned int first = 8u * lane;
     const unsigned int s = first / GQ_SUB;
-    const unsigned int n_blocks = (unsigned int)n_in / GQ_QK;
+    const unsigned int n_blocks = ((unsigned int)n_in + GQ_QK - 1u) / GQ_QK;
     for (unsigned int blk = part; blk < n_blocks; blk += split) {
+        if (blk * GQ_QK + first >= (unsigned int)n_in) {
+            continue;
+        }
         GQ_GLOBAL const uint8_t* b = wrow + (size_t)blk * (size_t)GQ_BYTES;
         GQ_GLOBAL const float* xb = x + (size_t)blk * GQ_QK + first;
         const float scale = GQ_FUNC(_scale)(b, s);
@@ -126,8 +133,7 @@ GQ_FN void GQ_FUNC(_tile_load)(GQ_GLOBAL const uint8_t* w, GQ_GLOBAL const float
     GQ_SHARED float* xdst = xs + r * GQ_TILE_STRIDE + c;
     const int row = row0 + (int)r;
     if (row < n_out) {
-        GQ_GLOBAL const uint8_t* b =
-            w + ((size_t)row * ((size_t)n_in / GQ_QK) + col / GQ_QK) * (size_t)GQ_BYTES;
+        GQ_GLOBAL const uint8_t* b = w + (size_t)row * GQ_ROW_BYTES(n_in) + (size_t)(col / GQ_QK) * (size_t)GQ_BYTES;
         const unsigned int first = col % GQ_QK;
         const float scale = GQ_FUNC(_scale)(b, first / GQ_SUB);
         const float sub_min = GQ_FUNC(_min)(b, first / GQ_SUB);

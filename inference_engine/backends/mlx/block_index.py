@@ -1,18 +1,19 @@
 """The NumPy twin of ``gpu_kernels/gguf_blocks.h``: for value ``i`` of a block, which bytes, which bits, which scale.
 
-The GPU kernels decode Q2_K, Q3_K, Q4_K, Q5_K, Q6_K and IQ4_XS blocks with the C functions of ``gguf_blocks.h`` (one
-text for Metal, CUDA and the host compiler). This module states the same index arithmetic as data, line for line with
-the header, so that it can be checked on every machine without a compiler: :func:`values` rebuilds every value of a
-block from these positions alone, and the tests hold it to gguf-py's dequantization (ggml's ``dequantize_row_<type>``)
-bit for bit, and check that the fields of the 256 values use every bit of the quant bytes exactly once.
+The GPU kernels decode Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS and IQ4_NL blocks with the C functions of
+``gguf_blocks.h`` (one text for Metal, CUDA and the host compiler). This module states the same index arithmetic as
+data, line for line with the header, so that it can be checked on every machine without a compiler: :func:`values`
+rebuilds every value of a block from these positions alone, and the tests hold it to gguf-py's dequantization
+(ggml's ``dequantize_row_<type>``) bit for bit, and check that the fields of the 256 values use every bit of the
+quant bytes exactly once.
 
 A block holds ``QK = 256`` values in 16 sub-blocks of ``SUB = 16``. Value ``i`` is
 
 * an integer code ``q(i) = sum_f (bits(byte_f, shift_f, width_f) << dest_f) + offset`` (:attr:`Layout.quant`;
-  IQ4_XS's bits index a code book first: ``q(i) = book[bits]``),
+  IQ4_XS's and IQ4_NL's bits index a code book first: ``q(i) = book[bits]``),
 * in sub-block ``s = i // 16`` with a scale code ``sc(s)`` and, for Q2_K, Q4_K and Q5_K, a min code ``m(s)`` built
-  the same way,
-  and f16 factors ``d`` (and ``dmin``) at fixed offsets;
+  the same way, and f16 factors ``d`` (and ``dmin``) at fixed offsets (IQ4_NL: each of its eight 32-value file
+  blocks' own ``d``, scale code 1);
 * ``value = (d * sc) * q - (dmin * m)`` in float32, in ggml's order (Q3_K and Q6_K have no min term).
 """
 
@@ -69,7 +70,7 @@ class Layout:
 
     qtype: T
     type_size: int
-    d_offset: int
+    d_offset: int | np.ndarray  # one offset, or one per sub-block (IQ4_NL: each file block's own d)
     quant: Code  # per value i = 0..255
     scale: Code  # per sub-block s = 0..15
     min_offset: int | None = None  # dmin's offset (Q2_K, Q4_K, Q5_K), None: no min term
@@ -79,7 +80,9 @@ class Layout:
         """uint8 ``(n_blocks, type_size)`` -> float32 ``(n_blocks, 256)``, in ggml's float32 operations."""
         q = self.quant.read(blocks).astype(_F32)  # (n, 256)
         sub = np.arange(QK) // SUB
-        scale = (_f16(blocks, self.d_offset)[:, None] * self.scale.read(blocks).astype(_F32))[:, sub]
+        d = (_f16(blocks, self.d_offset)[:, None] if np.ndim(self.d_offset) == 0
+             else np.stack([_f16(blocks, int(o)) for o in self.d_offset], axis=1))
+        scale = (d * self.scale.read(blocks).astype(_F32))[:, sub]
         value = scale * q  # exact for Q2_K and Q3_K; Q6_K's one rounding, as ggml's
         if self.min is not None:
             minimum = _f16(blocks, self.min_offset)[:, None] * self.min.read(blocks).astype(_F32)
@@ -184,16 +187,36 @@ IQ4_XS = Layout(
     scale=Code((Field(4 + (_t >> 1), 4 * (_t & 1), 4), Field(2 + (_t >> 2), 2 * (_t & 3), 2, dest=4)), offset=-32),
 )
 
-LAYOUTS: dict[T, Layout] = {layout.qtype: layout for layout in (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS)}
+# IQ4_NL: blocks of 32 values, 18 bytes | d @0 | qs[16] @2 |, read eight at a time as one block of 256 (144 bytes):
+# value i = 32t + 16k + j: code = nibble k of qs[j] of file block t (byte 18t + 2 + j) looked up in kvalues_iq4nl;
+# sub-block s takes file block t = s/2's d, scale code 1 (no bits).
+IQ4_NL = Layout(
+    T.IQ4_NL,
+    144,
+    d_offset=18 * (_s >> 1),
+    quant=Code((Field(18 * (_i >> 5) + 2 + (_i & 15), 4 * ((_i >> 4) & 1), 4),), book=KVALUES),
+    scale=Code((Field(_const(0, 16), _const(0, 16), 0),), offset=1),
+)
+
+LAYOUTS: dict[T, Layout] = {layout.qtype: layout for layout in (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, IQ4_NL)}
+
+
+def row_bytes(qtype: T, n_in: int) -> int:
+    """Bytes of a row of ``n_in`` values: ``n_in * type_size / 256`` (IQ4_NL: whole 32-value file blocks, so its
+    last block of 256 may be partial), as gguf_kernels.h's GQ_ROW_BYTES."""
+    return n_in * LAYOUTS[qtype].type_size // QK
 
 
 def values(rows: np.ndarray, qtype: T) -> np.ndarray:
-    """uint8 GGUF rows (any shape whose bytes are whole blocks) -> float32 values ``(n_rows, n_values)``."""
+    """uint8 GGUF rows (2-D, or one row) -> float32 values ``(n_rows, n_in)``; a partial last block of 256 (IQ4_NL)
+    is read with zero bytes after the row's end and those values left out, as the kernels leave them."""
     layout = LAYOUTS[qtype]
     rows = np.ascontiguousarray(rows, dtype=np.uint8)
-    n_rows = rows.shape[0] if rows.ndim > 1 else 1
-    out = layout.values(rows.reshape(-1, layout.type_size))
-    return out.reshape(n_rows, -1)
+    rows = rows.reshape(rows.shape[0] if rows.ndim > 1 else 1, -1)
+    n_in = rows.shape[1] * QK // layout.type_size
+    padded = np.pad(rows, ((0, 0), (0, -rows.shape[1] % layout.type_size)))
+    out = layout.values(padded.reshape(-1, layout.type_size))
+    return out.reshape(rows.shape[0], -1)[:, :n_in]
 
 
 def bit_owners(qtype: T) -> np.ndarray:

@@ -1,5 +1,6 @@
 """Our GPU kernels for the GGUF types MLX's affine format cannot hold (Q2_K, Q3_K, Q6_K: a scale every 16 values,
-where MLX's groups are 32, 64 or 128; IQ4_XS: non-linear values from a code book), and for Q4_K / Q5_K where
+where MLX's groups are 32, 64 or 128; IQ4_XS and IQ4_NL: non-linear values from a code book, IQ4_NL's 32-value
+blocks read eight at a time as one of 256, a row's last possibly partial), and for Q4_K / Q5_K where
 ``MLXBackend.block_kernel_types`` asks: the weights stay in their GGUF blocks, at their file size, in GPU memory, and
 the kernels read them directly. One source, two dialects:
 
@@ -40,7 +41,7 @@ SHARED_FILES = ("gguf_blocks.h", "gguf_kernels.h")
 # type -> its name in gguf_blocks.h (gq_<name>_value, ...). Q4_K and Q5_K go to MLX's affine form unless
 # MLXBackend.block_kernel_types names them (weights.matrix_form).
 KERNEL_TYPES: dict[T, str] = {T.Q2_K: "q2_k", T.Q3_K: "q3_k", T.Q4_K: "q4_k", T.Q5_K: "q5_k", T.Q6_K: "q6_k",
-                              T.IQ4_XS: "iq4_xs"}
+                              T.IQ4_XS: "iq4_xs", T.IQ4_NL: "iq4_nl"}
 KINDS = ("matvec", "matmul", "dequantize")
 
 
@@ -126,8 +127,9 @@ def _blocks(n: int, per: int) -> int:
 
 
 def matvec_split(n_in: int) -> int:
-    """SIMD groups per output row for rows of ``n_in`` values (:data:`MATVEC_SPLITS`)."""
-    n_blocks = n_in // 256
+    """SIMD groups per output row for rows of ``n_in`` values (:data:`MATVEC_SPLITS`): blocks of 256, a partial last
+    one (IQ4_NL) counted."""
+    n_blocks = _blocks(n_in, 256)
     return next((split for least, split in MATVEC_SPLITS if n_blocks >= least), 1)
 
 

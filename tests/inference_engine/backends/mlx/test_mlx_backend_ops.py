@@ -74,7 +74,7 @@ def test_description_says_numerics_and_weight_forms(mlx_backend):
     assert "f32 numerics only" in text and f"MLX {mx.__version__}" in text
     kernels = mlx_backend.kernels  # our GGUF-block kernels: Metal / CUDA on a GPU, None on the CPU
     expected = f"GGUF blocks read by our {kernels.name} kernels" if kernels else "dequantized float32 (CPU)"
-    assert f"Q2_K/Q3_K/Q6_K/IQ4_XS as {expected}, IQ4_NL and floats as float32" in text
+    assert f"Q2_K/Q3_K/Q6_K/IQ4_XS/IQ4_NL as {expected}, floats as float32" in text
     assert (kernels is None) == (mlx_backend.device == "cpu")
     assert mlx_backend.versions()["mlx"] == mx.__version__
 
@@ -257,9 +257,9 @@ def test_weight_forms_follow_the_type():
     for dialect in (None, *DIALECTS):  # the CPU, Metal, CUDA
         for qtype in (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q5_K):
             assert matrix_form(qtype, dialect) is AffineMatrix
-        for qtype in (T.Q2_K, T.Q3_K, T.Q6_K, T.IQ4_XS):
+        for qtype in (T.Q2_K, T.Q3_K, T.Q6_K, T.IQ4_XS, T.IQ4_NL):
             assert matrix_form(qtype, dialect) is (DenseMatrix if dialect is None else BlockMatrix)
-        for qtype in (T.F32, T.F16, T.BF16, T.IQ4_NL):  # IQ4_NL: no kernel of ours (32-value blocks)
+        for qtype in (T.F32, T.F16, T.BF16):
             assert matrix_form(qtype, dialect) is DenseMatrix
         # MLXBackend.block_kernel_types: Q4_K / Q5_K in their blocks on a GPU; types our kernels lack stay affine
         asked = frozenset({T.Q4_K, T.Q5_K, T.Q8_0})

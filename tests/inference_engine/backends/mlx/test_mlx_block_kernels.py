@@ -1,4 +1,4 @@
-"""Our GPU kernels for Q2_K / Q3_K / Q4_K / Q5_K / Q6_K / IQ4_XS (``gpu_kernels/``,
+"""Our GPU kernels for Q2_K / Q3_K / Q4_K / Q5_K / Q6_K / IQ4_XS / IQ4_NL (``gpu_kernels/``,
 ``inference_engine/backends/mlx/block_kernels.py``).
 
 Three levels:
@@ -32,7 +32,7 @@ from inference_engine.gguf.file import TensorInfo
 from inference_engine.quants import quant_for
 
 KERNEL_DIR = Path(__file__).resolve().parents[4] / "inference_engine" / "backends" / "gpu_kernels"
-KERNEL_TYPES = tuple(block_index.LAYOUTS)  # Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS
+KERNEL_TYPES = tuple(block_index.LAYOUTS)  # Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, IQ4_NL
 N_IN = 768  # three 256-value blocks per row
 N_OUT = 70  # not a multiple of the mat-vec's 4 or 2 rows per threadgroup nor of the mat-mul's 64-row tiles
 # SIMD groups per mat-vec row (its SPLIT): 1; 2 (3 blocks: one group walks two, the other one); 4 (one group idle)
@@ -77,7 +77,8 @@ def test_twin_rebuilds_every_value_as_ggml(qtype):
 
 # The bytes of each type's block that hold quant bits (the rest are scales and f16 factors).
 QUANT_BYTES = {T.Q2_K: range(16, 80), T.Q3_K: range(96), T.Q4_K: range(16, 144), T.Q5_K: range(16, 176),
-               T.Q6_K: range(192), T.IQ4_XS: range(8, 136)}
+               T.Q6_K: range(192), T.IQ4_XS: range(8, 136),
+               T.IQ4_NL: [18 * t + 2 + j for t in range(8) for j in range(16)]}  # eight file blocks' qs[16]
 
 
 @pytest.mark.parametrize("qtype", KERNEL_TYPES, ids=lambda t: t.name)
@@ -137,7 +138,7 @@ static void {t}_matvec_split(const uint8_t* w, const int* ws, const float* x, co
 }}
 
 extern "C" void {t}_matvec(const uint8_t* w, const float* x, float* y, int n_out, int n_in, int n_tok, int split) {{
-    const int ws[2] = {{n_out, n_in / GQ_QK * (int)GQ_BYTES}};
+    const int ws[2] = {{n_out, (int)GQ_ROW_BYTES(n_in)}};
     const int xs[2] = {{n_tok, n_in}};
     if (split == 1) {t}_matvec_split<1>(w, ws, x, xs, y, n_tok);
     if (split == 2) {t}_matvec_split<2>(w, ws, x, xs, y, n_tok);
@@ -145,7 +146,7 @@ extern "C" void {t}_matvec(const uint8_t* w, const float* x, float* y, int n_out
 }}
 
 extern "C" void {t}_matmul(const uint8_t* w, const float* x, float* y, int n_out, int n_in, int n_tok) {{
-    const int ws[2] = {{n_out, n_in / GQ_QK * (int)GQ_BYTES}};
+    const int ws[2] = {{n_out, (int)GQ_ROW_BYTES(n_in)}};
     const int xs[2] = {{n_tok, n_in}};
     const unsigned int gx = ((unsigned int)n_out + GQ_TILE_ROWS - 1) / GQ_TILE_ROWS;
     const unsigned int gy = ((unsigned int)n_tok + GQ_TILE_TOKS - 1) / GQ_TILE_TOKS;
@@ -155,7 +156,7 @@ extern "C" void {t}_matmul(const uint8_t* w, const float* x, float* y, int n_out
 }}
 
 extern "C" void {t}_dequantize(const uint8_t* w, float* y, int n_out, int n_in) {{
-    const int ws[2] = {{n_out, n_in / GQ_QK * (int)GQ_BYTES}};
+    const int ws[2] = {{n_out, (int)GQ_ROW_BYTES(n_in)}};
     const unsigned int chunks = (unsigned int)n_out * (unsigned int)n_in / 8u;
     gq_host_launch((chunks + GQ_DEQ_THREADS - 1) / GQ_DEQ_THREADS, 1, GQ_DEQ_THREADS,
                    [&](unsigned int tid, unsigned int gx, unsigned int gy) {{
@@ -229,6 +230,37 @@ def test_matmul_kernel_gives_the_products(host_kernels, qtype, n_tok):
     y = np.full((n_tok, N_OUT), np.nan, dtype=np.float32)
     getattr(host_kernels, f"{qtype.name.lower()}_matmul")(_ptr(rows), _ptr(x), _ptr(y), N_OUT, N_IN, n_tok)
     assert_products_close(y, rows, qtype, x)
+
+
+# IQ4_NL's rows are whole 32-value blocks, read as blocks of 256: rows of 576 values (SmolLM2's width) end 64 values
+# into their third block of 256, which the kernels must leave out past the row's end.
+TAIL_N_IN = 576
+
+
+@pytest.mark.parametrize("n_tok", MATVEC_TOKENS[:2] + MATMUL_TOKENS[:1])
+def test_rows_ending_inside_a_block_of_256(host_kernels, n_tok):
+    qtype = T.IQ4_NL
+    rng = np.random.default_rng(n_tok)
+    rows = random_rows(qtype, N_OUT, rng, n_in=TAIL_N_IN)
+    assert rows.shape[1] == block_index.row_bytes(qtype, TAIL_N_IN) == 324
+    name = qtype.name.lower()
+    out = np.full((N_OUT, TAIL_N_IN), np.nan, dtype=np.float32)
+    getattr(host_kernels, f"{name}_dequantize")(_ptr(rows), _ptr(out), N_OUT, TAIL_N_IN)
+    np.testing.assert_array_equal(out.view(np.uint32), gguf_quants.dequantize(rows, qtype).view(np.uint32))
+    x = rng.standard_normal((n_tok, TAIL_N_IN)).astype(np.float32)
+    for split in MATVEC_SPLITS if n_tok <= 8 else (None,):
+        y = np.full((n_tok, N_OUT), np.nan, dtype=np.float32)
+        if split is None:
+            getattr(host_kernels, f"{name}_matmul")(_ptr(rows), _ptr(x), _ptr(y), N_OUT, TAIL_N_IN, n_tok)
+        else:
+            getattr(host_kernels, f"{name}_matvec")(_ptr(rows), _ptr(x), _ptr(y), N_OUT, TAIL_N_IN, n_tok, split)
+        assert_products_close(y, rows, qtype, x)
+
+
+def test_twin_reads_rows_ending_inside_a_block_of_256():
+    rows = random_rows(T.IQ4_NL, 5, np.random.default_rng(3), n_in=TAIL_N_IN)
+    got = block_index.values(rows, T.IQ4_NL)
+    np.testing.assert_array_equal(got.view(np.uint32), gguf_quants.dequantize(rows, T.IQ4_NL).view(np.uint32))
 
 
 # --- the sources MLX compiles: assembled the same way for both dialects -----------------------------------------
@@ -387,7 +419,8 @@ def dialect(bk):
 def gpu_matrix(qtype: T, rows: np.ndarray, dialect):
     from inference_engine.backends.mlx.weights import BlockMatrix
 
-    n_in = rows.shape[1] // quant_for(qtype).type_size * 256
+    quant = quant_for(qtype)
+    n_in = rows.shape[1] // quant.type_size * quant.block_size
     return BlockMatrix(TensorInfo("w", qtype, (rows.shape[0], n_in), rows.nbytes, rows), dialect)
 
 
@@ -412,6 +445,21 @@ def test_gpu_products(dialect, qtype, n_tok):
     x = rng.standard_normal((n_tok, N_IN)).astype(np.float32)
     got = np.array(gpu_matrix(qtype, rows, dialect)(mx.array(x)))
     assert_products_close(got, rows, qtype, x)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n_tok", (1, 70))
+def test_gpu_rows_ending_inside_a_block_of_256(dialect, n_tok):
+    import mlx.core as mx
+
+    rng = np.random.default_rng(40 + n_tok)
+    rows = random_rows(T.IQ4_NL, N_OUT, rng, n_in=TAIL_N_IN)
+    w = gpu_matrix(T.IQ4_NL, rows, dialect)
+    assert (w.n_in, w.blocks.nbytes) == (TAIL_N_IN, rows.nbytes)
+    got = np.array(w.dequantized())
+    np.testing.assert_array_equal(got.view(np.uint32), gguf_quants.dequantize(rows, T.IQ4_NL).view(np.uint32))
+    x = rng.standard_normal((n_tok, TAIL_N_IN)).astype(np.float32)
+    assert_products_close(np.array(w(mx.array(x))), rows, T.IQ4_NL, x)
 
 
 @pytest.mark.gpu
