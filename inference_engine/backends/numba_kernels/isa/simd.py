@@ -48,6 +48,11 @@ LANES = 16
 # How far ahead of the rows being multiplied the mat-vec kernels prefetch (see ``prefetch``): a few KB, several
 # rows of a typical matrix. 2 KB to 20 KB measured the same; 4 KB.
 PREFETCH_BYTES = 4096
+# A mat-vec taking 8 rows a step prefetches the next 8: 40 KB ahead for Q4_0 rows of 8,960 values, more than the L1
+# holds (32 KB on Zen 4), so prefetched into the L1 it pushed out the activation the loop reads for every row: one
+# thread, Q4_0 1536x8960, 13 GB/s of weights with the prefetch into the L1, 21 into the L2; rows of 1,536 values (7 KB
+# ahead) the other way round, 22 against 16 (AMD EPYC VM, Zen 4, 2026-11-27). Past this many bytes ahead: the L2.
+PREFETCH_L1_BYTES = 16384
 
 _F32 = ir.FloatType()
 _I8, _I16, _I32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
@@ -398,16 +403,37 @@ def prefetch(typingctx, arr, offset):
     measured: docs/PERFORMANCE.md, "What each CPU-path change measured".
     """
     _check_array(arr, types.uint8, "prefetch")
+    return types.void(arr, offset), _prefetch_codegen(3)  # keep in all levels (T0)
+
+
+def _prefetch_codegen(locality: int):
+    """``llvm.prefetch`` of the byte at ``args[1]`` of a uint8 array: a read, into the data cache, ``locality`` 3 (T0:
+    every level) .. 0 (non-temporal)."""
 
     def codegen(context, builder, sig, args):
         p = _element_ptr(context, builder, sig.args[0], args[0], args[1])
         i32 = lambda v: ir.Constant(_I32, v)
         fnty = ir.FunctionType(ir.VoidType(), [p.type, _I32, _I32, _I32])
         fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0")
-        builder.call(fn, [p, i32(0), i32(3), i32(1)])  # read, keep in all levels (T0), data cache
+        builder.call(fn, [p, i32(0), i32(locality), i32(1)])
         return context.get_dummy_value()
 
-    return types.void(arr, offset), codegen
+    return codegen
+
+
+@intrinsic
+def prefetch_l2(typingctx, arr, offset):
+    """:func:`prefetch` into the L2 and below only (``prefetcht1``): for a stream prefetched so far ahead that
+    keeping it in the L1 would push out what the loop reads again (the activation), see :func:`far_ahead`."""
+    _check_array(arr, types.uint8, "prefetch_l2")
+    return types.void(arr, offset), _prefetch_codegen(2)  # the L2 and below (T1)
+
+
+@njit(inline="always", cache=True)
+def far_ahead(w, ahead):
+    """Whether prefetching ``ahead`` rows of ``w`` ahead reaches past :data:`PREFETCH_L1_BYTES`: then the prefetch
+    goes to the L2 (:func:`prefetch_l2`)."""
+    return ahead * w.shape[1] > PREFETCH_L1_BYTES
 
 
 @njit(inline="always", cache=True)

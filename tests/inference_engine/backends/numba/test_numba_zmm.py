@@ -18,6 +18,7 @@ from test_numba_intdot import X86, assert_int_matvec_is_libggml
 from test_numba_ktiles import use_lowering
 
 from inference_engine.backends.numba_kernels.isa import zmm
+from inference_engine.backends.numba_kernels.isa.simd import vstore
 from inference_engine.backends.numba_kernels.types import q8_0
 from inference_engine.cpu_features import cpu_features
 
@@ -229,3 +230,32 @@ def test_quad_matvecs_compiled_for_avx2_give_llamacpps_values(rng, oracle, tmp_p
         for t in range(len(x)):
             reference = oracle.mul_mat(qtype, rows, x[t : t + 1], repacked=qtype in (T.Q4_0, T.IQ4_NL))[0]
             np.testing.assert_array_equal(ours[t], reference, err_msg=f"{qtype.name}, activation {t}")
+
+
+def test_quad_scales_are_the_inserted_halves_times_dy(rng):
+    """``quad_scales`` (halves gathered in a general register) gives ``row_scales(f16_quad(...))``'s lanes bit for
+    bit, over every kind of half: normal, subnormal, zero of either sign, infinite, NaN."""
+
+    @njit
+    def both(w0, w1, w2, w3, o, dy, out):
+        vstore(out, 0, zmm.quad_scales(w0, w1, w2, w3, o, dy))
+        vstore(out, 16, zmm.row_scales(zmm.f16_quad(w0, w1, w2, w3, o), dy))
+
+    specials = np.array([0x0000, 0x8000, 0x0001, 0x83FF, 0x7C00, 0xFC00, 0x7E01, 0x3C00], np.uint16)
+    halves = np.concatenate([specials, rng.integers(0, 1 << 16, 64, dtype=np.uint16)])
+    out = np.empty(32, np.float32)
+    for i in range(0, len(halves) - 3, 3):
+        rows = [np.zeros(8, np.uint8) for _ in range(4)]
+        for r in range(4):
+            rows[r][3:5] = halves[i + r : i + r + 1].view(np.uint8)
+        both(*rows, 3, np.float32(rng.standard_normal()), out)
+        np.testing.assert_array_equal(out[:16].view(np.uint32), out[16:].view(np.uint32))
+
+
+def test_prefetches_past_the_l1_budget_go_to_the_l2():
+    """Eight Q4_0 rows of 8,960 values ahead (40 KB) go to the L2, eight of 1,536 (7 KB) to the L1."""
+    from inference_engine.backends.numba_kernels.isa.simd import PREFETCH_L1_BYTES, far_ahead
+
+    long_rows, short_rows = np.zeros((16, 8960 // 32 * 18), np.uint8), np.zeros((16, 1536 // 32 * 18), np.uint8)
+    assert far_ahead(long_rows, 8) and not far_ahead(short_rows, 8)
+    assert 8 * short_rows.shape[1] < PREFETCH_L1_BYTES < 8 * long_rows.shape[1]
