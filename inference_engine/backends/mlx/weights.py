@@ -6,9 +6,9 @@ Which form a GGUF tensor gets (:func:`prepare_matrix`), from cheapest to most ex
   (``transcode.py``) and multiplied by ``mx.quantized_matmul`` (on Metal, CUDA and the CPU); no float copy of the
   weight ever exists.
 * :class:`BlockMatrix`: Q2_K, Q3_K, Q6_K, IQ4_XS, IQ4_NL on a GPU: the GGUF blocks as they are in the file, in GPU
-  memory,
-  read by our kernels (``block_kernels.py``: Metal on Apple silicon, CUDA in MLX's CUDA build); Q4_K and Q5_K too
-  where ``MLXBackend.block_kernel_types`` names them (their file's 4.5 / 5.5 bits a weight, not the affine form's 6).
+  memory, read by our kernels (``block_kernels.py``: Metal on Apple silicon, CUDA in MLX's CUDA build); Q4_K and
+  Q5_K too where ``MLXBackend.block_kernel_types`` names them (their file's 4.5 / 5.5 bits a weight, not the affine
+  form's 6).
 * :class:`DenseMatrix`: float32, for F32 / F16 / BF16 weights (converted exactly), and for Q2_K, Q3_K, Q6_K,
   IQ4_XS, IQ4_NL on the CPU, where custom kernels cannot run (dequantized exactly with gguf-py, as ggml's
   dequantize_row).
