@@ -353,28 +353,12 @@ def f16_pairs(typingctx, w0, w1, w2, w3, offset):
 
 
 @intrinsic
-def f16_quad(typingctx, w0, w1, w2, w3, offset):
-    """The f16 at ``offset`` of each row as float32 in lanes 0, 2, 4, 6 (odd lanes 0): Q8_0's ``d``, laid out as
-    :func:`f16_pairs` lays out ``d``."""
-    _rows((w0, w1, w2, w3), "f16_quad")
-
-    def codegen(context, builder, sig, args):
-        v = ir.Constant(ir.VectorType(ir.HalfType(), 8), [0.0] * 8)
-        for r in range(ROWS):
-            h = builder.load(_ptr(context, builder, sig.args[r], args[r], args[4], ir.HalfType()), align=1)
-            v = builder.insert_element(v, h, ir.Constant(_I32, 2 * r))
-        return builder.fpext(v, _VF8)
-
-    return F32x8(w0, w1, w2, w3, offset), codegen
-
-
-@intrinsic
 def quad_scales(typingctx, w0, w1, w2, w3, offset, dy):
-    """Lanes 4r..4r+3 = the f16 at ``offset`` of row ``r`` as float32, times ``dy``: ``row_scales(f16_quad(...),
-    dy)``'s values (the same one float32 product each) with the four halves gathered in a general register (integer
-    loads, shifts and ors) and converted once, not inserted into a vector one by one: on the AMD EPYC VM (Zen 4) the
-    repacked Q4_0 mat-vec's inner loop lost 5 of its ~32 vector instructions a block and ran 15% faster on one
-    thread (8960x1536)."""
+    """Lanes 4r..4r+3 = the f16 at ``offset`` of row ``r`` as float32, times ``dy`` (one float32 product: the block
+    scale ``d_w * d_y`` of Q8_0, Q5_0, Q4_0 and IQ4_NL), the four halves gathered in a general register (integer
+    loads, shifts and ors) and converted once: inserted into a vector one by one, as before, they cost the repacked
+    Q4_0 mat-vec's inner loop 5 more of its ~32 vector instructions a block, 15% of its speed on one thread
+    (8960x1536, the AMD EPYC VM, Zen 4)."""
     _rows((w0, w1, w2, w3), "quad_scales")
     if dy != types.float32:
         raise TypingError(f"quad_scales expects a float32 scale, got {dy}")

@@ -109,7 +109,7 @@ def dots_iq4_nl(w0, w1, w2, w3, o, yq, yo, starts, so):
 @njit(inline="always", cache=True)
 def matvec_int_loop_iq4_nl(w, yq, yd, ya, out):
     """One token as llama.cpp multiplies the weight: rows a multiple of :data:`REPACKED_ROWS` on AVX-512 VNNI and
-    AVX2 (kernels compiled for either) in the repacked gemv's order (on AVX-512 VNNI four rows a step:
+    AVX2 (kernels compiled for either) in the repacked gemv's order (on AVX-512 VNNI eight rows a step:
     :func:`..intdot.repacked_quads_matvec`), others in ``vec_dot``'s."""
     n = out.shape[0]
     if zmm.compiled_isa() == 2 and n % REPACKED_ROWS == 0:

@@ -41,7 +41,7 @@ def dots_q4_0(w0, w1, w2, w3, o, yq, yo, starts, so):
 @njit(inline="always", cache=True)
 def matvec_int_loop_q4_0(pair, w, yq, yd, ya, out):
     """One token: on AVX-512 VNNI and AVX2 (there each ``vpdpbusd`` is ``vpmaddubsw`` + ``vpmaddwd``, exact for
-    nibbles), rows a multiple of :data:`REPACKED_ROWS` in the repacked gemv's order, four rows a step; otherwise in
+    nibbles), rows a multiple of :data:`REPACKED_ROWS` in the repacked gemv's order, eight rows a step; otherwise in
     ``vec_dot``'s (``pair``: :func:`.intdot.pair_offset`, two rows a step). The four-row loop beat the pair loop on
     AVX2 code too (1 thread, 8960x1536 streamed: 475 -> 369 us, docs/PERFORMANCE.md)."""
     if zmm.compiled_isa() >= 1 and out.shape[0] % REPACKED_ROWS == 0:

@@ -232,24 +232,25 @@ def test_quad_matvecs_compiled_for_avx2_give_llamacpps_values(rng, oracle, tmp_p
             np.testing.assert_array_equal(ours[t], reference, err_msg=f"{qtype.name}, activation {t}")
 
 
-def test_quad_scales_are_the_inserted_halves_times_dy(rng):
-    """``quad_scales`` (halves gathered in a general register) gives ``row_scales(f16_quad(...))``'s lanes bit for
-    bit, over every kind of half: normal, subnormal, zero of either sign, infinite, NaN."""
+def test_quad_scales_are_each_rows_half_times_dy(rng):
+    """``quad_scales``: lanes 4r..4r+3 hold row r's f16 (as float32) times ``dy`` in one float32 product, bit for bit,
+    over every kind of half: normal, subnormal, zero of either sign, infinite, NaN."""
 
     @njit
-    def both(w0, w1, w2, w3, o, dy, out):
+    def scales(w0, w1, w2, w3, o, dy, out):
         vstore(out, 0, zmm.quad_scales(w0, w1, w2, w3, o, dy))
-        vstore(out, 16, zmm.row_scales(zmm.f16_quad(w0, w1, w2, w3, o), dy))
 
     specials = np.array([0x0000, 0x8000, 0x0001, 0x83FF, 0x7C00, 0xFC00, 0x7E01, 0x3C00], np.uint16)
     halves = np.concatenate([specials, rng.integers(0, 1 << 16, 64, dtype=np.uint16)])
-    out = np.empty(32, np.float32)
+    out = np.empty(16, np.float32)
     for i in range(0, len(halves) - 3, 3):
         rows = [np.zeros(8, np.uint8) for _ in range(4)]
         for r in range(4):
             rows[r][3:5] = halves[i + r : i + r + 1].view(np.uint8)
-        both(*rows, 3, np.float32(rng.standard_normal()), out)
-        np.testing.assert_array_equal(out[:16].view(np.uint32), out[16:].view(np.uint32))
+        dy = np.float32(rng.standard_normal())
+        scales(*rows, 3, dy, out)
+        expected = np.repeat(halves[i : i + 4].view(np.float16).astype(np.float32) * dy, 4)
+        np.testing.assert_array_equal(out.view(np.uint32), expected.view(np.uint32))
 
 
 def test_prefetches_past_the_l1_budget_go_to_the_l2():
