@@ -526,6 +526,10 @@ def _smoke_divergence(position: dict[str, Any], reference: Engine) -> dict[str, 
             "within_reference_drift": any(e.startswith("a flip like") for e in excused), "excused_by": excused}
 
 
+# Why a check after the one Ctrl-C stopped did not run (its name filled in).
+_INTERRUPTED_BEFORE = "not run: interrupted (Ctrl-C) during {}"
+
+
 def _short_checks(result: ValidationResult, not_checked: dict[str, str], corpus_source: str, stages) -> None:
     """The greedy smoke, then the tokenizer (``stages``: (name, run) pairs): Ctrl-C in one keeps the checks that
     finished before it (the tensors and logits at least), names it in ``result.interrupted`` and runs nothing after
@@ -533,8 +537,7 @@ def _short_checks(result: ValidationResult, not_checked: dict[str, str], corpus_
     goes on up: there is nothing to report."""
     for name, run_stage in stages:
         if result.interrupted:
-            _not_run(result, name, not_checked, f"not run: interrupted (Ctrl-C) during {result.interrupted}",
-                     corpus_source)
+            _not_run(result, name, not_checked, _INTERRUPTED_BEFORE.format(result.interrupted), corpus_source)
             continue
         try:
             run_stage()
@@ -545,16 +548,18 @@ def _short_checks(result: ValidationResult, not_checked: dict[str, str], corpus_
             _not_run(result, name, not_checked, "interrupted (Ctrl-C) before it finished", corpus_source)
 
 
-def _not_run(result: ValidationResult, name: str, not_checked: dict[str, str], why: str, corpus_source: str) -> None:
-    """A short check that Ctrl-C stopped or kept from starting: recorded as not checked, with why."""
+def _not_run(result: ValidationResult, name: str, not_checked: dict[str, str], why: str,
+             corpus_source: str = "builtin") -> None:
+    """A check that Ctrl-C stopped or kept from starting (smoke, tokenizer, decode_steps, corpus_kld): recorded as
+    not checked, with why."""
     not_checked[name] = why
     result.checks[name] = None
     if name == "tokenizer":
         result.tokenizer = _tokenizer_skipped(corpus_source, why)
-    else:
-        result.smoke = {"skipped": why, "passed": None}
-        if "top_k" in result.checks:
-            result.checks["top_k"] = None
+        return
+    setattr(result, name, {"skipped": why, "passed": None})
+    if name == "smoke" and "top_k" in result.checks:
+        result.checks["top_k"] = None
 
 
 def _tokenizer_check(result: ValidationResult, ours: Engine, reference: Engine, corpus_texts, corpus_source: str,
@@ -601,12 +606,9 @@ def _long_checks(result: ValidationResult, ours: Engine, reference: Engine, opti
     stopped, neither starts."""
     checks = result.checks
     if result.interrupted:  # Ctrl-C in a short check: the long ones are not started
-        why = f"not run: interrupted (Ctrl-C) during {result.interrupted}"
         for name, asked in (("decode_steps", options.decode_steps), ("corpus_kld", options.corpus_kld is not None)):
             if asked:
-                not_checked[name] = why
-                checks[name] = None
-                setattr(result, name, {"passed": None, "skipped": why})
+                _not_run(result, name, not_checked, _INTERRUPTED_BEFORE.format(result.interrupted))
         return
     if options.decode_steps:
         try:
@@ -621,8 +623,7 @@ def _long_checks(result: ValidationResult, ours: Engine, reference: Engine, opti
             result.interrupted = "decode_steps"
     if options.corpus_kld is not None:
         if result.interrupted:
-            not_checked["corpus_kld"] = f"not run: interrupted (Ctrl-C) during {result.interrupted}"
-            checks["corpus_kld"] = None
+            _not_run(result, "corpus_kld", not_checked, _INTERRUPTED_BEFORE.format(result.interrupted))
         elif "logits" in caps:
             try:
                 result.corpus_kld = _corpus_kld(ours, reference, options, thresholds, variants)

@@ -204,6 +204,9 @@ def test_ctrl_c_in_a_long_check_writes_what_finished_and_exits_130(model_path, c
     assert data["interrupted"] == "decode_steps" and data["passed"] is False
     assert data["checks"]["tensors"] is True and data["checks"]["decode_steps"] is None  # what finished is kept
     assert data["not_checked"]["corpus_kld"] == "not run: interrupted (Ctrl-C) during decode_steps"
+    assert data["corpus_kld"] == {"skipped": "not run: interrupted (Ctrl-C) during decode_steps", "passed": None}
+    assert "corpus KLD: not checked (not run: interrupted (Ctrl-C) during decode_steps)" in " ".join(
+        captured.out.split())
     assert "INTERRUPTED during decode_steps" in (report / "report.md").read_text().splitlines()[0]
 
 
