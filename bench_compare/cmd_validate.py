@@ -44,7 +44,12 @@ class ValidationFailed(CheckFailed):
                    "strict fixed gates) or f32 | f16 | bf16 (gates from llama.cpp's own variance for that class). "
                    "Default: what the engine declares; ours: its --numerics; other engines: f32.")
 @click.option("--prompt", default=None, help="Text to run through both engines (default: a built-in sentence).")
-@click.option("--against", default="llamacpp", show_default=True, help=f"Reference engine: {', '.join(REFERENCES)}.")
+@click.option("--against", default="llamacpp", show_default=True,
+              help=f"Reference engine: {', '.join(REFERENCES)}, or recording:DIR (a --record-reference directory: "
+                   "llama.cpp's answers replayed where it cannot run).")
+@click.option("--record-reference", "record_reference", default=None, type=ReportDir(), metavar="DIR",
+              help="Also write every answer of the reference (and its variants) to DIR, for --against "
+                   "recording:DIR on another machine; written only when the run finishes.")
 @click.option("--logit-lens", is_flag=True, help="Also compare every layer's l_out through the output head.")
 @click.option("--corpus", default=None, metavar="FILE.jsonl",
               help="Tokenizer parity corpus, one {\"text\": ...} per line (default: the built-in corpus).")
@@ -78,9 +83,9 @@ class ValidationFailed(CheckFailed):
 @click.option("--top-k", "top_k", default=5, show_default=True, type=int,
               help="Engines that give top-k log-probabilities only (HTTP servers, mistralrs:, GeneratingEngine "
                    "plugins): log-probabilities per position to compare.")
-def validate(model, backend, engine, engine_opts, numerics, precision, prompt, against, logit_lens, corpus, smoke_tokens,
-             threads, free_running, decode_steps, depth, corpus_kld, ctx, name_map, json_path, report_dir,
-             top_k, device, progress) -> None:
+def validate(model, backend, engine, engine_opts, numerics, precision, prompt, against, record_reference, logit_lens,
+             corpus, smoke_tokens, threads, free_running, decode_steps, depth, corpus_kld, ctx, name_map, json_path,
+             report_dir, top_k, device, progress) -> None:
     """Diff our engine against a reference tensor by tensor; exit 0 pass, 1 fail, 2 bad input. With --engine
     openai:URL (or llamacpp-server): top-k log-probabilities against llama.cpp in-process (no tensors over HTTP).
 
@@ -96,6 +101,9 @@ def validate(model, backend, engine, engine_opts, numerics, precision, prompt, a
         spec = engines.with_device(spec, device)  # our engine's option; refused for any other engine
     run = defaults.VALIDATE.resolve(backend=backend, numerics=numerics, threads=threads, device=device)
     if spec is not None and spec.over_http:
+        if record_reference is not None or against.startswith("recording:"):
+            raise GGUFParityError("--record-reference and --against recording:DIR serve the in-process checks; an "
+                                  "HTTP engine is checked against llama.cpp running here")
         from bench_compare.adapters import http_cli
 
         result = http_cli.run_validate(spec=spec, model=model, prompt=prompt, threads=threads,
@@ -115,7 +123,8 @@ def validate(model, backend, engine, engine_opts, numerics, precision, prompt, a
                               against=against, logit_lens=logit_lens, corpus=corpus, smoke_tokens=smoke_tokens,
                               threads=run.threads, kv_type=run.kv_type, device=run.device,
                               free_running=free_running, decode_steps=decode_steps, depth=depth,
-                              corpus_kld=corpus_kld, ctx=ctx)
+                              corpus_kld=corpus_kld, ctx=ctx,
+                              record_reference=None if record_reference is None else str(record_reference))
     ours_opener = None
     if spec is not None and spec.backend is not None and set(spec.engine_options()) <= {"device"}:
         options.backend = spec.backend  # ours:<backend> (--engine-opt device=D): the same as --backend (--device D)

@@ -29,6 +29,7 @@ STEPS = (
     "gpu-tests",
     "gpu-kernels",
     "validate-tiny",
+    "validate-recorded",
     "speed",
     "llama-bench",
     "validate-smollm2",
@@ -43,6 +44,7 @@ HELP = {
     "bench_compare.build_llama_cpp": lambda _: ["-m", "bench_compare.build_llama_cpp", "--help"],
     ".device/kernel_steps.py": lambda _: [".device/kernel_steps.py", "--help"],
     ".device/ncu_kernels.py": lambda _: [".device/ncu_kernels.py", "--help"],
+    ".device/validate_tiny.py": lambda _: [".device/validate_tiny.py", "--help"],
 }
 
 
@@ -274,3 +276,22 @@ def test_kernel_steps_runs_compiled_steps_and_says_whether_it_marked_them(tiny_m
     line = done.stdout.strip().splitlines()[-1]
     assert line.startswith("kernel_steps: 1 compiled decode steps at depth 3 ")
     assert ("inside cudaProfilerStart/Stop" in line) == cuda and ("range not marked" in line) == (not cuda)
+
+
+def test_validate_tiny_records_here_and_replays_there(tmp_path):
+    """validate-recorded's two halves on one machine: llama.cpp's answers recorded beside the model files
+    (prepare.sh's call), then MLX validated against them with the recording's prompt (the device's call)."""
+    pytest.importorskip("mlx.core", reason="mlx is not installed (pip install 'gguf-parity[mlx]')")
+    pytest.importorskip("validation.llamacpp", reason="the llama.cpp reference engine is not importable")
+    script, recordings = ROOT / ".device" / "validate_tiny.py", tmp_path / "recorded"
+    common = [sys.executable, str(script), "--device", "cpu", "--recordings", str(recordings)]
+    record = subprocess.run([*common[:2], str(tmp_path / "here"), *common[2:], "--against", "llamacpp",
+                             "--only", "llama:Q8_0", "--prompt", "The quick brown fox."],
+                            capture_output=True, text=True, cwd=ROOT, timeout=300, check=False)
+    assert record.returncode == 0, record.stdout + record.stderr
+    assert sorted(p.name for p in (recordings / "rec").iterdir()) == ["tiny-llama-Q8_0"]
+    replay = subprocess.run([*common[:2], str(tmp_path / "there"), *common[2:], "--against", "recording"],
+                            capture_output=True, text=True, cwd=ROOT, timeout=300, check=False)
+    assert replay.returncode == 0, replay.stdout + replay.stderr
+    last = replay.stdout.strip().splitlines()[-1]
+    assert last == "validate-tiny: 1 passed, 0 failed (device cpu, against recording)"

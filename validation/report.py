@@ -197,7 +197,21 @@ def summary_lines(result: dict) -> list[str]:
                      f"({div.get('reference_text')!r}) vs ours {div['ours_token']} ({div.get('ours_text')!r}), "
                      f"margin {fmt(div['margin'])} ({_divergence_verdict(div)})")
         lines.append(line + f" -> {_verdict(checks.get('smoke'))}")
-    return lines + depth_lines(result)
+    return lines + depth_lines(result) + recording_lines(result)
+
+
+def recording_lines(result: dict) -> list[str]:
+    """--record-reference: where the reference's answers went; --against recording:DIR: which recording answered."""
+    rec = result.get("recording")
+    if not rec:
+        return []
+    if rec.get("mode") == "replayed":
+        return [f"reference: replayed from {rec['path']} (recorded {rec.get('recorded')} on {rec.get('machine')}, "
+                f"git {rec.get('git')})"]
+    if not rec.get("written"):
+        return [f"reference recording: not written ({rec.get('why')})"]
+    return [f"reference recorded: {rec['path']} ({rec['calls']} calls of {len(rec['engines'])} engines, "
+            f"{rec['bytes'] / 1e6:.1f} MB); replay it with --against recording:{rec['path']}"]
 
 
 def depth_lines(result: dict) -> list[str]:

@@ -86,6 +86,8 @@ class ValidationResult(Result):
     corpus_kld: dict[str, Any] | None = None  # --corpus-kld
     interrupted: str | None = None  # the check Ctrl-C stopped (decode_steps, corpus_kld); what finished is kept
     logit_lens: list[dict[str, Any]] | None = None  # --logit-lens (diagnostic)
+    # --record-reference (mode "recorded": where, how many calls) / --against recording:DIR ("replayed": which)
+    recording: dict[str, Any] | None = None
     engines: dict[str, Any] = field(default_factory=dict)
     engine_notes: list[str] = field(default_factory=list)  # what an outside engine did and did not provide
     extra: dict[str, Any] = field(default_factory=dict)  # sections this version does not know

@@ -115,13 +115,20 @@ class ValidateOptions:
     decode_steps: int = 0  # teacher-forced decode steps at each ``depth`` (0: not run); validation.decode_steps
     depth: str = "0"  # comma-separated prefix lengths for decode_steps
     corpus_kld: str | None = None  # a text file, or CORPUS_BUILTIN, for llama-perplexity-style KLD; None: not run
+    record_reference: str | None = None  # a directory: every reference answer is written there (validation.recording)
     ctx: int = DEFAULT_CORPUS_CTX  # window of the corpus KLD
     # told of the corpus KLD's windows and the decode steps as they finish (validation.progress; the CLI: a bar)
     progress: ProgressHook = field(default=silent, repr=False, compare=False)
 
     def check(self) -> None:
         """Reject bad choices before anything is loaded."""
-        REFERENCES.validate(self.against)
+        from validation.recording import parse_against
+
+        if parse_against(self.against) is None:
+            REFERENCES.validate(self.against)
+        elif self.record_reference is not None:
+            raise GGUFParityError("--record-reference records a reference that runs (--against "
+                                  f"{' | '.join(REFERENCES)}), not a recording")
         _choice("--backend", self.backend, tuple(BACKENDS))
         if self.device is not None:
             _choice("--device", self.device, DEVICES)
@@ -175,7 +182,13 @@ def _choice(flag: str, value: str, choices: tuple[str, ...]) -> None:
 
 
 def open_reference(options: ValidateOptions, model_path: Path) -> Engine:
-    """The ``--against`` engine (:data:`REFERENCES`)."""
+    """The ``--against`` engine (:data:`REFERENCES`), or a recorded one (``recording:DIR``,
+    :mod:`validation.recording`)."""
+    from validation.recording import RecordedEngine, Recording, parse_against
+
+    recorded = parse_against(options.against)
+    if recorded is not None:
+        return RecordedEngine(Recording(recorded))
     return REFERENCES.get(options.against)(options, model_path)
 
 
@@ -227,14 +240,44 @@ def validate(options: ValidateOptions, ours_opener: Callable | None = None,
     model_path = resolve_model(options.model)
     gguf = open_gguf(model_path)
     reference = (reference_opener or open_reference)(options, model_path)
+    writer = None
     try:
+        if options.record_reference is not None:
+            from validation.recording import RecordingEngine, RecordingWriter
+
+            writer = RecordingWriter(Path(options.record_reference))
+            reference = RecordingEngine(reference, writer)
         ours = (ours_opener or open_ours)(options, model_path)
         try:
-            return validate_engines(ours, reference, gguf, options, corpus_texts, corpus_source)
+            result = validate_engines(ours, reference, gguf, options, corpus_texts, corpus_source)
         finally:
             _close(ours)
+        if writer is not None:
+            result["recording"] = _commit_recording(writer, result, options)
+    except BaseException:
+        if writer is not None:
+            writer.discard()
+        raise
     finally:
         _close(reference)
+    return result
+
+
+PROVENANCE_KEYS = ("date", "git", "git_sha", "versions", "machine")  # where the result dict keeps its provenance
+
+
+def _commit_recording(writer, result: dict[str, Any], options: ValidateOptions) -> dict[str, Any]:
+    """--record-reference: the recording moved into place, or (a run Ctrl-C stopped) discarded, and why."""
+    from validation.recording import recorded_options
+
+    if result.get("interrupted"):
+        writer.discard()
+        return {"mode": "recorded", "written": False, "path": str(writer.final),
+                "why": f"interrupted (Ctrl-C) during {result['interrupted']}: a recording must hold every call"}
+    manifest = {"model": {"name": options.model, "sha256": result["model"]["sha256"]},
+                "options": recorded_options(options, result["precision"]["class"]),
+                "provenance": {k: result[k] for k in PROVENANCE_KEYS if k in result}, "against": options.against}
+    return {"mode": "recorded", "written": True, **writer.commit(manifest)}
 
 
 def supports_teacher_forcing(engine: Engine) -> bool:
@@ -273,11 +316,20 @@ def gated_mode(ours: Engine, options: ValidateOptions) -> tuple[str, str]:
 def validate_engines(ours: Engine, reference: Engine, gguf, options: ValidateOptions,
                      corpus_texts: list[str] | None = None, corpus_source: str = "builtin") -> dict[str, Any]:
     """All checks between two open engines on one model file (the library core; no model loading here)."""
+    from validation.recording import RecordedEngine, RecordingEngine, check_replay, record_smoke_paths
+
     precision, source = resolve_precision(ours, options)
+    if isinstance(reference, RecordedEngine):  # a recording that cannot answer this run stops before it starts
+        check_replay(reference.recording, options, precision, gguf.sha256)
     variants = _ReferenceVariants(reference, thresholds_for(precision))
     try:
-        return _validate_engines(ours, reference, gguf, options, corpus_texts, corpus_source, variants,
-                                 {"class": precision, "source": source})
+        result = _validate_engines(ours, reference, gguf, options, corpus_texts, corpus_source, variants,
+                                   {"class": precision, "source": source})
+        if isinstance(reference, RecordingEngine) and not result["interrupted"]:
+            record_smoke_paths(reference, variants.get()[0], result["prompt"]["ids"], options.smoke_tokens)
+        if isinstance(reference, RecordedEngine):
+            result["recording"] = {"mode": "replayed", **reference.recording.describe()}
+        return result
     finally:
         variants.close()
 
@@ -495,7 +547,14 @@ def _generated_checks(result: ValidationResult, ours: Engine, reference: Engine,
     from validation.top_k import top_k_fidelity
 
     k = options.top_k if "top_logprobs" in caps else 1
-    top = top_k_fidelity(ours, reference, ids, options.smoke_tokens, k, variants.get()[0], drift_margin=drift)
+    try:
+        top = top_k_fidelity(ours, reference, ids, options.smoke_tokens, k, variants.get()[0], drift_margin=drift)
+    except EngineCapabilityError as gap:  # a recorded reference without llama.cpp's logits on this engine's path
+        for name in ("top_k", "smoke"):
+            not_checked[name] = str(gap)
+            checks[name] = None
+        result.smoke = {"skipped": str(gap), "passed": None}
+        return
     result.top_k = top
     if "top_logprobs" in caps:
         checks["top_k"] = top["passed"]
@@ -616,6 +675,8 @@ def _long_checks(result: ValidationResult, ours: Engine, reference: Engine, opti
         except KeyboardInterrupt:  # before its first depth began (its loop keeps finished depths itself)
             result.decode_steps = {"passed": None, "interrupted": True, "depths": [],
                                    "depths_planned": list(options.depth_plan().depths)}
+        except EngineCapabilityError as gap:  # a recorded reference that lacks a tensor this engine taps
+            result.decode_steps = {"passed": None, "skipped": str(gap)}
         checks["decode_steps"] = result.decode_steps["passed"]
         if result.decode_steps.get("skipped"):
             not_checked["decode_steps"] = result.decode_steps["skipped"]
@@ -630,6 +691,9 @@ def _long_checks(result: ValidationResult, ours: Engine, reference: Engine, opti
             except KeyboardInterrupt:  # before its first window began
                 result.corpus_kld = {"passed": None, "interrupted": True,
                                      "skipped": "interrupted (Ctrl-C) before its first window finished"}
+            except EngineCapabilityError as gap:
+                result.corpus_kld = {"passed": None, "skipped": str(gap)}
+                not_checked["corpus_kld"] = str(gap)
             checks["corpus_kld"] = result.corpus_kld["passed"]
             if result.corpus_kld.get("interrupted"):
                 result.interrupted = "corpus_kld"
