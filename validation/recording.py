@@ -9,9 +9,10 @@ test is judged against llama.cpp's own tensors, logits and variants exactly as i
 
 Calls are keyed by what they depend on, never by their order: ``prefill`` / ``decode`` by the tokens the engine's
 cache held before them (since the last ``reset``) and the tokens given, ``capture_next`` the same within its capture
-session, ``capture`` / ``tokenize`` by their input. A replayed ``capture`` asked for some tensor names is served from
-a recorded call of the same input that asked for all of them or for more (an engine that taps fewer tensors than
-the one the recording ran with replays; one that taps a tensor the recording does not hold does not).
+session, ``capture`` / ``tokenize`` by their input. In a noise-floor class a ``capture`` is recorded whole whatever
+names it was asked for (a recording made beside a logits-only engine serves one with tensors); a ``capture_next``
+(the decode steps, each asking for the tensors the engine under test taps) as asked, and replays for any engine that
+taps those or fewer.
 
 What cannot be recorded for any engine is what depends on the engine under test: the recording run's greedy smoke
 follows the reference's own path, so after the run the recorder also walks that path to ``smoke_tokens`` tokens and
@@ -112,6 +113,9 @@ class RecordingWriter:
         self.entries: dict[str, dict[str, list[dict[str, Any]]]] = {}  # label -> key -> entries
         self.engines: dict[str, dict[str, Any]] = {}  # label -> what the engine said of itself
         self.count = 0
+        # capture() recorded whole whatever it was asked for (validate sets it off for a strict class, whose
+        # variants are only ever asked for their logits: SmolLM2's recording 100 MB instead of 230)
+        self.whole_captures = True
 
     def describe(self, label: str, engine: Any) -> None:
         info: dict[str, Any] = {"name": str(getattr(engine, "name", type(engine).__name__)),
@@ -237,10 +241,20 @@ class RecordingEngine:
         return out
 
     def _capture(self, ids: list[int], names: Iterable[str] | None = None) -> dict[str, np.ndarray]:
+        """With ``whole_captures`` (the writer's) every tensor is recorded whatever was asked: a noise-floor class's
+        variants are asked for their logits only beside an engine that gives no tensors, and for every tensor beside
+        one that does, so the recording serves both. The caller gets what it asked for."""
         ids, names = _ids(ids), None if names is None else list(names)
-        out = self._inner.capture(ids) if names is None else self._inner.capture(ids, names=names)
-        self._writer.put(self._label, _key("capture", ids), "capture", out, _names(names))
-        return out
+        if names is not None and not self._writer.whole_captures:
+            out = self._inner.capture(ids, names=names)
+            self._writer.put(self._label, _key("capture", ids), "capture", out, _names(names))
+            return out
+        out = self._inner.capture(ids)
+        self._writer.put(self._label, _key("capture", ids), "capture", out, None)
+        if names is None:
+            return out
+        wanted = set(names)
+        return {name: value for name, value in out.items() if name in wanted}
 
     def _capture_reset(self) -> None:
         self._inner.capture_reset()
@@ -262,6 +276,11 @@ class RecordingEngine:
             except Exception:  # noqa: BLE001 - a token the vocabulary cannot render shows as None, as live
                 texts.append(None)
         self._writer.token_texts(texts)
+
+    def whole_captures(self, whole: bool) -> None:
+        """Whether ``capture`` records every tensor whatever it is asked for
+        (:attr:`RecordingWriter.whole_captures`)."""
+        self._writer.whole_captures = bool(whole)
 
     def _rounding_variants(self) -> dict[str, RecordingEngine]:
         variants = self._inner.rounding_variants()
@@ -439,7 +458,8 @@ class RecordedEngine:
     def _capture_next(self, ids: list[int], names: Iterable[str] | None = None) -> dict[str, np.ndarray]:
         ids, names = _ids(ids), _names(names)
         out = self._find(_key("capture_next", self._session, ids), "capture_next",
-                         f"capture of {len(ids)} tokens after {len(self._session)}", names)
+                         f"capture of {len(ids)} tokens after {len(self._session)}"
+                         + ("" if names is None else f" with tensors {', '.join(names[:4])}"), names)
         self._session = self._session + ids
         return out
 

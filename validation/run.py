@@ -321,6 +321,8 @@ def validate_engines(ours: Engine, reference: Engine, gguf, options: ValidateOpt
     precision, source = resolve_precision(ours, options)
     if isinstance(reference, RecordedEngine):  # a recording that cannot answer this run stops before it starts
         check_replay(reference.recording, options, precision, gguf.sha256)
+    if isinstance(reference, RecordingEngine):
+        reference.whole_captures(thresholds_for(precision).noise_floor)
     variants = _ReferenceVariants(reference, thresholds_for(precision))
     try:
         result = _validate_engines(ours, reference, gguf, options, corpus_texts, corpus_source, variants,

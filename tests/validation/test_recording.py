@@ -203,34 +203,54 @@ def test_what_is_not_a_recording_is_one_line(model_path, tmp_path, recorded):
         _run(model_path, _ours(), against=f"recording:{recorded}", record_reference=str(tmp_path / "again"))
 
 
+class SessionFake(FakeEngine):
+    """The fake with capture sessions: each batch's rows of a capture of everything the session holds."""
+
+    def capture_reset(self) -> None:
+        self.session: list[int] = []
+
+    def capture_next(self, ids, names=None):
+        self.session = self.session + list(ids)
+        whole = FakeEngine.capture(self, self.session, names)
+        return {name: value[-len(ids):] for name, value in whole.items()}
+
+
 def test_calls_are_keyed_by_what_they_depend_on_and_misses_are_capability_gaps(tmp_path):
-    """prefill / decode by the cache's tokens before them, capture_next by its session's; any order replays."""
-    inner = FakeEngine(WEIGHTS, name="ref")
+    """prefill / decode by the cache's tokens before them, capture_next by its session's; any order replays. A
+    capture is kept whole whatever it was asked for; a capture_next as asked."""
+    inner = SessionFake(WEIGHTS, name="ref")
     writer = RecordingWriter(tmp_path / "rec")
     recording = RecordingEngine(inner, writer)
     first = recording.prefill([1, 2, 3])
     after = recording.decode(4)
     recording.reset()
     alone = recording.prefill([4])
-    captured = recording.capture([1, 2], names=["attn_norm-0", "l_out-0"])
+    asked = recording.capture([1, 2], names=["l_out-0", "attn_norm-0"])
+    recording.capture_reset()
+    recording.capture_next([5, 6], names=["attn_norm-0"])
+    step = recording.capture_next([7], names=["l_out-0", "attn_norm-0"])
     writer.commit({"model": {"sha256": "x"}, "options": {}})
+    assert list(asked) == ["attn_norm-0", "l_out-0"]  # what was asked, in the engine's order
 
     replay = RecordedEngine(Recording(tmp_path / "rec"))
     np.testing.assert_array_equal(replay.prefill([4]), alone)  # another order than recorded
     replay.reset()
     np.testing.assert_array_equal(replay.prefill([1, 2, 3]), first)
     np.testing.assert_array_equal(replay.decode(4), after)
-    assert list(replay.capture([1, 2], names=["l_out-0"])) == ["l_out-0"]  # a subset of what was asked
-    np.testing.assert_array_equal(replay.capture([1, 2], names=["l_out-0"])["l_out-0"], captured["l_out-0"])
-    with pytest.raises(RecordingMiss, match="holds no reference capture of 2 tokens with tensors ffn_out-0"):
-        replay.capture([1, 2], names=["ffn_out-0"])  # more than was asked
-    with pytest.raises(RecordingMiss, match="holds no reference capture of 2 tokens: it was recorded with"):
-        replay.capture([1, 2])  # everything: only a subset was recorded
     replay.reset()
     with pytest.raises(RecordingMiss, match="logits for token 4 after 0 tokens"):
         replay.decode(4)  # decode(4) was recorded after [1, 2, 3], not on an empty cache
-    assert not hasattr(replay, "capture_next")  # the fake has no capture sessions: neither has its recording
-    assert not hasattr(replay, "rounding_variants")
+    whole = replay.capture([1, 2])  # everything, though only two tensors were asked for
+    assert list(whole) == list(inner.capture([1, 2])) and len(whole) > 2
+    np.testing.assert_array_equal(whole["ffn_out-0"], inner.capture([1, 2])["ffn_out-0"])
+    replay.capture_reset()
+    assert list(replay.capture_next([5, 6], names=["attn_norm-0"])) == ["attn_norm-0"]
+    np.testing.assert_array_equal(replay.capture_next([7], names=["l_out-0"])["l_out-0"], step["l_out-0"])
+    replay.capture_reset()
+    with pytest.raises(RecordingMiss, match="holds no reference capture of 2 tokens after 0 with"):
+        replay.capture_next([5, 6], names=["l_out-0"])  # more than was asked there
+    assert not hasattr(replay, "rounding_variants")  # the fake has no variants: neither has its recording
+    assert hasattr(replay, "capture_next")
 
 
 # --- the CLI ------------------------------------------------------------------------------------------------------

@@ -15,8 +15,8 @@ SECTIONS = ("passed", "checks", "mode", "first_failure", "tensors", "unmatched",
 
 
 def _options(path, **extra) -> ValidateOptions:
-    return ValidateOptions(model=str(path), backend="numpy", smoke_tokens=6, threads=THREADS, n_ctx=256,
-                           decode_steps=2, depth="0,20", **extra)
+    settings = {"decode_steps": 2, "depth": "0,20", **extra}
+    return ValidateOptions(model=str(path), backend="numpy", smoke_tokens=6, threads=THREADS, n_ctx=256, **settings)
 
 
 @pytest.fixture(scope="module")
@@ -65,4 +65,35 @@ def test_another_engine_replays_as_it_runs_live(recorded, monkeypatch):
 
     monkeypatch.setattr(LlamaCppEngine, "__init__", _refuse)
     replayed = validate(_options(path, numerics="ggml", precision="f32", against=f"recording:{directory}"))
+    _same(replayed, live)
+
+
+class LogitsOnly:
+    """Our engine with its capture() hidden: logits only, as a plugin of a logits-only engine gives."""
+
+    def __init__(self, engine):
+        self._engine = engine
+
+    def __getattr__(self, member):
+        if member in ("capture", "capture_next", "capture_reset", "async_steps"):
+            raise AttributeError(member)
+        return getattr(self._engine, member)
+
+
+def test_a_recording_made_beside_a_logits_only_engine_serves_one_with_tensors(tiny_model, tmp_path, monkeypatch):
+    """In a noise-floor class the variants are asked for their logits only beside such an engine; the recording
+    keeps their every tensor, so a later engine with tensors gets the tensor bands it gets live."""
+    from validation.run import open_ours
+
+    path, directory = tiny_model("llama", "Q8_0"), tmp_path / "rec"
+    options = dict(numerics="f32", decode_steps=0, depth="0")
+    recorded = validate(_options(path, **options, record_reference=str(directory)),
+                        ours_opener=lambda o, p: LogitsOnly(open_ours(o, p)))
+    assert recorded["checks"]["tensors"] is None and recorded["recording"]["written"]
+    live = validate(_options(path, **options))
+    from validation.llamacpp import LlamaCppEngine
+
+    monkeypatch.setattr(LlamaCppEngine, "__init__", _refuse)
+    replayed = validate(_options(path, **options, against=f"recording:{directory}"))
+    assert live["thresholds"]["bands"] and live["checks"]["tensors"] is True
     _same(replayed, live)
