@@ -67,13 +67,9 @@ def main(argv: list[str] | None = None) -> int:
         name = f"tiny-{arch}-{qtype}"
         recording = args.recordings / "rec" / name if args.recordings else None
         options = {"backend": "mlx", "device": args.device, "against": args.against, "prompt": args.prompt}
-        if args.against == "recording":
-            from validation.recording import Recording
-
+        if args.against == "recording":  # (no --prompt: validate takes the recording's)
             model = args.recordings / "models" / f"{name}.gguf"
             options["against"] = f"recording:{recording}"
-            if args.prompt is None:  # the prompt it was recorded with
-                options["prompt"] = Recording(recording).options.get("prompt")
         else:
             home = args.recordings if args.recordings and args.against == "llamacpp" else args.out
             (home / "models").mkdir(parents=True, exist_ok=True)

@@ -495,7 +495,10 @@ def _source_id(source: str | None) -> str | None:
 def check_replay(recording: Recording, options: Any, precision_class: str, sha256: str) -> None:
     """Stop before anything runs when the recording cannot answer this run: another model file, or options that
     make calls it does not hold. What a run may ask less of than the recording (fewer smoke tokens, no decode
-    steps, no corpus KLD, a strict class where the recording has a noise-floor one) replays."""
+    steps, no corpus KLD, a strict class where the recording has a noise-floor one) replays. A run given no prompt
+    takes the recording's."""
+    if options.prompt is None:  # no --prompt: the one the recording was made with
+        options.prompt = recording.options.get("prompt")
     recorded_sha = recording.body.get("model", {}).get("sha256")
     if recorded_sha != sha256:
         raise GGUFParityError(f"{recording.path} was recorded on another model file (sha256 {str(recorded_sha)[:12]}"

@@ -287,3 +287,11 @@ def test_an_http_engine_is_told_the_recording_serves_in_process_checks(flag, tmp
     err = capsys.readouterr().err
     assert "serve the in-process checks; an HTTP engine is checked against llama.cpp running here" in err
     assert err.count("\n") == 1 and not (tmp_path / "rec").exists()
+
+
+def test_a_run_given_no_prompt_takes_the_recordings(model_path, tmp_path):
+    directory = tmp_path / "rec"
+    live = _run(model_path, _ours(), prompt="zigzag hello", record_reference=str(directory))
+    replayed = _run(model_path, _ours(), reference=_no_reference, against=f"recording:{directory}")
+    assert replayed["prompt"] == live["prompt"] and replayed["prompt"]["text"] == "zigzag hello"
+    _same_verdicts(replayed, live)
