@@ -270,10 +270,11 @@ def _commit_recording(writer, result: dict[str, Any], options: ValidateOptions) 
     """--record-reference: the recording moved into place, or (a run Ctrl-C stopped) discarded, and why."""
     from validation.recording import recorded_options
 
-    if result.get("interrupted"):
+    if result.get("interrupted") or result.get("recording"):
         writer.discard()
-        return {"mode": "recorded", "written": False, "path": str(writer.final),
-                "why": f"interrupted (Ctrl-C) during {result['interrupted']}: a recording must hold every call"}
+        why = (result.get("recording") or {}).get("why") or \
+            f"interrupted (Ctrl-C) during {result['interrupted']}: a recording must hold every call"
+        return {"mode": "recorded", "written": False, "path": str(writer.final), "why": why}
     manifest = {"model": {"name": options.model, "sha256": result["model"]["sha256"]},
                 "options": recorded_options(options, result["precision"]["class"]),
                 "provenance": {k: result[k] for k in PROVENANCE_KEYS if k in result}, "against": options.against}
@@ -328,7 +329,12 @@ def validate_engines(ours: Engine, reference: Engine, gguf, options: ValidateOpt
         result = _validate_engines(ours, reference, gguf, options, corpus_texts, corpus_source, variants,
                                    {"class": precision, "source": source})
         if isinstance(reference, RecordingEngine) and not result["interrupted"]:
-            record_smoke_paths(reference, variants.get()[0], result["prompt"]["ids"], options.smoke_tokens)
+            try:
+                record_smoke_paths(reference, variants.get()[0], result["prompt"]["ids"], options.smoke_tokens)
+            except KeyboardInterrupt:  # the checks are done and kept; the recording is not whole
+                result["recording"] = {"mode": "recorded", "written": False, "why": "interrupted (Ctrl-C) while "
+                                       "walking the reference's greedy path for the smoke: a recording must hold "
+                                       "every call"}
         if isinstance(reference, RecordedEngine):
             result["recording"] = {"mode": "replayed", **reference.recording.describe()}
         return result

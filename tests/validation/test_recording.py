@@ -295,3 +295,17 @@ def test_a_run_given_no_prompt_takes_the_recordings(model_path, tmp_path):
     replayed = _run(model_path, _ours(), reference=_no_reference, against=f"recording:{directory}")
     assert replayed["prompt"] == live["prompt"] and replayed["prompt"]["text"] == "zigzag hello"
     _same_verdicts(replayed, live)
+
+
+def test_ctrl_c_after_the_checks_keeps_their_verdict_and_writes_no_recording(model_path, tmp_path, monkeypatch):
+    from validation import recording
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(recording, "record_smoke_paths", interrupted)
+    result = _run(model_path, _ours(), record_reference=str(tmp_path / "rec"))
+    assert result["passed"] and result["interrupted"] is None
+    assert result["recording"]["written"] is False and "walking the reference's greedy path" in \
+        result["recording"]["why"]
+    assert list(tmp_path.iterdir()) == []
