@@ -101,14 +101,14 @@ def validate(model, backend, engine, engine_opts, numerics, precision, prompt, a
         spec = engines.with_device(spec, device)  # our engine's option; refused for any other engine
     run = defaults.VALIDATE.resolve(backend=backend, numerics=numerics, threads=threads, device=device)
     if spec is not None and spec.over_http:
-        if record_reference is not None or against.startswith("recording:"):
-            raise GGUFParityError("--record-reference and --against recording:DIR serve the in-process checks; an "
-                                  "HTTP engine is checked against llama.cpp running here")
+        if record_reference is not None:
+            raise GGUFParityError("--record-reference records the in-process checks (validate without an HTTP "
+                                  "--engine); an HTTP engine replays such a recording with --against recording:DIR")
         from bench_compare.adapters import http_cli
 
         result = http_cli.run_validate(spec=spec, model=model, prompt=prompt, threads=threads,
                                        n_tokens=smoke_tokens, top_k=top_k, json_path=json_path,
-                                       report_dir=report_dir)
+                                       report_dir=report_dir, against=against)
         if not result["passed"]:
             failed = [name for name, ok in result["checks"].items() if not ok]
             raise ValidationFailed(f"HTTP validation failed: {', '.join(failed)}")

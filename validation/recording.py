@@ -55,7 +55,7 @@ RECORDED_OPTIONS = ("prompt", "smoke_tokens", "corpus", "decode_steps", "depth",
                     "precision_class")
 # The optional members of an engine that validate looks for with getattr (a proxy has them only where the engine it
 # stands for has them: validate decides what to run by their presence).
-OPTIONAL_MEMBERS = ("capture", "capture_reset", "capture_next", "rounding_variants", "variant")
+OPTIONAL_MEMBERS = ("capture", "capture_reset", "capture_next", "rounding_variants", "variant", "capture_logits")
 
 
 class RecordingMiss(EngineCapabilityError):
@@ -260,6 +260,11 @@ class RecordingEngine:
         self._inner.capture_reset()
         self._session = []
 
+    def _capture_logits(self) -> np.ndarray:
+        """The last capture's logits (llama.cpp's ``llama_get_logits``): its ``result_output``, which the
+        recording holds, so nothing more is written."""
+        return self._inner.capture_logits()
+
     def _capture_next(self, ids: list[int], names: Iterable[str] | None = None) -> dict[str, np.ndarray]:
         ids, names = _ids(ids), None if names is None else list(names)
         out = self._inner.capture_next(ids) if names is None else self._inner.capture_next(ids, names=names)
@@ -389,6 +394,7 @@ class RecordedEngine:
         self._info = recording.engines[label]
         self._history: list[int] = []
         self._session: list[int] = []
+        self._last_capture: list[int] | None = None
 
     def __getattr__(self, member: str):
         if member in OPTIONAL_MEMBERS and member in self._info.get("members", ()):
@@ -449,11 +455,23 @@ class RecordedEngine:
 
     def _capture(self, ids: list[int], names: Iterable[str] | None = None) -> dict[str, np.ndarray]:
         ids, names = _ids(ids), _names(names)
+        self._last_capture = ids
         return self._find(_key("capture", ids), "capture", f"capture of {len(ids)} tokens"
                           + ("" if names is None else f" with tensors {', '.join(names[:4])}"), names)
 
     def _capture_reset(self) -> None:
         self._session = []
+
+    def _capture_logits(self) -> np.ndarray:
+        """``(n_tokens, n_vocab)`` logits of the last capture: its ``result_output`` (llama.cpp hands out the same
+        values from ``llama_get_logits``)."""
+        if self._last_capture is None:
+            raise GGUFParityError("no capture has run yet")
+        logits = self._find(_key("capture", self._last_capture), "capture", "capture's result_output",
+                            ["result_output"])
+        if "result_output" not in logits:
+            raise RecordingMiss(f"the recorded reference {self.recording.path} holds no result_output")
+        return np.asarray(logits["result_output"]).reshape(len(self._last_capture), -1)
 
     def _capture_next(self, ids: list[int], names: Iterable[str] | None = None) -> dict[str, np.ndarray]:
         ids, names = _ids(ids), _names(names)
@@ -499,10 +517,7 @@ def check_replay(recording: Recording, options: Any, precision_class: str, sha25
     takes the recording's."""
     if options.prompt is None:  # no --prompt: the one the recording was made with
         options.prompt = recording.options.get("prompt")
-    recorded_sha = recording.body.get("model", {}).get("sha256")
-    if recorded_sha != sha256:
-        raise GGUFParityError(f"{recording.path} was recorded on another model file (sha256 {str(recorded_sha)[:12]}"
-                              f"..., this one {sha256[:12]}...); record it on this file")
+    check_model(recording, sha256)
     rec = recording.options
     want = recorded_options(options, precision_class)
     problems = [f"{flag} {want[name]!r} (recorded: {rec.get(name)!r})" for name, flag in (
@@ -520,6 +535,39 @@ def check_replay(recording: Recording, options: Any, precision_class: str, sha25
     if want["precision_class"] != rec.get("precision_class") and want["precision_class"] != "ggml":
         problems.append(f"precision class {want['precision_class']} (recorded: {rec.get('precision_class')}; its "
                         "variants differ: record with --precision " + want["precision_class"] + ")")
+    _refuse(recording, problems)
+
+
+def check_model(recording: Recording, sha256: str) -> None:
+    """The recording was made on this very file (its SHA-256), or one line."""
+    recorded_sha = recording.body.get("model", {}).get("sha256")
+    if recorded_sha != sha256:
+        raise GGUFParityError(f"{recording.path} was recorded on another model file (sha256 {str(recorded_sha)[:12]}"
+                              f"..., this one {sha256[:12]}...); record it on this file")
+
+
+def recorded_prompt(recording: Recording) -> str:
+    """The prompt's text the recording was made with (validate's default where it was given none)."""
+    from validation.run import DEFAULT_PROMPT
+
+    prompt = recording.options.get("prompt")
+    return DEFAULT_PROMPT if prompt is None else prompt
+
+
+def check_replay_over_http(recording: Recording, prompt: str, n_tokens: int, sha256: str) -> None:
+    """``validate --engine openai:URL --against recording:DIR`` (:mod:`bench_compare.adapters.http_fidelity`): its
+    calls are the prompt's capture and llama.cpp's greedy path with its rounding variants, which any recording of
+    the same prompt with as many smoke tokens holds."""
+    check_model(recording, sha256)
+    problems = []
+    if prompt != recorded_prompt(recording):
+        problems.append(f"--prompt {prompt!r} (recorded: {recorded_prompt(recording)!r})")
+    if n_tokens > (recording.options.get("smoke_tokens") or 0):
+        problems.append(f"--smoke-tokens {n_tokens} (recorded: {recording.options.get('smoke_tokens')})")
+    _refuse(recording, problems)
+
+
+def _refuse(recording: Recording, problems: list[str]) -> None:
     if problems:
         raise GGUFParityError(f"{recording.path} cannot answer this run: " + "; ".join(problems)
                               + ". Record again with this run's options")

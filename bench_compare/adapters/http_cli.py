@@ -138,19 +138,35 @@ def _validation_reference(model: str, threads: int | None):
 
 
 def run_validate(*, spec: engines.EngineSpec, model: str, prompt: str | None, threads: int | None, n_tokens: int,
-                 top_k: int, json_path: str | None, report_dir: str | None) -> dict:
-    """``validate --engine openai:URL``: top-k logprob fidelity against llama.cpp in-process (``http_fidelity``)."""
+                 top_k: int, json_path: str | None, report_dir: str | None, against: str = "llamacpp") -> dict:
+    """``validate --engine openai:URL``: top-k logprob fidelity against llama.cpp in-process (``http_fidelity``), or
+    against a recording of it (``--against recording:DIR``, :mod:`validation.recording`)."""
     from bench_compare.adapters import http_fidelity
+    from validation import recording
 
     if top_k < 1 or n_tokens < 1:
         raise GGUFParityError(f"--top-k and --smoke-tokens must be >= 1 for an HTTP engine, got {top_k}, {n_tokens}")
+    recorded = recording.parse_against(against)
+    if recorded is None and against != "llamacpp":
+        raise GGUFParityError(f"--against {against}: an HTTP engine is validated against llamacpp (in-process) or "
+                              f"{recording.PREFIX}DIR")
     options = {"logits_all": "true"} if spec.scheme == "llamacpp-server" else {}  # its logprobs need logits_all
     text = prompt or DEFAULT_PROMPT
+    if recorded is not None:  # checked before the engine is opened or a server started
+        from inference_engine.gguf.file import open_gguf
+        from inference_engine.store.named_models import resolve_model
+
+        replay = recording.Recording(recorded)
+        text = prompt or recording.recorded_prompt(replay)
+        recording.check_replay_over_http(replay, text, n_tokens, open_gguf(resolve_model(model)).sha256)
     with ExitStack() as stack:
         engine = _close_later(stack, engines.make_engine(spec, model, n_threads=threads, **options))
         engine.model_name  # noqa: B018 - fail fast on an unreachable URL
-        reference = _close_later(stack, _validation_reference(model, threads))
+        reference = (recording.RecordedEngine(replay) if recorded is not None else
+                     _close_later(stack, _validation_reference(model, threads)))
         result = http_fidelity.run_http_fidelity(engine, reference, text, n_tokens=n_tokens, top_k=top_k)
+    if recorded is not None:
+        result["recording"] = {"mode": "replayed", **replay.describe()}
     md = http_fidelity.markdown(result)
     click.echo(md)
     _write_outputs(result, md, json_path, report_dir, "http_validate")

@@ -337,6 +337,8 @@ def markdown(result: dict[str, Any]) -> str:
              + (f" (token ids refused: {result['token_ids_refused']})" if result.get("token_ids_refused") else ""),
              f"- top-k = {result['top_k']}; {result['n_tokens']} greedy tokens; echo: "
              f"{result['echo'].get('note', 'not requested')}",
+             *([f"- reference: replayed from `{r['path']}` (recorded {r.get('recorded')} on {r.get('machine')})"]
+               if (r := result.get("recording")) else []),
              f"- verdict: **{'PASS' if result['passed'] else 'FAIL'}**", "",
              "| check | value | gate | ok |", "| --- | ---: | --- | --- |",
              f"| top-1 agreement | {fmt(m['top1_agreement'], '.3f')} over {m['positions']} positions | every "

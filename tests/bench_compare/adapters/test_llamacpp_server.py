@@ -120,6 +120,38 @@ def test_validate_openai_against_llamacpp_in_process(logprob_server, smollm2_pat
     assert "Not checkable over HTTP" in (tmp_path / "rep" / "report.md").read_text()
 
 
+def test_validate_openai_against_a_recording_equals_it_against_llamacpp(logprob_server, smollm2_path, tmp_path,
+                                                                       capsys, monkeypatch):
+    """A recording made by the in-process validate (here llama.cpp under test against itself, which is quick)
+    answers the HTTP check's calls: the same positions, metrics and verdict as llama.cpp in-process, which is then
+    never opened."""
+    from validation.llamacpp import LlamaCppEngine
+    from validation.run import ValidateOptions, validate
+
+    directory = tmp_path / "rec"
+    validate(ValidateOptions(model=str(smollm2_path), smoke_tokens=8, threads=N_THREADS,
+                             record_reference=str(directory)),
+             ours_opener=lambda o, p: LlamaCppEngine(str(p), n_ctx=o.n_ctx, n_threads=o.threads))
+    args = ["validate", "--engine", f"openai:{logprob_server.base_url}", "--model", str(smollm2_path),
+            "--smoke-tokens", "8", "--threads", str(N_THREADS)]
+    from validation.run import DEFAULT_PROMPT
+
+    assert cli.main([*args, "--prompt", DEFAULT_PROMPT, "--json", str(tmp_path / "live.json")]) == 0
+    monkeypatch.setattr(LlamaCppEngine, "__init__", _never_opened)
+    assert cli.main([*args, "--against", f"recording:{directory}", "--json", str(tmp_path / "replay.json")]) == 0
+    assert "reference: replayed from" in capsys.readouterr().out
+    live, replay = (json.loads((tmp_path / f"{name}.json").read_text()) for name in ("live", "replay"))
+    for section in ("passed", "checks", "metrics", "positions", "greedy", "noise_floor", "echo"):
+        assert replay[section] == live[section], section
+    assert replay["recording"]["path"] == str(directory)
+    assert cli.main([*args, "--against", f"recording:{directory}", "--smoke-tokens", "9"]) == 2
+    assert "--smoke-tokens 9 (recorded: 8)" in capsys.readouterr().err
+
+
+def _never_opened(*args, **kwargs):
+    raise AssertionError("llama.cpp was opened")
+
+
 def test_openai_client_library_against_llamacpp_server(logprob_server):
     openai = pytest.importorskip("openai")
     client = openai.OpenAI(base_url=logprob_server.base_url, api_key="unused", timeout=60)
