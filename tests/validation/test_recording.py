@@ -280,13 +280,20 @@ def test_cli_records_and_replays(model_path, tmp_path, monkeypatch, capsys):
     assert "exists and is not empty" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("flag", [["--against", "recording:rec"], ["--record-reference", "rec"]])
-def test_an_http_engine_is_told_the_recording_serves_in_process_checks(flag, tmp_path, monkeypatch, capsys):
-    monkeypatch.chdir(tmp_path)
-    assert main(["validate", "--engine", "openai:http://127.0.0.1:9/v1", *flag]) == 2
+@pytest.mark.parametrize("flag, message", [
+    (["--record-reference", "rec"], "--record-reference records the in-process checks (validate without an HTTP "
+                                    "--engine); an HTTP engine replays such a recording with --against recording:DIR"),
+    (["--against", "recording:rec"], "rec: not a recorded reference (no manifest.json)"),
+    (["--against", "numpy"], "--against numpy: an HTTP engine is validated against llamacpp (in-process) or "
+                             "recording:DIR"),
+])
+def test_an_http_engine_s_reference_mistakes_are_one_line_before_any_request(flag, message, tmp_path, monkeypatch,
+                                                                             capsys):
+    monkeypatch.chdir(tmp_path)  # port 9 (discard): nothing listens, and nothing is asked of it
+    assert main(["validate", "--engine", "openai:http://127.0.0.1:9/v1", "--model", str(tmp_path / "m.gguf"),
+                 *flag]) == 2
     err = capsys.readouterr().err
-    assert "serve the in-process checks; an HTTP engine is checked against llama.cpp running here" in err
-    assert err.count("\n") == 1 and not (tmp_path / "rec").exists()
+    assert message in err and err.count("\n") == 1 and not (tmp_path / "rec").exists()
 
 
 def test_a_run_given_no_prompt_takes_the_recordings(model_path, tmp_path):
