@@ -20,7 +20,10 @@ asks every variant for its logits at each step (:func:`record_smoke_paths`), whi
 analysis needs wherever another engine leaves the path. An engine that only generates (top-k checks) is compared on
 its own tokens: those replay while its path is the reference's and are a miss after it leaves it. A miss is a
 :class:`RecordingMiss` (a capability gap: the check that needed it is reported "not checked" with the reason) or,
-where validate cannot go on without the call, the same one line as an error.
+where validate cannot go on without the call, the same one line as an error. A server's top-k check
+(``validate --engine openai:URL``, :mod:`bench_compare.adapters.http_fidelity`) replays a recording of the same
+prompt: it asks for llama.cpp's own greedy path, its rounding variants on it, and the prompt's logits
+(``capture_logits``: the recorded capture's ``result_output``, the values ``llama_get_logits`` hands out).
 
 A recording holds the model's SHA-256 and the options that decide which calls are made (:data:`RECORDED_OPTIONS`);
 replaying it on another file, or with options that need calls it does not hold, stops before anything runs
@@ -546,22 +549,20 @@ def check_model(recording: Recording, sha256: str) -> None:
                               f"..., this one {sha256[:12]}...); record it on this file")
 
 
-def recorded_prompt(recording: Recording) -> str:
-    """The prompt's text the recording was made with (validate's default where it was given none)."""
-    from validation.run import DEFAULT_PROMPT
-
+def recorded_prompt(recording: Recording, default: str) -> str:
+    """The prompt's text the recording was made with (``default``, validate's, where it was given none)."""
     prompt = recording.options.get("prompt")
-    return DEFAULT_PROMPT if prompt is None else prompt
+    return default if prompt is None else prompt
 
 
-def check_replay_over_http(recording: Recording, prompt: str, n_tokens: int, sha256: str) -> None:
+def check_replay_over_http(recording: Recording, prompt: str, recorded: str, n_tokens: int, sha256: str) -> None:
     """``validate --engine openai:URL --against recording:DIR`` (:mod:`bench_compare.adapters.http_fidelity`): its
     calls are the prompt's capture and llama.cpp's greedy path with its rounding variants, which any recording of
-    the same prompt with as many smoke tokens holds."""
+    the same prompt (``recorded``: :func:`recorded_prompt`) with as many smoke tokens holds."""
     check_model(recording, sha256)
     problems = []
-    if prompt != recorded_prompt(recording):
-        problems.append(f"--prompt {prompt!r} (recorded: {recorded_prompt(recording)!r})")
+    if prompt != recorded:
+        problems.append(f"--prompt {prompt!r} (recorded: {recorded!r})")
     if n_tokens > (recording.options.get("smoke_tokens") or 0):
         problems.append(f"--smoke-tokens {n_tokens} (recorded: {recording.options.get('smoke_tokens')})")
     _refuse(recording, problems)

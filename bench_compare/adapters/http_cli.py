@@ -155,10 +155,12 @@ def run_validate(*, spec: engines.EngineSpec, model: str, prompt: str | None, th
     if recorded is not None:  # checked before the engine is opened or a server started
         from inference_engine.gguf.file import open_gguf
         from inference_engine.store.named_models import resolve_model
+        from validation.run import DEFAULT_PROMPT as VALIDATE_PROMPT
 
         replay = recording.Recording(recorded)
-        text = prompt or recording.recorded_prompt(replay)
-        recording.check_replay_over_http(replay, text, n_tokens, open_gguf(resolve_model(model)).sha256)
+        made_with = recording.recorded_prompt(replay, VALIDATE_PROMPT)
+        text = prompt or made_with
+        recording.check_replay_over_http(replay, text, made_with, n_tokens, open_gguf(resolve_model(model)).sha256)
     with ExitStack() as stack:
         engine = _close_later(stack, engines.make_engine(spec, model, n_threads=threads, **options))
         engine.model_name  # noqa: B018 - fail fast on an unreachable URL
