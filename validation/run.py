@@ -199,7 +199,12 @@ def open_numpy_reference(options: ValidateOptions, model_path: Path) -> Engine:
 
 def open_llamacpp_reference(options: ValidateOptions, model_path: Path) -> Engine:
     """llama.cpp, the cleanest reference: F32 KV cache, no flash attention."""
-    from validation.llamacpp import LlamaCppEngine
+    try:
+        from validation.llamacpp import LlamaCppEngine
+    except ImportError as exc:  # a llama-cpp-python that is missing or does not import here
+        raise GGUFParityError(f"llama.cpp (llama-cpp-python) cannot be imported here ({_one_line(exc)}); reinstall "
+                              "it (pip install llama-cpp-python==0.3.36), or validate against a recording made "
+                              "where it runs: --record-reference DIR there, --against recording:DIR here") from None
 
     try:
         return LlamaCppEngine(str(model_path), n_ctx=options.n_ctx, n_threads=options.threads)

@@ -281,8 +281,9 @@ def test_cli_records_and_replays(model_path, tmp_path, monkeypatch, capsys):
 
 
 @pytest.mark.parametrize("flag, message", [
-    (["--record-reference", "rec"], "--record-reference records the in-process checks (validate without an HTTP "
-                                    "--engine); an HTTP engine replays such a recording with --against recording:DIR"),
+    (["--record-reference", "rec"], "--record-reference records the in-process checks (validate without an "
+                                    "HTTP --engine); an HTTP engine replays such a recording with --against "
+                                    "recording:DIR"),
     (["--against", "recording:rec"], "rec: not a recorded reference (no manifest.json)"),
     (["--against", "numpy"], "--against numpy: an HTTP engine is validated against llamacpp (in-process) or "
                              "recording:DIR"),
@@ -316,3 +317,17 @@ def test_ctrl_c_after_the_checks_keeps_their_verdict_and_writes_no_recording(mod
     assert result["recording"]["written"] is False and "walking the reference's greedy path" in \
         result["recording"]["why"]
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_llama_cpp_that_does_not_import_points_to_a_recording(model_path):
+    """As on a machine where llama-cpp-python is missing or broken: one line, exit 2, naming both ways out."""
+    import subprocess
+    import sys
+
+    child = ("import sys; sys.modules['llama_cpp'] = None\n"  # import llama_cpp -> ImportError
+             "from bench_compare.cli import main\n"
+             f"sys.exit(main(['validate', '--model', {model_path!r}, '--no-progress']))\n")
+    done = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert done.stderr.count("\n") == 1 and "llama.cpp (llama-cpp-python) cannot be imported here" in done.stderr
+    assert "--against recording:DIR here" in done.stderr
