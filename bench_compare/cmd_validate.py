@@ -87,7 +87,8 @@ def validate(model, backend, engine, engine_opts, numerics, precision, prompt, a
              corpus, smoke_tokens, threads, free_running, decode_steps, depth, corpus_kld, ctx, name_map, json_path,
              report_dir, top_k, device, progress) -> None:
     """Diff our engine against a reference tensor by tensor; exit 0 pass, 1 fail, 2 bad input. With --engine
-    openai:URL (or llamacpp-server): top-k log-probabilities against llama.cpp in-process (no tensors over HTTP).
+    openai:URL (or llamacpp-server): top-k log-probabilities against llama.cpp in-process, or a recording of it
+    (no tensors over HTTP).
 
     Our K/V cache is F32 here (the other commands': F16), as the reference's: llama.cpp runs an F32 K/V cache
     without flash attention, and decode steps copy its K/V into ours (--engine ours:B --engine-opt kv_type=f16

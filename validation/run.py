@@ -2,7 +2,8 @@
 
 The command ``bench-compare validate`` only parses flags and calls :func:`validate`; everything else is here so a
 script or a test can run the same checks. The checks, all between *ours* and a *reference* engine (llama.cpp by
-default, or our NumPy backend with ``against="numpy"``: any two engines, one code path):
+default, or our NumPy backend with ``against="numpy"``: any two engines, one code path; or either one's answers
+recorded by an earlier run, ``against="recording:DIR"``: :mod:`validation.recording`):
 
 1. tensors, teacher-forced (the gated mode): one prefill of the prompt on the reference with every intermediate
    captured, then one on ours with the reference's tensors forced in (``capture(ids, force=...)``): each of our
