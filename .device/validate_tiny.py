@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
             home = args.recordings if args.recordings and args.against == "llamacpp" else args.out
             (home / "models").mkdir(parents=True, exist_ok=True)
             model = write_tiny_model(home / "models" / f"{name}.gguf", arch, qtype)
-            if recording is not None and args.against == "llamacpp":  # the recording run: our NumPy reference
+            if recording is not None and args.against == "llamacpp":  # recording: llama.cpp beside our NumPy backend
                 recording.parent.mkdir(parents=True, exist_ok=True)
                 options = {"backend": "numpy", "device": None, "against": "llamacpp", "prompt": args.prompt,
                            "record_reference": str(recording)}
