@@ -6,6 +6,12 @@ Every mistake a user can make (a missing file, a non-GGUF file, an unknown archi
 """
 
 
+def one_line(exc: BaseException, limit: int = 200) -> str:
+    """An exception's message on one line, at most ``limit`` characters (its type's name where it has none): how a
+    failure that is reported, not raised, is recorded (a variant that could not open, a damaged file)."""
+    return (" ".join(str(exc).split()) or type(exc).__name__)[:limit]
+
+
 class GGUFParityError(Exception):
     """A problem with the user's input, reported as one line."""
 

@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from inference_engine.errors import GGUFParityError
+from inference_engine.errors import GGUFParityError, one_line
 from inference_engine.protocol import Engine
 from validation.free_running import NOISE_FACTOR
 from validation.metrics import KLD_MEAN_MAX_GGML, Thresholds
@@ -267,7 +267,7 @@ def corpus_kld(ours: Engine, reference: Engine, ids: list[int], ctx: int, bos: i
                     except Exception as exc:  # noqa: BLE001 - a variant that fails is reported, never fatal
                         if label == "ours":
                             raise
-                        errors[label] = (" ".join(str(exc).split()) or type(exc).__name__)[:200]
+                        errors[label] = one_line(exc)
                 progress(phase, done, total)
     except KeyboardInterrupt:  # Ctrl-C: the statistics of the windows every engine finished, if enough
         finished = w

@@ -65,6 +65,7 @@ from typing import Any
 
 import numpy as np
 
+from inference_engine.errors import one_line
 from inference_engine.protocol import Engine
 from validation.metrics import Thresholds, logit_metrics
 
@@ -181,7 +182,7 @@ def measure_self_noise(reference: Engine, ids: list[int], batched: np.ndarray,
             logits = captured[label] if label in captured else \
                 engine.capture(list(ids), names=["result_output"])["result_output"]
         except Exception as exc:  # noqa: BLE001 - a diagnostic variant that fails is reported, never fatal
-            noise.errors[label] = (" ".join(str(exc).split()) or type(exc).__name__)[:200]
+            noise.errors[label] = one_line(exc)
             continue
         add_variant(noise, label, np.asarray(logits, dtype=np.float32).reshape(batched.shape), batched)
     return noise

@@ -51,6 +51,7 @@ from typing import Any
 
 import numpy as np
 
+from inference_engine.errors import one_line
 from inference_engine.protocol import Engine
 from validation.free_running import NOISE_FACTOR
 from validation.metrics import Thresholds, nmse
@@ -91,7 +92,7 @@ def _add(engines: dict[str, Engine], errors: dict[str, str], label: str, make) -
     try:
         engines.update(make())
     except Exception as exc:  # noqa: BLE001 - a variant that cannot open is reported; the floor is the others'
-        errors[label] = (" ".join(str(exc).split()) or type(exc).__name__)[:200]
+        errors[label] = one_line(exc)
 
 
 def capture_variants(variants: Mapping[str, Engine], ids: list[int], names: list[str] | None,
@@ -103,7 +104,7 @@ def capture_variants(variants: Mapping[str, Engine], ids: list[int], names: list
         try:
             out[label] = engine.capture(list(ids), names=names) if names is not None else engine.capture(list(ids))
         except Exception as exc:  # noqa: BLE001 - diagnostic: one failing variant never sinks the run
-            errors[label] = (" ".join(str(exc).split()) or type(exc).__name__)[:200]
+            errors[label] = one_line(exc)
     return out
 
 

@@ -44,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from inference_engine.errors import GGUFParityError
+from inference_engine.errors import GGUFParityError, one_line
 from inference_engine.protocol import EngineCapabilityError
 
 PREFIX = "recording:"  # --against recording:DIR
@@ -130,7 +130,7 @@ class RecordingWriter:
         try:
             info["model_info"] = json.loads(json.dumps(dict(engine.model_info), default=str))
         except Exception as exc:  # noqa: BLE001 - provenance must never sink a recording
-            info["model_info"] = {"error": " ".join(str(exc).split())[:200]}
+            info["model_info"] = {"error": one_line(exc)}
         self.engines[label] = info
 
     def children(self, label: str, kind: str, names: list[str]) -> None:
@@ -190,7 +190,7 @@ class RecordingEngine:
         # the optional members exist on the proxy only where the engine has them (validate looks them up)
         if member in OPTIONAL_MEMBERS and callable(getattr(self._inner, member, None)):
             return getattr(self, f"_{member}")
-        if member in ("n_batch",):
+        if member == "n_batch":
             return getattr(self._inner, member)
         raise AttributeError(member)
 
@@ -331,7 +331,7 @@ class Recording:
         try:
             body = json.loads(manifest.read_text())
         except (OSError, ValueError) as exc:
-            raise GGUFParityError(f"{manifest}: unreadable ({' '.join(str(exc).split())[:120]})") from None
+            raise GGUFParityError(f"{manifest}: unreadable ({one_line(exc, 120)})") from None
         if body.get("format") != FORMAT:
             raise GGUFParityError(f"{self.path}: recording format {body.get('format')!r}; this version reads "
                                   f"format {FORMAT} (record it again)")
@@ -374,7 +374,6 @@ class Recording:
         raise RecordingMiss(f"the recorded reference {self.path} holds no {label} {what}: it was recorded with "
                             f"{_options_line(self.options)}; record again with this run's options")
 
-
     def _load(self, file: Path, names: list[str] | None) -> Any:
         try:
             if file.suffix == ".npy":
@@ -384,7 +383,7 @@ class Recording:
                 return {n: arrays[n] for n in arrays.files if wanted is None or n in wanted}
         except (OSError, ValueError) as exc:
             raise GGUFParityError(f"{self.path}: the recording is damaged ({file.name}: "
-                                  f"{' '.join(str(exc).split())[:120]}); record it again") from None
+                                  f"{one_line(exc, 120)}); record it again") from None
 
 
 class RecordedEngine:

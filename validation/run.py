@@ -47,7 +47,7 @@ import numpy as np
 
 from inference_engine.backends import BACKENDS, DEVICES
 from inference_engine.defaults import VALIDATE
-from inference_engine.errors import GGUFParityError
+from inference_engine.errors import GGUFParityError, one_line
 from inference_engine.protocol import Engine, EngineCapabilityError, capture_takes_force, engine_capabilities
 from inference_engine.registries import NUMERICS, Registry
 from validation.diff import diff_captures
@@ -203,7 +203,7 @@ def open_llamacpp_reference(options: ValidateOptions, model_path: Path) -> Engin
     try:
         from validation.llamacpp import LlamaCppEngine
     except ImportError as exc:  # a llama-cpp-python that is missing or does not import here
-        raise GGUFParityError(f"llama.cpp (llama-cpp-python) cannot be imported here ({_one_line(exc)}); reinstall "
+        raise GGUFParityError(f"llama.cpp (llama-cpp-python) cannot be imported here ({one_line(exc)}); reinstall "
                               "it (pip install llama-cpp-python==0.3.36), or validate against a recording made "
                               "where it runs: --record-reference DIR there, --against recording:DIR here") from None
 
@@ -212,7 +212,7 @@ def open_llamacpp_reference(options: ValidateOptions, model_path: Path) -> Engin
     except GGUFParityError:
         raise
     except Exception as exc:  # noqa: BLE001 - llama.cpp's own failures become one user-facing line
-        raise GGUFParityError(f"{model_path}: llama.cpp cannot load this model ({_one_line(exc)})") from None
+        raise GGUFParityError(f"{model_path}: llama.cpp cannot load this model ({one_line(exc)})") from None
 
 
 def open_ours(options: ValidateOptions, model_path: Path) -> Engine:
@@ -798,7 +798,7 @@ def _info(engine: Engine) -> dict[str, Any]:
     try:
         return dict(engine.model_info)
     except Exception as exc:  # noqa: BLE001 - provenance must never sink a finished validation
-        return {"error": _one_line(exc)}
+        return {"error": one_line(exc)}
 
 
 def provenance(backend: str | None = None) -> dict[str, Any]:
@@ -818,7 +818,3 @@ def _close(engine: Engine | None) -> None:
     close = getattr(engine, "close", None)
     if callable(close):
         close()
-
-
-def _one_line(exc: BaseException) -> str:
-    return (" ".join(str(exc).split()) or type(exc).__name__)[:200]

@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from inference_engine.errors import GGUFParityError
+from inference_engine.errors import GGUFParityError, one_line
 from inference_engine.protocol import Engine
 from validation.free_running import GAP_SHIFT_FACTOR, NOISE_FACTOR, reference_gap_shift
 from validation.metrics import log_softmax
@@ -130,7 +130,7 @@ def _variant_floor(variants: Mapping[str, Engine], ids, path, ref_rows, position
         try:
             rows = logits_on_path(variant, ids, path)
         except Exception as exc:  # noqa: BLE001 - a variant that fails is reported, never fatal
-            out["errors"][label] = (" ".join(str(exc).split()) or type(exc).__name__)[:200]
+            out["errors"][label] = one_line(exc)
             continue
         klds, diffs, overlaps = [], [], []
         for row, ref, pos in zip(rows, ref_rows, positions):
