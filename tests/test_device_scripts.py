@@ -33,6 +33,7 @@ STEPS = (
     "speed",
     "llama-bench",
     "validate-smollm2",
+    "validate-smollm2-recorded",
     "speed-smollm2",
     "cpu-crash",
 )
@@ -88,6 +89,8 @@ def test_every_step_prints_its_commands(commands):
     assert any("-m gpu tests/inference_engine/backends/mlx" in c for c in commands["gpu-tests"])
     assert any("build_llama_cpp" in c and "--sdist" in c and "-DGGML_CUDA=ON" in c for c in commands["build-llama"])
     assert any("--against llama-bench:" in c for c in commands["llama-bench"])
+    assert any("validate --model smollm2-135m" in c and "--against recording:" in c and "--prompt" not in c
+               for c in commands["validate-smollm2-recorded"])  # the recording's own prompt
     assert sum("bench_compare.matrix_profile" in c and "--device gpu" in c for c in commands["matrices"]) == 3
     assert all("--device gpu" in c for c in flat(commands) if "bench_compare.cli" in c)
     assert any("-m gpu" in c and "test_mlx_block_kernels.py" in c and "test_mlx_attention_kernel.py" in c
