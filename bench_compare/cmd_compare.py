@@ -112,6 +112,7 @@ def compare(model, backend, engine, engine_opts, numerics, n_prompt, n_gen, n_de
         engines.with_device(spec, device)  # --device is our engine's: refused for any other
     yard = yardstick.parse_against(against)
     http = spec is not None and spec.over_http
+    program = spec is not None and spec.is_program  # llama-bench:PATH, your benchmark program: binary_compare
     if http and yard is not None and yard.kind != yardstick.KIND_SERVER:
         raise GGUFParityError(f"--against {yard.kind}:PATH measures an in-process engine; an HTTP engine's yardstick "
                               "is llama-server:PATH (your own llama-server, started here)")
@@ -119,6 +120,11 @@ def compare(model, backend, engine, engine_opts, numerics, n_prompt, n_gen, n_de
         raise GGUFParityError(f"--against {yard.kind}:PATH is the yardstick of an HTTP engine (--engine openai:URL); "
                               "for an in-process engine use --against llama-bench:PATH")
     _refuse_other_mode_flags(http)  # after the yardstick: a wrong --against is the bigger mistake
+    if program:
+        ours_only = [flag for name, flag in (("backend", "--backend"), ("numerics", "--numerics")) if _given(name)]
+        if ours_only:
+            raise GGUFParityError(f"{', '.join(ours_only)} not used with --engine {spec.name}: the program computes "
+                                  "in its own way, and llama.cpp runs as compare always runs it")
     if http:
         return _http_compare(spec, against, model, threads, n_ctx, n_prompt, n_gen, n_depth, reps, concurrency, warmup,
                              requests_per_client, seed, json_path, report_dir, progress, quick)
@@ -140,7 +146,8 @@ def compare(model, backend, engine, engine_opts, numerics, n_prompt, n_gen, n_de
         prompt=prompt if prompt is not None else compare_run.DEFAULT_TTFT_PROMPT,
     )
     cfg.validate()
-    session = compare_run.CompareSession(cfg) if yard is None else binary_compare.BinaryCompareSession(cfg)
+    binary = yard is not None or program  # a program on one side or both: binary_compare
+    session = binary_compare.BinaryCompareSession(cfg) if binary else compare_run.CompareSession(cfg)
     from tqdm import tqdm
 
     bar = tqdm(total=0, file=sys.stderr, disable=not progress, desc="compare", unit="run", leave=False,
@@ -159,7 +166,7 @@ def compare(model, backend, engine, engine_opts, numerics, n_prompt, n_gen, n_de
 
     t0 = time.monotonic()
     try:
-        if yard is None:
+        if not binary:
             result = compare_run.run_compare(cfg, session, progress=set_total, advance=advance, say=say)
         else:
             result = binary_compare.run_binary_compare(cfg, yard, session, progress=set_total, advance=advance,
@@ -168,7 +175,7 @@ def compare(model, backend, engine, engine_opts, numerics, n_prompt, n_gen, n_de
         bar.close()
         partial = _partial_result(session)
         if partial["results"]:
-            what = "interrupted" if isinstance(exc, KeyboardInterrupt) else f"{llama_bench_bin.ENGINE_NAME} failed"
+            what = "interrupted" if isinstance(exc, KeyboardInterrupt) else f"{exc.program} failed"
             click.echo(f"{what}; measured so far (nothing was written):")
             click.echo(report.compare_table(partial))
         raise

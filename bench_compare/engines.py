@@ -57,11 +57,14 @@ ENGINE_SCHEMES: dict[str, str] = {
     "cmd": "bench_compare.adapters.command:open_engine",  # a program run per request, writing such dumps
     "hf": "bench_compare.adapters.hf_transformers:open_engine",  # Hugging Face transformers on the same GGUF
     "mistralrs": "bench_compare.adapters.mistralrs:open_engine",  # mistral.rs (Rust): text and top-k logprobs
+    "llama-bench": "bench_compare.llama_bench_bin:open_engine",  # a program taking llama-bench's flags: its timings
 }
 # Per-scheme facts that need no import: ``usage`` (what to type, where it is not ``scheme:TARGET``), ``http``
 # (the engine is reached over HTTP: compare/validate route it to bench_compare.adapters; bench cannot drive it) and
-# ``timed`` (False: nothing it does measures the engine's speed, so bench and compare refuse it; default True) and
-# ``capabilities`` (what its engines give: inference_engine.protocol.CAPABILITIES; shown by ``engines list``).
+# ``timed`` (False: nothing it does measures the engine's speed, so bench and compare refuse it; default True),
+# ``program`` (a program compare runs once per test, as llama-bench, reading its JSON: bench_compare.binary_compare;
+# nothing opens it in-process) and ``capabilities`` (what its engines give: inference_engine.protocol.CAPABILITIES;
+# shown by ``engines list``).
 ENGINE_META: dict[str, dict[str, Any]] = {
     "ours": {"capabilities": ("tensors", "teacher_forcing", "logits", "tokenize")},
     "llamacpp": {"capabilities": ("tensors", "logits", "tokenize")},
@@ -74,6 +77,8 @@ ENGINE_META: dict[str, dict[str, Any]] = {
     "cmd": {"usage": "'cmd:PROGRAM ARGS {request} {out}'", "timed": False, "capabilities": ("tensors", "logits")},
     "hf": {"usage": "hf:[MODEL]", "capabilities": ("tensors", "teacher_forcing", "logits", "tokenize")},
     "mistralrs": {"usage": "mistralrs:[MODEL]", "capabilities": ("top_logprobs", "text", "tokenize", "timings")},
+    # your engine's benchmark program (any language), or llama.cpp's own llama-bench: compare's pp / tg tests only
+    "llama-bench": {"usage": "llama-bench:PATH", "program": True, "capabilities": ("timings",)},
 }
 ENGINE_ENTRY_POINT_GROUP = "gguf_parity.engines"
 PLUGIN_USAGE = "package.module:factory"
@@ -120,6 +125,12 @@ class EngineSpec:
     def over_http(self) -> bool:
         """An engine reached over HTTP (``openai:URL``, ``llamacpp-server``): see bench_compare.adapters."""
         return not self.is_plugin and bool(ENGINES.info(self.scheme).get("http"))
+
+    @property
+    def is_program(self) -> bool:
+        """A program ``compare`` runs once per test and reads llama-bench's JSON from (``llama-bench:PATH``):
+        bench_compare.binary_compare; nothing opens it in-process."""
+        return not self.is_plugin and bool(ENGINES.info(self.scheme).get("program"))
 
     @property
     def timed(self) -> bool:

@@ -1,4 +1,7 @@
-"""llama.cpp's own ``llama-bench`` program, one test per run: the command, its JSON, our records.
+"""llama.cpp's own ``llama-bench`` program (or any program that takes its flags and prints its JSON), one test per
+run: the command, its JSON, our records. Such a program is ``compare``'s yardstick (``--against llama-bench:PATH``)
+or the engine under test (``--engine llama-bench:PATH``: an engine in any language, timed by its own benchmark
+program; :func:`open_engine` refuses every in-process use of it in one line).
 
 Each test of a compare (``pp512``, ``tg128``, ``pp512 @ d512``, ...) is one run of the binary with llama-bench's
 matching flags::
@@ -44,7 +47,12 @@ NOT_MEASURED = {
 
 
 class BinaryFailed(GGUFParityError):
-    """The binary failed on a test: the run ends here, one line, exit 2 (what was measured before is printed)."""
+    """The binary failed on a test: the run ends here, one line, exit 2 (what was measured before is printed).
+    ``program``: its name in the results (``llama-bench``, or ``llama-bench:PATH`` for the engine under test)."""
+
+    def __init__(self, message: str, program: str = ENGINE_NAME):
+        super().__init__(message)
+        self.program = program
 
 
 def bench_command(binary: str, model: str, test: TestSpec, reps: int, threads: int) -> list[str]:
@@ -55,51 +63,56 @@ def bench_command(binary: str, model: str, test: TestSpec, reps: int, threads: i
     return command
 
 
-def run_test(binary: str, model: str, test: TestSpec, reps: int, threads: int) -> dict[str, Any]:
-    """Run one test; its llama-bench record. One line (:class:`BinaryFailed`) when the binary fails or prints
-    something else than the record asked for."""
+def run_test(binary: str, model: str, test: TestSpec, reps: int, threads: int,
+             name: str = ENGINE_NAME) -> dict[str, Any]:
+    """Run one test; its llama-bench record. One line (:class:`BinaryFailed`, naming the program as ``name``) when
+    the binary fails or prints something else than the record asked for."""
     output = run_child(bench_command(binary, model, test, reps, threads))
-    return record_for(output, test, reps, binary)
+    return record_for(output, test, reps, binary, name)
 
 
-def record_for(output: ChildOutput, test: TestSpec, reps: int, binary: str = ENGINE_NAME) -> dict[str, Any]:
-    where = f"{ENGINE_NAME} ({binary}) on {test.name}"
+def record_for(output: ChildOutput, test: TestSpec, reps: int, binary: str = ENGINE_NAME,
+               name: str = ENGINE_NAME) -> dict[str, Any]:
+    where = f"{name} ({binary}) on {test.name}"
     if output.returncode != 0:
-        raise BinaryFailed(f"{where} {output.failure()}")
-    records = parse_json(output.stdout, where)
+        raise BinaryFailed(f"{where} {output.failure()}", name)
+    records = parse_json(output.stdout, where, name)
     matching = [r for r in records if (r.get("n_prompt"), r.get("n_gen"), r.get("n_depth", 0))
                 == (test.n_prompt, test.n_gen, test.n_depth)]
     if len(matching) != 1:
         got = ", ".join(f"-p {r.get('n_prompt')} -n {r.get('n_gen')} -d {r.get('n_depth', 0)}" for r in records)
         raise BinaryFailed(f"{where}: expected one result for -p {test.n_prompt} -n {test.n_gen} -d {test.n_depth}, "
-                           f"got {got or 'none'}")
+                           f"got {got or 'none'}", name)
     record = matching[0]
     samples = record.get("samples_ns")
     if not isinstance(samples, list) or not samples:
         raise BinaryFailed(f"{where}: its JSON has no samples_ns (a build older than per-repetition samples); "
-                           "rebuild it from a newer llama.cpp")
+                           "rebuild it from a newer llama.cpp" if name == ENGINE_NAME else
+                           f"{where}: its JSON has no samples_ns (each repetition's nanoseconds, as llama-bench's)",
+                           name)
     if len(samples) != reps:
-        raise BinaryFailed(f"{where}: {len(samples)} samples for -r {reps}")
+        raise BinaryFailed(f"{where}: {len(samples)} samples for -r {reps}", name)
     return record
 
 
-def parse_json(text: str, where: str = ENGINE_NAME) -> list[dict[str, Any]]:
+def parse_json(text: str, where: str = ENGINE_NAME, name: str = ENGINE_NAME) -> list[dict[str, Any]]:
     """``llama-bench -o json``'s array of test objects (one line when it is not one)."""
     try:
         data = json.loads(text)
     except ValueError:
         first = text.strip().splitlines()[0][:80] if text.strip() else "nothing"
-        raise BinaryFailed(f"{where}: -o json printed no JSON (got {first!r})") from None
+        raise BinaryFailed(f"{where}: -o json printed no JSON (got {first!r})", name) from None
     if not isinstance(data, list) or not all(isinstance(r, dict) for r in data):
-        raise BinaryFailed(f"{where}: -o json printed {type(data).__name__}, not an array of test results")
+        raise BinaryFailed(f"{where}: -o json printed {type(data).__name__}, not an array of test results", name)
     return data
 
 
-def to_result(record: dict[str, Any], test: TestSpec) -> TestResult:
-    """One llama-bench record as a compare result, in t/s per repetition (from ``samples_ns``, as ours)."""
+def to_result(record: dict[str, Any], test: TestSpec, name: str = ENGINE_NAME) -> TestResult:
+    """One llama-bench record as a compare result of the engine ``name``, in t/s per repetition (from
+    ``samples_ns``, as ours)."""
     samples_ns = [int(s) for s in record["samples_ns"]]
     return TestResult(
-        test=test.name, kind=test.kind, engine=ENGINE_NAME, unit="t/s", higher_is_better=True,
+        test=test.name, kind=test.kind, engine=name, unit="t/s", higher_is_better=True,
         samples=[tokens_per_second(test.n_tokens, ns) for ns in samples_ns], samples_ns=samples_ns,
         n_prompt=test.n_prompt, n_gen=test.n_gen, n_depth=test.n_depth,
         extra={"llama_bench": {k: record.get(k) for k in ("avg_ts", "stddev_ts", "test_time")}},
@@ -112,3 +125,14 @@ def build_info(record: dict[str, Any]) -> dict[str, Any]:
 
 def settings_of(record: dict[str, Any]) -> dict[str, Any]:
     return {k: record[k] for k in SETTING_FIELDS if k in record}
+
+
+def open_engine(target: str, model: str, **options) -> Any:
+    """Your engine's benchmark program (any language) taking llama-bench's flags and printing its JSON: compare only.
+
+    ``compare`` runs it once per test (:mod:`bench_compare.binary_compare`); anywhere else (``validate``, ``bench``)
+    it is refused in one line: a program run per test gives the timings of whole tests, nothing an in-process
+    engine gives."""
+    raise GGUFParityError(f"llama-bench:{target} is a benchmark program: bench-compare compare runs it once per test "
+                          "(-m -p -n -d -r -t -ngl -o json) and reads its timings; it gives no tokens, logits or "
+                          "tensors, so validate and bench cannot use it (docs/PLUGGING_IN.md)")

@@ -277,8 +277,9 @@ def compare_summary_line(result: dict[str, Any]) -> str:
     model = result.get("model", {})
     git = result.get("git", {})
     machine = result.get("machine", {})
+    numerics = f" numerics {result['numerics']}" if result.get("numerics") else ""  # none: a program's own arithmetic
     return (f"model `{model.get('filename', '?')}` (sha256 {str(model.get('sha256', '?'))[:12]}), "
-            f"{result.get('ours')} numerics {result.get('numerics')}, {s.get('n_threads')} threads, "
+            f"{result.get('ours')}{numerics}, {s.get('n_threads')} threads, "
             f"-p {s.get('n_prompt')} -n {s.get('n_gen')} -d {s.get('n_depth')} -r {s.get('reps')} "
             f"({s.get('sizes_chosen')}), git {str(git.get('sha', '?'))[:10]}{'+dirty' if git.get('dirty') else ''}, "
             f"{result.get('date', '?')}, {machine_label(machine)}")

@@ -81,43 +81,46 @@ def parse_against(text: str | None) -> Yardstick | None:
     return None
 
 
-def check_binary(yard: Yardstick) -> BinaryInfo:
-    """Refuse, in one line, a PATH that is not a working ``yard.kind`` (see the module docstring)."""
+def check_binary(yard: Yardstick, flag: str = "--against") -> BinaryInfo:
+    """Refuse, in one line, a PATH that is not a working ``yard.kind`` (see the module docstring). ``flag``: where
+    the user named it, ``--against`` (llama.cpp's program) or ``--engine`` (any program taking llama-bench's flags:
+    the engine under test)."""
     path, kind = yard.path, yard.kind
+    program = f"llama.cpp's build/bin/{kind}" if flag == "--against" else "your benchmark program"
     if not path.exists():
-        raise GGUFParityError(f"--against {kind}: {path} does not exist; point it at llama.cpp's build/bin/{kind}")
+        raise GGUFParityError(f"{flag} {kind}: {path} does not exist; point it at {program}")
     if path.is_dir():
-        raise GGUFParityError(f"--against {kind}: {path} is a directory; point it at the {kind} program inside "
-                              f"(build/bin/{kind})")
+        raise GGUFParityError(f"{flag} {kind}: {path} is a directory; point it at {program}")
     if not os.access(path, os.X_OK):
-        raise GGUFParityError(f"--against {kind}: {path} is not executable (chmod +x it, or point at llama.cpp's "
-                              f"build/bin/{kind})")
+        raise GGUFParityError(f"{flag} {kind}: {path} is not executable (chmod +x it, or point at {program})")
     try:
         done = subprocess.run([str(path), "--help"], check=False, capture_output=True, text=True, errors="replace",
                               timeout=HELP_TIMEOUT_S, stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired:
-        raise GGUFParityError(f"--against {kind}: {path} --help did not finish within {HELP_TIMEOUT_S:.0f} s; "
-                              f"is it llama.cpp's {kind}?") from None
+        raise GGUFParityError(f"{flag} {kind}: {path} --help did not finish within {HELP_TIMEOUT_S:.0f} s; "
+                              f"is it {'llama.cpp' if flag == '--against' else 'a program'} that takes {kind}'s "
+                              "flags?") from None
     except OSError as exc:
-        raise GGUFParityError(f"--against {kind}: {path} cannot be run: {exc.strerror or exc}") from None
+        raise GGUFParityError(f"{flag} {kind}: {path} cannot be run: {exc.strerror or exc}") from None
     if done.returncode < 0:
-        raise GGUFParityError(f"--against {kind}: {path} crashed on --help ({signal_name(-done.returncode)}); "
+        raise GGUFParityError(f"{flag} {kind}: {path} crashed on --help ({signal_name(-done.returncode)}); "
                               "this build is broken: rebuild it")
     text = done.stdout + done.stderr
-    missing = [flag for flag in REQUIRED_FLAGS[kind] if flag not in text]
+    missing = [flag_ for flag_ in REQUIRED_FLAGS[kind] if flag_ not in text]
     if missing:
         other = next((k for k in KINDS if k != kind and all(f in text for f in REQUIRED_FLAGS[k])), None)
         hint = f" (it looks like {other})" if other else ""
-        raise GGUFParityError(f"--against {kind}: {path} is not llama.cpp's {kind}{hint}: its --help has no "
-                              f"{', '.join(missing)}")
+        what = f"is not llama.cpp's {kind}" if flag == "--against" else f"does not take {kind}'s flags"
+        raise GGUFParityError(f"{flag} {kind}: {path} {what}{hint}: its --help has no {', '.join(missing)}")
     return BinaryInfo(kind, path.resolve(), file_sha256(path), DEPTH_FLAG in text)
 
 
-def check_depth(info: BinaryInfo, depths: list[int]) -> None:
-    """An old llama-bench (before -d, 2025) runs depth-0 tests only."""
+def check_depth(info: BinaryInfo, depths: list[int], flag: str = "--against") -> None:
+    """An old llama-bench (before -d, 2025), or a program without -d, runs depth-0 tests only."""
     if any(d > 0 for d in depths) and not info.has_depth:
-        raise GGUFParityError(f"--against llama-bench: {info.path} has no -d ({DEPTH_FLAG}): it is older than "
-                              "llama.cpp's depth tests; rebuild it from a newer llama.cpp, or pass -d 0")
+        why = ("it is older than llama.cpp's depth tests; rebuild it from a newer llama.cpp" if flag == "--against"
+               else "give it -d N (a prompt of N tokens prefilled untimed before each test)")
+        raise GGUFParityError(f"{flag} llama-bench: {info.path} has no -d ({DEPTH_FLAG}): {why}, or pass -d 0")
 
 
 def file_sha256(path: Path) -> str:

@@ -91,12 +91,14 @@ def _engine_backends(spec: SweepSpec) -> list[tuple[str, str | None, str | None]
     return out
 
 
-def _over_http(engine: str) -> bool:
+def _takes_no_numerics(engine: str) -> bool:
+    """An engine over HTTP or a benchmark program (``llama-bench:PATH``): compare refuses ``--numerics`` for it."""
     if engine == OURS or engine.startswith(f"{OURS}:"):
         return False
     from bench_compare.engines import parse_engine_spec
 
-    return parse_engine_spec(engine).over_http
+    spec = parse_engine_spec(engine)
+    return spec.over_http or spec.is_program
 
 
 def excluded(cell: Cell, entry: dict[str, Any]) -> bool:
@@ -116,12 +118,12 @@ def cells(spec: SweepSpec, machines: list[dict[str, str]] | None = None) -> tupl
     for a sweep whose machines are ``"each"`` (a cell per machine, pinned to its labels)."""
     out: list[Cell] = []
     dropped = 0
-    over_http = {engine for engine, _, _ in _engine_backends(spec) if _over_http(engine)}  # once per engine
+    no_numerics = {engine for engine, _, _ in _engine_backends(spec) if _takes_no_numerics(engine)}  # once each
     for combination in _product(spec, _machine_axis(spec, machines)):
         if any(excluded(combination, e) for e in spec.exclude):
             dropped += 1
             continue
-        cell = replace(combination, numerics=None) if combination.engine in over_http else combination
+        cell = replace(combination, numerics=None) if combination.engine in no_numerics else combination
         if cell not in out:
             out.append(cell)
     return out, dropped

@@ -29,14 +29,18 @@ def model(tiny_model):
     return str(tiny_model("llama", "Q8_0"))
 
 
-@pytest.fixture
-def fake_bench(tmp_path) -> Path:
-    """An executable named llama-bench that runs the replaying stand-in with this interpreter."""
-    path = tmp_path / "bin" / "llama-bench"
+def replaying_program(path: Path) -> Path:
+    """An executable at ``path`` that runs the replaying stand-in with this interpreter."""
     path.parent.mkdir()
     path.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{FAKE}" "$@"\n')
     path.chmod(0o755)
     return path
+
+
+@pytest.fixture
+def fake_bench(tmp_path) -> Path:
+    """An executable named llama-bench that replays what the real one printed."""
+    return replaying_program(tmp_path / "bin" / "llama-bench")
 
 
 def compare(capsys, *args):
@@ -126,13 +130,15 @@ def test_bad_against_exit_2_before_anything_runs(capsys, model, fake_bench, tmp_
     assert "loading" not in err and not json_path.exists()
 
 
-def test_ctrl_c_stops_the_binary_and_keeps_what_was_measured(model, fake_bench, tmp_path):
+@pytest.mark.parametrize("side", ["--against", "--engine"])  # the yardstick, or the engine under test
+def test_ctrl_c_stops_the_binary_and_keeps_what_was_measured(model, fake_bench, tmp_path, side):
     pidfile, json_path = tmp_path / "bench.pid", tmp_path / "c.json"
     env = {**os.environ, "FAKE_BENCH_HANG_ON": "tg", "FAKE_BENCH_PIDFILE": str(pidfile)}
+    ours = ["--backend", "numpy"] if side == "--against" else []  # --engine: llama.cpp in-process the reference
     with children_get_default_sigint():  # as in a terminal, whatever this test process inherited
         process = subprocess.Popen(
-            [sys.executable, "-m", "bench_compare.cli", "compare", "--no-progress", "-m", model, "--backend",
-             "numpy", "--quick", "-t", "1", "--against", f"llama-bench:{fake_bench}", "--json", str(json_path)],
+            [sys.executable, "-m", "bench_compare.cli", "compare", "--no-progress", "-m", model, *ours,
+             "--quick", "-t", "1", side, f"llama-bench:{fake_bench}", "--json", str(json_path)],
             cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + CHILD_TIMEOUT_S
@@ -154,9 +160,107 @@ def test_ctrl_c_stops_the_binary_and_keeps_what_was_measured(model, fake_bench, 
 
 def test_a_build_without_a_commit_count_names_its_commit_alone():
     """llama-bench reports build_number 0 where CMake counted no commits (sources from an sdist): not printed."""
-    from bench_compare.binary_compare import notes
+    from bench_compare.binary_compare import program_note
 
-    counted = notes({"path": "/b/llama-bench", "build": {"build_commit": "0c1e570", "build_number": 1}})[0]
-    uncounted = notes({"path": "/b/llama-bench", "build": {"build_commit": "0c1e570", "build_number": 0}})[0]
+    counted = program_note("yardstick", {"path": "/b/llama-bench", "build": {"build_commit": "0c1e570",
+                                                                             "build_number": 1}})
+    uncounted = program_note("yardstick", {"path": "/b/llama-bench", "build": {"build_commit": "0c1e570",
+                                                                               "build_number": 0}})
     assert "build 0c1e570 (1), backends" in counted
     assert "build 0c1e570, backends" in uncounted
+
+
+# --- the engine under test as a program (--engine llama-bench:PATH): an engine in any language, its own benchmark --
+@pytest.fixture
+def fake_engine_bench(tmp_path) -> Path:
+    """Another executable speaking llama-bench's flags: the engine under test (the same replaying stand-in)."""
+    return replaying_program(tmp_path / "engine" / "my-engine-bench")
+
+
+def test_a_program_engine_against_llamacpp_in_this_process(capsys, model, fake_engine_bench, tmp_path):
+    json_path = tmp_path / "c.json"
+    engine = f"llama-bench:{fake_engine_bench}"
+    code, out, err = compare(capsys, "-m", model, "--engine", engine, "--quick", "-t", "1", "--json", str(json_path))
+    assert code == 0, err
+    result = json.loads(json_path.read_text())
+    assert (result["ours"], result["reference"]) == (engine, "llamacpp")
+    # each test: the program first, then llama.cpp measured here; throughput only, unpaired intervals
+    assert [(r["test"], r["engine"]) for r in result["results"]] == [
+        (t, e) for t in QUICK_TESTS for e in (engine, "llamacpp")]
+    recorded = json.loads((FAKE.parent / "tiny_llama_q8_0.json").read_text())
+    ours = {r["test"]: r for r in result["results"] if r["engine"] == engine}
+    assert ours["tg16"]["samples_ns"] == next(r for r in recorded if r["n_gen"] == 16 and not r["n_depth"])[
+        "samples_ns"][:2]  # the program's own per-repetition times, read from its JSON
+    assert set(result["ratios"]) == set(QUICK_TESTS) == set(result["ratio_intervals"])
+    assert all(i["method"].startswith("unpaired") for i in result["ratio_intervals"].values())
+    assert (result["backend"], result["numerics"]) == ("", "")  # the program's own arithmetic
+    assert result["engine_binary"]["path"] == str(fake_engine_bench.resolve())
+    assert result["engine_binary"]["build_commit"] == "0c1e570" and "reference_binary" not in result
+    settings = result["settings"]
+    assert settings["against"] == "llamacpp" and set(settings["engines"]) == {engine, "llamacpp"}
+    assert settings["engines"]["llamacpp"]["type_k"] == "f16"  # llama.cpp as compare runs it: llama-bench's
+    assert settings["engines"][engine]["command"][:3] == [str(fake_engine_bench.resolve()), "-m", model]
+    assert "note: engine: llama-bench" in out and "note: ttft hot: not measured" in out
+    assert f"model `{Path(model).name}`" in out and " numerics " not in out.splitlines()[1]
+
+
+def test_two_programs_the_engine_and_llama_bench(capsys, model, fake_bench, fake_engine_bench, tmp_path):
+    """Nothing runs in this process: the same replayed records on both sides give ratios of exactly 1."""
+    json_path = tmp_path / "c.json"
+    engine = f"llama-bench:{fake_engine_bench}"
+    code, out, err = compare(capsys, "-m", model, "--engine", engine, "--quick", "-t", "1",
+                             "--against", f"llama-bench:{fake_bench}", "--json", str(json_path))
+    assert code == 0, err
+    result = json.loads(json_path.read_text())
+    assert (result["ours"], result["reference"]) == (engine, "llama-bench")
+    assert [(r["test"], r["engine"]) for r in result["results"]] == [
+        (t, e) for t in QUICK_TESTS for e in (engine, "llama-bench")]
+    assert result["settings"]["load_s_in_process"] == {} and result["settings"]["warmup_runs"] == {}
+    assert all(ratio == pytest.approx(1.0) for ratio in result["ratios"].values())
+    assert {i["verdict"] for i in result["ratio_intervals"].values()} == {"same"}
+    assert result["engine_binary"]["path"] == str(fake_engine_bench.resolve())
+    assert result["reference_binary"]["path"] == str(fake_bench.resolve())
+    assert "note: engine: llama-bench" in out and "note: yardstick: llama-bench" in out
+
+
+def test_a_crash_of_the_program_engine_ends_the_run_with_one_line(capsys, model, fake_engine_bench, tmp_path,
+                                                                   monkeypatch):
+    monkeypatch.setenv("FAKE_BENCH_CRASH_ON", "tg")
+    json_path = tmp_path / "c.json"
+    engine = f"llama-bench:{fake_engine_bench}"
+    code, out, err = compare(capsys, "-m", model, "--engine", engine, "--quick", "-t", "1", "--json", str(json_path))
+    assert code == 2 and not json_path.exists()
+    last = err.splitlines()[-1]  # after the progress lines ("... against llamacpp ...", the --quick note)
+    assert last.startswith(f"error: {engine} ({fake_engine_bench.resolve()}) on tg16 crashed with signal 11 (SIGSEGV)")
+    assert f"{engine} failed; measured so far (nothing was written):" in out and "| pp64 |" in out
+
+
+@pytest.mark.parametrize("engine, extra, message", [
+    ("llama-bench:", (), "--engine llama-bench: needs your benchmark program's path"),
+    ("llama-bench:{missing}", (), "--engine llama-bench: {missing} does not exist; point it at your benchmark program"),
+    ("llama-bench:{model}", (), "is not executable"),
+    ("llama-bench:/bin/true", (), "--engine llama-bench: /bin/true does not take llama-bench's flags: its --help has "
+                                  "no --n-prompt"),
+    ("llama-bench:{fake}", ("--precision", "5%"), "--precision adds paired repetitions"),
+    ("llama-bench:{fake}", ("--budget", "60"), "--budget probes both engines in this process"),
+    ("llama-bench:{fake}", ("--backend", "numba", "--numerics", "f32"), "--backend, --numerics not used with --engine "
+                                                                        "llama-bench:"),
+])
+def test_a_bad_program_engine_is_one_line_before_anything_runs(capsys, model, fake_engine_bench, tmp_path, engine,
+                                                               extra, message):
+    if "/bin/true" in engine and not Path("/bin/true").exists():
+        pytest.skip("no /bin/true here")
+    names = {"missing": tmp_path / "nope", "model": model, "fake": fake_engine_bench}
+    json_path = tmp_path / "c.json"
+    code, _out, err = compare(capsys, "-m", model, "--engine", engine.format(**names), "--quick", "-t", "1",
+                              "--json", str(json_path), *extra)
+    assert code == 2 and err.count("\n") == 1 and not json_path.exists(), err
+    assert message.format(**names) in err
+
+
+@pytest.mark.parametrize("command", [["validate", "--model"], ["bench", "-p", "16", "-n", "4", "-m"]])
+def test_a_program_engine_is_compare_only(capsys, model, fake_engine_bench, command):
+    code = main([*command, model, "--engine", f"llama-bench:{fake_engine_bench}"])
+    _out, err = capsys.readouterr()
+    assert code == 2 and err.count("\n") == 1
+    assert "is a benchmark program: bench-compare compare runs it once per test" in err

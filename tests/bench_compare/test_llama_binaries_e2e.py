@@ -1,4 +1,5 @@
-"""``compare --against llama-bench:PATH`` and ``--against llama-server:PATH`` with real llama.cpp programs.
+"""``compare --against llama-bench:PATH``, ``--engine llama-bench:PATH`` and ``--against llama-server:PATH`` with real
+llama.cpp programs.
 
 The binaries come from ``GGUF_PARITY_LLAMA_BENCH`` / ``GGUF_PARITY_LLAMA_SERVER`` (the tests skip, saying so,
 without them); the ``heavy`` test builds both from llama-cpp-python's sdist first (``bench_compare.build_llama_cpp``:
@@ -59,6 +60,31 @@ def check_llama_bench_compare(binary: Path, model: str, tmp_path: Path, capsys) 
     return result
 
 
+def check_program_engine_compare(binary: Path, model: str, tmp_path: Path, capsys) -> dict:
+    """llama-bench as the engine under test (``--engine llama-bench:PATH``, the way in for an engine in any
+    language) against llama.cpp in this process."""
+    json_path = tmp_path / "engine.json"
+    engine = f"llama-bench:{binary}"
+    code = main(["compare", "--no-progress", "-m", model, "--engine", engine, "--quick", "-t", "1",
+                 "--json", str(json_path)])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    result = json.loads(json_path.read_text())
+    assert (result["ours"], result["reference"]) == (engine, "llamacpp")
+    assert [(r["test"], r["engine"]) for r in result["results"]] == [
+        (t, e) for t in QUICK_TESTS for e in (engine, "llamacpp")]
+    program = [r for r in result["results"] if r["engine"] == engine]
+    assert all(len(r["samples_ns"]) == QUICK_REPS and min(r["samples"]) > 0 for r in program)
+    assert all(0 < v < float("inf") for v in result["ratios"].values()) and set(result["ratios"]) == set(QUICK_TESTS)
+    built = result["engine_binary"]
+    assert built["path"] == str(binary.resolve()) and built["sha256"] == yardstick.file_sha256(binary)
+    version = subprocess.run([str(binary), "--version"], capture_output=True, text=True, check=False, timeout=60)
+    assert built["build_commit"] and built["build_commit"] in version.stdout + version.stderr
+    assert result["settings"]["engines"][engine]["type_k"] == result["settings"]["engines"]["llamacpp"]["type_k"]
+    assert "note: engine: llama-bench" in out
+    return result
+
+
 def check_llama_server_compare(binary: Path, model: str, tmp_path: Path, capsys) -> dict:
     """An HTTP compare whose reference side is the binary: the engine side is a second copy of the same server
     (started here as the harness starts the reference), so the test needs nothing beyond the binary."""
@@ -93,6 +119,10 @@ def test_given_llama_bench(model, tmp_path, capsys):
     check_llama_bench_compare(given(BENCH_ENV), model, tmp_path, capsys)
 
 
+def test_given_llama_bench_as_the_engine(model, tmp_path, capsys):
+    check_program_engine_compare(given(BENCH_ENV), model, tmp_path, capsys)
+
+
 def test_given_llama_server(model, tmp_path, capsys):
     check_llama_server_compare(given(SERVER_ENV), model, tmp_path, capsys)
 
@@ -105,4 +135,5 @@ def test_build_from_the_sdist_then_compare(model, tmp_path, capsys):
     pytest.importorskip("llama_cpp")
     paths = build_llama_cpp.build(tmp_path / "llama-bin")
     check_llama_bench_compare(paths["llama-bench"], model, tmp_path, capsys)
+    check_program_engine_compare(paths["llama-bench"], model, tmp_path, capsys)
     check_llama_server_compare(paths["llama-server"], model, tmp_path, capsys)

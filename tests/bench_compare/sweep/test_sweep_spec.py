@@ -168,13 +168,15 @@ def test_device_mistakes_are_one_line(tmp_path, body, message):
     assert message in str(exc.value) and "\n" not in str(exc.value)
 
 
-def test_an_http_engine_s_cells_take_no_numerics(tmp_path):
-    """A server runs its own arithmetic: `compare --engine openai:URL` refuses --numerics, so the sweep gives its
-    cells none (one cell, not one per numerics value)."""
-    body = GOOD.replace('engines = ["ours", "llamacpp"]', 'engines = ["ours", "openai:http://127.0.0.1:9/v1"]') \
+@pytest.mark.parametrize("engine", ["openai:http://127.0.0.1:9/v1", "llama-bench:/opt/my-engine/bench"])
+def test_an_http_or_program_engine_s_cells_take_no_numerics(tmp_path, engine):
+    """A server, or a benchmark program, runs its own arithmetic: `compare --engine openai:URL` (or
+    `llama-bench:PATH`) refuses --numerics, so the sweep gives its cells none (one cell, not one per numerics
+    value)."""
+    body = GOOD.replace('engines = ["ours", "llamacpp"]', f'engines = ["ours", "{engine}"]') \
         .replace('numerics = ["ggml"]', 'numerics = ["ggml", "f32"]')
     got, _ = cells(load_spec(write_sweep(tmp_path, body)))
-    http = [c for c in got if c.engine.startswith("openai:") and c.command == "compare"]
+    http = [c for c in got if c.engine == engine and c.command == "compare"]
     ours = [c for c in got if c.engine.startswith("ours:") and c.command == "compare"]
     assert {c.numerics for c in http} == {None} and {c.numerics for c in ours} == {"ggml", "f32"}
     assert len(ours) == 2 * 2 * len(http)  # two backends x two numerics per HTTP cell
