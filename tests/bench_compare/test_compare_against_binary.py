@@ -264,3 +264,22 @@ def test_a_program_engine_is_compare_only(capsys, model, fake_engine_bench, comm
     _out, err = capsys.readouterr()
     assert code == 2 and err.count("\n") == 1
     assert "is a benchmark program: bench-compare compare runs it once per test" in err
+
+
+def test_the_example_bench_program_is_an_engine(capsys, model, tmp_path):
+    """examples/bench_program.py, the contract written out (our engine timed by its own program, not replayed):
+    compare runs it per test and reads its own timings."""
+    program = tmp_path / "bin" / "bench_program"
+    program.parent.mkdir()
+    program.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{REPO / "examples" / "bench_program.py"}" '
+                       '--engine-spec ours:numpy "$@"\n')
+    program.chmod(0o755)
+    json_path = tmp_path / "c.json"
+    engine = f"llama-bench:{program}"
+    code, _out, err = compare(capsys, "-m", model, "--engine", engine, "--quick", "-t", "1", "--json", str(json_path))
+    assert code == 0, err
+    result = json.loads(json_path.read_text())
+    timed = [r for r in result["results"] if r["engine"] == engine]
+    assert [r["test"] for r in timed] == list(QUICK_TESTS)
+    assert all(len(r["samples_ns"]) == 2 and min(r["samples_ns"]) > 0 for r in timed)  # --quick: -r 2
+    assert result["settings"]["engines"][engine]["type_k"] == "f16"
