@@ -8,7 +8,9 @@ card (CUDA, Vulkan, ROCm, Metal). These are llama.cpp's own programs, built by t
 
 Before anything is loaded, :func:`check_binary` makes sure PATH is such a program: it exists, is a file, may be
 executed, answers ``--help`` without crashing, and that help names the flags compare passes (llama-bench's ``-d``
-arrived in 2025: an older build is refused when a depth is asked for). Every problem is one line, exit 2.
+arrived in 2025: an older build is refused when a depth is asked for). The engine under test as a program
+(``--engine llama-bench:PATH``, any program taking llama-bench's flags) is checked the same way, the errors naming
+``--engine``. Every problem is one line, exit 2.
 :func:`run_child` runs the binary in its own process group and stops the whole group on Ctrl-C, so nothing it
 started outlives the harness.
 """
