@@ -22,9 +22,9 @@
 #     of the real file (validate-smollm2-recorded). Not by default: its two more pieces push the plan's last calls
 #     (validate-tiny among them) past the 15 minutes of device time; for a session that skips cpu-crash or speed.
 # All of it goes into ONE tar, most valuable first (the small wheels, the llama.cpp sources, MLX's CUDA wheel, then
-# smollm2 and its recording), cut by ../shared/tools/device-pieces into .devcarry/p1, p2, ... (< 46 MiB each, git-ignored), each with
-# the members' sha256 list; run_checks.sh unpacks whatever the pieces copied so far hold, so every call can run the
-# steps its pieces allow. Downloads are kept in $DEVICE_STAGE (default /tmp/gguf-parity-device) and reused.
+# smollm2 and its recording), cut by ../shared/tools/device-pieces into .devcarry/p1, p2, ... (< 46 MiB each,
+# git-ignored), each with the members' sha256 list; run_checks.sh unpacks whatever the pieces copied so far hold, so
+# every call can run the steps its pieces allow. Downloads are kept in $DEVICE_STAGE (default /tmp/gguf-parity-device) and reused.
 set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
 
@@ -37,6 +37,9 @@ for arg in "$@"; do
     *) echo "usage: bash .device/prepare.sh [--no-smollm2 | --smollm2-recording]" >&2; exit 2 ;;
   esac
 done
+if [ "$WITH_SMOLLM2" = 0 ] && [ "$WITH_SMOLLM2_RECORDING" = 1 ]; then
+  echo "prepare: --smollm2-recording needs smollm2 itself: drop --no-smollm2" >&2; exit 2
+fi
 PY=${PYTHON:-python3}
 STAGE=${DEVICE_STAGE:-/tmp/gguf-parity-device}
 PIECES_TOOL=${DEVICE_PIECES:-$(pwd)/../shared/tools/device-pieces}
@@ -118,7 +121,7 @@ if [ "$WITH_SMOLLM2" = 1 ]; then
   fi
   order+=("$SMOLLM2.xz")
 fi
-if [ "$WITH_SMOLLM2" = 1 ] && [ "$WITH_SMOLLM2_RECORDING" = 1 ]; then
+if [ "$WITH_SMOLLM2_RECORDING" = 1 ]; then
   # llama.cpp's answers for it, recorded here as for the tiny models (their short prompt: 7 tokens; 96 MB, ~66 MB
   # xz'd: the prompt's every tensor from llama.cpp and its f32-class variants, then the logits the checks ask for),
   # with MLX's CPU build under test where it imports (the engine the GPU run replaces; else our NumPy backend)
