@@ -150,19 +150,29 @@ def compare(model, backend, engine, engine_opts, numerics, n_prompt, n_gen, n_de
     session = binary_compare.BinaryCompareSession(cfg) if binary else compare_run.CompareSession(cfg)
     from tqdm import tqdm
 
-    bar = tqdm(total=0, file=sys.stderr, disable=not progress, desc="compare", unit="run", leave=False,
-               mininterval=0.5 if sys.stderr.isatty() else 10.0)
+    bar = None  # made once the work is counted: an error before it (a bad program, a file) prints no bar first
 
     def set_total(n: int) -> None:
-        bar.reset(total=n)
+        nonlocal bar
+        if bar is None:
+            bar = tqdm(total=n, file=sys.stderr, disable=not progress, desc="compare", unit="run", leave=False,
+                       mininterval=0.5 if sys.stderr.isatty() else 10.0)
+        else:
+            bar.reset(total=n)
 
     def advance(desc: str) -> None:
-        bar.set_description(desc)
-        bar.update(1)
+        if bar is not None:
+            bar.set_description(desc)
+            bar.update(1)
 
     def say(text: str) -> None:
-        bar.clear()
+        if bar is not None:
+            bar.clear()
         click.echo(text, err=True)
+
+    def close_bar() -> None:
+        if bar is not None:
+            bar.close()
 
     t0 = time.monotonic()
     try:
@@ -172,14 +182,17 @@ def compare(model, backend, engine, engine_opts, numerics, n_prompt, n_gen, n_de
             result = binary_compare.run_binary_compare(cfg, yard, session, progress=set_total, advance=advance,
                                                        say=say)
     except (KeyboardInterrupt, llama_bench_bin.BinaryFailed) as exc:
-        bar.close()
+        close_bar()
         partial = _partial_result(session)
         if partial["results"]:
             what = "interrupted" if isinstance(exc, KeyboardInterrupt) else f"{exc.program} failed"
             click.echo(f"{what}; measured so far (nothing was written):")
             click.echo(report.compare_table(partial))
         raise
-    bar.close()
+    except BaseException:
+        close_bar()
+        raise
+    close_bar()
     elapsed = time.monotonic() - t0
     result["settings"]["wall_s"] = round(elapsed, 1)
 

@@ -283,3 +283,11 @@ def test_the_example_bench_program_is_an_engine(capsys, model, tmp_path):
     assert [r["test"] for r in timed] == list(QUICK_TESTS)
     assert all(len(r["samples_ns"]) == 2 and min(r["samples_ns"]) > 0 for r in timed)  # --quick: -r 2
     assert result["settings"]["engines"][engine]["type_k"] == "f16"
+
+
+def test_an_error_before_any_work_prints_no_progress_bar(capsys, model, tmp_path):
+    """With the progress bar on (the default), a mistake found before anything is measured is the one error line:
+    no bar drawn before it (in a log, the bar's text would run into the error)."""
+    code = main(["compare", "-m", model, "--engine", f"llama-bench:{tmp_path / 'nope'}", "--quick"])
+    _out, err = capsys.readouterr()
+    assert code == 2 and err.startswith("error: --engine llama-bench:") and err.count("\n") == 1, err
