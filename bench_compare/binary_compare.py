@@ -62,6 +62,11 @@ class Program:
     info: BinaryInfo
     flag: str
 
+    @property
+    def is_yardstick(self) -> bool:
+        """Named by ``--against`` (llama.cpp's llama-bench), not ``--engine`` (the engine under test)."""
+        return self.flag == "--against"
+
 
 @dataclass
 class BinaryCompareSession(CompareSession):
@@ -232,7 +237,7 @@ def _measure(cfg, session, made, gguf, path, programs, tests, n_threads, n_ctx, 
 
 def notes(session: BinaryCompareSession, programs: list[Program]) -> list[str]:
     """Each program's identity, then what a program does not measure (printed as ``note:`` lines and recorded)."""
-    lines = [program_note("yardstick" if p.flag == "--against" else "engine", session.settings["engines"][p.name])
+    lines = [program_note("yardstick" if p.is_yardstick else "engine", session.settings["engines"][p.name])
              for p in programs]
     return lines + [f"{test}: not measured ({why})" for test, why in llama_bench_bin.NOT_MEASURED.items()]
 
@@ -252,7 +257,7 @@ def build_result(session: BinaryCompareSession, gguf, programs: list[Program]) -
     prov = provenance()
     for program in programs:  # reference_binary: the yardstick; engine_binary: the engine under test
         settings = session.settings["engines"][program.name]
-        key = "reference_binary" if program.flag == "--against" else "engine_binary"
+        key = "reference_binary" if program.is_yardstick else "engine_binary"
         prov[key] = {**{k: settings.get(k) for k in ("kind", "path", "sha256")}, **settings.get("build", {})}
     program_engine = session.config.engine_spec().is_program  # its own arithmetic: no backend or numerics of ours
     ours = session.settings["engines"][session.ours_name]

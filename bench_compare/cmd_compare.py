@@ -119,12 +119,7 @@ def compare(model, backend, engine, engine_opts, numerics, n_prompt, n_gen, n_de
     if not http and yard is not None and yard.kind != yardstick.KIND_BENCH:
         raise GGUFParityError(f"--against {yard.kind}:PATH is the yardstick of an HTTP engine (--engine openai:URL); "
                               "for an in-process engine use --against llama-bench:PATH")
-    _refuse_other_mode_flags(http)  # after the yardstick: a wrong --against is the bigger mistake
-    if program:
-        ours_only = [flag for name, flag in (("backend", "--backend"), ("numerics", "--numerics")) if _given(name)]
-        if ours_only:
-            raise GGUFParityError(f"{', '.join(ours_only)} not used with --engine {spec.name}: the program computes "
-                                  "in its own way, and llama.cpp runs as compare always runs it")
+    _refuse_other_mode_flags(http, spec.name if program else None)  # after the yardstick: the bigger mistake
     if http:
         return _http_compare(spec, against, model, threads, n_ctx, n_prompt, n_gen, n_depth, reps, concurrency, warmup,
                              requests_per_client, seed, json_path, report_dir, progress, quick)
@@ -231,9 +226,9 @@ def compare(model, backend, engine, engine_opts, numerics, n_prompt, n_gen, n_de
 
 
 # The flags of one mode that the other has no use for (click's parameter names -> the flag as typed)
-IN_PROCESS_ONLY = {"backend": "--backend", "numerics": "--numerics", "precision": "--precision",
-                   "max_reps": "--max-reps", "cold_reps": "--cold-reps", "no_cold": "--no-cold", "budget": "--budget",
-                   "prompt": "--prompt"}
+OURS_ONLY = {"backend": "--backend", "numerics": "--numerics"}  # how our engine computes: not a program's
+IN_PROCESS_ONLY = {**OURS_ONLY, "precision": "--precision", "max_reps": "--max-reps", "cold_reps": "--cold-reps",
+                   "no_cold": "--no-cold", "budget": "--budget", "prompt": "--prompt"}
 HTTP_ONLY = {"concurrency": "--concurrency", "warmup": "--warmup", "requests_per_client": "--requests-per-client",
              "n_ctx": "-c"}
 
@@ -244,10 +239,16 @@ def _given(name: str) -> bool:
     return source not in (None, click.core.ParameterSource.DEFAULT)
 
 
-def _refuse_other_mode_flags(http: bool) -> None:
+def _refuse_other_mode_flags(http: bool, program: str | None = None) -> None:
     """A flag given on the command line that this mode would ignore is an error (one line, exit 2), not a silent
-    no-op: an HTTP run has no --precision, an in-process run no --concurrency."""
+    no-op: an HTTP run has no --precision, an in-process run no --concurrency, a benchmark program (``program``:
+    its ``--engine`` spec) no --backend or --numerics."""
     given = [flag for name, flag in (IN_PROCESS_ONLY if http else HTTP_ONLY).items() if _given(name)]
+    if not given and program:
+        given = [flag for name, flag in OURS_ONLY.items() if _given(name)]
+        if given:
+            raise GGUFParityError(f"{', '.join(given)} not used with --engine {program}: the program computes in its "
+                                  "own way, and llama.cpp runs as compare always runs it")
     if not given:
         return
     if http:

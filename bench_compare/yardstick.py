@@ -88,7 +88,8 @@ def check_binary(yard: Yardstick, flag: str = "--against") -> BinaryInfo:
     the user named it, ``--against`` (llama.cpp's program) or ``--engine`` (any program taking llama-bench's flags:
     the engine under test)."""
     path, kind = yard.path, yard.kind
-    program = f"llama.cpp's build/bin/{kind}" if flag == "--against" else "your benchmark program"
+    llama = flag == "--against"  # llama.cpp's own program, else the user's program taking its flags
+    program = f"llama.cpp's build/bin/{kind}" if llama else "your benchmark program"
     if not path.exists():
         raise GGUFParityError(f"{flag} {kind}: {path} does not exist; point it at {program}")
     if path.is_dir():
@@ -100,7 +101,7 @@ def check_binary(yard: Yardstick, flag: str = "--against") -> BinaryInfo:
                               timeout=HELP_TIMEOUT_S, stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired:
         raise GGUFParityError(f"{flag} {kind}: {path} --help did not finish within {HELP_TIMEOUT_S:.0f} s; "
-                              f"is it {'llama.cpp' if flag == '--against' else 'a program'} that takes {kind}'s "
+                              f"is it {'llama.cpp' if llama else 'a program'} that takes {kind}'s "
                               "flags?") from None
     except OSError as exc:
         raise GGUFParityError(f"{flag} {kind}: {path} cannot be run: {exc.strerror or exc}") from None
@@ -112,7 +113,7 @@ def check_binary(yard: Yardstick, flag: str = "--against") -> BinaryInfo:
     if missing:
         other = next((k for k in KINDS if k != kind and all(f in text for f in REQUIRED_FLAGS[k])), None)
         hint = f" (it looks like {other})" if other else ""
-        what = f"is not llama.cpp's {kind}" if flag == "--against" else f"does not take {kind}'s flags"
+        what = f"is not llama.cpp's {kind}" if llama else f"does not take {kind}'s flags"
         raise GGUFParityError(f"{flag} {kind}: {path} {what}{hint}: its --help has no {', '.join(missing)}")
     return BinaryInfo(kind, path.resolve(), file_sha256(path), DEPTH_FLAG in text)
 
