@@ -186,9 +186,10 @@ for call in range(1, max(n, mlx + 1) + 1):
 # off first when time runs short.
 steps[max(steps)].append("validate-tiny")
 # Seconds a step took on an H200 (2026-11-27 18:41-18:56 UTC, the third GPU session); cpu-crash and the recorded
-# validations estimates (never run there; validate-smollm2-recorded: 18 s on MLX's CPU build here, plus unpacking).
-cost = {"probe": 2, "build-llama": 1, "matrices": 109, "kernels": 89, "graphs": 14, "gpu-tests": 160, "gpu-kernels": 120,
-        "validate-tiny": 138, "validate-recorded": 30, "speed": 160, "llama-bench": 23, "validate-smollm2": 58, "speed-smollm2": 70,
+# validations estimates (never run there; validate-smollm2-recorded: 18 s on MLX's CPU build here, plus unpacking);
+# speed, speed-smollm2 and matrices +40, +20 and +70 s for the mat-vec A/B added since (two more runs a model).
+cost = {"probe": 2, "build-llama": 1, "matrices": 180, "kernels": 89, "graphs": 14, "gpu-tests": 160, "gpu-kernels": 120,
+        "validate-tiny": 138, "validate-recorded": 30, "speed": 200, "llama-bench": 23, "validate-smollm2": 58, "speed-smollm2": 90,
         "validate-smollm2-recorded": 40,
         "cpu-crash": 150}
 total = 30  # a cold start, counted
@@ -208,7 +209,7 @@ for call in sorted(steps):
     print(f"           command: {cmd}")
 print(f"Within 15 minutes (900 s) by these estimates: calls {', '.join(map(str, fits)) or 'none'}.")
 extra = max(steps) + 1
-for step, why in (("matrices", "each weight matrix's device time (measured on H200s twice: only after a kernel change)"),
+for step, why in (("matrices", "each weight matrix's device time, now also through the one-threadgroup-a-row mat-vec"),
                   ("graphs", "compiled steps with MLX's CUDA graphs off (measured twice: ~0.5 ms of 5.6 saved)")):
     print(f"  optional call {extra}, only if {cost[step] // 60 + 1} min of device time are left (status) and the machine is")
     print(f"           still warm: carry [], timeout_s 400 (~{cost[step] + 10} s): {why}")
@@ -228,6 +229,9 @@ print("compares put the kernel's decode next to llama.cpp's CUDA build (the 1.5B
 print("attention); the kernels step's ncu table is a step with it (before: 800 launches, 4.0 ms, MLX's qmv 40%).")
 print("New since, never run on a GPU: IQ4_NL read in its GGUF blocks by our kernels (eight 32-value blocks as one of")
 print("256, rows ending inside one: gpu-tests' test_gpu_rows_ending_inside_a_block_of_256, validate-tiny's llama IQ4_NL).")
+print("New, never run on a GPU: our block mat-vec one threadgroup a row (MLXBackend.matvec_scheme 'group', llama.cpp's")
+print("mmvq layout; 'simd', 1-4 SIMD groups a row, stays the default): speed's *-decode-group.json (Q6_K rows) and")
+print("*-decode-group-blocks.json (Q4_K/Q5_K in their blocks too) against *-decode.json; gpu-tests run its kernels.")
 print("New: validate-recorded, MLX on the GPU against llama.cpp's own tensors and variants (recorded here with")
 print("validate --record-reference on three tiny models, IQ4_NL among them; replayed there with --against recording:):")
 print("issue 30's point 3 asks for it, and the lent machine's llama.cpp does not run (point 6).")

@@ -77,7 +77,7 @@ export PYTHONPATH=$ROOT:$ROOT/tests${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=
 export GGUF_PARITY_CACHE=$GP_DIR/cache   # the named models' cache: validate-smollm2 puts the carried file there
 
 # Each step's seconds under `timeout` (the device tool stops a call at 600 s; these leave room for the rest).
-declare -A LIMIT=([probe]=60 [build-llama]=30 [matrices]=150 [kernels]=240 [graphs]=90 [gpu-tests]=420 [gpu-kernels]=180 [validate-tiny]=240 [validate-recorded]=120 [speed]=360
+declare -A LIMIT=([probe]=60 [build-llama]=30 [matrices]=240 [kernels]=240 [graphs]=90 [gpu-tests]=420 [gpu-kernels]=180 [validate-tiny]=240 [validate-recorded]=120 [speed]=360
                   [llama-bench]=480
                   [validate-smollm2]=180 [validate-smollm2-recorded]=150 [speed-smollm2]=150 [cpu-crash]=300)
 
@@ -257,6 +257,12 @@ speed_of() {  # $1: name, $2: model
       --json "$WORK/$1-decode-unfused.json" || rc=$?
   run "$PY" -m bench_compare.decode_profile "$2" --backend mlx --steps "$DECODE_STEPS" --mlx-modes compiled \
       --mlx-block-kernel-types Q4_K,Q5_K --json "$WORK/$1-decode-blocks.json" || rc=$?
+  # our block mat-vec one threadgroup a row (llama.cpp's mmvq layout; never run on a GPU before) against the default
+  # 1-4 SIMD groups a row: on the Q6_K (and IQ4) matrices alone, then with Q4_K / Q5_K in their blocks too
+  run "$PY" -m bench_compare.decode_profile "$2" --backend mlx --steps "$DECODE_STEPS" --mlx-modes compiled \
+      --mlx-matvec group --json "$WORK/$1-decode-group.json" || rc=$?
+  run "$PY" -m bench_compare.decode_profile "$2" --backend mlx --steps "$DECODE_STEPS" --mlx-modes compiled \
+      --mlx-matvec group --mlx-block-kernel-types Q4_K,Q5_K --json "$WORK/$1-decode-group-blocks.json" || rc=$?
   run "$PY" -m bench_compare.decode_profile "$2" --backend mlx --prefill "$PREFILL" --json "$WORK/$1-prefill.json" || rc=$?
   run "$PY" -m bench_compare.decode_profile "$2" --backend mlx --prefill "$PREFILL" --mlx-prefill-matmul quantized \
       --json "$WORK/$1-prefill-quantized.json" || rc=$?
@@ -275,6 +281,11 @@ step_matrices() {  # device times, so it may run while the llama-bench build doe
   # affine qmv (20-60 us a call on the H200, 2026-11-27)
   run "$PY" -m bench_compare.matrix_profile "$model" --device "$DEVICE" --block-kernel-types Q4_K,Q5_K \
       --json "$WORK/$SPEED_SHAPE-matrices-blocks.json" || rc=$?
+  # the same two with our mat-vec one threadgroup a row (MLXBackend.matvec_scheme "group") instead of 1-4 SIMD groups
+  run "$PY" -m bench_compare.matrix_profile "$model" --device "$DEVICE" --matvec group \
+      --json "$WORK/$SPEED_SHAPE-matrices-group.json" || rc=$?
+  run "$PY" -m bench_compare.matrix_profile "$model" --device "$DEVICE" --matvec group --block-kernel-types Q4_K,Q5_K \
+      --json "$WORK/$SPEED_SHAPE-matrices-group-blocks.json" || rc=$?
   if ! have "$SMOLLM2.xz"; then   # the real file, when carried, gets its own in speed-smollm2
     model=$(smollm2_path) || return 1
     matrices_of smollm2-135m "$model" || rc=$?

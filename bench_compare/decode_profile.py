@@ -418,6 +418,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--mlx-block-kernel-types", default=None, metavar="TYPES",
                         help="MLX on a GPU: these affine types (Q4_K,Q5_K) read in their GGUF blocks by our kernels "
                              "instead of MLX's affine form (MLXBackend.block_kernel_types; off until measured)")
+    parser.add_argument("--mlx-matvec", default=None, metavar="SCHEME",
+                        help="MLX on a GPU: how our mat-vec shares a block matrix's row among threads, 'simd' (1-4 "
+                             "SIMD groups a row) or 'group' (one threadgroup a row); default: MLXBackend.matvec_scheme")
     parser.add_argument("--ops", action="store_true",
                         help="MLX: time each op call as for the other backends (on MLX that is graph building only)")
     parser.add_argument("--json", metavar="FILE", default=None, help="MLX: write the step profile as JSON here")
@@ -441,12 +444,20 @@ def main(argv: list[str] | None = None) -> None:
             block_types = parse_block_kernel_types(args.mlx_block_kernel_types)
         except GGUFParityError as exc:
             parser.error(f"--mlx-block-kernel-types: {exc}")
+    if args.mlx_matvec is not None:
+        if args.backend != "mlx":
+            parser.error("--mlx-matvec applies to --backend mlx")
+        from inference_engine.backends.mlx.block_kernels import MATVEC_SCHEMES
+
+        if args.mlx_matvec not in MATVEC_SCHEMES:
+            parser.error(f"--mlx-matvec: unknown scheme '{args.mlx_matvec}'; supported: {', '.join(MATVEC_SCHEMES)}")
     n_ctx = max(2048, args.depth + max(args.prefill, 64 + 2 * args.steps + 8))  # each step runs twice
     backend_class = get_backend_class(args.backend)
     unstacked = args.backend == "mlx" and args.unfused  # MLX: every weight matrix loaded alone
     with (recording_weights(backend_class) as weights,
           _switched_off(backend_class, "fuse_matrices", unstacked),
-          class_attribute(backend_class, "block_kernel_types", block_types, when=bool(block_types))):
+          class_attribute(backend_class, "block_kernel_types", block_types, when=bool(block_types)),
+          class_attribute(backend_class, "matvec_scheme", args.mlx_matvec, when=args.mlx_matvec is not None)):
         engine = load_engine(args.model, backend=args.backend, numerics=args.numerics, n_threads=args.threads,
                              n_ctx=n_ctx, kv_type="f16")
     if args.mlx_prefill_matmul is not None:

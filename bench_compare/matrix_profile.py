@@ -206,10 +206,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--block-kernel-types", default=None, metavar="TYPES",
                         help="these affine types (Q4_K,Q5_K) read in their GGUF blocks by our GPU kernels instead of "
                              "MLX's affine form (MLXBackend.block_kernel_types)")
+    parser.add_argument("--matvec", default=None, metavar="SCHEME",
+                        help="how our GPU mat-vec shares a block matrix's row among threads: 'simd' (1-4 SIMD "
+                             "groups a row) or 'group' (one threadgroup a row); default: MLXBackend.matvec_scheme")
     parser.add_argument("--json", metavar="FILE", default=None, help="write the profile as JSON here")
     args = parser.parse_args(argv)
     if args.prefill < 0 or args.repeats < 1:
         parser.error("--prefill must be at least 0 and --repeats at least 1")
+    from inference_engine.backends.mlx.block_kernels import MATVEC_SCHEMES
+
+    if args.matvec is not None and args.matvec not in MATVEC_SCHEMES:
+        parser.error(f"--matvec: unknown scheme '{args.matvec}'; supported: {', '.join(MATVEC_SCHEMES)}")
     from bench_compare.decode_profile import class_attribute
     from inference_engine.backends.mlx_backend import MLXBackend, parse_block_kernel_types
     from inference_engine.engine import OurEngine
@@ -219,7 +226,8 @@ def main(argv: list[str] | None = None) -> int:
         block_types = frozenset()
         if args.block_kernel_types is not None:
             block_types = parse_block_kernel_types(args.block_kernel_types)
-        with class_attribute(MLXBackend, "block_kernel_types", block_types, when=bool(block_types)):
+        with (class_attribute(MLXBackend, "block_kernel_types", block_types, when=bool(block_types)),
+              class_attribute(MLXBackend, "matvec_scheme", args.matvec, when=args.matvec is not None)):
             engine = OurEngine(resolve_model(args.model), backend="mlx", numerics="f32", n_ctx=64,
                                device=args.device)
         p = run(engine, prefill=args.prefill, repeats=args.repeats)

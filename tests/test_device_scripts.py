@@ -91,7 +91,10 @@ def test_every_step_prints_its_commands(commands):
     assert any("--against llama-bench:" in c for c in commands["llama-bench"])
     assert any("validate --model smollm2-135m" in c and "--against recording:" in c and "--prompt" not in c
                for c in commands["validate-smollm2-recorded"])  # the recording's own prompt
-    assert sum("bench_compare.matrix_profile" in c and "--device gpu" in c for c in commands["matrices"]) == 3
+    assert sum("bench_compare.matrix_profile" in c and "--device gpu" in c for c in commands["matrices"]) == 5
+    # the mat-vec schemes' A/B: one threadgroup a row against the default, with and without Q4_K / Q5_K in blocks
+    assert sum("--matvec group" in c for c in commands["matrices"]) == 2
+    assert sum("--mlx-matvec group" in c for c in commands["speed"]) == 4  # two runs for each of two models
     assert all("--device gpu" in c for c in flat(commands) if "bench_compare.cli" in c)
     assert any("-m gpu" in c and "test_mlx_block_kernels.py" in c and "test_mlx_attention_kernel.py" in c
                for c in commands["gpu-kernels"])

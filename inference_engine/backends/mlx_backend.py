@@ -129,6 +129,11 @@ class MLXBackend(Backend):
     # file's bytes in GPU memory and our mat-vec for decode. Empty until a GPU measures it against MLX's qmv
     # (decode_profile --mlx-block-kernel-types, matrix_profile --block-kernel-types: parse_block_kernel_types).
     block_kernel_types: frozenset = frozenset()
+    # How our mat-vec shares a block matrix's row among GPU threads (block_kernels.MATVEC_SCHEMES), read at load
+    # time: "simd" (1-4 SIMD groups a row: ~260-410 GB/s on an H200, 2026-11-27) until a GPU measures "group" (one
+    # threadgroup a row, llama.cpp's mmvq layout; its host-compiled tests pass, it has not run on a GPU):
+    # decode_profile --mlx-matvec, matrix_profile --matvec (.device/run_checks.sh's matrices and speed A/B them).
+    matvec_scheme: str = block_kernels.MATVEC_SCHEMES[0]
     devices = staticmethod(mlx_device.available)  # the GPU (default) where MLX has one, and the CPU
     no_gpu_reason = staticmethod(mlx_device.no_gpu_reason)
 
@@ -181,6 +186,8 @@ class MLXBackend(Backend):
         if stacked:
             forms += f" ({stacked} stacked runs of matrices, one product each)"
         threads = "" if self.n_threads is None else f"; --threads {self.n_threads} not applied (MLX sets its own)"
+        if self.kernels and self.matvec_scheme != block_kernels.MATVEC_SCHEMES[0]:
+            threads += f"; block mat-vec: {self.matvec_scheme} scheme"
         if self.attention_kernel:
             threads += ("; decode attention over an F16 cache: our kernel" if self.kernels
                         else "; decode attention kernel asked for, not run (no GPU kernels on this device)")
@@ -204,7 +211,10 @@ class MLXBackend(Backend):
 
     # --- load time ------------------------------------------------------------------------------------------
     def load_matrix(self, t: TensorInfo):
-        w = prepare_matrix(t, self.kernels, self.block_kernel_types)
+        if self.matvec_scheme not in block_kernels.MATVEC_SCHEMES:
+            raise GGUFParityError(f"unknown MLX mat-vec scheme '{self.matvec_scheme}'; supported: "
+                                  f"{', '.join(block_kernels.MATVEC_SCHEMES)}")
+        w = prepare_matrix(t, self.kernels, self.block_kernel_types, self.matvec_scheme)
         self.weight_forms[f"{t.qtype.name}->{w.form}"] += 1
         self.prepared_matrices[t.name] = w
         return w

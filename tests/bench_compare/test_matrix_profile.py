@@ -88,13 +88,19 @@ def test_cli_refuses_bad_input_in_one_line(tmp_path, capsys):
 
 
 def test_block_kernel_types_apply_to_that_run_only(tiny_model, capsys):
-    """On MLX's CPU build our kernels do not run, so Q4_K stays affine; the class setting is restored after."""
+    """On MLX's CPU build our kernels do not run, so Q4_K stays affine; the class settings are restored after."""
     from inference_engine.backends.mlx_backend import MLXBackend
 
     assert matrix_profile.main([str(tiny_model("llama", "Q4_K")), "--prefill", "0", "--repeats", "1",
-                                "--block-kernel-types", "q4_k,Q5_K"]) == 0
+                                "--block-kernel-types", "q4_k,Q5_K", "--matvec", "group"]) == 0
     assert "Q4_K->mlx-affine" in capsys.readouterr().out
-    assert MLXBackend.block_kernel_types == frozenset()
+    assert (MLXBackend.block_kernel_types, MLXBackend.matvec_scheme) == (frozenset(), "simd")
+
+
+def test_an_unknown_matvec_scheme_is_a_usage_error(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        matrix_profile.main([str(tmp_path / "missing.gguf"), "--matvec", "warp"])
+    assert exc.value.code == 2 and "--matvec: unknown scheme 'warp'; supported: simd, group" in capsys.readouterr().err
 
 
 def test_needs_the_mlx_backend(tiny_model):

@@ -114,3 +114,13 @@ def test_wrong_block_kernel_types_are_a_usage_error(tiny_model, capsys, backend,
         decode_profile.main([str(tiny_model("llama", "Q4_K")), "--backend", backend, "--mlx-block-kernel-types",
                              types])
     assert exc.value.code == 2 and message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("backend", "scheme", "message"), [
+    ("mlx", "warp", "--mlx-matvec: unknown scheme 'warp'; supported: simd, group"),
+    ("numpy", "group", "--mlx-matvec applies to --backend mlx"),
+])
+def test_a_wrong_matvec_scheme_is_a_usage_error(tiny_model, capsys, backend, scheme, message):
+    with pytest.raises(SystemExit) as exc:
+        decode_profile.main([str(tiny_model("llama", "Q4_K")), "--backend", backend, "--mlx-matvec", scheme])
+    assert exc.value.code == 2 and message in capsys.readouterr().err

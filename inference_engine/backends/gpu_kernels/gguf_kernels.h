@@ -27,6 +27,13 @@
 #define GQ_MATVEC_WARPS 4
 #define GQ_MAX_TOK 8
 
+// Mat-vec, one threadgroup a row (the "group" scheme, llama.cpp's mmvq layout): GQ_GROUP_THREADS threads share each
+// output row, thread t walking the row's 16-value sub-blocks t, t + GQ_GROUP_THREADS, ... (sub-block j: values
+// [16 j, 16 j + 16), one scale). Consecutive threads read consecutive sub-blocks (a SIMD group two blocks' bytes at
+// once), and each thread takes n_in / (16 GQ_GROUP_THREADS) steps: 4.4 for a row of 8,960 values, where a SIMD
+// group a row walks its 35 blocks one after another (the SPLIT scheme above: 9 steps of 4 groups).
+#define GQ_GROUP_THREADS 128
+
 // Tiled mat-mul (prefill): a threadgroup of GQ_TILE_THREADS computes GQ_TILE_ROWS output rows x GQ_TILE_TOKS
 // tokens, GQ_TILE_K input columns at a time through threadgroup memory (rows padded to GQ_TILE_STRIDE floats so
 // that the 16 threads reading one column hit 16 different banks). Thread t loads 8 values of tile row t / 4 (its
@@ -118,6 +125,27 @@ GQ_FN void GQ_FUNC(_matvec_lane)(GQ_GLOBAL const uint8_t* wrow, GQ_GLOBAL const 
             for (int t = 0; t < n_tok; ++t) {
                 acc[t] += w * xb[(size_t)t * (size_t)n_in + k];
             }
+        }
+    }
+}
+
+// Thread work of the one-threadgroup-a-row mat-vec: acc[t] += the products of the row's 16-value sub-block j (values
+// [16 j, 16 j + 16): block j / 16's sub-block j % 16, one scale and min, decoded once) with token t's x. A row of
+// n_in values has n_in / 16 sub-blocks (n_in % 32 == 0): an IQ4_NL row's partial last block of 256 is whole ones.
+GQ_FN void GQ_FUNC(_matvec_sub)(GQ_GLOBAL const uint8_t* wrow, GQ_GLOBAL const float* x, int n_in, int n_tok,
+                                unsigned int j, GQ_THREAD float* acc) {
+    GQ_GLOBAL const uint8_t* b = wrow + (size_t)(j / 16u) * (size_t)GQ_BYTES;
+    const unsigned int s = j % 16u;
+    const float scale = GQ_FUNC(_scale)(b, s);
+    const float sub_min = GQ_FUNC(_min)(b, s);
+    float w[16];
+    for (unsigned int k = 0; k < 16u; ++k) {
+        w[k] = GQ_FUNC(_apply)(scale, sub_min, GQ_FUNC(_quant)(b, 16u * s + k));
+    }
+    GQ_GLOBAL const float* xj = x + 16u * (size_t)j;
+    for (int t = 0; t < n_tok; ++t) {
+        for (unsigned int k = 0; k < 16u; ++k) {
+            acc[t] += w[k] * xj[(size_t)t * (size_t)n_in + k];
         }
     }
 }

@@ -13,8 +13,10 @@ the kernels read them directly. One source, two dialects:
 
 Kernels, each ``x @ W.T`` with ``W`` the GGUF rows (uint8 ``(n_out, row_bytes)``):
 
-* :func:`matvec` (decode: at most ``GQ_MAX_TOK`` tokens): 1, 2 or 4 SIMD groups per output row (by its length),
-  every token in one pass.
+* :func:`matvec` (decode: at most ``GQ_MAX_TOK`` tokens), every token in one pass over the row, in one of
+  :data:`MATVEC_SCHEMES`: ``simd``, 1, 2 or 4 SIMD groups per output row (by its length), each lane 8 values of a
+  block at a time; ``group``, one threadgroup of ``GQ_GROUP_THREADS`` per row, each thread a 16-value sub-block at a
+  time (llama.cpp's ``mmvq`` layout: a long row is a few steps of each thread, not a chain of blocks per SIMD group).
 * :func:`matmul` (prefill): 64 rows x 64 tokens per threadgroup, the weight tile decoded into threadgroup memory 32
   columns at a time, float32 products (no float copy of W).
 * :func:`dequantize`: W as float32, bit for bit ggml's (tests).
@@ -42,7 +44,7 @@ SHARED_FILES = ("gguf_blocks.h", "gguf_kernels.h")
 # MLXBackend.block_kernel_types names them (weights.matrix_form).
 KERNEL_TYPES: dict[T, str] = {T.Q2_K: "q2_k", T.Q3_K: "q3_k", T.Q4_K: "q4_k", T.Q5_K: "q5_k", T.Q6_K: "q6_k",
                               T.IQ4_XS: "iq4_xs", T.IQ4_NL: "iq4_nl"}
-KINDS = ("matvec", "matmul", "dequantize")
+KINDS = ("matvec", "matvec_group", "matmul", "dequantize")  # kernel_<kind>.inc
 
 
 @dataclass(frozen=True)
@@ -95,6 +97,10 @@ MATVEC_WARPS = constant("GQ_MATVEC_WARPS")
 # dependent loads: 25 us for 256 rows of 6 blocks (Q6_K attn_v), 43 us for 1,536 rows of 35 (ffn_down), ~260 GB/s.
 # The values here are not measured yet (the next GPU session's matrix_profile is the A/B against those figures).
 MATVEC_SPLITS = ((8, 4), (4, 2))  # (at least this many blocks, SPLIT), the first that applies; else 1
+# How the mat-vec shares a row among threads (kernel_matvec.inc: "simd", the first version, measured on an H200 at
+# ~260-410 GB/s; kernel_matvec_group.inc: "group", not yet run on a GPU: MLXBackend.matvec_scheme chooses).
+MATVEC_SCHEMES = ("simd", "group")
+GROUP_THREADS = constant("GQ_GROUP_THREADS")
 TILE_THREADS, TILE_ROWS, TILE_TOKS = constant("GQ_TILE_THREADS"), constant("GQ_TILE_ROWS"), constant("GQ_TILE_TOKS")
 DEQ_THREADS = constant("GQ_DEQ_THREADS")
 
@@ -133,9 +139,20 @@ def matvec_split(n_in: int) -> int:
     return next((split for least, split in MATVEC_SPLITS if n_blocks >= least), 1)
 
 
-def matvec(dialect: Dialect, qtype: T, w: mx.array, x: mx.array) -> mx.array:
-    """``x (T, n_in) float32 @ W.T`` for ``T <= MATVEC_MAX_TOKENS``: ``(T, n_out)``."""
+def matvec(dialect: Dialect, qtype: T, w: mx.array, x: mx.array, scheme: str = MATVEC_SCHEMES[0]) -> mx.array:
+    """``x (T, n_in) float32 @ W.T`` for ``T <= MATVEC_MAX_TOKENS``: ``(T, n_out)``, the row shared among threads as
+    ``scheme`` (one of :data:`MATVEC_SCHEMES`) says."""
     n_tok, n_out = x.shape[0], w.shape[0]
+    if scheme == "group":
+        return _kernel(dialect, "matvec_group", qtype)(
+            inputs=[w, x],
+            template=[("N_TOK", n_tok)],
+            grid=(GROUP_THREADS * n_out, 1, 1),
+            threadgroup=(GROUP_THREADS, 1, 1),
+            output_shapes=[(n_tok, n_out)],
+            output_dtypes=[mx.float32],
+            stream=mx.gpu,
+        )[0]
     split = matvec_split(x.shape[1])
     rows_per_group = MATVEC_WARPS // split
     return _kernel(dialect, "matvec", qtype)(

@@ -146,19 +146,20 @@ def fuse_runs(matrices: list) -> list:
     return runs
 
 
-def block_product(dialect: Dialect, qtype: T, blocks: mx.array, x: mx.array) -> mx.array:
-    """``x @ W.T`` with ``W`` the GGUF rows ``blocks``: our mat-vec for a few tokens, the tiled mat-mul above."""
+def block_product(dialect: Dialect, qtype: T, blocks: mx.array, x: mx.array, matvec: str) -> mx.array:
+    """``x @ W.T`` with ``W`` the GGUF rows ``blocks``: our mat-vec (its scheme ``matvec``) for a few tokens, the
+    tiled mat-mul above."""
     if x.shape[0] <= block_kernels.MATVEC_MAX_TOKENS:
-        return block_kernels.matvec(dialect, qtype, blocks, x)
+        return block_kernels.matvec(dialect, qtype, blocks, x, matvec)
     return block_kernels.matmul(dialect, qtype, blocks, x)
 
 
 class BlockMatrix:
     """A weight of one of ``block_kernels.KERNEL_TYPES`` as its GGUF rows on the GPU, multiplied by our kernels in
-    ``dialect``."""
+    ``dialect``; ``matvec``: the mat-vec's scheme (``block_kernels.MATVEC_SCHEMES``)."""
 
-    def __init__(self, t: TensorInfo, dialect: Dialect):
-        self.qtype, self.dialect = t.qtype, dialect
+    def __init__(self, t: TensorInfo, dialect: Dialect, matvec: str = block_kernels.MATVEC_SCHEMES[0]):
+        self.qtype, self.dialect, self.matvec = t.qtype, dialect, matvec
         self.form = f"{dialect.name}-kernel"
         self.blocks = mx.array(_rows(t))  # uint8 (n_out, row_bytes): the file's bytes
         self.n_out, self.n_in = (int(v) for v in t.shape)
@@ -175,7 +176,7 @@ class BlockMatrix:
         return block_kernels.dequantize(self.dialect, self.qtype, self.blocks[ids], self.n_in)
 
     def __call__(self, x: mx.array) -> mx.array:
-        return block_product(self.dialect, self.qtype, self.blocks, x)
+        return block_product(self.dialect, self.qtype, self.blocks, x, self.matvec)
 
     def __repr__(self) -> str:
         return f"BlockMatrix({self.qtype.name}, {self.dialect.name}, ({self.n_out}, {self.n_in}))"
@@ -188,16 +189,16 @@ class FusedBlocks(StackedRows):
 
     def __init__(self, parts: list[BlockMatrix]):
         super().__init__(parts)
-        self.qtype, self.dialect = parts[0].qtype, parts[0].dialect
+        self.qtype, self.dialect, self.matvec = parts[0].qtype, parts[0].dialect, parts[0].matvec
 
     @staticmethod
     def fusable(a, b) -> bool:
         """Whether ``b`` can join a run that ends with ``a``: both GGUF blocks of one type and input width."""
         return (isinstance(a, BlockMatrix) and isinstance(b, BlockMatrix)
-                and (a.qtype, a.dialect, a.n_in) == (b.qtype, b.dialect, b.n_in))
+                and (a.qtype, a.dialect, a.n_in, a.matvec) == (b.qtype, b.dialect, b.n_in, b.matvec))
 
     def product(self, x: mx.array) -> mx.array:
-        return block_product(self.dialect, self.qtype, self.blocks, x)
+        return block_product(self.dialect, self.qtype, self.blocks, x, self.matvec)
 
 
 class DenseMatrix:
@@ -239,9 +240,11 @@ def matrix_form(qtype: T, dialect: Dialect | None, block_types: frozenset = froz
     return DenseMatrix
 
 
-def prepare_matrix(t: TensorInfo, dialect: Dialect | None, block_types: frozenset = frozenset()):
+def prepare_matrix(t: TensorInfo, dialect: Dialect | None, block_types: frozenset = frozenset(),
+                   matvec: str = block_kernels.MATVEC_SCHEMES[0]):
+    """``t`` in the storage form :func:`matrix_form` gives it; ``matvec``: a block matrix's mat-vec scheme."""
     form = matrix_form(t.qtype, dialect, block_types)
-    return form(t, dialect) if form is BlockMatrix else form(t)
+    return form(t, dialect, matvec) if form is BlockMatrix else form(t)
 
 
 class HostEmbeddingRows:

@@ -110,6 +110,12 @@ static void {t}_matvec_body(const uint8_t* w, const int* w_shape, const float* x
 #include "kernel_matvec.inc"
 }}
 
+template <int N_TOK>
+static void {t}_matvec_group_body(const uint8_t* w, const int* w_shape, const float* x, const int* x_shape, float* y,
+                                  unsigned int gq_tid, unsigned int gq_group_x, unsigned int gq_group_y) {{
+#include "kernel_matvec_group.inc"
+}}
+
 static void {t}_matmul_body(const uint8_t* w, const int* w_shape, const float* x, const int* x_shape, float* y,
                             unsigned int gq_tid, unsigned int gq_group_x, unsigned int gq_group_y) {{
 #include "kernel_matmul.inc"
@@ -143,6 +149,22 @@ extern "C" void {t}_matvec(const uint8_t* w, const float* x, float* y, int n_out
     if (split == 1) {t}_matvec_split<1>(w, ws, x, xs, y, n_tok);
     if (split == 2) {t}_matvec_split<2>(w, ws, x, xs, y, n_tok);
     if (split == 4) {t}_matvec_split<4>(w, ws, x, xs, y, n_tok);
+}}
+
+template <int N_TOK>
+static void {t}_matvec_group_n(const uint8_t* w, const int* ws, const float* x, const int* xs, float* y) {{
+    gq_host_launch((unsigned int)ws[0], 1, GQ_GROUP_THREADS, [&](unsigned int tid, unsigned int gx, unsigned int gy) {{
+        {t}_matvec_group_body<N_TOK>(w, ws, x, xs, y, tid, gx, gy);
+    }});
+}}
+
+extern "C" void {t}_matvec_group(const uint8_t* w, const float* x, float* y, int n_out, int n_in, int n_tok) {{
+    static void (*const by_tokens[])(const uint8_t*, const int*, const float*, const int*, float*) = {{
+        {t}_matvec_group_n<1>, {t}_matvec_group_n<2>, {t}_matvec_group_n<3>, {t}_matvec_group_n<4>,
+        {t}_matvec_group_n<5>, {t}_matvec_group_n<6>, {t}_matvec_group_n<7>, {t}_matvec_group_n<8>}};
+    const int ws[2] = {{n_out, (int)GQ_ROW_BYTES(n_in)}};
+    const int xs[2] = {{n_tok, n_in}};
+    by_tokens[n_tok - 1](w, ws, x, xs, y);
 }}
 
 extern "C" void {t}_matmul(const uint8_t* w, const float* x, float* y, int n_out, int n_in, int n_tok) {{
@@ -221,6 +243,23 @@ def test_matvec_kernel_gives_the_products(host_kernels, qtype, n_tok, split):
     assert_products_close(y, rows, qtype, x)
 
 
+# Rows for the one-threadgroup-a-row mat-vec: 768 values (48 sub-blocks: 80 of its 128 threads idle), and 4,608 (288:
+# threads 0-31 take three, the others two) so that a thread walks several sub-blocks, of different blocks
+GROUP_N_INS = (N_IN, 4608)
+
+
+@pytest.mark.parametrize("n_in", GROUP_N_INS)
+@pytest.mark.parametrize("n_tok", MATVEC_TOKENS)
+@pytest.mark.parametrize("qtype", KERNEL_TYPES, ids=lambda t: t.name)
+def test_matvec_group_kernel_gives_the_products(host_kernels, qtype, n_tok, n_in):
+    rng = np.random.default_rng(int(qtype) * 10 + n_tok + n_in)
+    rows = random_rows(qtype, N_OUT, rng, n_in=n_in)
+    x = rng.standard_normal((n_tok, n_in)).astype(np.float32)
+    y = np.full((n_tok, N_OUT), np.nan, dtype=np.float32)
+    getattr(host_kernels, f"{qtype.name.lower()}_matvec_group")(_ptr(rows), _ptr(x), _ptr(y), N_OUT, n_in, n_tok)
+    assert_products_close(y, rows, qtype, x)
+
+
 @pytest.mark.parametrize("n_tok", MATMUL_TOKENS)
 @pytest.mark.parametrize("qtype", KERNEL_TYPES, ids=lambda t: t.name)
 def test_matmul_kernel_gives_the_products(host_kernels, qtype, n_tok):
@@ -248,10 +287,12 @@ def test_rows_ending_inside_a_block_of_256(host_kernels, n_tok):
     getattr(host_kernels, f"{name}_dequantize")(_ptr(rows), _ptr(out), N_OUT, TAIL_N_IN)
     np.testing.assert_array_equal(out.view(np.uint32), gguf_quants.dequantize(rows, qtype).view(np.uint32))
     x = rng.standard_normal((n_tok, TAIL_N_IN)).astype(np.float32)
-    for split in MATVEC_SPLITS if n_tok <= 8 else (None,):
+    for split in (*MATVEC_SPLITS, "group") if n_tok <= 8 else (None,):
         y = np.full((n_tok, N_OUT), np.nan, dtype=np.float32)
         if split is None:
             getattr(host_kernels, f"{name}_matmul")(_ptr(rows), _ptr(x), _ptr(y), N_OUT, TAIL_N_IN, n_tok)
+        elif split == "group":
+            getattr(host_kernels, f"{name}_matvec_group")(_ptr(rows), _ptr(x), _ptr(y), N_OUT, TAIL_N_IN, n_tok)
         else:
             getattr(host_kernels, f"{name}_matvec")(_ptr(rows), _ptr(x), _ptr(y), N_OUT, TAIL_N_IN, n_tok, split)
         assert_products_close(y, rows, qtype, x)
@@ -288,7 +329,7 @@ def bk():
 
 
 @pytest.mark.mlx
-@pytest.mark.parametrize("kind", ("matvec", "matmul", "dequantize"))
+@pytest.mark.parametrize("kind", ("matvec", "matvec_group", "matmul", "dequantize"))
 @pytest.mark.parametrize("qtype", KERNEL_TYPES, ids=lambda t: t.name)
 def test_kernel_text_for_each_dialect(bk, qtype, kind):
     for dialect, ids in ((bk.METAL, "threadgroup_position_in_grid"), (bk.CUDA, "blockIdx")):
@@ -306,6 +347,8 @@ def test_launch_geometry_comes_from_the_kernels_text(bk):
     assert [bk.matvec_split(256 * n) for n in (1, 3, 4, 6, 7, 8, 35)] == [1, 1, 2, 2, 2, 4, 4]
     assert all(bk.MATVEC_WARPS % split == 0 for _, split in bk.MATVEC_SPLITS)
     assert (bk.TILE_THREADS, bk.TILE_ROWS, bk.TILE_TOKS, bk.DEQ_THREADS) == (256, 64, 64, 256)
+    assert bk.GROUP_THREADS == 128 and set(bk.KINDS) == {p.stem[len("kernel_"):] for p in KERNEL_DIR.glob("kernel_*.inc")
+                                                         if "attention" not in p.stem}
 
 
 # --- the CUDA dialect through NVRTC, where NVRTC is installed (it needs no GPU) ----------------------------------
@@ -370,7 +413,7 @@ def nvrtc():
 
 
 @pytest.mark.mlx
-@pytest.mark.parametrize("kind", ("matvec", "matmul", "dequantize"))
+@pytest.mark.parametrize("kind", ("matvec", "matvec_group", "matmul", "dequantize"))
 @pytest.mark.parametrize("qtype", KERNEL_TYPES, ids=lambda t: t.name)
 def test_cuda_kernels_compile_with_nvrtc(bk, nvrtc, qtype, kind):
     """The CUDA dialect compiles as MLX compiles it (NVRTC, ``--device-as-default-execution-space``, sm_90's
@@ -379,7 +422,7 @@ def test_cuda_kernels_compile_with_nvrtc(bk, nvrtc, qtype, kind):
     name = f"gguf_{qtype.name.lower()}_{kind}"
     text = cuda_kernel_text(
         name, bk.header(bk.CUDA, qtype), bk.source(bk.CUDA, kind), inputs,
-        {"N_TOK": 3, "SPLIT": 2} if kind == "matvec" else {}
+        {"N_TOK": 3, "SPLIT": 2} if kind == "matvec" else {"N_TOK": 3} if kind == "matvec_group" else {}
     )
     compile_with_nvrtc(nvrtc, text, name)
 
@@ -416,12 +459,12 @@ def dialect(bk):
     mx.set_default_device(before)
 
 
-def gpu_matrix(qtype: T, rows: np.ndarray, dialect):
+def gpu_matrix(qtype: T, rows: np.ndarray, dialect, matvec: str = "simd"):
     from inference_engine.backends.mlx.weights import BlockMatrix
 
     quant = quant_for(qtype)
     n_in = rows.shape[1] // quant.type_size * quant.block_size
-    return BlockMatrix(TensorInfo("w", qtype, (rows.shape[0], n_in), rows.nbytes, rows), dialect)
+    return BlockMatrix(TensorInfo("w", qtype, (rows.shape[0], n_in), rows.nbytes, rows), dialect, matvec)
 
 
 @pytest.mark.gpu
@@ -444,6 +487,22 @@ def test_gpu_products(dialect, qtype, n_tok):
     rows = random_rows(qtype, N_OUT, rng)
     x = rng.standard_normal((n_tok, N_IN)).astype(np.float32)
     got = np.array(gpu_matrix(qtype, rows, dialect)(mx.array(x)))
+    assert_products_close(got, rows, qtype, x)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n_in", GROUP_N_INS + (TAIL_N_IN,))
+@pytest.mark.parametrize("n_tok", MATVEC_TOKENS)
+@pytest.mark.parametrize("qtype", KERNEL_TYPES, ids=lambda t: t.name)
+def test_gpu_matvec_one_threadgroup_a_row(dialect, qtype, n_tok, n_in):
+    import mlx.core as mx
+
+    if n_in == TAIL_N_IN and qtype != T.IQ4_NL:
+        pytest.skip("rows ending inside a block of 256: IQ4_NL's only")
+    rng = np.random.default_rng(int(qtype) + 13 * n_tok + n_in)
+    rows = random_rows(qtype, N_OUT, rng, n_in=n_in)
+    x = rng.standard_normal((n_tok, n_in)).astype(np.float32)
+    got = np.array(gpu_matrix(qtype, rows, dialect, matvec="group")(mx.array(x)))
     assert_products_close(got, rows, qtype, x)
 
 

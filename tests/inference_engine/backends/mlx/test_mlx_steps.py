@@ -251,6 +251,29 @@ def test_k_quants_in_their_blocks_give_the_affine_paths_logits(tiny_model, monke
     assert rel(logits_rows(e), affine) <= LOGITS_REL_TOL
 
 
+@pytest.mark.gpu
+def test_the_one_threadgroup_a_row_matvec_gives_the_same_logits(tiny_model, monkeypatch):
+    """MLXBackend.matvec_scheme "group" (one threadgroup a row) against "simd" on the block matrices (Q6_K's, and
+    Q4_K / Q5_K read in their blocks): the same weights, other float32 summation orders."""
+    from inference_engine.backends import mlx_backend
+
+    path = tiny_model("qwen2", "Q6_K")
+    monkeypatch.setattr(mlx_backend.MLXBackend, "block_kernel_types", frozenset({T.Q4_K, T.Q5_K}))
+    simd = logits_rows(engine(path, "compiled"))
+    monkeypatch.setattr(mlx_backend.MLXBackend, "matvec_scheme", "group")
+    e = engine(path, "compiled")
+    assert "block mat-vec: group scheme" in e.backend.description
+    assert rel(logits_rows(e), simd) <= LOGITS_REL_TOL
+
+
+def test_an_unknown_matvec_scheme_is_one_line_at_load(tiny_model, monkeypatch):
+    from inference_engine.backends import mlx_backend
+
+    monkeypatch.setattr(mlx_backend.MLXBackend, "matvec_scheme", "warp")
+    with pytest.raises(GGUFParityError, match="unknown MLX mat-vec scheme 'warp'; supported: simd, group"):
+        engine(tiny_model("llama", "Q8_0"), "sync")
+
+
 @pytest.mark.parametrize("gpu_backend, expected, kernel", [("cuda", "f32", True), ("metal", "quantized", False),
                                                             (None, "quantized", False)])
 def test_the_defaults_are_the_ones_measured_faster_there(monkeypatch, gpu_backend, expected, kernel):
