@@ -257,6 +257,9 @@ speed_of() {  # $1: name, $2: model
       --json "$WORK/$1-decode-unfused.json" || rc=$?
   run "$PY" -m bench_compare.decode_profile "$2" --backend mlx --steps "$DECODE_STEPS" --mlx-modes compiled \
       --mlx-block-kernel-types Q4_K,Q5_K --json "$WORK/$1-decode-blocks.json" || rc=$?
+  # a compiled step's K/V rows written by one scatter kernel each instead of a slice update's two
+  run "$PY" -m bench_compare.decode_profile "$2" --backend mlx --steps "$DECODE_STEPS" --mlx-modes compiled \
+      --mlx-kv-write scatter --json "$WORK/$1-decode-scatter.json" || rc=$?
   # our block mat-vec one threadgroup a row (llama.cpp's mmvq layout; never run on a GPU before) against the default
   # 1-4 SIMD groups a row: on the Q6_K (and IQ4) matrices alone, then with Q4_K / Q5_K in their blocks too
   run "$PY" -m bench_compare.decode_profile "$2" --backend mlx --steps "$DECODE_STEPS" --mlx-modes compiled \

@@ -421,6 +421,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--mlx-matvec", default=None, metavar="SCHEME",
                         help="MLX on a GPU: how our mat-vec shares a block matrix's row among threads, 'simd' (1-4 "
                              "SIMD groups a row) or 'group' (one threadgroup a row); default: MLXBackend.matvec_scheme")
+    parser.add_argument("--mlx-kv-write", default=None, metavar="HOW",
+                        help="MLX: how a compiled step writes its K/V row, 'slice' (mx.slice_update) or 'scatter' "
+                             "(mx.put_along_axis: one GPU kernel, not two); default: MLXBackend.kv_write")
     parser.add_argument("--ops", action="store_true",
                         help="MLX: time each op call as for the other backends (on MLX that is graph building only)")
     parser.add_argument("--json", metavar="FILE", default=None, help="MLX: write the step profile as JSON here")
@@ -444,6 +447,13 @@ def main(argv: list[str] | None = None) -> None:
             block_types = parse_block_kernel_types(args.mlx_block_kernel_types)
         except GGUFParityError as exc:
             parser.error(f"--mlx-block-kernel-types: {exc}")
+    if args.mlx_kv_write is not None:
+        if args.backend != "mlx":
+            parser.error("--mlx-kv-write applies to --backend mlx")
+        from inference_engine.backends.mlx.steps import KV_WRITES
+
+        if args.mlx_kv_write not in KV_WRITES:
+            parser.error(f"--mlx-kv-write: unknown '{args.mlx_kv_write}'; supported: {', '.join(KV_WRITES)}")
     if args.mlx_matvec is not None:
         if args.backend != "mlx":
             parser.error("--mlx-matvec applies to --backend mlx")
@@ -467,6 +477,8 @@ def main(argv: list[str] | None = None) -> None:
             parser.error(f"--mlx-prefill-matmul: {exc}")
     if args.mlx_attention_kernel is not None:
         engine.backend.attention_kernel = args.mlx_attention_kernel
+    if args.mlx_kv_write is not None:
+        engine.backend.kv_write = args.mlx_kv_write
     if args.backend == "mlx" and not args.ops:  # a lazy backend: host build vs device wait per step, graph size
         step_profile.main(engine, args)
         return

@@ -50,6 +50,7 @@ from inference_engine.backends.mlx import block_kernels
 from inference_engine.backends.mlx import device as mlx_device  # sets MLX_ENABLE_TF32=0 before MLX's first matmul
 from inference_engine.backends.mlx.block_kernels import KERNEL_TYPES
 from inference_engine.backends.mlx.steps import (
+    KV_WRITES,
     MLXSteps,
     RopeTables,
     StepPositions,
@@ -137,6 +138,10 @@ class MLXBackend(Backend):
     devices = staticmethod(mlx_device.available)  # the GPU (default) where MLX has one, and the CPU
     no_gpu_reason = staticmethod(mlx_device.no_gpu_reason)
 
+    # How a compiled decode step writes its K/V row into the cache (steps.KV_WRITES): "slice" (two kernels a write on
+    # MLX's GPU backends) until a GPU times "scatter" (one): decode_profile --mlx-kv-write, run_checks.sh's speed.
+    kv_write: str = KV_WRITES[0]
+
     def __init__(self, numerics: str = "f32", n_threads: int | None = None, device: str | None = None):
         super().__init__(numerics, n_threads, device)
         if numerics not in SUPPORTED_NUMERICS:
@@ -186,6 +191,8 @@ class MLXBackend(Backend):
         if stacked:
             forms += f" ({stacked} stacked runs of matrices, one product each)"
         threads = "" if self.n_threads is None else f"; --threads {self.n_threads} not applied (MLX sets its own)"
+        if self.kv_write != KV_WRITES[0]:
+            threads += f"; a compiled step's K/V rows written by {self.kv_write}"
         if self.kernels and self.matvec_scheme != block_kernels.MATVEC_SCHEMES[0]:
             threads += f"; block mat-vec: {self.matvec_scheme} scheme"
         if self.attention_kernel:
@@ -399,6 +406,8 @@ class MLXBackend(Backend):
         engine then evaluates and reads back each step before the next, as before)."""
         if self.step_mode not in STEP_MODES:
             raise GGUFParityError(f"unknown MLX step mode '{self.step_mode}'; supported: {', '.join(STEP_MODES)}")
+        if self.kv_write not in KV_WRITES:
+            raise GGUFParityError(f"unknown MLX K/V write '{self.kv_write}'; supported: {', '.join(KV_WRITES)}")
         if self.step_mode == "sync" or not has_device_rows(embedding_table(self, model)):
             return None  # (no device lookup of the token's row: each step's token is read on the host first)
         return MLXSteps(self, model, cache, compiled=self.step_mode == "compiled")

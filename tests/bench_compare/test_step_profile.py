@@ -124,3 +124,13 @@ def test_a_wrong_matvec_scheme_is_a_usage_error(tiny_model, capsys, backend, sch
     with pytest.raises(SystemExit) as exc:
         decode_profile.main([str(tiny_model("llama", "Q4_K")), "--backend", backend, "--mlx-matvec", scheme])
     assert exc.value.code == 2 and message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("backend", "how", "message"), [
+    ("mlx", "memcpy", "--mlx-kv-write: unknown 'memcpy'; supported: slice, scatter"),
+    ("numpy", "scatter", "--mlx-kv-write applies to --backend mlx"),
+])
+def test_a_wrong_kv_write_is_a_usage_error(tiny_model, capsys, backend, how, message):
+    with pytest.raises(SystemExit) as exc:
+        decode_profile.main([str(tiny_model("llama", "Q4_K")), "--backend", backend, "--mlx-kv-write", how])
+    assert exc.value.code == 2 and message in capsys.readouterr().err

@@ -17,8 +17,9 @@ while Python works and Python idles while the device works. Here (:class:`MLXSte
     (ggml's angles, from :func:`~inference_engine.backends.numerics.rope_cos_sin` on the host, the same values the
     uncompiled path uses) and the key index ``arange(L)``;
   - :class:`StepCache`: the K/V cache seam of :func:`~inference_engine.models.base.self_attention` (``attend``):
-    the new row written with ``mx.slice_update`` at the traced position, in place (the old buffer has no other
-    reader, so MLX donates its memory: tests check that a step allocates less than one buffer), then attention over
+    the new row written at the traced position, in place (the old buffer has no other reader, so MLX donates its
+    memory: tests check that a step allocates less than one buffer) with ``mx.slice_update`` or, where the backend's
+    ``kv_write`` is ``"scatter"``, ``mx.put_along_axis`` (:data:`KV_WRITES`), then attention over
     the first ``L`` slots with the causal / sliding-window mask built on the device (or, where the backend's
     ``attention_kernel`` is on and our GPU kernels run, :mod:`~inference_engine.backends.mlx.attention_kernel`
     over the F16 cache up to the position).
@@ -50,6 +51,12 @@ from inference_engine.backends import numerics as nx
 from inference_engine.backends.mlx import attention_kernel
 
 KEY_BLOCK = 256  # attention reads the cache in blocks of this many slots: one trace of the step per block
+# How a compiled step writes its K/V row into the cache (MLXBackend.kv_write): "slice", mx.slice_update at the traced
+# position, which MLX 0.32's GPU backends run as two kernels (compute_dynamic_offset, then an N-d copy to that offset:
+# 2.7 and 7.4 us a launch on an H200, 2026-11-27, 112 of a 1.5B step's ~800 launches); "scatter", mx.put_along_axis
+# with the position as the index, one ScatterAxis kernel (MLX's source, v0.32.1: the cache donated to it as to the
+# slice update, then one scatter launch). The same values either way; "scatter" is not yet timed on a GPU.
+KV_WRITES = ("slice", "scatter")
 
 
 def rope_key(n_dims: int, freq_base: float, freq_scale: float = 1.0, freq_factors: Any = None, **pairing) -> tuple:
@@ -119,8 +126,8 @@ class StepCache:
 
     def attend(self, b, il, q, k, v, positions, scale, sliding_window=0, softcap=0.0) -> mx.array:
         at = self.positions
-        self.k[il] = mx.slice_update(self.k[il], k.transpose(1, 0, 2).astype(self.k[il].dtype), at.pos, axes=(1,))
-        self.v[il] = mx.slice_update(self.v[il], v.transpose(1, 0, 2).astype(self.v[il].dtype), at.pos, axes=(1,))
+        self.k[il] = self.written(b.kv_write, self.k[il], k)
+        self.v[il] = self.written(b.kv_write, self.v[il], v)
         if (not softcap and b.attention_kernel and b.kernels is not None
                 and attention_kernel.supports(q.shape, self.k[il], self.v[il])):  # the F16 cache read in place
             return attention_kernel.decode_attention(b.kernels, q, self.k[il], self.v[il], at.pos, scale,
@@ -129,6 +136,16 @@ class StepCache:
         keys = self.k[il][:, :n, :].transpose(1, 0, 2)  # (L, n_head_kv, d_k): the slots attention reads
         values = self.v[il][:, :n, :].transpose(1, 0, 2)
         return b.masked_attention(q, keys, values, at.visible(sliding_window), scale, softcap)
+
+
+    def written(self, how: str, buffer: mx.array, rows: mx.array) -> mx.array:
+        """``buffer (n_head_kv, n_ctx, d)`` with ``rows (1, n_head_kv, d)`` (float32) in its slot at the step's
+        position, in its dtype (F16: rounded to nearest even, as ggml's fp32 -> fp16), written as ``how`` (one of
+        :data:`KV_WRITES`) says."""
+        new = rows.transpose(1, 0, 2).astype(buffer.dtype)  # (n_head_kv, 1, d)
+        if how == "scatter":
+            return mx.put_along_axis(buffer, self.positions.pos.reshape(1, 1, 1), new, axis=1)
+        return mx.slice_update(buffer, new, self.positions.pos, axes=(1,))
 
 
 class PendingStep:

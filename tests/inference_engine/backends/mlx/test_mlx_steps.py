@@ -148,6 +148,48 @@ def test_kv_cache_is_updated_in_place(tiny_model):
     assert e.async_steps().compiled
 
 
+@pytest.mark.parametrize("kv_type", ["f32", "f16"])
+def test_kv_rows_scattered_are_the_rows_sliced_in(tiny_model, kv_type):
+    """kv_write "scatter" (mx.put_along_axis) moves the same values as "slice" (mx.slice_update): the same logits bit
+    for bit and the same cache; its graph has a ScatterAxis where the other has a DynamicSliceUpdate, and it writes in
+    place as well."""
+    from bench_compare.step_profile import graph_nodes
+
+    path = tiny_model("qwen2", "Q8_0")
+    sliced = engine(path, "compiled", kv_type=kv_type)
+    scattered = engine(path, "compiled", kv_type=kv_type)
+    scattered.backend.kv_write = "scatter"
+    np.testing.assert_array_equal(logits_rows(scattered), logits_rows(sliced))
+    for a, b in zip(scattered.cache.k + scattered.cache.v, sliced.cache.k + sliced.cache.v, strict=True):
+        np.testing.assert_array_equal(np.array(a.astype(mx.float32)), np.array(b.astype(mx.float32)))
+    assert "K/V rows written by scatter" in scattered.backend.description
+    kinds = [graph_nodes(*e.async_steps().decode(5, launch=False).outputs()) for e in (scattered, sliced)]
+    n_layer = len(sliced.cache.k)
+    assert (kinds[0]["ScatterAxis"], kinds[0]["DynamicSliceUpdate"]) == (2 * n_layer, 0)
+    assert (kinds[1]["ScatterAxis"], kinds[1]["DynamicSliceUpdate"]) == (0, 2 * n_layer)
+
+
+def test_scattered_kv_rows_are_written_in_place(tiny_model):
+    e = engine(tiny_model("qwen2", "Q8_0"), "compiled", n_ctx=8192)
+    e.backend.kv_write = "scatter"
+    buffer_bytes = e.cache.k[0].nbytes
+    e.prefill(PROMPT)
+    for t in DECODE:
+        e.decode(t)
+    mx.eval(e.cache.k, e.cache.v)
+    before = mx.get_active_memory()
+    mx.reset_peak_memory()
+    e.decode(5)
+    assert mx.get_peak_memory() - before < buffer_bytes / 4
+
+
+def test_an_unknown_kv_write_is_one_line(tiny_model):
+    e = engine(tiny_model("llama", "Q8_0"), "compiled")
+    e.backend.kv_write = "memcpy"
+    with pytest.raises(GGUFParityError, match="unknown MLX K/V write 'memcpy'; supported: slice, scatter"):
+        e.async_steps()
+
+
 @pytest.mark.parametrize("mode", ["compiled", "lazy"])
 def test_generation_loop_matches_the_plain_loop(tiny_model, mode):
     """generate_step over launched steps: the same greedy tokens and logits, the same cache position when the caller
