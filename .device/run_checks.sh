@@ -8,8 +8,9 @@
 #                      (setsid: it outlives this call while the machine stays warm; ~209 s on 16 cores)
 #     gpu-tests        pytest -m gpu over the MLX backend and --device tests, then the block-kernel, steps and
 #                      attention-kernel tests not marked gpu (a superset of gpu-kernels; 160 s on an H200)
-#     gpu-kernels      the GPU tests of our own kernels only (block kernels, every type; the decode attention kernel,
-#                      and a compiled step handing its attention to it): 33 tests in 44 s on an H200 (quiet CPUs)
+#     gpu-kernels      the GPU tests of our own kernels only (block kernels, every type; the decode attention and RoPE
+#                      kernels, and a compiled step handing its attention to them): 33 tests in 44 s on an H200 before
+#                      the RoPE kernel's and the one-threadgroup mat-vec's were added
 #     validate-tiny    validate --backend mlx --numerics f32 on tiny models of every architecture and type
 #     validate-recorded the same against llama.cpp's own tensors and variants, recorded by prepare.sh where llama.cpp
 #                      runs (validate --record-reference; here --against recording:DIR, on the carried model files)
@@ -77,9 +78,9 @@ export PYTHONPATH=$ROOT:$ROOT/tests${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=
 export GGUF_PARITY_CACHE=$GP_DIR/cache   # the named models' cache: validate-smollm2 puts the carried file there
 
 # Each step's seconds under `timeout` (the device tool stops a call at 600 s; these leave room for the rest).
-declare -A LIMIT=([probe]=60 [build-llama]=30 [matrices]=240 [kernels]=240 [graphs]=90 [gpu-tests]=420 [gpu-kernels]=180 [validate-tiny]=240 [validate-recorded]=120 [speed]=360
+declare -A LIMIT=([probe]=60 [build-llama]=30 [matrices]=240 [kernels]=240 [graphs]=90 [gpu-tests]=420 [gpu-kernels]=180 [validate-tiny]=240 [validate-recorded]=120 [speed]=480
                   [llama-bench]=480
-                  [validate-smollm2]=180 [validate-smollm2-recorded]=150 [speed-smollm2]=150 [cpu-crash]=300)
+                  [validate-smollm2]=180 [validate-smollm2-recorded]=150 [speed-smollm2]=240 [cpu-crash]=300)
 
 # --- helpers ---------------------------------------------------------------------------------------------------
 run() {  # one command: printed (on stderr: a step's log), then run unless DRY_RUN=1
@@ -203,7 +204,8 @@ step_gpu_tests() {
   # (the steps with our attention kernel, CUDA's default), on MLX's CPU build elsewhere
   run "$PY" -m pytest -p no:cacheprovider -q -rfE --durations=15 --maxfail=30 --timeout=120 -m "not gpu" \
       tests/inference_engine/backends/mlx/test_mlx_block_kernels.py tests/inference_engine/backends/mlx/test_mlx_steps.py \
-      tests/inference_engine/backends/mlx/test_mlx_attention_kernel.py || rc=$?
+      tests/inference_engine/backends/mlx/test_mlx_attention_kernel.py \
+      tests/inference_engine/backends/mlx/test_mlx_rope_kernel.py || rc=$?
   return $rc
 }
 
@@ -211,6 +213,7 @@ step_gpu_kernels() {  # the GPU-marked tests of our kernels, and a compiled step
   mlx_ready || return
   run "$PY" -m pytest -p no:cacheprovider -q -rfE --durations=10 --maxfail=30 --timeout=120 -m gpu \
       tests/inference_engine/backends/mlx/test_mlx_attention_kernel.py \
+      tests/inference_engine/backends/mlx/test_mlx_rope_kernel.py \
       tests/inference_engine/backends/mlx/test_mlx_block_kernels.py || return
   run "$PY" -m pytest -p no:cacheprovider -q -rfE --timeout=120 \
       tests/inference_engine/backends/mlx/test_mlx_attention_kernel.py::test_a_compiled_step_hands_its_attention_to_the_kernel
@@ -257,6 +260,12 @@ speed_of() {  # $1: name, $2: model
       --json "$WORK/$1-decode-unfused.json" || rc=$?
   run "$PY" -m bench_compare.decode_profile "$2" --backend mlx --steps "$DECODE_STEPS" --mlx-modes compiled \
       --mlx-block-kernel-types Q4_K,Q5_K --json "$WORK/$1-decode-blocks.json" || rc=$?
+  # beside the attention kernel, RoPE and the F16 K/V rows as one kernel of ours instead of four element-wise ones;
+  # then that and the K/V rows by scatter together
+  run "$PY" -m bench_compare.decode_profile "$2" --backend mlx --steps "$DECODE_STEPS" --mlx-modes compiled \
+      --mlx-rope-kernel --json "$WORK/$1-decode-rope.json" || rc=$?
+  run "$PY" -m bench_compare.decode_profile "$2" --backend mlx --steps "$DECODE_STEPS" --mlx-modes compiled \
+      --mlx-rope-kernel --mlx-kv-write scatter --json "$WORK/$1-decode-rope-scatter.json" || rc=$?
   # a compiled step's K/V rows written by one scatter kernel each instead of a slice update's two
   run "$PY" -m bench_compare.decode_profile "$2" --backend mlx --steps "$DECODE_STEPS" --mlx-modes compiled \
       --mlx-kv-write scatter --json "$WORK/$1-decode-scatter.json" || rc=$?

@@ -421,6 +421,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--mlx-matvec", default=None, metavar="SCHEME",
                         help="MLX on a GPU: how our mat-vec shares a block matrix's row among threads, 'simd' (1-4 "
                              "SIMD groups a row) or 'group' (one threadgroup a row); default: MLXBackend.matvec_scheme")
+    parser.add_argument("--mlx-rope-kernel", action=argparse.BooleanOptionalAction, default=None,
+                        help="MLX on a GPU: beside the attention kernel, a compiled step's RoPE and F16 K/V rows as "
+                             "one kernel of ours (backends/mlx/rope_kernel.py) instead of four element-wise ones; "
+                             "default: mlx_backend.ROPE_KERNEL_DEFAULTS (off: not yet run on a GPU)")
     parser.add_argument("--mlx-kv-write", default=None, metavar="HOW",
                         help="MLX: how a compiled step writes its K/V row, 'slice' (mx.slice_update) or 'scatter' "
                              "(mx.put_along_axis: one GPU kernel, not two); default: MLXBackend.kv_write")
@@ -437,6 +441,8 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--mlx-prefill-matmul applies to --backend mlx")
     if args.mlx_attention_kernel is not None and args.backend != "mlx":
         parser.error("--mlx-attention-kernel applies to --backend mlx")
+    if args.mlx_rope_kernel is not None and args.backend != "mlx":
+        parser.error("--mlx-rope-kernel applies to --backend mlx")
     block_types = frozenset()
     if args.mlx_block_kernel_types is not None:
         if args.backend != "mlx":
@@ -479,6 +485,8 @@ def main(argv: list[str] | None = None) -> None:
         engine.backend.attention_kernel = args.mlx_attention_kernel
     if args.mlx_kv_write is not None:
         engine.backend.kv_write = args.mlx_kv_write
+    if args.mlx_rope_kernel is not None:
+        engine.backend.rope_kernel = args.mlx_rope_kernel
     if args.backend == "mlx" and not args.ops:  # a lazy backend: host build vs device wait per step, graph size
         step_profile.main(engine, args)
         return

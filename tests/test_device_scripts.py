@@ -95,7 +95,9 @@ def test_every_step_prints_its_commands(commands):
     # the mat-vec schemes' A/B: one threadgroup a row against the default, with and without Q4_K / Q5_K in blocks
     assert sum("--matvec group" in c for c in commands["matrices"]) == 2
     assert sum("--mlx-matvec group" in c for c in commands["speed"]) == 4  # two runs for each of two models
-    assert sum("--mlx-kv-write scatter" in c for c in commands["speed"]) == 2
+    assert sum("--mlx-kv-write scatter" in c for c in commands["speed"]) == 4
+    assert sum("--mlx-rope-kernel" in c for c in commands["speed"]) == 4
+    assert any("test_mlx_rope_kernel.py" in c and "-m gpu" in c for c in commands["gpu-kernels"])
     assert all("--device gpu" in c for c in flat(commands) if "bench_compare.cli" in c)
     assert any("-m gpu" in c and "test_mlx_block_kernels.py" in c and "test_mlx_attention_kernel.py" in c
                for c in commands["gpu-kernels"])

@@ -53,6 +53,7 @@ from inference_engine.backends.mlx.steps import (
     KV_WRITES,
     MLXSteps,
     RopeTables,
+    StepCache,
     StepPositions,
     StepTokens,
     embedding_table,
@@ -101,6 +102,9 @@ PREFILL_F32_MIN_ROWS = 64
 # 161 -> 171); forced tokens (bench's tg) faster in four, the same in one, slower in one (the real SmolLM2 at depth
 # 0: 7.24 against 5.80 ms); graph compute nodes 714 -> 601; its GPU tests passed there. Metal: never run, so off.
 ATTENTION_KERNEL_DEFAULTS = {"cuda": True}
+# Whether a compiled decode step's RoPE and F16 K/V rows run as one kernel of ours (rope_kernel.py) beside that
+# attention kernel, instead of four element-wise kernels a layer, per GPU backend: nowhere yet (never run on a GPU).
+ROPE_KERNEL_DEFAULTS: dict[str, bool] = {}
 _CACHE_SIZE = 16  # rope tables / masks kept (one per distinct positions and settings in flight)
 
 # gelu_tanh's constants as nx defines them (float32)
@@ -164,6 +168,8 @@ class MLXBackend(Backend):
         self._prefill_matmul = PREFILL_MATMUL_DEFAULTS.get(self.placement.gpu_backend or "", PREFILL_MATMULS[0])
         # A compiled decode step's attention over an F16 cache as our GPU kernels: ATTENTION_KERNEL_DEFAULTS
         self.attention_kernel = ATTENTION_KERNEL_DEFAULTS.get(self.placement.gpu_backend or "", False)
+        # ... and its RoPE and F16 K/V rows as one kernel of ours before it: ROPE_KERNEL_DEFAULTS (decode_attention)
+        self.rope_kernel = ROPE_KERNEL_DEFAULTS.get(self.placement.gpu_backend or "", False)
 
     @property
     def prefill_matmul(self) -> str:
@@ -198,6 +204,8 @@ class MLXBackend(Backend):
         if self.attention_kernel:
             threads += ("; decode attention over an F16 cache: our kernel" if self.kernels
                         else "; decode attention kernel asked for, not run (no GPU kernels on this device)")
+            if self.rope_kernel and self.kernels:
+                threads += ", its RoPE and F16 rows one kernel of ours"
         return (
             f"MLX {mx.__version__} on {self.device} ({where}), f32 numerics only; {affine} "
             f"exactly as MLX affine 32-groups (float32 scales), {blocks} as {fallback}, "
@@ -352,6 +360,16 @@ class MLXBackend(Backend):
         probs = mx.softmax(scores, axis=-1)
         out = probs @ vh  # (n_head, T, d_v)
         return out.transpose(1, 0, 2).reshape(n_tokens, n_head * vh.shape[-1])
+
+    def decode_attention(self, cache, il, q, k, v, positions, rope, scale, q_scale=None, sliding_window=0):
+        """A compiled decode step's RoPE, F16 K/V rows, cache write and attention on our GPU kernels where
+        :attr:`rope_kernel` and :attr:`attention_kernel` are on (:meth:`~inference_engine.backends.mlx.steps.
+        StepCache.attend_rotated`: three element-wise kernels fewer a layer than the ops one by one); None
+        elsewhere, and for inputs the kernels do not take (the ops then run one by one)."""
+        if not (self.rope_kernel and self.attention_kernel and self.kernels is not None
+                and isinstance(cache, StepCache)):
+            return None
+        return cache.attend_rotated(self, il, q, k, v, rope, scale, q_scale, sliding_window)
 
     def swiglu(self, gate: mx.array, up: mx.array) -> mx.array:
         return gate / (1.0 + mx.exp(-gate)) * up

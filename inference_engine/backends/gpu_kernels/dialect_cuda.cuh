@@ -7,6 +7,7 @@
 #define GQ_SHARED
 #define GQ_SHARED_DECL __shared__
 #define GQ_AS_FLOAT(u) __uint_as_float(u)
+#define GQ_AS_BITS(f) __float_as_uint(f)
 #define GQ_BARRIER() __syncthreads()
 #define GQ_SIMD_SUM(v) gq_warp_sum(v)
 #define GQ_EXP(x) expf(x)

@@ -22,6 +22,7 @@
 #define GQ_SHARED
 #define GQ_SHARED_DECL static
 #define GQ_AS_FLOAT(u) gq_host_as_float(u)
+#define GQ_AS_BITS(f) gq_host_as_bits(f)
 #define GQ_BARRIER() gq_host_barrier()
 #define GQ_SIMD_SUM(v) gq_host_simd_sum(v)
 #define GQ_EXP(x) std::exp(x)
@@ -30,6 +31,12 @@ static inline float gq_host_as_float(unsigned int u) {
     float f;
     std::memcpy(&f, &u, sizeof f);
     return f;
+}
+
+static inline unsigned int gq_host_as_bits(float f) {
+    unsigned int u;
+    std::memcpy(&u, &f, sizeof u);
+    return u;
 }
 
 struct gq_host_group {

@@ -7,6 +7,7 @@
 #define GQ_SHARED threadgroup
 #define GQ_SHARED_DECL threadgroup
 #define GQ_AS_FLOAT(u) as_type<float>(u)
+#define GQ_AS_BITS(f) as_type<uint>(f)
 #define GQ_BARRIER() threadgroup_barrier(mem_flags::mem_threadgroup)
 #define GQ_SIMD_SUM(v) simd_sum(v)
 #define GQ_EXP(x) exp(x)

@@ -11,6 +11,7 @@
 //   GQ_GLOBAL      address space of weights   (Metal: device, CUDA and host: nothing)
 //   GQ_THREAD      address space of a thread's own arrays (Metal: thread, CUDA and host: nothing)
 //   GQ_AS_FLOAT(u) the float32 whose bits are u (Metal: as_type<float>, CUDA: __uint_as_float, host: memcpy)
+//   GQ_AS_BITS(f)  the bits of the float32 f, the other way (Metal: as_type<uint>, CUDA: __float_as_uint)
 //
 // A block holds 256 values (GQ_QK) in 16 sub-blocks of 16 (GQ_SUB); value i lies in sub-block i / 16. Every type
 // gives value i as

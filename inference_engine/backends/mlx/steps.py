@@ -48,7 +48,7 @@ import mlx.core as mx
 import numpy as np
 
 from inference_engine.backends import numerics as nx
-from inference_engine.backends.mlx import attention_kernel
+from inference_engine.backends.mlx import attention_kernel, rope_kernel
 
 KEY_BLOCK = 256  # attention reads the cache in blocks of this many slots: one trace of the step per block
 # How a compiled step writes its K/V row into the cache (MLXBackend.kv_write): "slice", mx.slice_update at the traced
@@ -138,10 +138,25 @@ class StepCache:
         return b.masked_attention(q, keys, values, at.visible(sliding_window), scale, softcap)
 
 
+    def attend_rotated(self, b, il, q, k, v, rope, scale, q_scale=None, sliding_window=0) -> mx.array | None:
+        """:meth:`~inference_engine.backends.base.Backend.decode_attention` on our GPU kernels: RoPE and the F16
+        rows in one kernel (:mod:`~inference_engine.backends.mlx.rope_kernel`), the rows written, then the decode
+        attention kernel over the F16 cache; None where the kernels do not take these inputs (the ops then run one
+        by one)."""
+        if not (attention_kernel.supports(q.shape, self.k[il], self.v[il]) and rope_kernel.supports(rope, q.shape)):
+            return None
+        at = self.positions
+        tables = None if rope is None else at.tables[rope_key(**rope)]
+        q, k, v = rope_kernel.rope_f16(b.kernels, q, k, v, tables, at.pos, rope, q_scale)
+        self.k[il] = self.written(b.kv_write, self.k[il], k)
+        self.v[il] = self.written(b.kv_write, self.v[il], v)
+        return attention_kernel.decode_attention(b.kernels, q, self.k[il], self.v[il], at.pos, scale, sliding_window,
+                                                 n_keys=at.keys.shape[0])
+
     def written(self, how: str, buffer: mx.array, rows: mx.array) -> mx.array:
-        """``buffer (n_head_kv, n_ctx, d)`` with ``rows (1, n_head_kv, d)`` (float32) in its slot at the step's
-        position, in its dtype (F16: rounded to nearest even, as ggml's fp32 -> fp16), written as ``how`` (one of
-        :data:`KV_WRITES`) says."""
+        """``buffer (n_head_kv, n_ctx, d)`` with ``rows (1, n_head_kv, d)`` in its slot at the step's position, in
+        its dtype (float32 rows into F16: rounded to nearest even, as ggml's fp32 -> fp16), written as ``how`` (one
+        of :data:`KV_WRITES`) says."""
         new = rows.transpose(1, 0, 2).astype(buffer.dtype)  # (n_head_kv, 1, d)
         if how == "scatter":
             return mx.put_along_axis(buffer, self.positions.pos.reshape(1, 1, 1), new, axis=1)

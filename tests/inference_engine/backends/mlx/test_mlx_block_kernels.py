@@ -348,7 +348,7 @@ def test_launch_geometry_comes_from_the_kernels_text(bk):
     assert all(bk.MATVEC_WARPS % split == 0 for _, split in bk.MATVEC_SPLITS)
     assert (bk.TILE_THREADS, bk.TILE_ROWS, bk.TILE_TOKS, bk.DEQ_THREADS) == (256, 64, 64, 256)
     assert bk.GROUP_THREADS == 128 and set(bk.KINDS) == {p.stem[len("kernel_"):] for p in KERNEL_DIR.glob("kernel_*.inc")
-                                                         if "attention" not in p.stem}
+                                                         if not p.stem.startswith("kernel_decode_")}
 
 
 # --- the CUDA dialect through NVRTC, where NVRTC is installed (it needs no GPU) ----------------------------------
@@ -368,11 +368,13 @@ struct Shape {
 
 
 def cuda_kernel_text(name: str, header: str, body: str, inputs: list[tuple[str, str]], template: dict,
-                     output: str | list[str] = "y") -> str:
+                     output: str | list[str] = "y", output_types: list[str] | None = None) -> str:
     """The translation unit ``mx.fast.cuda_kernel`` compiles, as MLX 0.32's ``build_kernel``
     (mlx/backend/cuda/custom_kernel.cpp) writes it: header, then in ``mlx::core::cu`` a ``__global__`` function with
-    ``const T* name`` per input (plus ``name_shape`` where the body names it), the outputs, the template constants,
-    the body."""
+    ``const T* name`` per input (plus ``name_shape`` where the body names it), the outputs (``float`` unless
+    ``output_types`` says), the template constants, the body."""
+    outputs = [output] if isinstance(output, str) else output
+    types = output_types or ["float"] * len(outputs)
     params = []
     for input_name, ctype in inputs:
         params.append(f"const {ctype}* {input_name}")
@@ -381,7 +383,7 @@ def cuda_kernel_text(name: str, header: str, body: str, inputs: list[tuple[str, 
     constants = "".join(f"  constexpr int {k} = {v};\n" for k, v in template.items())
     return (
         f"{NVRTC_STAND_IN}{header}namespace mlx::core::cu {{\n__global__ void {name}(\n    "
-        + ",\n    ".join([*params, *(f"float* {o}" for o in ([output] if isinstance(output, str) else output))])
+        + ",\n    ".join([*params, *(f"{t}* {o}" for t, o in zip(types, outputs, strict=True))])
         + f") {{\n{constants}\n{body}\n}}\n}}  // namespace mlx::core::cu\n"
     )
 
