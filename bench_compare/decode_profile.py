@@ -68,6 +68,11 @@ def _switched_off(cls: type, attribute: str, when: bool) -> Iterator[None]:
         yield
 
 
+# The flags that set an MLX backend's choices (main refuses them with another backend)
+MLX_FLAGS = ("--mlx-prefill-matmul", "--mlx-attention-kernel", "--mlx-rope-kernel", "--mlx-block-kernel-types",
+             "--mlx-matvec", "--mlx-kv-write")
+
+
 @contextlib.contextmanager
 def class_attribute(cls: type, attribute: str, value, when: bool) -> Iterator[None]:
     """``cls.attribute`` = ``value`` inside the block where ``when`` (a class-level setting read at load time)."""
@@ -437,36 +442,25 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"--mlx-modes: unknown {', '.join(sorted(unknown))}; supported: {', '.join(step_profile.MODES)}")
     if args.steps < 1 or args.prefill < 0 or args.depth < 0:
         parser.error("--steps must be at least 1, --prefill and --depth at least 0")
-    if args.mlx_prefill_matmul is not None and args.backend != "mlx":
-        parser.error("--mlx-prefill-matmul applies to --backend mlx")
-    if args.mlx_attention_kernel is not None and args.backend != "mlx":
-        parser.error("--mlx-attention-kernel applies to --backend mlx")
-    if args.mlx_rope_kernel is not None and args.backend != "mlx":
-        parser.error("--mlx-rope-kernel applies to --backend mlx")
+    for flag in MLX_FLAGS:  # MLX's own switches, each one line where another backend is asked for
+        if getattr(args, flag.lstrip("-").replace("-", "_")) is not None and args.backend != "mlx":
+            parser.error(f"{flag} applies to --backend mlx")
     block_types = frozenset()
     if args.mlx_block_kernel_types is not None:
-        if args.backend != "mlx":
-            parser.error("--mlx-block-kernel-types applies to --backend mlx")
         from inference_engine.backends.mlx_backend import parse_block_kernel_types
 
         try:
             block_types = parse_block_kernel_types(args.mlx_block_kernel_types)
         except GGUFParityError as exc:
             parser.error(f"--mlx-block-kernel-types: {exc}")
-    if args.mlx_kv_write is not None:
-        if args.backend != "mlx":
-            parser.error("--mlx-kv-write applies to --backend mlx")
+    if args.backend == "mlx":
+        from inference_engine.backends.mlx.block_kernels import MATVEC_SCHEMES
         from inference_engine.backends.mlx.steps import KV_WRITES
 
-        if args.mlx_kv_write not in KV_WRITES:
-            parser.error(f"--mlx-kv-write: unknown '{args.mlx_kv_write}'; supported: {', '.join(KV_WRITES)}")
-    if args.mlx_matvec is not None:
-        if args.backend != "mlx":
-            parser.error("--mlx-matvec applies to --backend mlx")
-        from inference_engine.backends.mlx.block_kernels import MATVEC_SCHEMES
-
-        if args.mlx_matvec not in MATVEC_SCHEMES:
-            parser.error(f"--mlx-matvec: unknown scheme '{args.mlx_matvec}'; supported: {', '.join(MATVEC_SCHEMES)}")
+        for flag, value, supported in (("--mlx-kv-write", args.mlx_kv_write, KV_WRITES),
+                                       ("--mlx-matvec", args.mlx_matvec, MATVEC_SCHEMES)):
+            if value is not None and value not in supported:
+                parser.error(f"{flag}: unknown '{value}'; supported: {', '.join(supported)}")
     n_ctx = max(2048, args.depth + max(args.prefill, 64 + 2 * args.steps + 8))  # each step runs twice
     backend_class = get_backend_class(args.backend)
     unstacked = args.backend == "mlx" and args.unfused  # MLX: every weight matrix loaded alone

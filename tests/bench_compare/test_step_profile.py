@@ -94,43 +94,18 @@ def test_prefill_through_float32_weights_is_profiled_and_named(tiny_model, tmp_p
     assert json.loads(out.read_text())["prefill"]["prefill_matmul"] == "f32"
 
 
-@pytest.mark.parametrize(("backend", "how", "message"), [
-    ("mlx", "fast", "--mlx-prefill-matmul: unknown MLX prefill matmul 'fast'; supported: quantized, f32"),
-    ("numpy", "f32", "--mlx-prefill-matmul applies to --backend mlx"),
+@pytest.mark.parametrize(("backend", "flags", "message"), [
+    ("mlx", ("--prefill", "8", "--mlx-prefill-matmul", "fast"),
+     "--mlx-prefill-matmul: unknown MLX prefill matmul 'fast'; supported: quantized, f32"),
+    ("mlx", ("--mlx-block-kernel-types", "Q6_K,Q9"),
+     "--mlx-block-kernel-types: block kernel types: Q6_K, Q9 not supported; supported: Q4_K, Q5_K"),
+    ("mlx", ("--mlx-matvec", "warp"), "--mlx-matvec: unknown 'warp'; supported: simd, group"),
+    ("mlx", ("--mlx-kv-write", "memcpy"), "--mlx-kv-write: unknown 'memcpy'; supported: slice, scatter"),
+    *(("numpy", (flag, "on") if flag != "--mlx-attention-kernel" else (flag,), f"{flag} applies to --backend mlx")
+      for flag in decode_profile.MLX_FLAGS if flag != "--mlx-rope-kernel"),
+    ("numba", ("--mlx-rope-kernel",), "--mlx-rope-kernel applies to --backend mlx"),
 ])
-def test_a_wrong_prefill_matmul_is_a_usage_error(tiny_model, capsys, backend, how, message):
+def test_a_wrong_mlx_choice_is_a_usage_error(tiny_model, capsys, backend, flags, message):
     with pytest.raises(SystemExit) as exc:
-        decode_profile.main([str(tiny_model("llama", "Q8_0")), "--backend", backend, "--prefill", "8",
-                             "--mlx-prefill-matmul", how])
-    assert exc.value.code == 2 and message in capsys.readouterr().err
-
-
-@pytest.mark.parametrize(("backend", "types", "message"), [
-    ("mlx", "Q6_K,Q9", "--mlx-block-kernel-types: block kernel types: Q6_K, Q9 not supported; supported: Q4_K, Q5_K"),
-    ("numpy", "Q4_K", "--mlx-block-kernel-types applies to --backend mlx"),
-])
-def test_wrong_block_kernel_types_are_a_usage_error(tiny_model, capsys, backend, types, message):
-    with pytest.raises(SystemExit) as exc:
-        decode_profile.main([str(tiny_model("llama", "Q4_K")), "--backend", backend, "--mlx-block-kernel-types",
-                             types])
-    assert exc.value.code == 2 and message in capsys.readouterr().err
-
-
-@pytest.mark.parametrize(("backend", "scheme", "message"), [
-    ("mlx", "warp", "--mlx-matvec: unknown scheme 'warp'; supported: simd, group"),
-    ("numpy", "group", "--mlx-matvec applies to --backend mlx"),
-])
-def test_a_wrong_matvec_scheme_is_a_usage_error(tiny_model, capsys, backend, scheme, message):
-    with pytest.raises(SystemExit) as exc:
-        decode_profile.main([str(tiny_model("llama", "Q4_K")), "--backend", backend, "--mlx-matvec", scheme])
-    assert exc.value.code == 2 and message in capsys.readouterr().err
-
-
-@pytest.mark.parametrize(("backend", "how", "message"), [
-    ("mlx", "memcpy", "--mlx-kv-write: unknown 'memcpy'; supported: slice, scatter"),
-    ("numpy", "scatter", "--mlx-kv-write applies to --backend mlx"),
-])
-def test_a_wrong_kv_write_is_a_usage_error(tiny_model, capsys, backend, how, message):
-    with pytest.raises(SystemExit) as exc:
-        decode_profile.main([str(tiny_model("llama", "Q4_K")), "--backend", backend, "--mlx-kv-write", how])
+        decode_profile.main([str(tiny_model("llama", "Q4_K")), "--backend", backend, *flags])
     assert exc.value.code == 2 and message in capsys.readouterr().err
