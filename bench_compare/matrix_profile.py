@@ -216,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     from inference_engine.backends.mlx.block_kernels import MATVEC_SCHEMES
 
     if args.matvec is not None and args.matvec not in MATVEC_SCHEMES:
-        parser.error(f"--matvec: unknown scheme '{args.matvec}'; supported: {', '.join(MATVEC_SCHEMES)}")
+        parser.error(f"--matvec: unknown '{args.matvec}'; supported: {', '.join(MATVEC_SCHEMES)}")
     from bench_compare.decode_profile import class_attribute
     from inference_engine.backends.mlx_backend import MLXBackend, parse_block_kernel_types
     from inference_engine.engine import OurEngine

@@ -100,7 +100,7 @@ def test_block_kernel_types_apply_to_that_run_only(tiny_model, capsys):
 def test_an_unknown_matvec_scheme_is_a_usage_error(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         matrix_profile.main([str(tmp_path / "missing.gguf"), "--matvec", "warp"])
-    assert exc.value.code == 2 and "--matvec: unknown scheme 'warp'; supported: simd, group" in capsys.readouterr().err
+    assert exc.value.code == 2 and "--matvec: unknown 'warp'; supported: simd, group" in capsys.readouterr().err
 
 
 def test_needs_the_mlx_backend(tiny_model):

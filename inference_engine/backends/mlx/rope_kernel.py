@@ -3,10 +3,11 @@
 In a compiled decode step the query's RoPE, the key's RoPE and the key's and value's F16 copies for the cache are
 four element-wise kernels a layer on MLX's GPU backends (MLX fuses each chain but not across the reshapes and
 transposes between them). This kernel is one: q rotated (and times the query scale, gemma3's), k rotated and both k
-and v rounded to F16 (:func:`~inference_engine.backends.mlx.block_kernels` dialects; ``gq_f16_from_float`` rounds
-to nearest even by integer code, as MLX's ``astype``). Its outputs are what the cache write and the decode attention
-kernel (:mod:`~inference_engine.backends.mlx.attention_kernel`) take, so the MLX backend uses it only beside that
-kernel: :meth:`~inference_engine.backends.mlx_backend.MLXBackend.decode_attention`, where ``rope_kernel`` is on.
+and v rounded to F16 (the dialects of :mod:`~inference_engine.backends.mlx.block_kernels`; ``gq_f16_from_float``
+rounds to nearest even by integer code, as MLX's ``astype``). Its outputs are what the cache write and the decode
+attention kernel (:mod:`~inference_engine.backends.mlx.attention_kernel`) take, so the MLX backend uses it only
+beside that kernel: :meth:`~inference_engine.backends.mlx_backend.MLXBackend.decode_attention`, where
+``rope_kernel`` is on.
 
 Off by default (never run on a GPU; ``decode_profile --mlx-rope-kernel`` and ``.device/run_checks.sh``'s ``speed``
 A/B it). Tested on every machine compiled for the host (every element against NumPy's float32 rotation and F16
