@@ -153,6 +153,9 @@ class MLXBackend(Backend):
                 f"backend 'mlx' does not support numerics '{numerics}'; supported: {', '.join(SUPPORTED_NUMERICS)}"
                 " (ggml numerics: use --backend numpy or numba)"
             )
+        if self.matvec_scheme not in block_kernels.MATVEC_SCHEMES:  # read when the matrices load
+            raise GGUFParityError(f"unknown MLX mat-vec scheme '{self.matvec_scheme}'; supported: "
+                                  f"{', '.join(block_kernels.MATVEC_SCHEMES)}")
         self.placement = mlx_device.select(self.device)  # MLX's default device now; float32 checked there
         # Our kernels for Q2_K/Q3_K/Q6_K/IQ4_XS/IQ4_NL run on a GPU only: Metal or CUDA, whichever MLX computes on
         # (None: the CPU).
@@ -226,9 +229,6 @@ class MLXBackend(Backend):
 
     # --- load time ------------------------------------------------------------------------------------------
     def load_matrix(self, t: TensorInfo):
-        if self.matvec_scheme not in block_kernels.MATVEC_SCHEMES:
-            raise GGUFParityError(f"unknown MLX mat-vec scheme '{self.matvec_scheme}'; supported: "
-                                  f"{', '.join(block_kernels.MATVEC_SCHEMES)}")
         w = prepare_matrix(t, self.kernels, self.block_kernel_types, self.matvec_scheme)
         self.weight_forms[f"{t.qtype.name}->{w.form}"] += 1
         self.prepared_matrices[t.name] = w

@@ -140,18 +140,15 @@ class StepCache:
 
     def attend_rotated(self, b, il, q, k, v, rope, scale, q_scale=None, sliding_window=0) -> mx.array | None:
         """:meth:`~inference_engine.backends.base.Backend.decode_attention` on our GPU kernels: RoPE and the F16
-        rows in one kernel (:mod:`~inference_engine.backends.mlx.rope_kernel`), the rows written, then the decode
-        attention kernel over the F16 cache; None where the kernels do not take these inputs (the ops then run one
-        by one)."""
+        rows in one kernel (:mod:`~inference_engine.backends.mlx.rope_kernel`), then :meth:`attend` (the rows
+        written, the decode attention kernel over the F16 cache); None where the kernels do not take these inputs
+        (the ops then run one by one)."""
         if not (attention_kernel.supports(q.shape, self.k[il], self.v[il]) and rope_kernel.supports(rope, q.shape)):
             return None
         at = self.positions
         tables = None if rope is None else at.tables[rope_key(**rope)]
         q, k, v = rope_kernel.rope_f16(b.kernels, q, k, v, tables, at.pos, rope, q_scale)
-        self.k[il] = self.written(b.kv_write, self.k[il], k)
-        self.v[il] = self.written(b.kv_write, self.v[il], v)
-        return attention_kernel.decode_attention(b.kernels, q, self.k[il], self.v[il], at.pos, scale, sliding_window,
-                                                 n_keys=at.keys.shape[0])
+        return self.attend(b, il, q, k, v, at, scale, sliding_window)
 
     def written(self, how: str, buffer: mx.array, rows: mx.array) -> mx.array:
         """``buffer (n_head_kv, n_ctx, d)`` with ``rows (1, n_head_kv, d)`` in its slot at the step's position, in

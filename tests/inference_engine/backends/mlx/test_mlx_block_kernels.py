@@ -328,16 +328,25 @@ def bk():
     return block_kernels
 
 
+# A name each dialect's thread-index prelude (dialect_*_ids.inc) uses
+DIALECT_IDS = {"metal": "threadgroup_position_in_grid", "cuda": "blockIdx"}
+
+
+def assert_kernel_text(dialect, head: str, body: str, body_file: str) -> None:
+    """A kernel as assembled for ``dialect``: the header holds the dialect's macros, the body its thread indices and
+    the shared body ``body_file``."""
+    assert (KERNEL_DIR / dialect.header_file).read_text() in head
+    assert DIALECT_IDS[dialect.name] in body and (KERNEL_DIR / body_file).read_text() in body
+
+
 @pytest.mark.mlx
 @pytest.mark.parametrize("kind", ("matvec", "matvec_group", "matmul", "dequantize"))
 @pytest.mark.parametrize("qtype", KERNEL_TYPES, ids=lambda t: t.name)
 def test_kernel_text_for_each_dialect(bk, qtype, kind):
-    for dialect, ids in ((bk.METAL, "threadgroup_position_in_grid"), (bk.CUDA, "blockIdx")):
+    for dialect in bk.DIALECTS:
         head, body = bk.header(dialect, qtype), bk.source(dialect, kind)
-        assert (
-            f"#define GQ_TYPE {qtype.name.lower()}" in head and (KERNEL_DIR / dialect.header_file).read_text() in head
-        )
-        assert ids in body and (KERNEL_DIR / f"kernel_{kind}.inc").read_text() in body
+        assert_kernel_text(dialect, head, body, f"kernel_{kind}.inc")
+        assert f"#define GQ_TYPE {qtype.name.lower()}" in head
         assert ("x_shape" in body) == (kind != "dequantize")  # MLX passes a shape only where the body names it
 
 

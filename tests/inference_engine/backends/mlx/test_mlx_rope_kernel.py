@@ -14,14 +14,12 @@
 from __future__ import annotations
 
 import ctypes
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from inference_engine.backends import numerics as nx
 
-KERNEL_DIR = Path(__file__).resolve().parents[4] / "inference_engine" / "backends" / "gpu_kernels"
 # (D, DV, N_DIMS, NEOX, SCALE_Q) instantiated in the host build: NEOX and NORM pairs over the whole head, a partial
 # rotation (phi3-style n_rot < head size), no RoPE (SmolLM3's NoPE layers), a query scale (gemma3), D != DV
 VARIANTS = [(64, 64, 64, 1, 0), (64, 64, 64, 0, 0), (128, 128, 64, 1, 0), (128, 128, 32, 0, 0), (64, 64, 0, 1, 0),
@@ -172,12 +170,14 @@ def rk():
 
 @pytest.mark.mlx
 def test_kernel_text_for_each_dialect(rk):
+    from test_mlx_block_kernels import assert_kernel_text
+
     from inference_engine.backends.mlx import block_kernels as bk
 
-    for dialect, ids in ((bk.METAL, "threadgroup_position_in_grid"), (bk.CUDA, "blockIdx")):
-        head, body = rk.header(dialect), rk.source(dialect)
-        assert (KERNEL_DIR / dialect.header_file).read_text() in head and "gq_f16_from_float" in head
-        assert ids in body and (KERNEL_DIR / "kernel_decode_rope.inc").read_text() in body
+    for dialect in bk.DIALECTS:
+        head = rk.header(dialect)
+        assert "gq_f16_from_float" in head
+        assert_kernel_text(dialect, head, rk.source(dialect), "kernel_decode_rope.inc")
     assert rk.THREADS == 256
 
 
@@ -218,7 +218,7 @@ def test_a_compiled_step_hands_rope_and_attention_to_the_kernels(tiny_model, mon
 
     from inference_engine.backends.mlx import attention_kernel as ak
     from inference_engine.backends.mlx import block_kernels as bk
-    from inference_engine.backends.mlx.steps import StepPositions
+    from inference_engine.backends.mlx.steps import StepPositions, rope_key
     from inference_engine.engine import OurEngine
 
     path = tiny_model(arch, "Q8_0")
@@ -231,7 +231,7 @@ def test_a_compiled_step_hands_rope_and_attention_to_the_kernels(tiny_model, mon
         def rope_stand_in(dialect, q, k, v, tables, pos, rope, q_scale):
             calls.append((dialect, rope, q_scale))
             if rope is not None:
-                at = StepPositions(pos, mx.arange(tables[0].shape[0]), {rk_key(rope): tables})
+                at = StepPositions(pos, mx.arange(tables[0].shape[0]), {rope_key(**rope): tables})
                 q, k = b.rope(q, at, **rope), b.rope(k, at, **rope)
             if q_scale is not None:
                 q = b.scale(q, q_scale)
@@ -251,11 +251,6 @@ def test_a_compiled_step_hands_rope_and_attention_to_the_kernels(tiny_model, mon
             monkeypatch.setattr(rk, "rope_f16", rope_stand_in)
             monkeypatch.setattr(ak, "decode_attention", attention_stand_in)
         return np.stack([e.prefill(PROMPT)] + [e.decode(t) for t in DECODE]), e
-
-    def rk_key(rope):
-        from inference_engine.backends.mlx.steps import rope_key
-
-        return rope_key(**rope)
 
     plain, _ = run(False)
     assert calls == []

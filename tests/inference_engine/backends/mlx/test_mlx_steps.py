@@ -295,7 +295,7 @@ def test_the_one_threadgroup_a_row_matvec_gives_the_same_logits(tiny_model, monk
     assert rel(logits_rows(e), simd) <= LOGITS_REL_TOL
 
 
-def test_an_unknown_matvec_scheme_is_one_line_at_load(tiny_model, monkeypatch):
+def test_an_unknown_matvec_scheme_is_one_line(tiny_model, monkeypatch):
     from inference_engine.backends import mlx_backend
 
     monkeypatch.setattr(mlx_backend.MLXBackend, "matvec_scheme", "warp")
