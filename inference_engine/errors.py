@@ -6,10 +6,14 @@ Every mistake a user can make (a missing file, a non-GGUF file, an unknown archi
 """
 
 
-def one_line(exc: BaseException, limit: int = 200) -> str:
-    """An exception's message on one line, at most ``limit`` characters (its type's name where it has none): how a
-    failure that is reported, not raised, is recorded (a variant that could not open, a damaged file)."""
-    return (" ".join(str(exc).split()) or type(exc).__name__)[:limit]
+def one_line(what: BaseException | str, limit: int = 200) -> str:
+    """An exception's message (or a text: a server's reply, a log line) on one line, at most ``limit`` characters,
+    cut ones ending in "..."; an exception without a message is its type's name. How a failure that is reported, not
+    raised, is recorded (a variant that could not open, a damaged file) and how foreign text enters an error line."""
+    flat = " ".join(str(what).split())
+    if not flat and isinstance(what, BaseException):
+        flat = type(what).__name__
+    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
 
 
 class GGUFParityError(Exception):

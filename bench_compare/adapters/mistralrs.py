@@ -58,7 +58,7 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
-from inference_engine.errors import GGUFParityError
+from inference_engine.errors import GGUFParityError, one_line
 from inference_engine.protocol import EngineCapabilityError, Generation, GenerationStep
 
 PACKAGE = "mistralrs"
@@ -125,10 +125,6 @@ def mistralrs_version() -> str | None:
     except importlib.metadata.PackageNotFoundError:
         return None
 
-
-def _one_line(text: str, limit: int = 200) -> str:
-    flat = " ".join(str(text).split())
-    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
 
 
 def _verbose(option: Any) -> bool:
@@ -274,7 +270,7 @@ class MistralRsEngine:
         except (KeyboardInterrupt, SystemExit, GeneratorExit, GGUFParityError):
             raise
         except BaseException as exc:  # noqa: BLE001 - pyo3's PanicException derives from BaseException
-            message = _one_line(str(exc)) or self._last_log_line() or type(exc).__name__
+            message = one_line(str(exc)) or self._last_log_line() or type(exc).__name__
             raise GGUFParityError(message) from None
 
     def _read_log(self) -> str:
@@ -288,7 +284,7 @@ class MistralRsEngine:
         lines = [re.sub(r"\x1b\[[0-9;]*m", "", ln).strip() for ln in self._read_log().splitlines()]
         lines = [ln for ln in lines if ln and not ln.startswith(("stack backtrace", "note:")) and
                  not re.match(r"^\d+:|^at ", ln)]
-        return _one_line(lines[-1]) if lines else ""
+        return one_line(lines[-1]) if lines else ""
 
     def _read_log_facts(self) -> dict[str, str]:
         """What mistral.rs said about how it runs this model, from its load log (empty when verbose: not captured)."""

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from inference_engine.errors import GGUFParityError
+from inference_engine.errors import GGUFParityError, one_line
 
 # Seconds. Connecting to a loopback or LAN server takes milliseconds; 10 s means it is not listening.
 CONNECT_TIMEOUT_S = 10.0
@@ -107,10 +107,6 @@ class StreamRecord:
         return [b - a for a, b in zip(self.text_times, self.text_times[1:])]
 
 
-def _one_line(text: str, limit: int = 160) -> str:
-    flat = " ".join(str(text).split())
-    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
-
 
 class OpenAIClient:
     """A thin, timeout-guarded client for one OpenAI-compatible base URL (``http://host:port/v1``)."""
@@ -134,7 +130,7 @@ class OpenAIClient:
         self._client.close()
 
     def _error(self, path: str, what: str) -> GGUFParityError:
-        return GGUFParityError(f"{self.base_url}{path}: {_one_line(what)}")
+        return GGUFParityError(f"{self.base_url}{path}: {one_line(what, 160)}")
 
     def _http_error(self, path: str, exc: Exception, record: StreamRecord | None = None) -> GGUFParityError:
         import httpx
@@ -163,7 +159,7 @@ class OpenAIClient:
         data = self._json_body("/models", response)
         models = data.get("data") if isinstance(data, dict) else None
         if not isinstance(models, list):
-            raise self._error("/models", f"expected {{'data': [...]}}, got {_one_line(response.text, 80)}")
+            raise self._error("/models", f"expected {{'data': [...]}}, got {one_line(response.text, 80)}")
         return [str(m.get("id")) for m in models if isinstance(m, dict) and m.get("id") is not None]
 
     def _json_body(self, path: str, response) -> Any:

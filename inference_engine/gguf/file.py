@@ -22,7 +22,7 @@ from gguf import GGMLQuantizationType, GGUFReader, LlamaFileType
 from gguf.constants import GGUFValueType
 from gguf.gguf_reader import ReaderField
 
-from inference_engine.errors import GGUFParityError
+from inference_engine.errors import GGUFParityError, one_line
 from inference_engine.gguf import validate
 from inference_engine.store.digests import file_sha256
 
@@ -256,7 +256,7 @@ class GGUFFile:
         except validate.StructureError as exc:
             raise GGUFParityError(f"{self.path}: {exc}") from None
         except (ValueError, IndexError, OSError, KeyError, OverflowError, struct.error) as exc:  # truncation
-            raise GGUFParityError(f"{self.path}: truncated or corrupt GGUF file ({_short(exc)})") from None
+            raise GGUFParityError(f"{self.path}: truncated or corrupt GGUF file ({one_line(exc, 160)})") from None
         skip = validate.VOCAB_STRING_KEYS if strict else ()  # the tokenizer checks those as it decodes them
         self.problems += validate.metadata_problems(self.reader, skip_strings=skip)
         if strict and self.problems:
@@ -384,10 +384,6 @@ def _check_path(path: Path) -> None:
     if magic != GGUF_MAGIC:
         raise GGUFParityError(f"{path}: not a GGUF file (magic {magic!r}, expected {GGUF_MAGIC!r})")
 
-
-def _short(exc: BaseException) -> str:
-    text = " ".join(str(exc).split()) or type(exc).__name__
-    return text[:160]
 
 
 def open_gguf(path: str | os.PathLike, strict: bool = True) -> GGUFFile:
