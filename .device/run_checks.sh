@@ -22,7 +22,8 @@
 #                      each launch timed alone: .device/kernel_steps.py, ncu_kernels.py)
 #     graphs           decode_profile's compiled steps with MLX_USE_CUDA_GRAPHS=0 (each kernel launched on its own)
 #     speed            decode_profile (decode, prefill 512) and bench -p 512 -n 128 on the 1.5B-shaped Q4_K_M model
-#                      and smollm2-135m (the real file if carried, else its shape); waits for the build first
+#                      and smollm2-135m (the real file if carried, else its shape); waits for the build first; ends
+#                      with the A/Bs against the default as one table (.device/ab_table.py: ab-table.md)
 #     llama-bench      waits for (or runs) the build, then compare --against llama-bench:PATH on the 1.5B shape
 #     validate-smollm2 validate --backend mlx --numerics f32 on the real smollm2-135m (carried in pieces)
 #     validate-smollm2-recorded  the same against llama.cpp's own answers for it, recorded by prepare.sh (its
@@ -275,6 +276,9 @@ speed_of() {  # $1: name, $2: model
       --mlx-matvec group --json "$WORK/$1-decode-group.json" || rc=$?
   run "$PY" -m bench_compare.decode_profile "$2" --backend mlx --steps "$DECODE_STEPS" --mlx-modes compiled \
       --mlx-matvec group --mlx-block-kernel-types Q4_K,Q5_K --json "$WORK/$1-decode-group-blocks.json" || rc=$?
+  # the default once more, last: how far two runs of the same step lie apart (ab_table.py's noise for a verdict)
+  run "$PY" -m bench_compare.decode_profile "$2" --backend mlx --steps "$DECODE_STEPS" --mlx-modes compiled \
+      --json "$WORK/$1-decode-again.json" || rc=$?
   run "$PY" -m bench_compare.decode_profile "$2" --backend mlx --prefill "$PREFILL" --json "$WORK/$1-prefill.json" || rc=$?
   run "$PY" -m bench_compare.decode_profile "$2" --backend mlx --prefill "$PREFILL" --mlx-prefill-matmul quantized \
       --json "$WORK/$1-prefill-quantized.json" || rc=$?
@@ -354,7 +358,14 @@ step_speed() {
   speed_of "$SPEED_SHAPE" "$model" || rc=$?
   model=$(smollm2_path) || return 1
   speed_of smollm2-135m "$model" || rc=$?
+  ab_table || rc=$?
   return $rc
+}
+
+ab_table() {  # the A/Bs above as one table per model, in the log and beside the JSON files (results.tgz)
+  [ "$DRY_RUN" = 1 ] && { run "$PY" .device/ab_table.py "$WORK"; return; }
+  "$PY" .device/ab_table.py "$WORK" | tee "$WORK/ab-table.md"
+  return "${PIPESTATUS[0]}"
 }
 
 step_llama_bench() {
@@ -405,6 +416,7 @@ step_speed_smollm2() {
   else
     echo "no llama-bench built on this machine yet: the real smollm2-135m is not compared"
   fi
+  ab_table || rc=$?
   return $rc
 }
 

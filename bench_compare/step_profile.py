@@ -8,7 +8,8 @@ step evaluated and read back before the next, the plain path) it measures, after
 * **host ms**: building the step's graph and handing it over (Python and MLX's graph construction; for
   ``compiled``, the replay of the traced graph), the device idle as far as this step is concerned;
 * **wait ms**: from then until the step's logits and token are computed, nothing else queued: the device's time for
-  the step plus MLX's own scheduling of its kernels (on a GPU, their launches);
+  the step plus MLX's own scheduling of its kernels (on a GPU, their launches); the median step's, and the 10th and
+  90th percentiles of the steps' (their spread);
 * **serial ms** = host + wait, what a token costs when the host waits for each step before building the next;
 * **pipelined ms**: a token's time in the generation loop (``generate_step``, greedy), where ``compiled`` and
   ``lazy`` launch step n+1 before reading step n: close to max(host, wait) when the overlap works, so it names the
@@ -26,8 +27,10 @@ step evaluated and read back before the next, the plain path) it measures, after
   too before it builds the next step); near 0 where launching ahead hides the host.
 
 ``--prefill N`` measures one prefill of N tokens (host build, wait, nodes) instead, its quantized products as
-``--mlx-prefill-matmul`` says (``quantized``, or ``f32``: each weight dequantized, then a float32 matmul). A
-diagnostic for a lent GPU's one call; timings on a loaded CPU say little.
+``--mlx-prefill-matmul`` says (``quantized``, or ``f32``: each weight dequantized, then a float32 matmul). Each result
+records the backend's ``switches`` it ran with (stacked matrices, our kernels, the K/V write, ...), so A/Bs are told
+apart by what they ran, not by file names. A diagnostic for a lent GPU's one call; timings on a loaded CPU say
+little.
 """
 
 from __future__ import annotations
@@ -132,10 +135,13 @@ def profile_mode(engine, mode: str, prompt: list[int], steps: int = 30, warmup: 
     pipelined = loop_time()
     forced = loop_time(ForcedTokens([token] * (steps + 1)))
     host_ms, wait_ms = float(np.median(host)) * 1e3, float(np.median(wait)) * 1e3
+    wait_p10, wait_p90 = (float(q) * 1e3 for q in np.percentile(wait, [10, 90]))
     out = {
         "mode": mode,
         "host_ms": host_ms,
         "wait_ms": wait_ms,
+        "wait_p10_ms": wait_p10,  # the spread of the steps' waits: how far apart two variants must be to differ
+        "wait_p90_ms": wait_p90,
         "serial_ms": host_ms + wait_ms,
         "pipelined_ms": pipelined * 1e3,
         "forced_ms": forced * 1e3,
@@ -189,12 +195,14 @@ def run(
         return {
             "prefill": profile_prefill(engine, [ids[i % len(ids)] for i in range(prefill)]),
             "device": engine.backend.description,
+            "switches": engine.backend.switches,
         }
     return {
         "modes": [profile_mode(engine, m, ids, steps, filler=filler) for m in modes],
         "depth": depth,
         "n_layer": engine.model.hp.n_layer,
         "device": engine.backend.description,
+        "switches": engine.backend.switches,
     }
 
 

@@ -97,6 +97,10 @@ def test_every_step_prints_its_commands(commands):
     assert sum("--mlx-matvec group" in c for c in commands["speed"]) == 4  # two runs for each of two models
     assert sum("--mlx-kv-write scatter" in c for c in commands["speed"]) == 4
     assert sum("--mlx-rope-kernel" in c for c in commands["speed"]) == 4
+    # the default profiled again last in each model's A/Bs, then the A/B table of each speed step
+    assert sum("-decode-again.json" in c for c in commands["speed"]) == 2
+    assert sum("-decode-again.json" in c for c in commands["speed-smollm2"]) == 1
+    assert all(sum(".device/ab_table.py" in c for c in commands[s]) == 1 for s in ("speed", "speed-smollm2"))
     assert any("test_mlx_rope_kernel.py" in c and "-m gpu" in c for c in commands["gpu-kernels"])
     assert all("--device gpu" in c for c in flat(commands) if "bench_compare.cli" in c)
     assert any("-m gpu" in c and "test_mlx_block_kernels.py" in c and "test_mlx_attention_kernel.py" in c
@@ -304,3 +308,56 @@ def test_validate_tiny_records_here_and_replays_there(tmp_path):
     assert replay.returncode == 0, replay.stdout + replay.stderr
     last = replay.stdout.strip().splitlines()[-1]
     assert last == "validate-tiny: 1 passed, 0 failed (device cpu, against recording)"
+
+
+def _step_profile(depth: int, wait: float, loop: float, forced: float, **switches) -> dict:
+    """A decode_profile --json file's fields that ab_table.py reads (compiled steps)."""
+    base = {"stacked_matrices": True, "block_kernel_types": [], "matvec_scheme": "simd", "attention_kernel": True,
+            "rope_kernel": False, "kv_write": "slice", "prefill_matmul": "f32"}
+    mode = {"mode": "compiled", "wait_ms": wait, "wait_p10_ms": wait * 0.95, "wait_p90_ms": wait * 1.1,
+            "pipelined_ms": loop, "forced_ms": forced, "compute_nodes": 600}
+    return {"modes": [mode], "depth": depth, "device": "MLX 0.32.4 on gpu (NVIDIA H200); ...",
+            "switches": {**base, **switches}}
+
+
+def test_ab_table_reads_a_verdict_only_beyond_the_two_default_runs(tmp_path, capsys):
+    import json
+
+    ab = load_device_module("ab_table")
+    profiles = {
+        "m-decode": _step_profile(0, 4.0, 5.0, 5.0),
+        "m-decode-again": _step_profile(0, 4.1, 5.4, 5.2),  # 7.4% apart in the loop: the noise
+        "m-decode-scatter": _step_profile(0, 3.5, 4.4, 4.4, kv_write="scatter"),  # 1.14x both: faster
+        "m-decode-group": _step_profile(0, 3.9, 4.8, 4.7, matvec_scheme="group"),  # 1.04-1.06x: within it
+        "m-decode-blocks": _step_profile(0, 5.0, 6.0, 5.9, block_kernel_types=["Q4_K", "Q5_K"]),  # slower
+        "m-decode-d512": _step_profile(512, 5.0, 6.0, 6.0),
+        "m-decode-d512-mlxattn": _step_profile(512, 5.0, 7.5, 6.1, attention_kernel=False),  # loop only: same
+        "m-prefill": {"prefill": {"tokens": 512}, "device": "..."},  # not a decode profile: left out
+    }
+    for name, profile in profiles.items():
+        (tmp_path / f"{name}.json").write_text(json.dumps(profile))
+    rows = {r["variant"]: r for r in ab.rows(ab.load(tmp_path)["m"])}
+    assert set(rows) == {"default", "again", "scatter", "group", "blocks", "d512", "d512-mlxattn"}
+    assert ab.noise_of(ab.load(tmp_path)["m"])[0] == pytest.approx(1 - 5.0 / 5.4)
+    assert rows["scatter"]["verdict"] == "faster" and rows["scatter"]["switches"] == "kv_write=scatter"
+    assert rows["group"]["verdict"] == "same" and rows["blocks"]["verdict"] == "slower"
+    assert rows["blocks"]["switches"] == "block_kernel_types=Q4_K,Q5_K"
+    assert rows["d512-mlxattn"]["speedup_loop"] == pytest.approx(0.8) and rows["d512-mlxattn"]["verdict"] == "same"
+    assert ab.main([str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "the default's two runs 7.4% apart" in out and out.count("\n| ") == 9  # header, rule, 7 rows
+    assert ab.main([str(tmp_path / "missing")]) == 2
+    (tmp_path / "empty").mkdir()
+    assert ab.main([str(tmp_path / "empty")]) == 2
+    assert capsys.readouterr().err.count("\n") == 2  # one line each
+
+
+def test_ab_table_without_a_second_default_run_takes_the_least_noise(tmp_path):
+    import json
+
+    ab = load_device_module("ab_table")
+    (tmp_path / "m-decode.json").write_text(json.dumps(_step_profile(0, 4.0, 5.0, 5.0)))
+    (tmp_path / "m-decode-rope.json").write_text(json.dumps(_step_profile(0, 3.9, 4.9, 4.85, rope_kernel=True)))
+    noise, how = ab.noise_of(ab.load(tmp_path)["m"])
+    assert noise == ab.MIN_NOISE and "no second default run" in how
+    assert [r["verdict"] for r in ab.rows(ab.load(tmp_path)["m"])] == ["", "same"]

@@ -153,6 +153,10 @@ class MLXBackend(Backend):
                 f"backend 'mlx' does not support numerics '{numerics}'; supported: {', '.join(SUPPORTED_NUMERICS)}"
                 " (ggml numerics: use --backend numpy or numba)"
             )
+        # The load-time settings as this backend loads with them, kept on the instance: a tool may set them on the
+        # class around a load (decode_profile), and switches must still say what was loaded.
+        self.fuse_matrices, self.block_kernel_types = self.fuse_matrices, self.block_kernel_types
+        self.matvec_scheme = self.matvec_scheme
         if self.matvec_scheme not in block_kernels.MATVEC_SCHEMES:  # read when the matrices load
             raise GGUFParityError(f"unknown MLX mat-vec scheme '{self.matvec_scheme}'; supported: "
                                   f"{', '.join(block_kernels.MATVEC_SCHEMES)}")
@@ -186,6 +190,20 @@ class MLXBackend(Backend):
         self._prefill_matmul = value
 
     # --- identity -------------------------------------------------------------------------------------------
+    @property
+    def switches(self) -> dict:
+        """The choices a step's speed depends on, as decode_profile records them beside its timings (the A/Bs of
+        ``.device/run_checks.sh``'s ``speed`` step are told apart by these, not by file names)."""
+        return {
+            "stacked_matrices": self.fuse_matrices,
+            "block_kernel_types": sorted(t.name for t in self.block_kernel_types),
+            "matvec_scheme": self.matvec_scheme,
+            "attention_kernel": bool(self.attention_kernel and self.kernels),
+            "rope_kernel": bool(self.rope_kernel and self.attention_kernel and self.kernels),
+            "kv_write": self.kv_write,
+            "prefill_matmul": self._prefill_matmul,
+        }
+
     @property
     def description(self) -> str:  # type: ignore[override]
         where = self.placement.label()

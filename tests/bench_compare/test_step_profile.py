@@ -59,6 +59,7 @@ def test_unfused_multiplies_each_matrix_alone_on_mlx(tiny_model, tmp_path):
     n_layer = out[False]["n_layer"]
     assert (stacked, alone) == (4 * n_layer + 1, 7 * n_layer + 1)  # q, k, v, o, gate, up, down; and the output
     assert "stacked runs" in out[False]["device"] and "stacked runs" not in out[True]["device"]
+    assert (out[False]["switches"]["stacked_matrices"], out[True]["switches"]["stacked_matrices"]) == (True, False)
     from inference_engine.backends.mlx_backend import MLXBackend
 
     assert MLXBackend.fuse_matrices is True  # the switch is put back
@@ -109,3 +110,16 @@ def test_a_wrong_mlx_choice_is_a_usage_error(tiny_model, capsys, backend, flags,
     with pytest.raises(SystemExit) as exc:
         decode_profile.main([str(tiny_model("llama", "Q4_K")), "--backend", backend, *flags])
     assert exc.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_each_profile_records_the_switches_it_ran_with(tiny_model, tmp_path):
+    """.device/ab_table.py tells the speed step's A/Bs apart by these: load-time ones (set on the class around the
+    load) included."""
+    path = tmp_path / "steps.json"
+    decode_profile.main([str(tiny_model("llama", "Q8_0")), "--backend", "mlx", "--steps", "2", "--mlx-modes",
+                         "compiled", "--mlx-matvec", "group", "--mlx-kv-write", "scatter", "--json", str(path)])
+    profile = json.loads(path.read_text())
+    assert profile["switches"]["matvec_scheme"] == "group" and profile["switches"]["kv_write"] == "scatter"
+    assert profile["switches"]["stacked_matrices"] is True and profile["switches"]["block_kernel_types"] == []
+    compiled = profile["modes"][0]
+    assert compiled["wait_p10_ms"] <= compiled["wait_ms"] <= compiled["wait_p90_ms"]
