@@ -46,8 +46,8 @@ from inference_engine import defaults
 from inference_engine.errors import GGUFParityError
 from inference_engine.gguf.file import open_gguf
 from inference_engine.registries import numerics_help
-from inference_engine.store.named_models import DEFAULT_MODEL, resolve_model
 from inference_engine.store.atomic import atomic_write_json
+from inference_engine.store.named_models import DEFAULT_MODEL, resolve_model
 from validation.provenance import gpu_provenance
 from validation.results import BenchResult, BenchRow
 
@@ -201,10 +201,10 @@ def bench(model, n_prompt, n_gen, pg, n_depth, reps, threads, n_batch, fmt, engi
     """llama-bench compatible benchmark of one engine (pp / tg / pg tests, optional depth)."""
     if fmt not in OUTPUT_FORMATS:
         raise GGUFParityError(f"unknown output format '{fmt}'; choose one of: {', '.join(OUTPUT_FORMATS)}")
-    run = defaults.COMMANDS.resolve(numerics=numerics)
+    spec = engines.with_llama_bench_kv(engines.with_device(engines.parse_engine_spec(
+        engine or f"ours:{defaults.COMMANDS.resolve().backend}", engines.parse_engine_opts(engine_opts)), device))
+    run = defaults.COMMANDS.resolve(backend=spec.backend, numerics=numerics)  # numerics: MLX's own where ours:mlx
     numerics = run.numerics
-    spec = engines.with_llama_bench_kv(engines.with_device(
-        engines.parse_engine_spec(engine or f"ours:{run.backend}", engines.parse_engine_opts(engine_opts)), device))
     if spec.over_http:
         raise GGUFParityError(f"bench drives an engine's prefill/decode in this process; '{spec.name}' is reached "
                               "over HTTP: use bench-compare compare --engine SPEC --against none (pp/tg over HTTP)")

@@ -8,19 +8,28 @@ from pathlib import Path
 
 import click
 
-from bench_compare import (bandwidth, binary_compare, compare_run, engines, generate_timing, intervals,
-                           llama_bench_bin, report, yardstick)
-from inference_engine.store.atomic import atomic_write_json
+from bench_compare import (
+    bandwidth,
+    binary_compare,
+    compare_run,
+    engines,
+    generate_timing,
+    intervals,
+    llama_bench_bin,
+    report,
+    yardstick,
+)
 from bench_compare.cmd_bench import parse_positive_int
 from bench_compare.measure import DEFAULT_SEED
+from bench_compare.options import Number, OutputFile, ReportDir, device_option, table_default
 from bench_compare.results import REFERENCE_ENGINE
-from inference_engine.errors import GGUFParityError
+from inference_engine import defaults
 from inference_engine.backends import BACKENDS
+from inference_engine.errors import GGUFParityError
 from inference_engine.registries import numerics_help
+from inference_engine.store.atomic import atomic_write_json
 from inference_engine.store.named_models import DEFAULT_MODEL
 from validation.results import CompareResult
-from bench_compare.options import Number, OutputFile, ReportDir, device_option, table_default
-from inference_engine import defaults
 
 
 def _reps(text: str, quick: bool) -> int:
@@ -125,8 +134,8 @@ def compare(model, backend, engine, engine_opts, numerics, n_prompt, n_gen, n_de
                              requests_per_client, seed, json_path, report_dir, progress, quick)
     budget_s = None if budget is None else float(budget)
     depths = _depths(n_depth)
-    run = defaults.COMMANDS.resolve(backend=backend, numerics=numerics,
-                                    threads=_optional_int(threads, "-t", 1))
+    run = defaults.COMMANDS.resolve(backend=backend or (spec.backend if spec is not None else None),
+                                    numerics=numerics, threads=_optional_int(threads, "-t", 1))
     cfg = compare_run.CompareConfig(
         model=model, backend=run.backend, numerics=run.numerics, engine=engine,
         engine_opts=engines.parse_engine_opts(engine_opts), device=device,

@@ -19,6 +19,8 @@ REFERENCE   numpy                             f32       f32     backend's    Our
   (``validation.run.open_llamacpp_reference``: the cleanest baseline), and its decode steps at depth copy llama.cpp's
   ``Kcur``/``Vcur`` into our cache (:mod:`validation.decode_steps`). An F16 cache on our side only would round what
   llama.cpp keeps unrounded, and every ``kqv_out`` would differ by that rounding instead of by an op.
+* **Numerics** not given: the row's, except on a backend that computes in fewer numerics (MLX: ``f32`` only), which
+  runs its own (:func:`numerics_default`): ``--backend mlx`` alone is ``--backend mlx --numerics f32``.
 * **Device**: every row computes on the GPU where the backend has one (the MLX backend, with MLX's Metal or CUDA
   build), else on the CPU (NumPy and Numba always); ``--device gpu|cpu`` chooses (:data:`DEVICE_DEFAULT`).
 * The library constructors default to the readable NumPy reference, so a script's numbers do not depend on what is
@@ -47,6 +49,23 @@ def default_backend() -> str:
         if backend_unavailable(backend) is None:
             return backend
     return BACKEND_PREFERENCE[-1]
+
+
+def numerics_default(row_numerics: str, backend: str) -> str:
+    """The numerics a run takes when none is given: the row's, unless the backend computes in fewer numerics and not
+    that one (MLX: f32 only), then the backend's own first: ``--backend mlx`` alone runs, as ``--numerics f32``."""
+    from inference_engine.backends import backend_numerics
+
+    only = backend_numerics(backend)
+    return only[0] if only and row_numerics not in only else row_numerics
+
+
+def numerics_exceptions(row_numerics: str) -> str:
+    """``f32 on mlx (its only numerics)`` for ``--help``: the backends :func:`numerics_default` gives another."""
+    from inference_engine.backends import backend_names, backend_numerics
+
+    other = [(b, backend_numerics(b)) for b in backend_names()]
+    return ", ".join(f"{only[0]} on {b} (its only numerics)" for b, only in other if only and row_numerics not in only)
 
 
 def usable_cpus() -> int:
@@ -90,7 +109,8 @@ class EngineDefaults:
             backend = default_backend() if self.backend == FASTEST_INSTALLED else self.backend
         if threads is None and self.threads == USABLE_CPUS:
             threads = usable_cpus()
-        return EngineSettings(backend, numerics or self.numerics, kv_type or self.kv_type, threads, device)
+        return EngineSettings(backend, numerics or numerics_default(self.numerics, backend), kv_type or self.kv_type,
+                              threads, device)
 
     def shown(self, field: str) -> str:
         """The default of ``field`` as ``--help`` shows it (what it is here, and the rule where there is one)."""
@@ -98,6 +118,8 @@ class EngineDefaults:
             return f"{' where installed, else '.join(BACKEND_PREFERENCE)}; here {default_backend()}"
         if field == "threads":
             return f"{USABLE_CPUS}, {usable_cpus()} here" if self.threads == USABLE_CPUS else "the backend's own"
+        if field == "numerics":
+            return f"{self.numerics}; {numerics_exceptions(self.numerics)}".rstrip("; ")
         return str(getattr(self, field))
 
 

@@ -15,8 +15,8 @@ from inference_engine.backends.base import DEVICES, KV_TYPES, Backend, choose_de
 from inference_engine.errors import GGUFParityError
 from inference_engine.registries import NUMERICS, Registry, check_numerics
 
-__all__ = ["BACKENDS", "DEVICES", "KV_TYPES", "NUMERICS", "Backend", "backend_names", "backend_unavailable",
-           "get_backend", "resolve_device"]
+__all__ = ["BACKENDS", "DEVICES", "KV_TYPES", "NUMERICS", "Backend", "backend_names", "backend_numerics",
+           "backend_unavailable", "get_backend", "resolve_device"]
 
 # name -> "module:class"; ``needs``: the third-party package the module imports, ``install``: what to run without it.
 BACKENDS: Registry[type[Backend]] = Registry("backend", {
@@ -27,8 +27,18 @@ BACKENDS: Registry[type[Backend]] = Registry("backend", {
     "numpy": {"needs": "numpy", "install": "pip install numpy", "help": "NumPy reference ops"},
     "numba": {"needs": "numba", "install": "pip install numba", "help": "Numba CPU kernels, the fast CPU path"},
     "mlx": {"needs": "mlx", "install": "pip install 'gguf-parity[mlx]' (NVIDIA GPUs: 'gguf-parity[cuda]')",
-            "help": "MLX: Metal on Apple silicon, CUDA on NVIDIA, or its CPU build", "gpu": True},
+            "help": "MLX: Metal on Apple silicon, CUDA on NVIDIA, or its CPU build", "gpu": True,
+            "numerics": ("f32",)},
 })
+
+
+def backend_numerics(name: str) -> tuple[str, ...] | None:
+    """The numerics a backend computes in, where it has fewer than all (MLX: f32 only), else None; read from the
+    registry, without importing the backend."""
+    try:
+        return BACKENDS.info(BACKENDS.validate(name)).get("numerics")
+    except GGUFParityError:
+        return None  # an unknown backend: refused, naming the known ones, where it is loaded
 
 
 def backend_names() -> tuple[str, ...]:

@@ -44,6 +44,7 @@ from collections import Counter
 import mlx.core as mx
 import numpy as np
 
+from inference_engine.backends import backend_numerics
 from inference_engine.backends import numerics as nx
 from inference_engine.backends.base import Backend, add_biases, check_kv_type
 from inference_engine.backends.mlx import block_kernels
@@ -73,7 +74,7 @@ from inference_engine.errors import GGUFParityError
 from inference_engine.gguf.file import TensorInfo
 from inference_engine.platform.mapped_pages import tensor_out_of_map
 
-SUPPORTED_NUMERICS = ("f32",)
+SUPPORTED_NUMERICS = backend_numerics("mlx")  # ("f32",): the registry's row, which the defaults table reads too
 _KV_DTYPES = {"f32": mx.float32, "f16": mx.float16}
 # How generation steps run (async_steps): "compiled" (one compiled graph per decode step, launched without waiting),
 # "lazy" (each decode step built op by op, launched the same way), "sync" (each step evaluated and read back).

@@ -168,6 +168,43 @@ def test_the_ours_factory_reads_the_table(fake_table, our_engine_calls):
     assert (settings["numerics"], settings["type_k"], settings["type_v"]) == ("f32", "f32", "f32")
 
 
+def test_a_backend_with_one_numerics_runs_it_when_none_is_given():
+    """MLX computes in f32 only: ``--backend mlx`` alone runs as ``--numerics f32`` instead of being refused for the
+    row's ggml; a numerics given still wins (and MLX refuses ggml in one line, as before)."""
+    for row in (COMMANDS, VALIDATE):
+        assert row.resolve(backend="mlx").numerics == "f32"
+        assert row.resolve(backend="mlx", numerics="ggml").numerics == "ggml"
+        assert row.resolve(backend="numba").numerics == row.resolve(backend="numpy").numerics == "ggml"
+    assert COMMANDS.shown("numerics") == "ggml; f32 on mlx (its only numerics)"
+    assert REFERENCE.shown("numerics") == "f32"  # no backend takes another
+
+
+def _stop_with(value):
+    raise Stop(value)
+
+
+@pytest.mark.parametrize("argv", [
+    ["generate", "hi", "--backend", "mlx"],
+    ["bench", "--engine", "ours:mlx", "-p", "8", "-n", "4"],
+    ["compare", "--backend", "mlx", "--no-progress"],
+    ["compare", "--engine", "ours:mlx", "--no-progress"],
+    ["validate", "--backend", "mlx"],
+], ids=lambda argv: " ".join(argv[:3]))
+def test_every_command_runs_mlx_in_f32_when_no_numerics_is_given(argv, tiny_model, monkeypatch, our_engine_calls):
+    """(serve has no MLX backend: it refuses it in one line.)"""
+    import validation.run as run_module
+    from bench_compare import compare_run
+
+    monkeypatch.setattr(engines, "make_engine", lambda spec, model, **kw: _stop_with(kw["numerics"]))
+    monkeypatch.setattr(compare_run, "CompareSession", lambda cfg: _stop_with(cfg.numerics))
+    monkeypatch.setattr(run_module, "validate", lambda options, **kw: _stop_with(options.numerics))
+    model = ["--model" if argv[0] == "validate" else "-m", str(tiny_model("llama"))]
+    with pytest.raises(Stop) as stopped:
+        main([*argv, *model])
+    numerics = our_engine_calls[0]["numerics"] if our_engine_calls else stopped.value.args[0]
+    assert numerics == "f32"
+
+
 @pytest.mark.parametrize("command, row, fields", [
     ("generate", "COMMANDS", ("backend", "numerics", "kv_type", "threads")),
     ("serve", "COMMANDS", ("backend", "numerics", "kv_type", "threads")),
