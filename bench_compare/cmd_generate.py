@@ -13,9 +13,9 @@ import sys
 
 import click
 
+from bench_compare.options import NON_NEGATIVE, POSITIVE, SEED, Number, device_option, require_at_least, table_default
 from inference_engine import defaults
 from inference_engine.backends import BACKENDS
-from bench_compare.options import NON_NEGATIVE, POSITIVE, SEED, Number, device_option, require_at_least, table_default
 from inference_engine.errors import GGUFParityError
 from inference_engine.registries import numerics_help
 
@@ -70,9 +70,9 @@ def generate(
     from inference_engine.generate import generate as run_generation
     from inference_engine.gguf.file import open_gguf
     from inference_engine.gguf.validate import check_context, check_model, check_training_context
-    from inference_engine.store.named_models import resolve_model
     from inference_engine.models import check_runnable
     from inference_engine.sampling import Sampler
+    from inference_engine.store.named_models import resolve_model
 
     run = defaults.COMMANDS.resolve(backend=backend, numerics=numerics, kv_type=kv_type, threads=threads,
                                     device=device)

@@ -41,9 +41,9 @@ from bench_compare import bandwidth, cold_runner, engines, generate_timing, nois
 from bench_compare.intervals import RatioInterval, interval_of, precise_enough
 from bench_compare.measure import (
     DEFAULT_N_BATCH,
-    KIND_PP,
     DEFAULT_SEED,
     DEFAULT_TTFT_PROMPT,
+    KIND_PP,
     Runner,
     TestSpec,
     draw_tokens,
@@ -69,8 +69,8 @@ from inference_engine import compile_notice
 from inference_engine.errors import GGUFParityError
 from inference_engine.generate import ForcedTokens, generate_step
 from inference_engine.gguf.file import open_gguf
-from inference_engine.store.named_models import resolve_model
 from inference_engine.protocol import EngineCapabilityError
+from inference_engine.store.named_models import resolve_model
 from validation.results import CompareResult
 
 DEFAULT_REPS = 3

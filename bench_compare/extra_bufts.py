@@ -105,9 +105,9 @@ def verdict_of(run: ProbeRun) -> tuple[Verdict, bool]:
 # --- the key ------------------------------------------------------------------------------------------------------
 def key_fields(path: Path) -> dict[str, Any]:
     """What the verdict depends on: this CPU, this llama.cpp build, the model's weight types."""
-    from validation.provenance import ggml_build
     from inference_engine.cpu_features import cpu_features
     from inference_engine.gguf.file import open_gguf
+    from validation.provenance import ggml_build
 
     cpu = cpu_features()
     try:

@@ -20,11 +20,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from inference_engine.store.atomic import atomic_write_json
-from bench_compare.report import (GATED_KINDS, RATIO_KINDS, classify, load_json, markdown_table, ratios_of,
-                                  validation_metrics)
+from bench_compare.report import (
+    GATED_KINDS,
+    RATIO_KINDS,
+    classify,
+    load_json,
+    markdown_table,
+    ratios_of,
+    validation_metrics,
+)
 from bench_compare.results import utc_now
 from inference_engine.errors import GGUFParityError
+from inference_engine.store.atomic import atomic_write_json
 
 BASELINE_KIND = "gguf-parity-baseline"
 

@@ -22,22 +22,28 @@ Plots use matplotlib's Agg canvas directly (no pyplot, no display needed); a val
 from __future__ import annotations
 
 import collections
-
 import json
 import math
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from inference_engine.store.atomic import atomic_open, atomic_write_bytes, atomic_write_text
+from bench_compare.intervals import interval_cells
+from bench_compare.measure import llama_bench_test_name
 from bench_compare.results import utc_now
+from inference_engine.errors import GGUFParityError
+from inference_engine.store.atomic import atomic_open, atomic_write_bytes, atomic_write_text
 from validation.plots import CAPTIONS, new_figure, png_bytes, validation_pngs
 from validation.provenance import cpu_isa_label, machine_label
-from validation.results import (BenchResult, CompareResult, HttpCompareResult, HttpValidateResult, ValidationResult,
-                                result_class, upgrade_legacy)
-from inference_engine.errors import GGUFParityError
-from bench_compare.measure import llama_bench_test_name
-from bench_compare.intervals import interval_cells
+from validation.results import (
+    BenchResult,
+    CompareResult,
+    HttpCompareResult,
+    HttpValidateResult,
+    ValidationResult,
+    result_class,
+    upgrade_legacy,
+)
 
 KIND_COMPARE = "compare"
 KIND_VALIDATION = "validation"

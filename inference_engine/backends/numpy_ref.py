@@ -14,8 +14,8 @@ import numpy as np
 
 from inference_engine.backends import numerics as nx
 from inference_engine.backends.base import Backend, check_kv_type
-from inference_engine.platform.mapped_pages import tensor_out_of_map
 from inference_engine.gguf.file import TensorInfo
+from inference_engine.platform.mapped_pages import tensor_out_of_map
 from inference_engine.quants import dequantize_tensor, prepare_matmul, quant_for
 
 _F32 = np.float32

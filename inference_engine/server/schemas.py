@@ -9,7 +9,6 @@ names the field. ``top_k`` (vLLM's extension; 0 or -1 = off) and llama.cpp's ``r
 from __future__ import annotations
 
 import math
-
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator

@@ -102,7 +102,7 @@ def test_logit_summary_top1_and_top5():
 
 
 def test_thresholds_by_numerics():
-    ggml, f32 = m.thresholds_for("ggml"), m.thresholds_for("f32")
+    ggml = m.thresholds_for("ggml")
     assert ggml.tensor_nmse_max == 1e-6 and ggml.kld_mean_max == 1e-4 and ggml.top1_agreement_min == 1.0
     assert ggml.gate == m.STRICT and not ggml.noise_floor and ggml.weight_type is None
     # the noise-floor classes: their numbers are least limits; each names the weight type of its llama.cpp variant

@@ -5,7 +5,6 @@ transformers in bf16 passes (heavy: minutes per model)."""
 from __future__ import annotations
 
 import pytest
-
 from test_precision import LOGITS_PLUGIN, NOISE_SIGMA, _plugin
 
 from validation.run import ValidateOptions, validate

@@ -15,8 +15,8 @@ from gguf import GGMLQuantizationType as T
 from inference_engine.errors import GGUFParityError
 from inference_engine.gguf.file import TensorInfo
 from inference_engine.quants import F32Matmul, GGMLMatmul, fake_quantize, prepare_matmul, quant_for
-from validation.ggml_oracle import llamacpp_has_amx
 from inference_engine.quants.matmul import llamacpp_activation_type
+from validation.ggml_oracle import llamacpp_has_amx
 
 # |ours - ggml| / sum|w*a|: float32 summation-order noise. Measured worst 7e-8 over all types, K = 256..2048,
 # activation scales 1e-2..30 (about one float32 epsilon); 1e-6 leaves room for other shapes while staying
