@@ -189,9 +189,10 @@ steps[max(steps)].append("validate-tiny")
 # validations estimates (never run there; validate-smollm2-recorded: 18 s on MLX's CPU build here, plus unpacking);
 # speed, speed-smollm2 and matrices +100, +50 and +70 s for the mat-vec, K/V write and RoPE kernel A/Bs added
 # since (five more decode_profile runs a model, two more matrix_profile runs); gpu-tests +20 s for their GPU tests;
-# speed and speed-smollm2 +25 and +15 s for the default's second run (the A/B table's noise).
+# speed and speed-smollm2 +25 and +15 s for the default's second run (the A/B table's noise), +25 and +15 for the
+# norm kernel's A/B.
 cost = {"probe": 2, "build-llama": 1, "matrices": 180, "kernels": 89, "graphs": 14, "gpu-tests": 180, "gpu-kernels": 120,
-        "validate-tiny": 138, "validate-recorded": 30, "speed": 285, "llama-bench": 23, "validate-smollm2": 58, "speed-smollm2": 135,
+        "validate-tiny": 138, "validate-recorded": 30, "speed": 310, "llama-bench": 23, "validate-smollm2": 58, "speed-smollm2": 150,
         "validate-smollm2-recorded": 40,
         "cpu-crash": 150}
 total = 30  # a cold start, counted
@@ -236,6 +237,8 @@ print("mmvq layout; 'simd', 1-4 SIMD groups a row, stays the default): speed's *
 print("*-decode-group-blocks.json (Q4_K/Q5_K in their blocks too) against *-decode.json; gpu-tests run its kernels.")
 print("New: a compiled step's K/V rows written by one scatter kernel each (MLXBackend.kv_write 'scatter') instead of")
 print("a slice update's two: *-decode-scatter.json against *-decode.json (the default stays 'slice' until then).")
+print("New: a layer's residual add and ffn_norm as one kernel of ours (MLXBackend.norm_kernel, off by default):")
+print("*-decode-norm.json; gpu-tests and gpu-kernels run its GPU tests (test_mlx_norm_kernel.py).")
 print("speed and speed-smollm2 end with ab_table.py's table (in the log, and ab-table.md in results.tgz): every A/B")
 print("against the default at its depth, by the switches each profile recorded, a verdict only beyond the distance")
 print("between the default's two runs (*-decode.json, first, and *-decode-again.json, last). Read it first.")

@@ -206,7 +206,8 @@ step_gpu_tests() {
   run "$PY" -m pytest -p no:cacheprovider -q -rfE --durations=15 --maxfail=30 --timeout=120 -m "not gpu" \
       tests/inference_engine/backends/mlx/test_mlx_block_kernels.py tests/inference_engine/backends/mlx/test_mlx_steps.py \
       tests/inference_engine/backends/mlx/test_mlx_attention_kernel.py \
-      tests/inference_engine/backends/mlx/test_mlx_rope_kernel.py || rc=$?
+      tests/inference_engine/backends/mlx/test_mlx_rope_kernel.py \
+      tests/inference_engine/backends/mlx/test_mlx_norm_kernel.py || rc=$?
   return $rc
 }
 
@@ -215,6 +216,7 @@ step_gpu_kernels() {  # the GPU-marked tests of our kernels, and a compiled step
   run "$PY" -m pytest -p no:cacheprovider -q -rfE --durations=10 --maxfail=30 --timeout=120 -m gpu \
       tests/inference_engine/backends/mlx/test_mlx_attention_kernel.py \
       tests/inference_engine/backends/mlx/test_mlx_rope_kernel.py \
+      tests/inference_engine/backends/mlx/test_mlx_norm_kernel.py \
       tests/inference_engine/backends/mlx/test_mlx_block_kernels.py || return
   run "$PY" -m pytest -p no:cacheprovider -q -rfE --timeout=120 \
       tests/inference_engine/backends/mlx/test_mlx_attention_kernel.py::test_a_compiled_step_hands_its_attention_to_the_kernel
@@ -267,6 +269,9 @@ speed_of() {  # $1: name, $2: model
       --mlx-rope-kernel --json "$WORK/$1-decode-rope.json" || rc=$?
   run "$PY" -m bench_compare.decode_profile "$2" --backend mlx --steps "$DECODE_STEPS" --mlx-modes compiled \
       --mlx-rope-kernel --mlx-kv-write scatter --json "$WORK/$1-decode-rope-scatter.json" || rc=$?
+  # a layer's residual add and the RMSNorm after it as one kernel of ours instead of MLX's add and rms_norm
+  run "$PY" -m bench_compare.decode_profile "$2" --backend mlx --steps "$DECODE_STEPS" --mlx-modes compiled \
+      --mlx-norm-kernel --json "$WORK/$1-decode-norm.json" || rc=$?
   # a compiled step's K/V rows written by one scatter kernel each instead of a slice update's two
   run "$PY" -m bench_compare.decode_profile "$2" --backend mlx --steps "$DECODE_STEPS" --mlx-modes compiled \
       --mlx-kv-write scatter --json "$WORK/$1-decode-scatter.json" || rc=$?

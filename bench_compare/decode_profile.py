@@ -70,7 +70,7 @@ def _switched_off(cls: type, attribute: str, when: bool) -> Iterator[None]:
 
 # The flags that set an MLX backend's choices (main refuses them with another backend)
 MLX_FLAGS = ("--mlx-prefill-matmul", "--mlx-attention-kernel", "--mlx-rope-kernel", "--mlx-block-kernel-types",
-             "--mlx-matvec", "--mlx-kv-write")
+             "--mlx-matvec", "--mlx-kv-write", "--mlx-norm-kernel")
 
 
 @contextlib.contextmanager
@@ -430,6 +430,10 @@ def main(argv: list[str] | None = None) -> None:
                         help="MLX on a GPU: beside the attention kernel, a compiled step's RoPE and F16 K/V rows as "
                              "one kernel of ours (backends/mlx/rope_kernel.py) instead of four element-wise ones; "
                              "default: mlx_backend.ROPE_KERNEL_DEFAULTS (off: not yet run on a GPU)")
+    parser.add_argument("--mlx-norm-kernel", action=argparse.BooleanOptionalAction, default=None,
+                        help="MLX on a GPU: a layer's residual add and the RMSNorm after it as one kernel of ours "
+                             "(backends/mlx/norm_kernel.py) instead of MLX's add and rms_norm; default: "
+                             "mlx_backend.NORM_KERNEL_DEFAULTS (off: not yet run on a GPU)")
     parser.add_argument("--mlx-kv-write", default=None, metavar="HOW",
                         help="MLX: how a compiled step writes its K/V row, 'slice' (mx.slice_update) or 'scatter' "
                              "(mx.put_along_axis: one GPU kernel, not two); default: MLXBackend.kv_write")
@@ -481,6 +485,8 @@ def main(argv: list[str] | None = None) -> None:
         engine.backend.kv_write = args.mlx_kv_write
     if args.mlx_rope_kernel is not None:
         engine.backend.rope_kernel = args.mlx_rope_kernel
+    if args.mlx_norm_kernel is not None:
+        engine.backend.norm_kernel = args.mlx_norm_kernel
     if args.backend == "mlx" and not args.ops:  # a lazy backend: host build vs device wait per step, graph size
         step_profile.main(engine, args)
         return

@@ -97,6 +97,8 @@ def test_every_step_prints_its_commands(commands):
     assert sum("--mlx-matvec group" in c for c in commands["speed"]) == 4  # two runs for each of two models
     assert sum("--mlx-kv-write scatter" in c for c in commands["speed"]) == 4
     assert sum("--mlx-rope-kernel" in c for c in commands["speed"]) == 4
+    assert sum("--mlx-norm-kernel" in c for c in commands["speed"]) == 2
+    assert any("test_mlx_norm_kernel.py" in c and "-m gpu" in c for c in commands["gpu-kernels"])
     # the default profiled again last in each model's A/Bs, then the A/B table of each speed step
     assert sum("-decode-again.json" in c for c in commands["speed"]) == 2
     assert sum("-decode-again.json" in c for c in commands["speed-smollm2"]) == 1

@@ -187,6 +187,14 @@ class Backend(ABC):
         then ``y * w`` (float32).
         """
 
+    def add_rms_norm(self, a: Array, b: Array, weight: Array | None, eps: float) -> tuple[Array, Array]:
+        """``(a + b, rms_norm(a + b, weight, eps))``: a residual add and the norm after it, which a backend may
+        compute as one op (the MLX backend's GPU kernel, ``norm_kernel``); the default is :meth:`add` then
+        :meth:`rms_norm`, the same values. Asked for where nothing taps the sum between them (a pre-norm layer's
+        ``ffn_inp`` and ``ffn_norm``)."""
+        total = self.add(a, b)
+        return total, self.rms_norm(total, weight, eps)
+
     @abstractmethod
     def rope(
         self,

@@ -47,7 +47,7 @@ import numpy as np
 from inference_engine.backends import backend_numerics
 from inference_engine.backends import numerics as nx
 from inference_engine.backends.base import Backend, add_biases, check_kv_type
-from inference_engine.backends.mlx import block_kernels
+from inference_engine.backends.mlx import block_kernels, norm_kernel
 from inference_engine.backends.mlx import device as mlx_device  # sets MLX_ENABLE_TF32=0 before MLX's first matmul
 from inference_engine.backends.mlx.block_kernels import KERNEL_TYPES
 from inference_engine.backends.mlx.steps import (
@@ -106,6 +106,9 @@ ATTENTION_KERNEL_DEFAULTS = {"cuda": True}
 # Whether a compiled decode step's RoPE and F16 K/V rows run as one kernel of ours (rope_kernel.py) beside that
 # attention kernel, instead of four element-wise kernels a layer, per GPU backend: nowhere yet (never run on a GPU).
 ROPE_KERNEL_DEFAULTS: dict[str, bool] = {}
+# Whether a residual add and the RMSNorm after it (a layer's ffn_inp and ffn_norm) run as one kernel of ours
+# (norm_kernel.py) instead of MLX's add and mx.fast.rms_norm, per GPU backend: nowhere yet (never run on a GPU).
+NORM_KERNEL_DEFAULTS: dict[str, bool] = {}
 _CACHE_SIZE = 16  # rope tables / masks kept (one per distinct positions and settings in flight)
 
 # gelu_tanh's constants as nx defines them (float32)
@@ -178,6 +181,8 @@ class MLXBackend(Backend):
         self.attention_kernel = ATTENTION_KERNEL_DEFAULTS.get(self.placement.gpu_backend or "", False)
         # ... and its RoPE and F16 K/V rows as one kernel of ours before it: ROPE_KERNEL_DEFAULTS (decode_attention)
         self.rope_kernel = ROPE_KERNEL_DEFAULTS.get(self.placement.gpu_backend or "", False)
+        # A residual add and the norm after it as one kernel of ours: NORM_KERNEL_DEFAULTS (add_rms_norm)
+        self.norm_kernel = NORM_KERNEL_DEFAULTS.get(self.placement.gpu_backend or "", False)
 
     @property
     def prefill_matmul(self) -> str:
@@ -202,6 +207,7 @@ class MLXBackend(Backend):
             "attention_kernel": bool(self.attention_kernel and self.kernels),
             "rope_kernel": bool(self.rope_kernel and self.attention_kernel and self.kernels),
             "kv_write": self.kv_write,
+            "norm_kernel": bool(self.norm_kernel and self.kernels),
             "prefill_matmul": self._prefill_matmul,
         }
 
@@ -228,6 +234,8 @@ class MLXBackend(Backend):
                         else "; decode attention kernel asked for, not run (no GPU kernels on this device)")
             if self.rope_kernel and self.kernels:
                 threads += ", its RoPE and F16 rows one kernel of ours"
+        if self.norm_kernel and self.kernels:
+            threads += "; a residual add and the RMSNorm after it one kernel of ours"
         return (
             f"MLX {mx.__version__} on {self.device} ({where}), f32 numerics only; {affine} "
             f"exactly as MLX affine 32-groups (float32 scales), {blocks} as {fallback}, "
@@ -314,6 +322,13 @@ class MLXBackend(Backend):
 
     def rms_norm(self, x: mx.array, weight: mx.array | None, eps: float) -> mx.array:
         return mx.fast.rms_norm(x, weight, eps)
+
+    def add_rms_norm(self, a: mx.array, b: mx.array, weight: mx.array | None, eps: float) -> tuple[mx.array, mx.array]:
+        """One kernel of ours (:mod:`~inference_engine.backends.mlx.norm_kernel`) where :attr:`norm_kernel` is on and
+        this backend has GPU kernels; else MLX's add and ``mx.fast.rms_norm`` (two kernels on a GPU)."""
+        if self.norm_kernel and self.kernels is not None and norm_kernel.supports(a, b, weight):
+            return norm_kernel.add_rms_norm(self.kernels, a, b, weight, eps)
+        return super().add_rms_norm(a, b, weight, eps)
 
     def rope(self, x, positions, n_dims, freq_base, neox, freq_scale=1.0, freq_factors=None) -> mx.array:
         if isinstance(positions, StepPositions):  # a compiled step's position on the device (steps.py)

@@ -157,6 +157,20 @@ class LayerSettings:
     tap_ffn_post_norm: bool = True
 
 
+def add_norm(b: Backend, tap: Tap, delta: Array, x: Array, weight: Array, eps: float, sum_name: str | None,
+             norm_name: str) -> tuple[Array, Array]:
+    """The residual add ``delta + x`` (tapped as ``sum_name``; None: not tapped) and its RMSNorm with ``weight``
+    (tapped as ``norm_name``): both ``(T, n_embd)``. Where nothing taps, one backend op (:meth:`~inference_engine.
+    backends.base.Backend.add_rms_norm`: a GPU kernel on the MLX backend where it has one); a tap may replace the sum,
+    and the norm must then see what it put there, so tapped it is the two ops."""
+    if tap is no_tap:
+        return b.add_rms_norm(delta, x, weight, eps)
+    x = b.add(delta, x)
+    if sum_name is not None:
+        x = tap(sum_name, x)
+    return x, tap(norm_name, b.rms_norm(x, weight, eps))
+
+
 @dataclass
 class PreNormLayer:
     """A pre-norm decoder layer (llama, qwen2, qwen3, gemma2/3, the MoE files): ``attn_norm``, attention, the residual
@@ -195,17 +209,12 @@ class PreNormLayer:
                          softcap=s.softcap)  # (T, n_embd): [Qcur_normed, Kcur_normed,] Qcur..kqv_out[, attn_out]
         if last:
             attn, x = attn[-1:], x[-1:]  # only the output row goes on: (1, n_embd)
-        if self.post_attention_norm is None:
-            x = b.add(attn, x)  # (T, n_embd)
-            x = tap(f"ffn_inp-{il}", x)
-        else:  # gemma: the attention output normed before its residual add, which llama.cpp calls sa_out
+        sum_name = f"ffn_inp-{il}"
+        if self.post_attention_norm is not None:  # gemma: the attention output normed before its residual add
             attn = b.rms_norm(attn, self.post_attention_norm, hp.rms_eps)  # (T, n_embd)
             attn = tap(f"attn_post_norm-{il}", attn)
-            x = b.add(attn, x)  # (T, n_embd)
-            x = tap(f"sa_out-{il}", x)
-
-        h = b.rms_norm(x, self.ffn_norm, hp.rms_eps)  # (T, n_embd)
-        h = tap(f"ffn_norm-{il}", h)
+            sum_name = f"sa_out-{il}"  # what llama.cpp calls that sum
+        x, h = add_norm(b, tap, attn, x, self.ffn_norm, hp.rms_eps, sum_name, f"ffn_norm-{il}")  # (T, n_embd) each
         h = self.feed_forward(b, h, il, tap, s)  # (T, n_embd): ffn_up..ffn_out (or the experts')
         if self.post_ffw_norm is not None:
             h = b.rms_norm(h, self.post_ffw_norm, hp.rms_eps)  # (T, n_embd)

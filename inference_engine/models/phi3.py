@@ -34,7 +34,7 @@ from inference_engine.models.base import (
     project_qkv,
     self_attention,
 )
-from inference_engine.models.blocks import LayerSettings
+from inference_engine.models.blocks import LayerSettings, add_norm
 from inference_engine.models.decoder import DecoderModel
 
 
@@ -111,10 +111,7 @@ class Phi3Layer:
 
         if last:
             attn, x = attn[-1:], x[-1:]  # only the output row goes on: (1, n_embd)
-        x = b.add(attn, x)  # (T, n_embd)
-
-        h = b.rms_norm(x, self.ffn_norm, hp.rms_eps)  # (T, n_embd)
-        h = tap(f"ffn_norm-{il}", h)
+        x, h = add_norm(b, tap, attn, x, self.ffn_norm, hp.rms_eps, None, f"ffn_norm-{il}")  # (T, n_embd) each
         up = b.matmul(self.ffn_up, h)  # (T, 2 * n_ff): gate half, then up half
         up = tap(f"ffn_up-{il}", up)
         gate, up = _halves(up, hp.n_ff)

@@ -95,6 +95,9 @@ def test_prefill_through_float32_weights_is_profiled_and_named(tiny_model, tmp_p
     assert json.loads(out.read_text())["prefill"]["prefill_matmul"] == "f32"
 
 
+SWITCH_FLAGS = ("--mlx-attention-kernel", "--mlx-rope-kernel", "--mlx-norm-kernel")  # on/off, no value
+
+
 @pytest.mark.parametrize(("backend", "flags", "message"), [
     ("mlx", ("--prefill", "8", "--mlx-prefill-matmul", "fast"),
      "--mlx-prefill-matmul: unknown MLX prefill matmul 'fast'; supported: quantized, f32"),
@@ -102,7 +105,7 @@ def test_prefill_through_float32_weights_is_profiled_and_named(tiny_model, tmp_p
      "--mlx-block-kernel-types: block kernel types: Q6_K, Q9 not supported; supported: Q4_K, Q5_K"),
     ("mlx", ("--mlx-matvec", "warp"), "--mlx-matvec: unknown 'warp'; supported: simd, group"),
     ("mlx", ("--mlx-kv-write", "memcpy"), "--mlx-kv-write: unknown 'memcpy'; supported: slice, scatter"),
-    *(("numpy", (flag, "on") if flag != "--mlx-attention-kernel" else (flag,), f"{flag} applies to --backend mlx")
+    *(("numpy", (flag,) if flag in SWITCH_FLAGS else (flag, "on"), f"{flag} applies to --backend mlx")
       for flag in decode_profile.MLX_FLAGS if flag != "--mlx-rope-kernel"),
     ("numba", ("--mlx-rope-kernel",), "--mlx-rope-kernel applies to --backend mlx"),
 ])

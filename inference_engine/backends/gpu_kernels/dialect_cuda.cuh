@@ -11,6 +11,7 @@
 #define GQ_BARRIER() __syncthreads()
 #define GQ_SIMD_SUM(v) gq_warp_sum(v)
 #define GQ_EXP(x) expf(x)
+#define GQ_SQRT(x) sqrtf(x)
 
 // The sum of v over the 32 lanes of a warp, in every lane (a butterfly of shuffles).
 __device__ __forceinline__ float gq_warp_sum(float v) {

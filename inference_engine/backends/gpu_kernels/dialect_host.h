@@ -26,6 +26,7 @@
 #define GQ_BARRIER() gq_host_barrier()
 #define GQ_SIMD_SUM(v) gq_host_simd_sum(v)
 #define GQ_EXP(x) std::exp(x)
+#define GQ_SQRT(x) std::sqrt(x)
 
 static inline float gq_host_as_float(unsigned int u) {
     float f;

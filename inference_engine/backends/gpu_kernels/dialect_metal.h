@@ -11,3 +11,4 @@
 #define GQ_BARRIER() threadgroup_barrier(mem_flags::mem_threadgroup)
 #define GQ_SIMD_SUM(v) simd_sum(v)
 #define GQ_EXP(x) exp(x)
+#define GQ_SQRT(x) precise::sqrt(x)

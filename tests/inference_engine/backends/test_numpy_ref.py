@@ -176,6 +176,17 @@ def test_rms_norm_matches_formula(backend):
     assert backend.rms_norm(x, None, eps).dtype == np.float32
 
 
+@pytest.mark.parametrize("numerics", ["f32", "ggml"])
+def test_add_rms_norm_is_the_add_then_the_norm(numerics):
+    """Backend.add_rms_norm's default (what a pre-norm layer asks for where nothing taps): the same bits as add then
+    rms_norm, so a backend without a fused op computes the layer as before."""
+    b = NumpyBackend(numerics)
+    x, delta = rng(4).standard_normal((3, 576)).astype(np.float32), rng(5).standard_normal((3, 576)).astype(np.float32)
+    w = rng(6).standard_normal(576).astype(np.float32)
+    total, normed = b.add_rms_norm(delta, x, w, 1e-5)
+    assert np.array_equal(total, b.add(delta, x)) and np.array_equal(normed, b.rms_norm(b.add(delta, x), w, 1e-5))
+
+
 def test_rms_norm_equals_libggml_bit_for_bit(ggml):
     x = rng(3).standard_normal((7, 576)).astype(np.float32) * 5
     eps = float(np.float32(1e-5))

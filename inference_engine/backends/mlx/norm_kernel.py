@@ -1,0 +1,70 @@
+"""A residual add and the RMSNorm after it as one GPU kernel (``gpu_kernels/kernel_add_rms_norm.inc``).
+
+A pre-norm layer adds its attention's output to the residual stream (``ffn_inp``) and norms the sum for the
+feed-forward (``ffn_norm``): an add and ``mx.fast.rms_norm`` on MLX's GPU backends, two kernels a layer (MLX's compile
+fuses element-wise chains, not an element-wise op into a ``mx.fast`` primitive). This kernel is one, for every row:
+the sum (what the residual stream goes on with) and its norm times the weight, in the dialects of
+:mod:`~inference_engine.backends.mlx.block_kernels` (one threadgroup a row; the squares summed per SIMD group, then
+across them in order).
+
+The MLX backend uses it for :meth:`~inference_engine.backends.base.Backend.add_rms_norm` where ``norm_kernel`` is on
+and it has GPU kernels; off by default (never run on a GPU: ``decode_profile --mlx-norm-kernel`` and
+``.device/run_checks.sh``'s ``speed`` A/B it). Tested on every machine compiled for the host against float64
+references, through NVRTC where it is installed, and its wiring with a stand-in on MLX's CPU build.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+
+import mlx.core as mx
+
+from inference_engine.backends.mlx.block_kernels import Dialect, constant, read
+
+THREADS = constant("GQ_NORM_THREADS", "add_rms_norm.h")
+INPUTS = ("a", "b", "w", "eps")
+OUTPUTS = ("sum", "normed")
+
+
+def supports(a: mx.array, b: mx.array, weight: mx.array | None) -> bool:
+    """Whether the kernel computes this add and norm: two float32 arrays of rows of one shape and a weight as long
+    as a row (a norm without a weight, or a broadcast add, runs as MLX's ops)."""
+    return (weight is not None and a.ndim == 2 and a.shape == b.shape and weight.shape == (a.shape[1],)
+            and a.dtype == b.dtype == weight.dtype == mx.float32)
+
+
+def header(dialect: Dialect) -> str:
+    return f"{read(dialect.header_file)}\n{read('add_rms_norm.h')}\n"
+
+
+def source(dialect: Dialect) -> str:
+    return f"{read(dialect.ids_file)}\n{read('kernel_add_rms_norm.inc')}"
+
+
+@cache
+def _kernel(dialect: Dialect):
+    return dialect.factory()(
+        name="add_rms_norm",
+        input_names=list(INPUTS),
+        output_names=list(OUTPUTS),
+        source=source(dialect),
+        header=header(dialect),
+        ensure_row_contiguous=True,
+    )
+
+
+def add_rms_norm(dialect: Dialect, a: mx.array, b: mx.array, weight: mx.array,
+                 eps: float) -> tuple[mx.array, mx.array]:
+    """``a + b`` and its RMSNorm times ``weight`` (``(rows, n)``, ``(rows, n)``, ``(n,)``, float32): the sum and the
+    normed sum, as :meth:`~inference_engine.backends.mlx_backend.MLXBackend.add` then ``rms_norm`` compute them
+    (float32; the squares summed in another order)."""
+    rows, n = a.shape
+    total, normed = _kernel(dialect)(
+        inputs=[a, b, weight, mx.array([eps], dtype=mx.float32)],
+        grid=(THREADS * rows, 1, 1),
+        threadgroup=(THREADS, 1, 1),
+        output_shapes=[(rows, n), (rows, n)],
+        output_dtypes=[mx.float32, mx.float32],
+        stream=mx.gpu,
+    )
+    return total, normed
