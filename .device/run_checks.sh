@@ -269,7 +269,7 @@ speed_of() {  # $1: name, $2: model
       --mlx-rope-kernel --json "$WORK/$1-decode-rope.json" || rc=$?
   run "$PY" -m bench_compare.decode_profile "$2" --backend mlx --steps "$DECODE_STEPS" --mlx-modes compiled \
       --mlx-rope-kernel --mlx-kv-write scatter --json "$WORK/$1-decode-rope-scatter.json" || rc=$?
-  # a layer's residual add and the RMSNorm after it as one kernel of ours instead of MLX's add and rms_norm
+  # each residual add and the RMSNorm after it (ffn_norm, the next attn_norm) as one kernel of ours, not MLX's two
   run "$PY" -m bench_compare.decode_profile "$2" --backend mlx --steps "$DECODE_STEPS" --mlx-modes compiled \
       --mlx-norm-kernel --json "$WORK/$1-decode-norm.json" || rc=$?
   # a compiled step's K/V rows written by one scatter kernel each instead of a slice update's two

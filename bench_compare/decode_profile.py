@@ -431,8 +431,9 @@ def main(argv: list[str] | None = None) -> None:
                              "one kernel of ours (backends/mlx/rope_kernel.py) instead of four element-wise ones; "
                              "default: mlx_backend.ROPE_KERNEL_DEFAULTS (off: not yet run on a GPU)")
     parser.add_argument("--mlx-norm-kernel", action=argparse.BooleanOptionalAction, default=None,
-                        help="MLX on a GPU: a layer's residual add and the RMSNorm after it as one kernel of ours "
-                             "(backends/mlx/norm_kernel.py) instead of MLX's add and rms_norm; default: "
+                        help="MLX on a GPU: each residual add and the RMSNorm after it (ffn_norm, the next "
+                             "layer's attn_norm) as one kernel of ours (backends/mlx/norm_kernel.py) instead of "
+                             "MLX's add and rms_norm; default: "
                              "mlx_backend.NORM_KERNEL_DEFAULTS (off: not yet run on a GPU)")
     parser.add_argument("--mlx-kv-write", default=None, metavar="HOW",
                         help="MLX: how a compiled step writes its K/V row, 'slice' (mx.slice_update) or 'scatter' "

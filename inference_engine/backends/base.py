@@ -187,6 +187,11 @@ class Backend(ABC):
         then ``y * w`` (float32).
         """
 
+    # Whether add_rms_norm is one op here (not the default's two): then a decoder chains its layers' norms, each
+    # layer's last residual add computed with the next layer's attn_norm (DecoderModel.forward); the MLX backend's
+    # norm kernel. False: each layer norms its own input, as llama.cpp's graph reads.
+    fuses_add_rms_norm: bool = False
+
     def add_rms_norm(self, a: Array, b: Array, weight: Array | None, eps: float) -> tuple[Array, Array]:
         """``(a + b, rms_norm(a + b, weight, eps))``: a residual add and the norm after it, which a backend may
         compute as one op (the MLX backend's GPU kernel, ``norm_kernel``); the default is :meth:`add` then

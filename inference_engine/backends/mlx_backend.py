@@ -106,8 +106,9 @@ ATTENTION_KERNEL_DEFAULTS = {"cuda": True}
 # Whether a compiled decode step's RoPE and F16 K/V rows run as one kernel of ours (rope_kernel.py) beside that
 # attention kernel, instead of four element-wise kernels a layer, per GPU backend: nowhere yet (never run on a GPU).
 ROPE_KERNEL_DEFAULTS: dict[str, bool] = {}
-# Whether a residual add and the RMSNorm after it (a layer's ffn_inp and ffn_norm) run as one kernel of ours
-# (norm_kernel.py) instead of MLX's add and mx.fast.rms_norm, per GPU backend: nowhere yet (never run on a GPU).
+# Whether a residual add and the RMSNorm after it (ffn_inp and ffn_norm; l_out and the next attn_norm) run as one
+# kernel of ours (norm_kernel.py) instead of MLX's add and mx.fast.rms_norm, per GPU backend: nowhere yet (never run
+# on a GPU).
 NORM_KERNEL_DEFAULTS: dict[str, bool] = {}
 _CACHE_SIZE = 16  # rope tables / masks kept (one per distinct positions and settings in flight)
 
@@ -322,6 +323,10 @@ class MLXBackend(Backend):
 
     def rms_norm(self, x: mx.array, weight: mx.array | None, eps: float) -> mx.array:
         return mx.fast.rms_norm(x, weight, eps)
+
+    @property
+    def fuses_add_rms_norm(self) -> bool:  # type: ignore[override]
+        return bool(self.norm_kernel and self.kernels is not None)
 
     def add_rms_norm(self, a: mx.array, b: mx.array, weight: mx.array | None, eps: float) -> tuple[mx.array, mx.array]:
         """One kernel of ours (:mod:`~inference_engine.backends.mlx.norm_kernel`) where :attr:`norm_kernel` is on and

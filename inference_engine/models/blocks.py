@@ -198,11 +198,16 @@ class PreNormLayer:
         return cls(attn_norm, attn, ffn_norm, ffn, post_attention_norm, post_ffw_norm)
 
     def __call__(self, b: Backend, hp: HParams, x: Array, il: int, positions: np.ndarray, cache: KVCache, tap: Tap,
-                 s: LayerSettings, last: bool) -> Array:
+                 s: LayerSettings, last: bool, normed: Array | None = None,
+                 next_norm: Array | None = None) -> Array | tuple[Array, Array]:
         """The residual stream ``x (T, n_embd)`` through the layer; ``last``: keep only the last row from the
         attention's residual add on (llama.cpp's ``inp_out_ids`` in the last layer when only one row's logits are
-        wanted)."""
-        h = b.rms_norm(x, self.attn_norm, hp.rms_eps)  # (T, n_embd)
+        wanted). Where nothing taps, the decoder may chain the layers' norms (:meth:`~inference_engine.models.
+        decoder.DecoderModel.forward`): ``normed`` is ``x`` already normed by ``attn_norm`` (the previous layer's
+        last op), and with ``next_norm`` (the next layer's ``attn_norm``, or the output norm) the layer ends with its
+        residual add and that norm as one backend op (:meth:`~inference_engine.backends.base.Backend.
+        add_rms_norm`) and returns both: ``(l_out, l_out normed)``."""
+        h = normed if normed is not None else b.rms_norm(x, self.attn_norm, hp.rms_eps)  # (T, n_embd)
         h = tap(f"attn_norm-{il}", h)
         attn = self.attn(b, hp, h, il, positions, cache, tap, s.rope, s.kq_scale, q_scale=s.q_scale,
                          sliding_window=s.sliding_window, tap_attn_out=s.tap_attn_out,
@@ -221,6 +226,8 @@ class PreNormLayer:
             if s.tap_ffn_post_norm:
                 h = tap(f"ffn_post_norm-{il}", h)
 
+        if next_norm is not None:
+            return b.add_rms_norm(h, x, next_norm, hp.rms_eps)  # (T, n_embd) each: l_out, and it normed
         x = b.add(h, x)  # (T, n_embd)
         return tap(f"l_out-{il}", x)
 

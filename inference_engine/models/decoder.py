@@ -23,7 +23,7 @@ from inference_engine.backends.base import Array, Backend, FusedLayerPlan
 from inference_engine.gguf.file import GGUFFile
 from inference_engine.kv_cache import KVCache
 from inference_engine.models.base import HParams, Model, Tap, Weights, no_tap
-from inference_engine.models.blocks import LayerSettings
+from inference_engine.models.blocks import LayerSettings, PreNormLayer
 
 
 class DecoderModel(Model):
@@ -90,21 +90,38 @@ class DecoderModel(Model):
             ]
         return self._fused_plan
 
+    def chained_norms(self) -> list[Array | None]:
+        """Per layer, the norm its last residual add feeds where both sides are pre-norm layers (:class:`~inference_
+        engine.models.blocks.PreNormLayer`: the next layer's ``attn_norm``, the last one's the output norm), else
+        None: what :meth:`forward` hands a layer as ``next_norm`` for a backend that computes an add and a norm as
+        one op (``Backend.fuses_add_rms_norm``)."""
+        layers = self.layers
+        nexts = [layer.attn_norm if isinstance(layer, PreNormLayer) else None for layer in layers[1:]]
+        return [n if isinstance(layer, PreNormLayer) else None
+                for layer, n in zip(layers, [*nexts, self.output_norm])]
+
     def forward(self, ids, positions, cache: KVCache, tap: Tap = no_tap, all_logits: bool = False):
         b, hp, settings = self.backend, self.hp, self.settings
         x = self.embed(ids, tap)  # (T, n_embd)
         plans = self.fused_plan() if tap is no_tap and x.shape[0] == 1 else None  # a decode step nobody taps
+        chained = self.chained_norms() if tap is no_tap and b.fuses_add_rms_norm else None
+        normed = None  # x normed by the next layer's attn_norm (or the output norm), where the layers chain them
 
         for il, layer in enumerate(self.layers):
             if plans is not None and plans[il] is not None:
                 fused = b.decode_layer(plans[il], x, il, positions, cache)
                 if fused is not None:  # the whole layer as one backend op
-                    x = fused  # (1, n_embd): l_out
+                    x, normed = fused, None  # (1, n_embd): l_out
                     continue
             last = il == hp.n_layer - 1 and not all_logits
+            if chained is not None and chained[il] is not None:  # its last add and the next norm as one op
+                x, normed = layer(b, hp, x, il, positions, cache, tap, settings[il], last, normed=normed,
+                                  next_norm=chained[il])  # (T, n_embd) each: l_out, and it normed
+                continue
             x = layer(b, hp, x, il, positions, cache, tap, settings[il], last)  # (T, n_embd): ..l_out
+            normed = None
 
-        x = b.rms_norm(x, self.output_norm, hp.rms_eps)  # (rows, n_embd)
+        x = normed if normed is not None else b.rms_norm(x, self.output_norm, hp.rms_eps)  # (rows, n_embd)
         x = tap("result_norm", x)
         logits = self.logits(x)  # (rows, n_vocab)
         return tap("result_output", logits)

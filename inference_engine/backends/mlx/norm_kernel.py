@@ -1,16 +1,17 @@
 """A residual add and the RMSNorm after it as one GPU kernel (``gpu_kernels/kernel_add_rms_norm.inc``).
 
 A pre-norm layer adds its attention's output to the residual stream (``ffn_inp``) and norms the sum for the
-feed-forward (``ffn_norm``): an add and ``mx.fast.rms_norm`` on MLX's GPU backends, two kernels a layer (MLX's compile
-fuses element-wise chains, not an element-wise op into a ``mx.fast`` primitive). This kernel is one, for every row:
-the sum (what the residual stream goes on with) and its norm times the weight, in the dialects of
-:mod:`~inference_engine.backends.mlx.block_kernels` (one threadgroup a row; the squares summed per SIMD group, then
-across them in order).
+feed-forward (``ffn_norm``), then adds the feed-forward's output and the next layer norms that (``attn_norm``): each
+an add and ``mx.fast.rms_norm`` on MLX's GPU backends, two kernels (MLX's compile fuses element-wise chains, not an
+element-wise op into a ``mx.fast`` primitive). This kernel is one, for every row: the sum (what the residual stream
+goes on with) and its norm times the weight, in the dialects of :mod:`~inference_engine.backends.mlx.block_kernels`
+(one threadgroup a row; the squares summed per SIMD group, then across them in order).
 
 The MLX backend uses it for :meth:`~inference_engine.backends.base.Backend.add_rms_norm` where ``norm_kernel`` is on
-and it has GPU kernels; off by default (never run on a GPU: ``decode_profile --mlx-norm-kernel`` and
-``.device/run_checks.sh``'s ``speed`` A/B it). Tested on every machine compiled for the host against float64
-references, through NVRTC where it is installed, and its wiring with a stand-in on MLX's CPU build.
+and it has GPU kernels (and the decoder then chains its layers' norms: ``fuses_add_rms_norm``); off by default (never
+run on a GPU: ``decode_profile --mlx-norm-kernel`` and ``.device/run_checks.sh``'s ``speed`` A/B it). Tested on every
+machine compiled for the host against float64 references, through NVRTC where it is installed, and its wiring with a
+stand-in on MLX's CPU build.
 """
 
 from __future__ import annotations

@@ -165,8 +165,9 @@ def test_cuda_text_compiles_with_nvrtc(nk):
 @pytest.mark.parametrize("arch", ["llama", "gemma3", "phi3"])  # ffn_inp; gemma's sa_out after its sandwich norm; phi3
 def test_each_layer_hands_its_add_and_norm_to_the_kernel(tiny_model, monkeypatch, nk, arch):
     """With the switch on and a kernel dialect (stood in for here: no GPU), every layer's residual add and ffn_norm
-    go to the kernel where nothing taps (prefill and compiled decode steps alike), with the layer's own ffn_norm
-    weight; a stand-in computing what the kernel computes leaves the logits the plain path's."""
+    go to the kernel where nothing taps (prefill and compiled decode steps alike), and so does each pre-norm layer's
+    last add with the next layer's attn_norm (the last layer's with the output norm); a stand-in computing what the
+    kernel computes leaves the logits the plain path's."""
     import mlx.core as mx
     from test_mlx_steps import STEP_REL_TOL, engine, logits_rows, rel
 
@@ -193,13 +194,17 @@ def test_each_layer_hands_its_add_and_norm_to_the_kernel(tiny_model, monkeypatch
     plain, _ = run(False)
     assert calls == []
     got, e = run(True)
-    n_layer = e.model.hp.n_layer
-    norms = {id(layer.ffn_norm) for layer in e.model.layers}
+    n_layer, layers = e.model.hp.n_layer, e.model.layers
+    norms = {id(layer.ffn_norm) for layer in layers}
+    chained = arch != "phi3"  # phi3's layer is not a pre-norm layer: its norms are not chained
+    if chained:
+        norms |= {id(layer.attn_norm) for layer in layers[1:]} | {id(e.model.output_norm)}
     assert {c[0] for c in calls} == {bk.CUDA} and {c[1] for c in calls} == norms
     assert {c[2] for c in calls} == {float(e.model.hp.rms_eps)}
-    # the prompt's prefill once a layer (the last layer's on its output row only: llama.cpp's inp_out_ids), then the
-    # decode steps' single rows
-    assert sum(c[3][0] > 1 for c in calls) == n_layer - 1 and len(calls) > n_layer
+    # the prompt's prefill once or twice a layer (the last layer's on its output row only: llama.cpp's
+    # inp_out_ids), then the decode steps' single rows
+    assert sum(c[3][0] > 1 for c in calls) == (2 if chained else 1) * (n_layer - 1)
+    assert len(calls) > (2 if chained else 1) * n_layer
     assert "a residual add and the RMSNorm after it one kernel of ours" in e.backend.description
     assert e.backend.switches["norm_kernel"] is True
     assert rel(got, plain) <= STEP_REL_TOL
