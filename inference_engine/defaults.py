@@ -119,7 +119,8 @@ class EngineDefaults:
         if field == "threads":
             return f"{USABLE_CPUS}, {usable_cpus()} here" if self.threads == USABLE_CPUS else "the backend's own"
         if field == "numerics":
-            return f"{self.numerics}; {numerics_exceptions(self.numerics)}".rstrip("; ")
+            exceptions = numerics_exceptions(self.numerics)
+            return f"{self.numerics}; {exceptions}" if exceptions else self.numerics
         return str(getattr(self, field))
 
 

@@ -126,7 +126,6 @@ def mistralrs_version() -> str | None:
         return None
 
 
-
 def _verbose(option: Any) -> bool:
     value = option if option is not None else os.environ.get(VERBOSE_ENV, "0")
     text = str(value).strip().lower()

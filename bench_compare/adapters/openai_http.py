@@ -107,7 +107,6 @@ class StreamRecord:
         return [b - a for a, b in zip(self.text_times, self.text_times[1:])]
 
 
-
 class OpenAIClient:
     """A thin, timeout-guarded client for one OpenAI-compatible base URL (``http://host:port/v1``)."""
 

@@ -208,7 +208,7 @@ class MLXBackend(Backend):
             "attention_kernel": bool(self.attention_kernel and self.kernels),
             "rope_kernel": bool(self.rope_kernel and self.attention_kernel and self.kernels),
             "kv_write": self.kv_write,
-            "norm_kernel": bool(self.norm_kernel and self.kernels),
+            "norm_kernel": self.fuses_add_rms_norm,
             "prefill_matmul": self._prefill_matmul,
         }
 
@@ -235,7 +235,7 @@ class MLXBackend(Backend):
                         else "; decode attention kernel asked for, not run (no GPU kernels on this device)")
             if self.rope_kernel and self.kernels:
                 threads += ", its RoPE and F16 rows one kernel of ours"
-        if self.norm_kernel and self.kernels:
+        if self.fuses_add_rms_norm:
             threads += "; a residual add and the RMSNorm after it one kernel of ours"
         return (
             f"MLX {mx.__version__} on {self.device} ({where}), f32 numerics only; {affine} "
@@ -326,12 +326,13 @@ class MLXBackend(Backend):
 
     @property
     def fuses_add_rms_norm(self) -> bool:  # type: ignore[override]
+        """:attr:`norm_kernel` on, and GPU kernels here to run it."""
         return bool(self.norm_kernel and self.kernels is not None)
 
     def add_rms_norm(self, a: mx.array, b: mx.array, weight: mx.array | None, eps: float) -> tuple[mx.array, mx.array]:
-        """One kernel of ours (:mod:`~inference_engine.backends.mlx.norm_kernel`) where :attr:`norm_kernel` is on and
-        this backend has GPU kernels; else MLX's add and ``mx.fast.rms_norm`` (two kernels on a GPU)."""
-        if self.norm_kernel and self.kernels is not None and norm_kernel.supports(a, b, weight):
+        """One kernel of ours (:mod:`~inference_engine.backends.mlx.norm_kernel`) where :attr:`fuses_add_rms_norm`;
+        else MLX's add and ``mx.fast.rms_norm`` (two kernels on a GPU)."""
+        if self.fuses_add_rms_norm and norm_kernel.supports(a, b, weight):
             return norm_kernel.add_rms_norm(self.kernels, a, b, weight, eps)
         return super().add_rms_norm(a, b, weight, eps)
 

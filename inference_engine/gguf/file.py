@@ -385,7 +385,6 @@ def _check_path(path: Path) -> None:
         raise GGUFParityError(f"{path}: not a GGUF file (magic {magic!r}, expected {GGUF_MAGIC!r})")
 
 
-
 def open_gguf(path: str | os.PathLike, strict: bool = True) -> GGUFFile:
     return GGUFFile(path, strict)
 
