@@ -24,7 +24,7 @@ from inference_engine.backends.mlx.block_kernels import Dialect, constant, read
 
 THREADS = constant("GQ_NORM_THREADS", "add_rms_norm.h")
 INPUTS = ("a", "b", "w", "eps")
-OUTPUTS = ("sum", "normed")
+OUTPUTS = ("residual", "normed")  # the sum, what the residual stream goes on with
 
 
 def supports(a: mx.array, b: mx.array, weight: mx.array | None) -> bool:

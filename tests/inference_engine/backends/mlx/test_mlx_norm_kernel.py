@@ -25,16 +25,16 @@ SHIM = r"""
 #include "dialect_host.h"
 #include "add_rms_norm.h"
 
-static void body(const float* a, const int* a_shape, const float* b, const float* w, const float* eps, float* sum,
+static void body(const float* a, const int* a_shape, const float* b, const float* w, const float* eps, float* residual,
                  float* normed, unsigned int gq_tid, unsigned int gq_group_x, unsigned int gq_group_y) {
 #include "kernel_add_rms_norm.inc"
 }
 
 extern "C" void host_add_rms_norm(const float* a, const float* b, const float* w, int rows, int n, float eps,
-                                  float* sum, float* normed) {
+                                  float* residual, float* normed) {
     const int a_shape[2] = {rows, n};
     gq_host_launch((unsigned int)rows, 1, GQ_NORM_THREADS, [&](unsigned int tid, unsigned int gx, unsigned int gy) {
-        body(a, a_shape, b, w, &eps, sum, normed, tid, gx, gy);
+        body(a, a_shape, b, w, &eps, residual, normed, tid, gx, gy);
     });
 }
 """
@@ -157,7 +157,7 @@ def test_cuda_text_compiles_with_nvrtc(nk):
         pytest.skip("no NVRTC here (pip install nvidia-cuda-nvrtc, or MLX's CUDA build, to compile the CUDA kernels)")
     inputs = [("a", "float"), ("b", "float"), ("w", "float"), ("eps", "float")]
     text = cuda_kernel_text("add_rms_norm", nk.header(bk.CUDA), nk.source(bk.CUDA), inputs, {},
-                            output=["sum", "normed"])
+                            output=["residual", "normed"])
     compile_with_nvrtc(ctypes.CDLL(str(lib)), text, "add_rms_norm")
 
 
