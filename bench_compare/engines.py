@@ -211,6 +211,11 @@ def parse_engine_spec(text: str, options: Iterable[tuple[str, str]] | dict[str, 
         factory, _, target = rest.partition(":")
         return EngineSpec(f"{head}:{factory}", target, opts)
     if scheme not in ENGINES:
+        factory = rest.partition(":")[0]
+        if head.isidentifier() and factory.isidentifier() and "/" not in rest:  # module:factory, no such module
+            raise GGUFParityError(f"unknown engine '{raw}': no engine scheme '{head}', and no module named '{head}' "
+                                  f"here or on the Python path to take a factory from; choose one of: "
+                                  f"{', '.join(engine_choices())}")
         raise _unknown(text)
     target = rest.strip()
     if scheme == "ours":

@@ -125,7 +125,9 @@ def _one_line_error(capsys) -> str:
 @pytest.mark.parametrize("spec, needle", [
     ("vllm:http://x", "unknown engine 'vllm:http://x'; choose one of: ours:numpy"),
     ("nosuch_pkg.engines:open_engine", "no module named 'nosuch_pkg'"),
-    ("nosuch_module:make", "unknown engine 'nosuch_module:make'"),  # neither a scheme nor an importable module
+    # neither a scheme nor an importable module: a plugin's typo, or run from another directory
+    ("nosuch_module:make", "unknown engine 'nosuch_module:make': no engine scheme 'nosuch_module', and no module "
+                           "named 'nosuch_module' here or on the Python path"),
     ("toyplugins:no_capture", "module 'toyplugins' has no attribute 'no_capture'"),  # a top-level module: a plugin
     ("json.decoder:nothing_here", "has no attribute 'nothing_here'"),
 ])

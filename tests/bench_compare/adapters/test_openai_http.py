@@ -150,7 +150,7 @@ def test_what_was_measured_is_kept_when_the_server_fails(fake, model, tmp_path, 
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--engine", "bogus:thing"], "unknown engine 'bogus:thing'; choose one of"),
+    (["--engine", "bogus:thing"], "unknown engine 'bogus:thing': no engine scheme 'bogus'"),
     (["--engine", "openai:ftp://x/v1"], "http(s) base URL"),
     (["--engine", "openai:http://127.0.0.1:1/v1", "--concurrency", "0"], "--concurrency needs integers"),
     (["--engine", "openai:http://127.0.0.1:1/v1", "--engine-opt", "novalue"], "KEY=VALUE"),
