@@ -20,13 +20,12 @@ softmax) and through NVRTC where it is installed.
 
 from __future__ import annotations
 
-from functools import cache
-
 import mlx.core as mx
 
-from inference_engine.backends.mlx.block_kernels import Dialect, constant, read
+from inference_engine.backends.mlx.block_kernels import Dialect, constant, own_kernel
 
-THREADS, CHUNK, MAX_DIM = (constant(f"GQ_ATTN_{n}", "decode_attention.h") for n in ("THREADS", "CHUNK", "MAX_DIM"))
+HEADERS = ("gguf_blocks.h", "decode_attention.h")
+THREADS, CHUNK, MAX_DIM = (constant(f"GQ_ATTN_{n}", HEADERS[1]) for n in ("THREADS", "CHUNK", "MAX_DIM"))
 PASSES = ("decode_attention", "decode_attention_combine")  # kernel_<pass>.inc
 
 
@@ -39,25 +38,11 @@ def supports(q_shape: tuple, k_buffer: mx.array, v_buffer: mx.array) -> bool:
             and k_buffer.shape[2] == d and d % 32 == 0 and d <= MAX_DIM and n_head % n_kv == 0)
 
 
-def header(dialect: Dialect) -> str:
-    return f"{read(dialect.header_file)}\n{read('gguf_blocks.h')}\n{read('decode_attention.h')}\n"
-
-
-def source(dialect: Dialect, kernel_pass: str = PASSES[0]) -> str:
-    return f"{read(dialect.ids_file)}\n{read(f'kernel_{kernel_pass}.inc')}"
-
-
-@cache
 def _kernel(dialect: Dialect, kernel_pass: str):
     first = kernel_pass == PASSES[0]
-    return dialect.factory()(
-        name=f"{kernel_pass}_f16",
-        input_names=["q", "k", "v", "pos", "scale"] if first else ["part_o", "part_m", "part_l"],
-        output_names=["part_o", "part_m", "part_l"] if first else ["o"],
-        source=source(dialect, kernel_pass),
-        header=header(dialect),
-        ensure_row_contiguous=True,
-    )
+    return own_kernel(dialect, f"{kernel_pass}_f16",
+                      ("q", "k", "v", "pos", "scale") if first else ("part_o", "part_m", "part_l"),
+                      ("part_o", "part_m", "part_l") if first else ("o",), HEADERS, kernel_pass)
 
 
 def decode_attention(dialect: Dialect, q: mx.array, k_buffer: mx.array, v_buffer: mx.array, pos: mx.array,

@@ -128,6 +128,27 @@ def _kernel(dialect: Dialect, kind: str, qtype: T):
     )
 
 
+def own_header(dialect: Dialect, *files: str) -> str:
+    """The header of a kernel of ours beside the block kernels (decode attention, RoPE, norm): the dialect's macros,
+    then ``files`` of gpu_kernels/."""
+    return "".join(f"{text}\n" for text in (read(dialect.header_file), *map(read, files)))
+
+
+@cache
+def own_kernel(dialect: Dialect, name: str, inputs: tuple[str, ...], outputs: tuple[str, ...],
+               headers: tuple[str, ...], kind: str):
+    """MLX's custom kernel of ours called ``name``: header :func:`own_header` of ``headers``, body :func:`source` of
+    ``kind`` (``kernel_<kind>.inc``), inputs made row-contiguous."""
+    return dialect.factory()(
+        name=name,
+        input_names=list(inputs),
+        output_names=list(outputs),
+        source=source(dialect, kind),
+        header=own_header(dialect, *headers),
+        ensure_row_contiguous=True,
+    )
+
+
 def _blocks(n: int, per: int) -> int:
     return -(-n // per)
 

@@ -16,13 +16,13 @@ stand-in on MLX's CPU build.
 
 from __future__ import annotations
 
-from functools import cache
-
 import mlx.core as mx
 
-from inference_engine.backends.mlx.block_kernels import Dialect, constant, read
+from inference_engine.backends.mlx.block_kernels import Dialect, constant, own_kernel
 
-THREADS = constant("GQ_NORM_THREADS", "add_rms_norm.h")
+HEADERS = ("add_rms_norm.h",)
+KIND = "add_rms_norm"  # kernel_add_rms_norm.inc
+THREADS = constant("GQ_NORM_THREADS", HEADERS[0])
 INPUTS = ("a", "b", "w", "eps")
 OUTPUTS = ("residual", "normed")  # the sum, what the residual stream goes on with
 
@@ -34,33 +34,13 @@ def supports(a: mx.array, b: mx.array, weight: mx.array | None) -> bool:
             and a.dtype == b.dtype == weight.dtype == mx.float32)
 
 
-def header(dialect: Dialect) -> str:
-    return f"{read(dialect.header_file)}\n{read('add_rms_norm.h')}\n"
-
-
-def source(dialect: Dialect) -> str:
-    return f"{read(dialect.ids_file)}\n{read('kernel_add_rms_norm.inc')}"
-
-
-@cache
-def _kernel(dialect: Dialect):
-    return dialect.factory()(
-        name="add_rms_norm",
-        input_names=list(INPUTS),
-        output_names=list(OUTPUTS),
-        source=source(dialect),
-        header=header(dialect),
-        ensure_row_contiguous=True,
-    )
-
-
 def add_rms_norm(dialect: Dialect, a: mx.array, b: mx.array, weight: mx.array,
                  eps: float) -> tuple[mx.array, mx.array]:
     """``a + b`` and its RMSNorm times ``weight`` (``(rows, n)``, ``(rows, n)``, ``(n,)``, float32): the sum and the
     normed sum, as :meth:`~inference_engine.backends.mlx_backend.MLXBackend.add` then ``rms_norm`` compute them
     (float32; the squares summed in another order)."""
     rows, n = a.shape
-    total, normed = _kernel(dialect)(
+    total, normed = own_kernel(dialect, "add_rms_norm", INPUTS, OUTPUTS, HEADERS, KIND)(
         inputs=[a, b, weight, mx.array([eps], dtype=mx.float32)],
         grid=(THREADS * rows, 1, 1),
         threadgroup=(THREADS, 1, 1),

@@ -16,13 +16,13 @@ rounding) and through NVRTC where it is installed; the step's wiring with stand-
 
 from __future__ import annotations
 
-from functools import cache
-
 import mlx.core as mx
 
-from inference_engine.backends.mlx.block_kernels import Dialect, constant, read
+from inference_engine.backends.mlx.block_kernels import Dialect, constant, own_kernel
 
-THREADS = constant("GQ_ROPE_THREADS", "decode_rope.h")
+HEADERS = ("decode_rope.h",)
+KIND = "decode_rope"  # kernel_decode_rope.inc
+THREADS = constant("GQ_ROPE_THREADS", HEADERS[0])
 INPUTS = ("q", "k", "v", "rope_cos", "rope_sin", "pos", "q_scale")
 OUTPUTS = ("q_out", "k_bits", "v_bits")
 
@@ -32,26 +32,6 @@ def supports(rope: dict | None, q_shape: tuple) -> bool:
     dimensions within the head."""
     n_tok, _, d = q_shape
     return n_tok == 1 and (rope is None or (rope["n_dims"] % 2 == 0 and 0 < rope["n_dims"] <= d))
-
-
-def header(dialect: Dialect) -> str:
-    return f"{read(dialect.header_file)}\n{read('decode_rope.h')}\n"
-
-
-def source(dialect: Dialect) -> str:
-    return f"{read(dialect.ids_file)}\n{read('kernel_decode_rope.inc')}"
-
-
-@cache
-def _kernel(dialect: Dialect):
-    return dialect.factory()(
-        name="decode_rope_f16",
-        input_names=list(INPUTS),
-        output_names=list(OUTPUTS),
-        source=source(dialect),
-        header=header(dialect),
-        ensure_row_contiguous=True,
-    )
 
 
 def rope_f16(dialect: Dialect, q: mx.array, k: mx.array, v: mx.array, tables: tuple[mx.array, mx.array] | None,
@@ -65,7 +45,7 @@ def rope_f16(dialect: Dialect, q: mx.array, k: mx.array, v: mx.array, tables: tu
     n_dims = 0 if rope is None else int(rope["n_dims"])
     cos, sin = tables if rope is not None else (mx.zeros((1, 1)), mx.zeros((1, 1)))
     n = n_head * d + n_kv * d + n_kv * dv
-    q_out, k_bits, v_bits = _kernel(dialect)(
+    q_out, k_bits, v_bits = own_kernel(dialect, "decode_rope_f16", INPUTS, OUTPUTS, HEADERS, KIND)(
         inputs=[q.reshape(n_head, d), k.reshape(n_kv, d), v.reshape(n_kv, dv), cos, sin, pos.astype(mx.int32),
                 mx.array([1.0 if q_scale is None else q_scale], dtype=mx.float32)],
         template=[("D", d), ("DV", dv), ("N_DIMS", n_dims), ("NEOX", int(bool(rope and rope.get("neox")))),

@@ -148,10 +148,10 @@ def test_kernel_text_for_each_dialect(ak):
     from inference_engine.backends.mlx import block_kernels as bk
 
     for dialect in bk.DIALECTS:
-        head = ak.header(dialect)
+        head = bk.own_header(dialect, *ak.HEADERS)
         assert "gq_f16_bits" in head
         for kernel_pass in ak.PASSES:
-            assert_kernel_text(dialect, head, ak.source(dialect, kernel_pass), f"kernel_{kernel_pass}.inc")
+            assert_kernel_text(dialect, head, bk.source(dialect, kernel_pass), f"kernel_{kernel_pass}.inc")
     assert (ak.THREADS, ak.CHUNK, ak.MAX_DIM) == (128, 128, 256)
 
 
@@ -178,12 +178,13 @@ def test_cuda_text_compiles_with_nvrtc(ak):
     if lib is None:
         pytest.skip("no NVRTC here (pip install nvidia-cuda-nvrtc, or MLX's CUDA build, to compile the CUDA kernels)")
     inputs = [("q", "float"), ("k", "uint16_t"), ("v", "uint16_t"), ("pos", "int32_t"), ("scale", "float")]
-    text = cuda_kernel_text("decode_attention_f16", ak.header(bk.CUDA), ak.source(bk.CUDA, ak.PASSES[0]), inputs,
+    head = bk.own_header(bk.CUDA, *ak.HEADERS)
+    text = cuda_kernel_text("decode_attention_f16", head, bk.source(bk.CUDA, ak.PASSES[0]), inputs,
                             {"D": 128, "GROUP": 6, "WINDOW": 0, "N_CHUNKS": 4}, output=["part_o", "part_m", "part_l"])
     compile_with_nvrtc(ctypes.CDLL(str(lib)), text, "decode_attention_f16")
     inputs = [("part_o", "float"), ("part_m", "float"), ("part_l", "float")]
-    text = cuda_kernel_text("decode_attention_combine_f16", ak.header(bk.CUDA), ak.source(bk.CUDA, ak.PASSES[1]),
-                            inputs, {"D": 128, "N_CHUNKS": 4}, output="o")
+    text = cuda_kernel_text("decode_attention_combine_f16", head, bk.source(bk.CUDA, ak.PASSES[1]), inputs,
+                            {"D": 128, "N_CHUNKS": 4}, output="o")
     compile_with_nvrtc(ctypes.CDLL(str(lib)), text, "decode_attention_combine_f16")
 
 

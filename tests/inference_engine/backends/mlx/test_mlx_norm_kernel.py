@@ -128,9 +128,9 @@ def test_kernel_text_for_each_dialect(nk):
     from inference_engine.backends.mlx import block_kernels as bk
 
     for dialect in bk.DIALECTS:
-        head = nk.header(dialect)
+        head = bk.own_header(dialect, *nk.HEADERS)
         assert "GQ_NORM_THREADS" in head and "GQ_SQRT" in head
-        assert_kernel_text(dialect, head, nk.source(dialect), "kernel_add_rms_norm.inc")
+        assert_kernel_text(dialect, head, bk.source(dialect, nk.KIND), "kernel_add_rms_norm.inc")
     assert nk.THREADS == host_threads() == 256
 
 
@@ -156,8 +156,8 @@ def test_cuda_text_compiles_with_nvrtc(nk):
     if lib is None:
         pytest.skip("no NVRTC here (pip install nvidia-cuda-nvrtc, or MLX's CUDA build, to compile the CUDA kernels)")
     inputs = [("a", "float"), ("b", "float"), ("w", "float"), ("eps", "float")]
-    text = cuda_kernel_text("add_rms_norm", nk.header(bk.CUDA), nk.source(bk.CUDA), inputs, {},
-                            output=["residual", "normed"])
+    text = cuda_kernel_text("add_rms_norm", bk.own_header(bk.CUDA, *nk.HEADERS), bk.source(bk.CUDA, nk.KIND),
+                            inputs, {}, output=["residual", "normed"])
     compile_with_nvrtc(ctypes.CDLL(str(lib)), text, "add_rms_norm")
 
 

@@ -175,9 +175,9 @@ def test_kernel_text_for_each_dialect(rk):
     from inference_engine.backends.mlx import block_kernels as bk
 
     for dialect in bk.DIALECTS:
-        head = rk.header(dialect)
+        head = bk.own_header(dialect, *rk.HEADERS)
         assert "gq_f16_from_float" in head
-        assert_kernel_text(dialect, head, rk.source(dialect), "kernel_decode_rope.inc")
+        assert_kernel_text(dialect, head, bk.source(dialect, rk.KIND), "kernel_decode_rope.inc")
     assert rk.THREADS == 256
 
 
@@ -201,8 +201,8 @@ def test_cuda_text_compiles_with_nvrtc(rk):
     inputs = [("q", "float"), ("k", "float"), ("v", "float"), ("rope_cos", "float"), ("rope_sin", "float"),
               ("pos", "int32_t"), ("q_scale", "float")]
     for d, dv, n_dims, neox, scale_q in VARIANTS:
-        text = cuda_kernel_text("decode_rope_f16", rk.header(bk.CUDA), rk.source(bk.CUDA), inputs,
-                                {"D": d, "DV": dv, "N_DIMS": n_dims, "NEOX": neox, "SCALE_Q": scale_q},
+        text = cuda_kernel_text("decode_rope_f16", bk.own_header(bk.CUDA, *rk.HEADERS), bk.source(bk.CUDA, rk.KIND),
+                                inputs, {"D": d, "DV": dv, "N_DIMS": n_dims, "NEOX": neox, "SCALE_Q": scale_q},
                                 output=["q_out", "k_bits", "v_bits"], output_types=["float", "uint16_t", "uint16_t"])
         compile_with_nvrtc(ctypes.CDLL(str(lib)), text, "decode_rope_f16")
 
