@@ -44,6 +44,14 @@ def on_this_target(qtype):
 SUM_ORDER_TOL = 1e-6
 
 
+def matvec_in_repacked_order(w):
+    """Whether the one-token mat-vec (types/q4_0.py, types/iq4_nl.py) takes llama.cpp's repacked gemv order, which
+    gives the repacked gemm's values: rows llama.cpp repacks, kernels compiled for AVX-512 VNNI or AVX2. (Whether a
+    batch below ktiles' threshold runs per token is dispatch.repacked_order, AVX-512 VNNI only.)"""
+    multiple = dispatch.REPACKED_ROWS.get(w.qtype)
+    return multiple is not None and w.n_out % multiple == 0 and TARGET in ("avx512_vnni", "avx2")
+
+
 def shape_for(qtype, shape):
     n_out, n_in = shape
     multiple = dispatch.REPACKED_ROWS.get(qtype, 1)
@@ -91,8 +99,8 @@ def test_ktiled_is_llamacpp_mul_mat_bit_for_bit(qtype, rng, oracle):
 @pytest.mark.parametrize("qtype", EXACT_TYPES, ids=lambda t: t.name)
 def test_ktiled_is_the_matvec_to_float_rounding(qtype, rng):
     """On any CPU (elsewhere than AVX-512 VNNI and AVX2 through portable IR): the mat-vec's sums, rounded another way
-    (Q4_1, Q5_0, Q5_1, Q8_0: the same way, so the same bits; Q4_0 on AVX-512 VNNI too, where its mat-vec takes the
-    repacked gemv's order, test_numba_q4_0)."""
+    (Q4_1, Q5_0, Q5_1, Q8_0: the same way, so the same bits; Q4_0 on AVX-512 VNNI and AVX2 too, where its one-token
+    mat-vec takes the repacked gemv's order, test_numba_q4_0)."""
     n_out, n_in = shape_for(qtype, SHAPES[1])
     w, rows = random_weight(qtype, n_out, n_in, rng)
     for n_tokens in (9, 31):
@@ -101,7 +109,7 @@ def test_ktiled_is_the_matvec_to_float_rounding(qtype, rng):
         xv, _ = activations.prepare(x, "ggml", w.kernels.vec_dot_type, w.kernels.sub)
         ref = per_token_matvec(w, yq, yd, ya)
         ours = ktiled(w, yq, yd, ya)
-        if qtype in VEC_DOT_ORDER or dispatch.repacked_order(w):  # the same order (Q4_0: the repacked gemv's)
+        if qtype in VEC_DOT_ORDER or matvec_in_repacked_order(w):  # the same order (Q4_0: the repacked gemv's)
             np.testing.assert_array_equal(ours, ref)
             continue
         assert summation_error(ours, ref, dequantized(qtype, rows), xv) <= SUM_ORDER_TOL
