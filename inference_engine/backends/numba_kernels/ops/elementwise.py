@@ -163,6 +163,14 @@ def silu_f32(x):
 
 
 @njit(inline="always", cache=True)
+def silu_libm(x):
+    """``ggml_silu_f32`` as llama.cpp's scalar tail runs it: ``x / (1 + expf(-x))`` with the C library's ``expf``
+    (``math.exp`` of a float32 compiles to that call; glibc's is not always correctly rounded, so :func:`silu_f32`'s
+    float64 route would leave llama.cpp by a bit on ~0.07% of values: numerics.expf_libm)."""
+    return x / (_F32(1.0) + _F32(math.exp(_F32(0.0) - x)))
+
+
+@njit(inline="always", cache=True)
 def _silu_times_vectors(g, u, o, n_vec, scalef):
     """``o[:m] = g / (1 + ggml_v_expf(-g)) * u`` on 16 lanes at a time (:mod:`.vexp`, the same bits as the scalar
     form); returns ``m``, the largest multiple of 16 up to ``n_vec``."""
@@ -189,8 +197,8 @@ def _swiglu_row(gate, up, vec_width, scalef, out, t):
     for i in range(done, n_vec):  # ggml's vectors narrower than 16 lanes: the same exp one value at a time
         x = gate[t, i]
         out[t, i] = (x / (_F32(1.0) + expf_ggml(_F32(0.0) - x, scalef))) * up[t, i]
-    for i in range(n_vec, n):
-        out[t, i] = silu_f32(gate[t, i]) * up[t, i]
+    for i in range(n_vec, n):  # ggml: the scalar tail (the C library's expf); f32 numerics: every value
+        out[t, i] = (silu_libm(gate[t, i]) if vec_width else silu_f32(gate[t, i])) * up[t, i]
 
 
 @njit(cache=True)

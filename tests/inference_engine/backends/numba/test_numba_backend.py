@@ -10,6 +10,7 @@ import ctypes
 
 import numpy as np
 import pytest
+from fixtures.libm import expf_not_correctly_rounded
 from fixtures.tiny_models import ARCHITECTURES
 
 from inference_engine.backends import get_backend
@@ -121,12 +122,16 @@ def _libggml_flavour(oracle) -> str:
 
 def test_ggml_swiglu_equals_libggml(oracle, rng):
     """The ggml-numerics SiLU against libggml's own ggml_vec_swiglu_f32, bit for bit (true FMA in ggml_v_expf), in
-    the flavour this libggml was built for, as the harness sets it from llama.cpp's build."""
+    the flavour this libggml was built for, as the harness sets it from llama.cpp's build; its scalar tail too."""
     fn = oracle.cpu.ggml_vec_swiglu_f32
     fn.restype = None
-    gate = (rng.standard_normal(4096) * 6).astype(np.float32)
+    # 4096 + 15: a scalar tail on every SIMD flavour, its values gates whose expf(-gate) the C library rounds
+    # differently from a float64 exp (ggml_silu_f32 calls the C library's expf); negative gates, so that the
+    # exponential outweighs the 1 it is added to and its last bit survives
+    tail = -expf_not_correctly_rounded(0.0, 20.0)[:15]
+    gate = np.concatenate([rng.standard_normal(4096) * 6, tail, np.full(15 - len(tail), 0.5)]).astype(np.float32)
     gate[:4] = [95.0, -95.0, 130.0, -130.0]  # the exp's two-factor and overflow branches
-    up = rng.standard_normal(4096).astype(np.float32)
+    up = rng.standard_normal(gate.size).astype(np.float32)
     expected = np.empty_like(gate)
     ptr = lambda a: a.ctypes.data_as(ctypes.c_void_p)
     fn(ctypes.c_int(gate.size), ptr(expected), ptr(gate), ptr(up))
