@@ -1,9 +1,19 @@
 """Why llama.cpp's CPU build dies on the lent GPU machine on every model (issue 30, point 6): a diagnosis in one call.
 
 On that machine (16-core Xeon with AVX-512, VNNI, BF16, AMX; Python 3.12 with PyTorch) llama-cpp-python 0.3.36 built
-from its sdist died with signal 11 on every model, a 1-layer F32 llama included (../shared/device.md has the
-hypotheses). ``python3 .device/cpu_crash.py --sources TAR.XZ --work DIR`` (run by ``.device/run_checks.sh
-cpu-crash``) tells them apart:
+from its sdist died with signal 11 on every model, a 1-layer F32 llama included. The hypotheses:
+
+1. AMX: ggml's AMX code (compiled in by -march=native there). Upstream has machine-dependent segfaults in
+   ``ggml_backend_amx_mul_mat`` (ggml-org/llama.cpp issue #20824, closed stale without a cause) and an open fix for
+   newer Xeons (pull request #26954: the XTILEDATA permission requested on the main thread only, not on the worker
+   threads that run tile instructions, and a tile configuration on the stack the compiler may optimize away);
+2. OpenMP: the build's OpenMP runtime, or two of them in one process (PyTorch's beside it);
+3. the native instruction set otherwise (AVX-512 / VNNI / BF16 code paths);
+4. the Python side: llama-cpp-python's bindings, not llama.cpp;
+5. none of these: every build crashes, llama.cpp's own C++ program included.
+
+``python3 .device/cpu_crash.py --sources TAR.XZ --work DIR`` (run by ``.device/run_checks.sh cpu-crash``) tells
+them apart:
 
 1. facts: compiler, kernel, the CPU's AVX-512/AMX flags, the AMX permission the kernel offers (arch_prctl
    ARCH_GET_XCOMP_SUPP: bit 18 is AMX tile data), gdb present or not;
@@ -272,7 +282,7 @@ def where(log: Path) -> str:
 
 
 def reading(table: dict[str, dict[str, str]]) -> str:
-    """One line from the table: which hypothesis (../shared/device.md) the outcomes point to."""
+    """One line from the table: which hypothesis (this module's docstring) the outcomes point to."""
 
     def crashed(variant: str) -> set[str]:
         return {c for c, result in table.get(variant, {}).items() if result.startswith("signal")}

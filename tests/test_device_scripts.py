@@ -7,6 +7,7 @@ takes minutes and is not repeated here.
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import os
 import re
 import shutil
@@ -218,6 +219,13 @@ def test_cpu_crash_builds_every_variant_and_runs_every_check(commands):
 )
 def test_the_cpu_crash_reading_names_the_hypothesis(table, phrase):
     assert phrase in cpu_crash_module().reading(table)
+
+
+def test_every_hypothesis_the_reading_names_is_listed_in_the_module_docstring():
+    module = cpu_crash_module()
+    named = set(re.findall(r"hypothesis (\d)", inspect.getsource(module.reading)))
+    listed = set(re.findall(r"^(\d)\. ", module.__doc__.split("The hypotheses:")[1].split("``python3")[0], re.M))
+    assert named and named <= listed
 
 
 @pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler")
