@@ -133,8 +133,7 @@ def test_ggml_swiglu_equals_libggml(oracle, rng):
     gate[:4] = [95.0, -95.0, 130.0, -130.0]  # the exp's two-factor and overflow branches
     up = rng.standard_normal(gate.size).astype(np.float32)
     expected = np.empty_like(gate)
-    ptr = lambda a: a.ctypes.data_as(ctypes.c_void_p)
-    fn(ctypes.c_int(gate.size), ptr(expected), ptr(gate), ptr(up))
+    fn(ctypes.c_int(gate.size), *(a.ctypes.data_as(ctypes.c_void_p) for a in (expected, gate, up)))
     nx.set_ggml_simd(_libggml_flavour(oracle))
     try:
         np.testing.assert_array_equal(NumbaBackend("ggml").swiglu(gate[None], up[None])[0], expected)
