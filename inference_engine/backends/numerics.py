@@ -8,7 +8,8 @@ are small, so backends usually precompute them on the host and ship the result t
 * :func:`gelu_f16_table`: ``ggml_table_gelu_f16``, the F16 lookup table ggml's GELU / GEGLU read (GGML_GELU_FP16).
 * :func:`gelu_ggml`, :func:`gelu_tanh`: GELU through that table (ggml numerics) or the float formula (f32 numerics).
 * :func:`expf_ggml`, :func:`silu_ggml`, :func:`silu_f32`: ggml's vector ``expf`` and SiLU in the SIMD flavour
-  llama.cpp was built with (:func:`ggml_simd`, set by the harness), or plain SiLU.
+  llama.cpp was built with (:func:`ggml_simd`, set by the harness), or plain SiLU; :func:`expf_libm`, the C
+  library's ``expf`` that ggml's scalar tails call (as :func:`cosf_sinf` for RoPE).
 """
 
 from __future__ import annotations
@@ -299,8 +300,8 @@ def soft_max_ggml(x: np.ndarray, simd: str | None = None) -> np.ndarray:
     ``ggml_vec_soft_max_f32``: the row max is subtracted in float32; the first ``n - n % width`` values go through
     ``ggml_v_expf``, each vector's values summed in float32 by the SIMD reduction (halves folded onto each other,
     then ``(v0 + v2) + (v1 + v3)``; NEON's ``vaddvq_f32`` pairwise) and accumulated in double; the tail takes the C
-    library's scalar ``expf`` (:func:`expf_libm`), added in double. Then ``y *= (float)(1.0 / sum)``. A row shorter than one vector (an MoE router over
-    4 experts on AVX2) is all tail.
+    library's scalar ``expf`` (:func:`expf_libm`), added in double. Then ``y *= (float)(1.0 / sum)``. A row shorter
+    than one vector (an MoE router over 4 experts on AVX2) is all tail.
     """
     flavour = simd or ggml_simd()
     width = SIMD_WIDTH[flavour]
