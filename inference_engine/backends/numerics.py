@@ -112,10 +112,13 @@ def cosf_sinf(theta: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return np.cos(theta.astype(np.float64)).astype(np.float32), np.sin(theta.astype(np.float64)).astype(
             np.float32
         )
-    flat = theta.ravel().tolist()
-    cos = np.fromiter((lib.cosf(v) for v in flat), dtype=np.float32, count=len(flat)).reshape(theta.shape)
-    sin = np.fromiter((lib.sinf(v) for v in flat), dtype=np.float32, count=len(flat)).reshape(theta.shape)
-    return cos, sin
+    return _each(lib.cosf, theta), _each(lib.sinf, theta)
+
+
+def _each(fn, x: np.ndarray) -> np.ndarray:
+    """The C library's float function ``fn`` on every float32 of ``x``, one call a value."""
+    flat = x.ravel().tolist()
+    return np.fromiter((fn(v) for v in flat), dtype=np.float32, count=len(flat)).reshape(x.shape)
 
 
 def expf_libm(x: np.ndarray) -> np.ndarray:
@@ -132,8 +135,7 @@ def expf_libm(x: np.ndarray) -> np.ndarray:
     if lib is None:
         with np.errstate(over="ignore"):
             return np.exp(x.astype(np.float64)).astype(np.float32)
-    flat = x.ravel().tolist()
-    return np.fromiter((lib.expf(v) for v in flat), dtype=np.float32, count=len(flat)).reshape(x.shape)
+    return _each(lib.expf, x)
 
 
 # --- GELU -------------------------------------------------------------------------------------------------------
