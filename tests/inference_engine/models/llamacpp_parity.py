@@ -314,19 +314,6 @@ def _moe_ops(b, layer, il, ref, check) -> None:
         check("sigmoid", f"ffn_shexp_gate-{il}", _silu(b, g) / g)
 
 
-# --- a dequantized copy of a model -------------------------------------------------------------------------------
-def write_dequantized_copy(src, dst):
-    """Copy a GGUF with every matrix dequantized to F32 (:func:`validation.gguf_rewrite.rewrite`): the same weights,
-    but llama.cpp then multiplies in f32.
-
-    On that copy llama.cpp computes what our ``f32`` numerics computes on the original file (dequantized weights,
-    float32 activations), so the two can be compared without ggml's activation quantization in the way.
-    """
-    from validation.gguf_rewrite import rewrite
-
-    return rewrite(src, dst, weight_type="F32")
-
-
 def _phi3_ops(b, model, hp, ref, positions, n_tokens, check) -> None:
     """Phi-3's ops on llama.cpp's inputs: fused QKV, RoPE + the Q scale (llama.cpp's last "Qcur"), attention with
     scale 1, fused gate/up SwiGLU. It names no ffn_inp, so the residual after attention is not checked alone."""

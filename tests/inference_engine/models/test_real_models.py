@@ -24,7 +24,6 @@ from llamacpp_parity import (
     compare_greedy,
     compare_logits,
     teacher_forced_ops,
-    write_dequantized_copy,
 )
 
 from inference_engine.engine import OurEngine
@@ -72,10 +71,13 @@ def model_path(request):
 
 
 @pytest.fixture(scope="module")
-def dequantized_path(model_path, tmp_path_factory):
-    path = write_dequantized_copy(model_path, tmp_path_factory.mktemp("dequantized") / f"{model_path.stem}-F32.gguf")
-    yield path
-    path.unlink(missing_ok=True)  # 0.5-1 GB: do not leave it in pytest's temp directories
+def dequantized_path(model_path):
+    """The model with every matrix dequantized to F32: the copy validate's f32 class keeps for its noise floor
+    (``validation.gguf_rewrite.weights_as``; written once, shared with validate's tests: 0.5-1 GB and ~30 s each)."""
+    from inference_engine.store.digests import file_sha256
+    from validation.gguf_rewrite import weights_as
+
+    return weights_as(model_path, "F32", file_sha256(model_path), announce=lambda line: None)
 
 
 @pytest.fixture(scope="module")
