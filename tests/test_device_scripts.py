@@ -13,6 +13,7 @@ import re
 import shutil
 import subprocess
 import sys
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -126,21 +127,23 @@ def test_every_file_and_module_the_commands_name_exists(commands):
     assert not missing, missing
 
 
+@cache
+def help_text(module: str, sub: str) -> str:
+    """A program's ``--help`` (``HELP``), run once a program and subcommand (a subprocess: ~1 s), not once a line."""
+    return subprocess.run(
+        [sys.executable, *HELP[module](sub)], capture_output=True, text=True, cwd=ROOT, timeout=120, check=True
+    ).stdout
+
+
 def test_every_flag_the_commands_give_is_one_the_program_takes(commands):
     checked = 0
-    helptexts: dict[tuple[str, str], str] = {}  # one --help a program (a subprocess each: ~1 s), not one a line
     for line in flat(commands):
         words = line.split()
         module = next((w for w in words if w in HELP), None)
         if module is None:
             continue
         sub = words[words.index(module) + 1] if module == "bench_compare.cli" else ""
-        if (module, sub) not in helptexts:
-            helptexts[module, sub] = subprocess.run(
-                [sys.executable, *HELP[module](sub)], capture_output=True, text=True, cwd=ROOT, timeout=120,
-                check=True,
-            ).stdout
-        helptext = helptexts[module, sub]
+        helptext = help_text(module, sub)
         given = words[words.index(module) + 1 :]  # the program's own flags, not nice's or python's
         for flag in (w.split("=")[0] for w in given if re.fullmatch(r"--?[a-z][\w-]*(=.*)?", w)):
             assert re.search(rf"(?<![\w-]){re.escape(flag)}\b", helptext), f"{flag} in: {line}"
