@@ -36,6 +36,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from inference_engine.backends import numerics as nx
 from inference_engine.errors import GGUFParityError
 from inference_engine.gguf.file import TensorInfo
 from inference_engine.registries import check_numerics
@@ -302,10 +303,9 @@ class Backend(ABC):
 
     def softcap(self, x: Array, cap: float) -> Array:
         """``cap * tanh(x * (1/cap))`` in float32, llama.cpp's logit soft-capping (``ggml_scale``, ``ggml_tanh``,
-        ``ggml_scale``). Default: through NumPy on the host (used once per forward pass, on the logits)."""
-        a = self.to_numpy(x).astype(np.float32)
-        inv = np.float32(1.0) / np.float32(cap)
-        return self.from_numpy(np.tanh(a * inv).astype(np.float32) * np.float32(cap))
+        ``ggml_scale``). Default: on the host with the C library's ``tanhf``, as ggml's tanh
+        (:func:`~inference_engine.backends.numerics.softcap_f32`; once per forward pass, on the logits)."""
+        return self.from_numpy(nx.softcap_f32(self.to_numpy(x), cap))
 
     def synchronize(self, x: Array) -> Array:
         """Wait until ``x`` is computed (lazy backends evaluate here); returns ``x``. For honest timings."""

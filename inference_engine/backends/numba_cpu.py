@@ -166,7 +166,8 @@ class NumbaBackend(NumpyBackend):
     def attention(self, q, k, v, q_positions, kv_len, scale, sliding_window=0, softcap=0.0) -> np.ndarray:
         flags = self._attention_flags(k.dtype, v.dtype)
         if softcap or flags is None:
-            # soft-capped scores (Gemma 2) have no kernel here yet: the NumPy reference computes them
+            # soft-capped scores (Gemma 2) have no attention kernel here yet: the NumPy reference's attention
+            # computes them (its soft-capping through this backend's softcap kernel)
             return super().attention(q, k, v, q_positions, kv_len, scale, sliding_window, softcap)
         q = _f32(q)
         k_rows = np.ascontiguousarray(k[:kv_len]).view(np.uint8).reshape(kv_len, -1)
@@ -302,6 +303,14 @@ class NumbaBackend(NumpyBackend):
         flavour = nx.ggml_simd()
         vec_width = nx.SIMD_WIDTH[flavour] if self.numerics == "ggml" else 0
         kernel(rows, up.reshape(rows.shape), vec_width, flavour == "avx512", out.reshape(rows.shape))
+        return out
+
+    def softcap(self, x: np.ndarray, cap: float) -> np.ndarray:
+        x = _f32(x)
+        out = np.empty_like(x)
+        rows = x.reshape(-1, x.shape[-1])
+        kernel = ops.softcap_parallel if rows.shape[0] >= PARALLEL_ROWS else ops.softcap
+        kernel(rows, np.float32(1.0) / np.float32(cap), np.float32(cap), out.reshape(rows.shape))
         return out
 
     def geglu(self, gate: np.ndarray, up: np.ndarray) -> np.ndarray:

@@ -116,7 +116,7 @@ class NumpyBackend(Backend):
         vt = v.astype(_F32).transpose(1, 0, 2)[:, None]  # (Hkv, 1, S, d_v)
         scores = (qg @ kt) * _F32(scale)  # (Hkv, G, T, S)
         if softcap:
-            scores = np.tanh(scores * (_F32(1.0) / _F32(softcap))).astype(_F32) * _F32(softcap)
+            scores = self.softcap(scores, softcap)
         visible = nx.visible_keys(q_positions, kv_len, sliding_window)  # (T, S)
         probs = self._softmax(np.where(visible, scores, _F32(-np.inf)), ggml)
         if ggml and v.dtype == np.float16:

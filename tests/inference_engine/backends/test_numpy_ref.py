@@ -2,7 +2,7 @@
 
 libggml (the ``libggml-base`` / ``libggml-cpu`` that llama-cpp-python ships) is run op by op through ctypes: a
 tiny ggml graph with one op (``ggml_rms_norm``, ``ggml_rope_ext``, ``ggml_soft_max_ext``, ``ggml_swiglu_split``,
-``ggml_geglu_split``) computed by ``ggml_graph_compute_with_ctx``. In ggml numerics our op must reproduce it bit
+``ggml_geglu_split``, ``ggml_tanh`` between two ``ggml_scale``) computed by ``ggml_graph_compute_with_ctx``. In ggml numerics our op must reproduce it bit
 for bit (or to float32 summation order where ggml sums in SIMD lanes).
 """
 
@@ -68,6 +68,8 @@ class GGMLOps:
             (self.base, "ggml_soft_max_ext", [p, p, p, f, f], p),
             (self.base, "ggml_swiglu_split", [p, p, p], p),
             (self.base, "ggml_geglu_split", [p, p, p], p),
+            (self.base, "ggml_scale", [p, p, f], p),
+            (self.base, "ggml_tanh", [p, p], p),
             (self.base, "ggml_new_graph", [p], p),
             (self.base, "ggml_build_forward_expand", [p, p], None),
             (self.cpu, "ggml_graph_compute_with_ctx", [p, p, i], i),
@@ -272,8 +274,9 @@ def test_visible_keys_causal_and_sliding_window():
     ]
 
 
-def attention_formula(q, k, v, positions, scale, window):
-    """Per query and head in float64: softmax over visible keys of scale * q.k, weights applied to v."""
+def attention_formula(q, k, v, positions, scale, window, softcap=0.0):
+    """Per query and head in float64: softmax over visible keys of scale * q.k (soft-capped to
+    ``softcap * tanh(s / softcap)`` where given), weights applied to v."""
     T, H, _ = q.shape
     Hkv, dv = k.shape[1], v.shape[2]
     out = np.zeros((T, H, dv))
@@ -282,6 +285,7 @@ def attention_formula(q, k, v, positions, scale, window):
             kh = h // (H // Hkv)
             keys = [j for j in range(k.shape[0]) if j <= p and (window == 0 or p - j < window)]
             s = np.array([scale * np.dot(q[t, h].astype(np.float64), k[j, kh]) for j in keys])
+            s = softcap * np.tanh(s / softcap) if softcap else s
             w = np.exp(s - s.max())
             w /= w.sum()
             out[t, h] = sum(wi * v[j, kh].astype(np.float64) for wi, j in zip(w, keys))
@@ -299,6 +303,9 @@ def test_attention_gqa_causal_window_matches_formula(backend, window):
     out = backend.attention(q, k, v, positions, S, 0.25, window)
     assert out.shape == (4, H * d)
     np.testing.assert_allclose(out, attention_formula(q, k, v, positions, 0.25, window), atol=ATTENTION_FORMULA_ATOL)
+    capped = backend.attention(q * np.float32(8), k, v, positions, S, 0.25, window, softcap=2.0)  # scores ~ +-8: capped
+    np.testing.assert_allclose(capped, attention_formula(q * np.float32(8), k, v, positions, 0.25, window, 2.0),
+                               atol=ATTENTION_FORMULA_ATOL)
 
 
 def test_attention_reads_only_kv_len_slots(backend):
@@ -326,6 +333,23 @@ def test_softmax_matches_libggml(ggml, ggml_numerics):
     nmse = ((ours.astype(np.float64) - ref) ** 2).sum() / (ref.astype(np.float64) ** 2).sum()
     assert nmse < SOFTMAX_VS_GGML_NMSE
     assert np.array_equal(ours == 0, ref == 0)
+
+
+# --- soft-capping (Gemma 2) ---------------------------------------------------------------------------------------
+FINAL_SOFTCAP = 30.0  # Gemma 2's final_logit_softcapping (its attention's is 50)
+
+
+def test_softcap_equals_libggml_bit_for_bit(ggml):
+    """llama.cpp's ``ggml_scale``, ``ggml_tanh`` (the C library's ``tanhf``), ``ggml_scale``, in both numerics. NumPy's
+    own float32 tanh is another approximation: with it, 33% of these values differed (NumPy 2 on glibc 2.36, AVX2)."""
+    x = np.concatenate([rng(14).standard_normal(20_000) * s for s in (0.3, 3, 30, 300)]).astype(np.float32)
+    inv = float(np.float32(1.0) / np.float32(FINAL_SOFTCAP))
+    b = ggml.base
+    ref = ggml.run(lambda ctx, a: b.ggml_scale(ctx, b.ggml_tanh(ctx, b.ggml_scale(ctx, a, inv)), FINAL_SOFTCAP), x)
+    numpy_tanh = np.tanh(x * np.float32(inv)) * np.float32(FINAL_SOFTCAP)
+    assert np.count_nonzero(numpy_tanh != ref) > 0  # the inputs tell the C library's tanhf from another
+    for numerics in ("f32", "ggml"):
+        assert np.array_equal(NumpyBackend(numerics).softcap(x, FINAL_SOFTCAP), ref)
 
 
 # --- gated activations --------------------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """The forward pass's ops other than the matmuls, as Numba kernels with the NumPy reference's numerics.
 
-- :mod:`.elementwise`: RMSNorm, RoPE, ggml's scalar ``expf``, SiLU / GELU, SwiGLU and GEGLU (serial and
-  ``*_parallel`` forms).
+- :mod:`.elementwise`: RMSNorm, RoPE, ggml's scalar ``expf``, SiLU / GELU, SwiGLU and GEGLU, Gemma 2's soft-capping
+  (serial and ``*_parallel`` forms).
 - :mod:`.attention`: causal (sliding-window) grouped-query attention, per row for decode, blocked for prefill.
 - :mod:`.paged_attention`: the attention of rows of several sequences over a paged K/V cache.
 - :mod:`.vexp`: ggml's vector ``expf`` on 16 lanes (SwiGLU, softmax).
@@ -18,6 +18,8 @@ from inference_engine.backends.numba_kernels.ops.elementwise import (
     rms_norm,
     rms_norm_parallel,
     rope,
+    softcap,
+    softcap_parallel,
     swiglu,
     swiglu_parallel,
 )
@@ -31,6 +33,8 @@ __all__ = [
     "rms_norm_parallel",
     "rope",
     "rope_attention",
+    "softcap",
+    "softcap_parallel",
     "swiglu",
     "swiglu_parallel",
 ]

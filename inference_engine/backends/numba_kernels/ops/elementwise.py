@@ -1,4 +1,5 @@
-"""The element-wise ops of the forward pass (RMSNorm, RoPE, exp / SiLU / GELU, SwiGLU, GEGLU) as Numba kernels, with the NumPy reference's numerics.
+"""The element-wise ops of the forward pass (RMSNorm, RoPE, exp / SiLU / GELU, SwiGLU, GEGLU, soft-capping) as
+Numba kernels, with the NumPy reference's numerics.
 
 Element-wise ops come in two compiled forms, serial (a decoded token: no thread launch) and ``*_parallel``
 (rows split over threads, for prefill); the backend picks by row count. Why these kernels at all: once the
@@ -256,3 +257,24 @@ def geglu(gate, up, ggml, table, out):
 def geglu_parallel(gate, up, ggml, table, out):
     for t in prange(gate.shape[0]):
         _geglu_row(gate, up, ggml, table, out, t)
+
+
+# --- soft-capping (Gemma 2) ----------------------------------------------------------------------------------------
+@njit(inline="always", cache=True)
+def _softcap_row(x, inv, cap, out, t):
+    for i in range(x.shape[1]):
+        out[t, i] = math.tanh(x[t, i] * inv) * cap  # tanh of a float32 compiles to the C library's tanhf, as ggml's
+
+
+@njit(cache=True)
+def softcap(x, inv, cap, out):
+    """``cap * tanhf(x * inv)`` over rows, float32 (``inv = 1/cap`` rounded once, as ``ggml_scale``'s factor):
+    numerics.softcap_f32 bit for bit, at a C call a value instead of a Python one."""
+    for t in range(x.shape[0]):
+        _softcap_row(x, inv, cap, out, t)
+
+
+@njit(parallel=True, cache=True)
+def softcap_parallel(x, inv, cap, out):
+    for t in prange(x.shape[0]):
+        _softcap_row(x, inv, cap, out, t)

@@ -97,6 +97,15 @@ def test_swiglu_and_geglu_are_bit_exact(pair, rng, n_rows, simd_flavour):
     np.testing.assert_array_equal(ours.geglu(gate, up), ref.geglu(gate, up))
 
 
+@pytest.mark.parametrize("n_rows", [1, 20])  # a decoded token's logits, and the row-parallel kernel (prefill)
+def test_softcap_is_bit_exact(pair, rng, n_rows):
+    """Gemma 2's soft-capping: the kernel's tanh of a float32 is the C library's tanhf, as the reference's."""
+    ours, ref = pair
+    x = (rng.standard_normal((n_rows, 3000)) * rng.choice([0.3, 3.0, 30.0, 300.0], (n_rows, 3000))).astype(np.float32)
+    for cap in (30.0, 50.0):  # Gemma 2's logit and attention caps
+        np.testing.assert_array_equal(ours.softcap(x, cap), ref.softcap(x, cap))
+
+
 def test_the_flavours_differ_where_ggml_says_they_do(rng):
     """AVX-512's scalef and AVX2/NEON's ``k + k*j`` round differently in the last bit for some inputs (which is why
     the flavour matters), while every flavour stays within ggml_v_expf's documented 1.45 + 0.5 ulp of expf."""
