@@ -38,17 +38,25 @@ args = {bench}
 [commands.compare]
 args = {compare}
 """
-LONG_BENCH = '["-p", "16", "-n", "128", "-r", "40"]'  # several seconds: long enough to be killed mid-cell
+# long enough to be killed mid-cell (~7 s for a cell here, 2-core AVX2: the kill comes within 0.2 s of the cell's
+# process appearing), short enough that the retried cell's full run costs little
+LONG_BENCH = '["-p", "16", "-n", "128", "-r", "10"]'
 
 
 def add_node(cluster: Cluster, labels: dict[str, str]):
     return cluster.add_node(num_cpus=1, resources={BENCH_SLOT: 1}, labels=labels)
 
 
+# How soon Ray's control store declares a killed node dead (and a node-kill test's retry can start): a health check
+# every second, dead after 3 failed in a row (Ray's defaults: 3 s x 5, 15 s a kill). A killed raylet refuses the
+# check at once; a live one on a busy machine has each check's own 10 s timeout to answer, three times over.
+FAST_NODE_DEATH = {"health_check_period_ms": 1000, "health_check_failure_threshold": 3}
+
+
 @pytest.fixture(scope="module")
 def cluster():
-    c = Cluster(initialize_head=True, connect=False,
-                head_node_args={"num_cpus": 0, "include_dashboard": False})  # the head runs no cell
+    c = Cluster(initialize_head=True, connect=False,  # the head runs no cell
+                head_node_args={"num_cpus": 0, "include_dashboard": False, "_system_config": FAST_NODE_DEATH})
     nodes = {name: add_node(c, labels) for name, labels in NODES.items()}
     yield c, nodes
     c.shutdown()
@@ -204,8 +212,8 @@ args = {LONG_BENCH}
     proc = subprocess.Popen([sys.executable, "-m", "bench_compare.cli", "sweep", str(path), "--out", str(out),
                              "--ray-address", c.address], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 180
-    killed, victim = _kill_node_running(c, {"d": pool["d"], "e": pool["e"]}, "-r 40", deadline)
-    _, lonely_victim = _kill_node_running(c, {"f": pool["f"]}, "-r 40", deadline)
+    killed, victim = _kill_node_running(c, {"d": pool["d"], "e": pool["e"]}, "-r 10", deadline)
+    _, lonely_victim = _kill_node_running(c, {"f": pool["f"]}, "-r 10", deadline)
     _, err = proc.communicate(timeout=240)
     assert proc.returncode == 1, err  # one cell failed; the sweep went on
     recs = {(r["cell"]["command"], r["cell"]["machine"]["pool"]): r for r in records(out).values()}

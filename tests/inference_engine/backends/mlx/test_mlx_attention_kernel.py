@@ -74,13 +74,14 @@ extern "C" int host_decode_attention(const float* q, const uint16_t* k, const ui
 
 
 @pytest.fixture(scope="module")
-def host_kernel(tmp_path_factory):
+def host_kernel(tmp_path_factory, pytestconfig):
     from test_mlx_block_kernels import build_host_library
 
     cases = "\n".join(
         f"    if (d == {d} && group == {g} && window == {w}) {{ launch<{d}, {g}, {w}>(q, k, v, n_head, n_kv, n_ctx, "
         f"p, scale, o); return 0; }}" for d, g, w in VARIANTS)
-    return build_host_library(tmp_path_factory.mktemp("attention_kernel_host"), SHIM.replace("%CASES%", cases))
+    return build_host_library(tmp_path_factory.mktemp("attention_kernel_host"), SHIM.replace("%CASES%", cases),
+                              pytestconfig)
 
 
 def _ptr(a: np.ndarray):

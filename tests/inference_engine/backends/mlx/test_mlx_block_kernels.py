@@ -17,6 +17,8 @@ Three levels:
 from __future__ import annotations
 
 import ctypes
+import hashlib
+import os
 import re
 import shutil
 import subprocess
@@ -190,25 +192,47 @@ extern "C" void {t}_dequantize(const uint8_t* w, float* y, int n_out, int n_in) 
 
 
 @pytest.fixture(scope="module")
-def host_kernels(tmp_path_factory):
+def host_kernels(tmp_path_factory, pytestconfig):
     shim = SHIM_COMMON + "".join(SHIM_TYPE.format(t=qtype.name.lower()) for qtype in KERNEL_TYPES)
-    return build_host_library(tmp_path_factory.mktemp("gpu_kernels_host"), shim)
+    return build_host_library(tmp_path_factory.mktemp("gpu_kernels_host"), shim, pytestconfig)
 
 
-def build_host_library(build: Path, shim: str) -> ctypes.CDLL:
+HOST_FLAGS = ("-std=c++20", "-O1", "-pthread", "-shared", "-fPIC")
+
+
+def build_host_library(build: Path, shim: str, pytestconfig: pytest.Config | None = None) -> ctypes.CDLL:
     """``shim`` (C++ including the kernels' files) built for the host with ``dialect_host.h``'s C++20 threads and
-    barriers, loaded; skips where no C++20 compiler is installed."""
+    barriers, loaded; skips where no C++20 compiler is installed.
+
+    A build (10-30 s here) is kept in pytest's cache (``.pytest_cache``, where the cache plugin is on) under the
+    sha256 of everything it is made of: the compiler's ``--version``, the flags, ``shim`` and every file of the
+    kernels' folder; any change there builds it again."""
     compiler = shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
     if compiler is None:
         pytest.skip("no C++ compiler (c++, g++ or clang++) to build the GPU kernels' shared code for the host")
+    cache = getattr(pytestconfig, "cache", None)
+    kept = None
+    if cache is not None:
+        version = subprocess.run([compiler, "--version"], check=False, capture_output=True, text=True).stdout
+        h = hashlib.sha256("\0".join([compiler, version, *HOST_FLAGS, shim]).encode())
+        for path in sorted(KERNEL_DIR.iterdir()):
+            h.update(path.name.encode() + b"\0" + path.read_bytes())
+        kept = cache.mkdir("gpu_kernels_host") / f"{h.hexdigest()[:32]}.so"
+        if kept.is_file():
+            return ctypes.CDLL(str(kept))
     (build / "shim.cpp").write_text(shim)
     lib = build / "libgpu_kernels_host.so"
-    cmd = [compiler, "-std=c++20", "-O1", "-pthread", "-shared", "-fPIC", f"-I{KERNEL_DIR}", "shim.cpp", "-o", lib]
+    cmd = [compiler, *HOST_FLAGS, f"-I{KERNEL_DIR}", "shim.cpp", "-o", lib]
     done = subprocess.run([str(c) for c in cmd], cwd=build, check=False, capture_output=True, text=True)
     if done.returncode != 0 and re.search(r"c\+\+20|<barrier>|barrier: No such file", done.stderr):
         pytest.skip(f"{compiler} has no C++20 <barrier> (the host stand-in for GPU barriers): {done.stderr[:200]}")
     assert done.returncode == 0, done.stderr
-    return ctypes.CDLL(str(lib))
+    if kept is None:
+        return ctypes.CDLL(str(lib))
+    partial = kept.with_suffix(f".{os.getpid()}.part")
+    shutil.copyfile(lib, partial)
+    os.replace(partial, kept)  # whole or absent, for a concurrent run too
+    return ctypes.CDLL(str(kept))
 
 
 def _ptr(a: np.ndarray):

@@ -67,10 +67,10 @@ def case(rows: int, n: int, seed: int):
 
 
 @pytest.fixture(scope="module")
-def host_kernel(tmp_path_factory):
+def host_kernel(tmp_path_factory, pytestconfig):
     from test_mlx_block_kernels import build_host_library
 
-    return build_host_library(tmp_path_factory.mktemp("norm_kernel_host"), SHIM)
+    return build_host_library(tmp_path_factory.mktemp("norm_kernel_host"), SHIM, pytestconfig)
 
 
 def _ptr(a: np.ndarray):

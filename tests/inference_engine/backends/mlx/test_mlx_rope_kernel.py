@@ -65,14 +65,15 @@ extern "C" int host_decode_rope(const float* q, const float* k, const float* v, 
 
 
 @pytest.fixture(scope="module")
-def host_kernel(tmp_path_factory):
+def host_kernel(tmp_path_factory, pytestconfig):
     from test_mlx_block_kernels import build_host_library
 
     cases = "\n".join(
         f"    if (d == {d} && dv == {dv} && n_dims == {n} && neox == {x} && scale_q == {sq}) {{ "
         f"launch<{d}, {dv}, {n}, {x}, {sq}>(q, k, v, n_head, n_kv, c, s, p, scale, q_out, k_bits, v_bits); "
         f"return 0; }}" for d, dv, n, x, sq in VARIANTS)
-    return build_host_library(tmp_path_factory.mktemp("rope_kernel_host"), SHIM.replace("%CASES%", cases))
+    return build_host_library(tmp_path_factory.mktemp("rope_kernel_host"), SHIM.replace("%CASES%", cases),
+                              pytestconfig)
 
 
 def _ptr(a: np.ndarray):
