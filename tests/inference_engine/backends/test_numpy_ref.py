@@ -2,8 +2,8 @@
 
 libggml (the ``libggml-base`` / ``libggml-cpu`` that llama-cpp-python ships) is run op by op through ctypes: a
 tiny ggml graph with one op (``ggml_rms_norm``, ``ggml_rope_ext``, ``ggml_soft_max_ext``, ``ggml_swiglu_split``,
-``ggml_geglu_split``, ``ggml_tanh`` between two ``ggml_scale``) computed by ``ggml_graph_compute_with_ctx``. In ggml numerics our op must reproduce it bit
-for bit (or to float32 summation order where ggml sums in SIMD lanes).
+``ggml_geglu_split``; ``ggml_tanh`` between two ``ggml_scale``) computed by ``ggml_graph_compute_with_ctx``. In ggml
+numerics our op must reproduce it bit for bit (or to float32 summation order where ggml sums in SIMD lanes).
 """
 
 from __future__ import annotations
@@ -303,7 +303,8 @@ def test_attention_gqa_causal_window_matches_formula(backend, window):
     out = backend.attention(q, k, v, positions, S, 0.25, window)
     assert out.shape == (4, H * d)
     np.testing.assert_allclose(out, attention_formula(q, k, v, positions, 0.25, window), atol=ATTENTION_FORMULA_ATOL)
-    capped = backend.attention(q * np.float32(8), k, v, positions, S, 0.25, window, softcap=2.0)  # scores ~ +-8: capped
+    # scores of a few units, against a cap of 2: the tanh bends them
+    capped = backend.attention(q * np.float32(8), k, v, positions, S, 0.25, window, softcap=2.0)
     np.testing.assert_allclose(capped, attention_formula(q * np.float32(8), k, v, positions, 0.25, window, 2.0),
                                atol=ATTENTION_FORMULA_ATOL)
 
@@ -340,8 +341,9 @@ FINAL_SOFTCAP = 30.0  # Gemma 2's final_logit_softcapping (its attention's is 50
 
 
 def test_softcap_equals_libggml_bit_for_bit(ggml):
-    """llama.cpp's ``ggml_scale``, ``ggml_tanh`` (the C library's ``tanhf``), ``ggml_scale``, in both numerics. NumPy's
-    own float32 tanh is another approximation: with it, 33% of these values differed (NumPy 2 on glibc 2.36, AVX2)."""
+    """llama.cpp's ``ggml_scale``, ``ggml_tanh`` (the C library's ``tanhf``), ``ggml_scale``, in both numerics.
+    NumPy's own float32 tanh is another approximation: with it, 33% of these values differed (NumPy 2 on glibc 2.36,
+    AVX2)."""
     x = np.concatenate([rng(14).standard_normal(20_000) * s for s in (0.3, 3, 30, 300)]).astype(np.float32)
     inv = float(np.float32(1.0) / np.float32(FINAL_SOFTCAP))
     b = ggml.base
