@@ -106,17 +106,18 @@ def cosf_sinf(theta: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     so rounding a float64 ``cos`` would differ from llama.cpp there; the float64 route is the fallback when no
     C math library can be loaded.
     """
-    theta = np.asarray(theta, dtype=np.float32)
+    return _libm_each("cosf", theta, np.cos), _libm_each("sinf", theta, np.sin)
+
+
+def _libm_each(name: str, x: np.ndarray, float64_fn) -> np.ndarray:
+    """The C library's float function ``name`` on every float32 of ``x``, one call a value; where no C math library
+    can be loaded, ``float64_fn`` of ``x`` in float64 rounded once to float32 (overflow to inf allowed)."""
+    x = np.asarray(x, dtype=np.float32)
     lib = _libm()
     if lib is None:
-        return np.cos(theta.astype(np.float64)).astype(np.float32), np.sin(theta.astype(np.float64)).astype(
-            np.float32
-        )
-    return _each(lib.cosf, theta), _each(lib.sinf, theta)
-
-
-def _each(fn, x: np.ndarray) -> np.ndarray:
-    """The C library's float function ``fn`` on every float32 of ``x``, one call a value."""
+        with np.errstate(over="ignore"):
+            return float64_fn(x.astype(np.float64)).astype(np.float32)
+    fn = getattr(lib, name)
     flat = x.ravel().tolist()
     return np.fromiter((fn(v) for v in flat), dtype=np.float32, count=len(flat)).reshape(x.shape)
 
@@ -130,12 +131,7 @@ def expf_libm(x: np.ndarray) -> np.ndarray:
     an MoE router's softmax over 4 experts (all tail) then left llama.cpp by one bit. The float64 route is the
     fallback when no C math library can be loaded. For the tails only: a Python call per value.
     """
-    x = np.asarray(x, dtype=np.float32)
-    lib = _libm()
-    if lib is None:
-        with np.errstate(over="ignore"):
-            return np.exp(x.astype(np.float64)).astype(np.float32)
-    return _each(lib.expf, x)
+    return _libm_each("expf", x, np.exp)
 
 
 def tanhf_libm(x: np.ndarray) -> np.ndarray:
@@ -146,11 +142,7 @@ def tanhf_libm(x: np.ndarray) -> np.ndarray:
     normal(0, 0.01..10) inputs, by up to 3 ulps (measured, 1,000,000 values; libggml's ``ggml_tanh`` equals the C
     library's on all of them). The float64 route is the fallback when no C math library can be loaded.
     """
-    x = np.asarray(x, dtype=np.float32)
-    lib = _libm()
-    if lib is None:
-        return np.tanh(x.astype(np.float64)).astype(np.float32)
-    return _each(lib.tanhf, x)
+    return _libm_each("tanhf", x, np.tanh)
 
 
 def softcap_f32(x: np.ndarray, cap: float) -> np.ndarray:
