@@ -18,8 +18,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from fixtures.kept_files import kept_file
 from fixtures.tiny_models import ARCHITECTURES
 
+from inference_engine.store.digests import file_sha256
 from validation.free_running import KV_F16_PLAIN
 from validation.metrics import tensor_metrics
 from validation.precision import LLAMACPP_DEFAULTS
@@ -218,22 +220,28 @@ def test_real_model_passes_against_llamacpp(model, numerics):
 
 
 @pytest.fixture(scope="module")
-def smollm2_iq4_xs(tmp_path_factory) -> Path:
+def smollm2_iq4_xs(tmp_path_factory, pytestconfig) -> Path:
     """smollm2-135m re-quantized to IQ4_XS by llama.cpp's own quantizer (``llama_model_quantize``, as
     ``llama-quantize --allow-requantize``): its 576-wide rows are not a multiple of 256, so llama.cpp writes them as
-    IQ4_NL and the rest as IQ4_XS, as it does for real IQ4_XS files of such models (10 s on 2 cores)."""
+    IQ4_NL and the rest as IQ4_XS, as it does for real IQ4_XS files of such models (20 s on 2 cores; kept in
+    pytest's cache under the source file's digest and llama-cpp-python's version)."""
     import ctypes
 
     import llama_cpp
 
     from inference_engine.store.named_models import resolve_model
 
-    out = tmp_path_factory.mktemp("iq4") / "smollm2-135m-IQ4_XS.gguf"
-    params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype, params.allow_requantize, params.nthread = llama_cpp.LLAMA_FTYPE_MOSTLY_IQ4_XS, True, 2
-    src = str(resolve_model("smollm2-135m", progress=False)).encode()
-    assert llama_cpp.llama_model_quantize(src, str(out).encode(), ctypes.byref(params)) == 0
-    return out
+    src = resolve_model("smollm2-135m", progress=False)
+
+    def make() -> Path:
+        out = tmp_path_factory.mktemp("iq4") / "smollm2-135m-IQ4_XS.gguf"
+        params = llama_cpp.llama_model_quantize_default_params()
+        params.ftype, params.allow_requantize, params.nthread = llama_cpp.LLAMA_FTYPE_MOSTLY_IQ4_XS, True, 2
+        assert llama_cpp.llama_model_quantize(str(src).encode(), str(out).encode(), ctypes.byref(params)) == 0
+        return out
+
+    inputs = [file_sha256(src).encode(), llama_cpp.__version__.encode(), b"LLAMA_FTYPE_MOSTLY_IQ4_XS"]
+    return kept_file(pytestconfig, "smollm2_iq4_xs", ".gguf", inputs, make)
 
 
 @pytest.mark.slow

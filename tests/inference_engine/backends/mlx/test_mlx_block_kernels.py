@@ -7,8 +7,8 @@ Three levels:
   blocks bit for bit as gguf-py (= libggml's dequantize_row) does, and its fields use each quant bit exactly once.
 * Where a C++20 compiler exists: the very files the GPU kernels are made of (``gguf_blocks.h``, ``gguf_kernels.h``
   and the kernel bodies ``kernel_*.inc``) compiled for the host with ``dialect_host.h`` and run for every thread
-  of their grids (a std::thread per GPU thread, barriers and SIMD-group sums as std::barrier): dequantization bit
-  for bit, the mat-vec and the tiled mat-mul against float64 products. What this does not run: the two dialect
+  of their grids (a fiber per GPU thread, barriers and SIMD-group sums between them; ``test_host_dialect.py`` tests
+  that stand-in): dequantization bit for bit, the mat-vec and the tiled mat-mul against float64 products. What this does not run: the two dialect
   files (Metal's and CUDA's macros and thread indices) and MLX's kernel calls.
 * On a GPU (Metal, or MLX's CUDA build; marked ``gpu``, skipped with the reason elsewhere): the real kernels through
   MLX, against the same references, and the weights' size on the GPU.
@@ -17,7 +17,6 @@ Three levels:
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import os
 import re
 import shutil
@@ -26,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from fixtures.kept_files import kept_file
 from gguf import GGMLQuantizationType as T
 from gguf import quants as gguf_quants
 
@@ -201,38 +201,29 @@ HOST_FLAGS = ("-std=c++20", "-O1", "-pthread", "-shared", "-fPIC")
 
 
 def build_host_library(build: Path, shim: str, pytestconfig: pytest.Config | None = None) -> ctypes.CDLL:
-    """``shim`` (C++ including the kernels' files) built for the host with ``dialect_host.h``'s C++20 threads and
-    barriers, loaded; skips where no C++20 compiler is installed.
+    """``shim`` (C++ including the kernels' files) built for the host with ``dialect_host.h``'s fibers and
+    barriers, loaded; skips where no C++20 compiler (or no ``<ucontext.h>``) is installed.
 
-    A build (10-30 s here) is kept in pytest's cache (``.pytest_cache``, where the cache plugin is on) under the
-    sha256 of everything it is made of: the compiler's ``--version``, the flags, ``shim`` and every file of the
-    kernels' folder; any change there builds it again."""
+    A build (10-30 s here) is kept in pytest's cache (``fixtures.kept_files``) under what it is made of: the
+    compiler's ``--version``, the flags, ``shim`` and every file of the kernels' folder."""
     compiler = shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
     if compiler is None:
         pytest.skip("no C++ compiler (c++, g++ or clang++) to build the GPU kernels' shared code for the host")
-    cache = getattr(pytestconfig, "cache", None)
-    kept = None
-    if cache is not None:
-        version = subprocess.run([compiler, "--version"], check=False, capture_output=True, text=True).stdout
-        h = hashlib.sha256("\0".join([compiler, version, *HOST_FLAGS, shim]).encode())
-        for path in sorted(KERNEL_DIR.iterdir()):
-            h.update(path.name.encode() + b"\0" + path.read_bytes())
-        kept = cache.mkdir("gpu_kernels_host") / f"{h.hexdigest()[:32]}.so"
-        if kept.is_file():
-            return ctypes.CDLL(str(kept))
-    (build / "shim.cpp").write_text(shim)
-    lib = build / "libgpu_kernels_host.so"
-    cmd = [compiler, *HOST_FLAGS, f"-I{KERNEL_DIR}", "shim.cpp", "-o", lib]
-    done = subprocess.run([str(c) for c in cmd], cwd=build, check=False, capture_output=True, text=True)
-    if done.returncode != 0 and re.search(r"c\+\+20|<barrier>|barrier: No such file", done.stderr):
-        pytest.skip(f"{compiler} has no C++20 <barrier> (the host stand-in for GPU barriers): {done.stderr[:200]}")
-    assert done.returncode == 0, done.stderr
-    if kept is None:
-        return ctypes.CDLL(str(lib))
-    partial = kept.with_suffix(f".{os.getpid()}.part")
-    shutil.copyfile(lib, partial)
-    os.replace(partial, kept)  # whole or absent, for a concurrent run too
-    return ctypes.CDLL(str(kept))
+
+    def make() -> Path:
+        (build / "shim.cpp").write_text(shim)
+        lib = build / "libgpu_kernels_host.so"
+        cmd = [compiler, *HOST_FLAGS, f"-I{KERNEL_DIR}", "shim.cpp", "-o", lib]
+        done = subprocess.run([str(c) for c in cmd], cwd=build, check=False, capture_output=True, text=True)
+        if done.returncode != 0 and re.search(r"c\+\+20|ucontext\.h", done.stderr):
+            pytest.skip(f"{compiler} has no C++20 or no <ucontext.h> (the host's GPU threads): {done.stderr[:200]}")
+        assert done.returncode == 0, done.stderr
+        return lib
+
+    version = subprocess.run([compiler, "--version"], check=False, capture_output=True, text=True).stdout
+    sources = [part for path in sorted(KERNEL_DIR.iterdir()) for part in (path.name.encode(), path.read_bytes())]
+    inputs = [compiler.encode(), version.encode(), *(flag.encode() for flag in HOST_FLAGS), shim.encode(), *sources]
+    return ctypes.CDLL(str(kept_file(pytestconfig, "gpu_kernels_host", ".so", inputs, make)))
 
 
 def _ptr(a: np.ndarray):
@@ -426,7 +417,6 @@ def cuda_kernel_text(name: str, header: str, body: str, inputs: list[tuple[str, 
 def find_nvrtc() -> Path | None:
     """libnvrtc from NVIDIA's pip wheels (``nvidia-cuda-nvrtc``, which MLX's CUDA build installs) or CUDA_HOME."""
     import importlib.util
-    import os
 
     roots = []
     spec = importlib.util.find_spec("nvidia")
