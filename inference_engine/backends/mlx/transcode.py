@@ -29,8 +29,9 @@ is ``0 * d`` with ``d < 0`` it yields -0.0, while ``scale*q + bias = x + (-x)`` 
 product or sum changes unless it is exactly zero.
 
 The 16-value sub-block types (Q2_K, Q3_K, Q6_K) cannot be written with groups of 32 (MLX accepts 32, 64, 128);
-:func:`affine_values_16` still unpacks them the same way (for the Metal kernels' tests and for anyone who pads),
-and the backend runs them with Metal kernels on the GGUF blocks or, without Metal, as dequantized float32.
+:func:`affine_values_16` still unpacks them the same way (for the kernels' tests and for anyone who pads), and the
+backend runs them with our kernels on the GGUF blocks on a GPU (Metal, or CUDA in MLX's CUDA build:
+``block_kernels.py``) or, on MLX's CPU build, as dequantized float32 (``weights.py``).
 
 Everything here is NumPy; the backend turns :class:`AffineTensor` arrays into ``mx.array`` s.
 """

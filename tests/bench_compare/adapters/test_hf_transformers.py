@@ -15,7 +15,7 @@ pytest.importorskip("transformers", reason="transformers is not installed (pip i
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None,
                                                    reason="llama-cpp-python is not installed")]
 
-from validation.metrics import NMSE_MAX_F32
+from validation.metrics import NMSE_MAX_F32  # noqa: E402  (after the importorskip)
 
 
 def test_hf_smollm2_is_teacher_forced_and_every_hooked_tensor_lines_up(validate_engine):

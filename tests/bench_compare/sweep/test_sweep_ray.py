@@ -20,7 +20,7 @@ from bench_compare.sweep.machine import BENCH_SLOT, matches
 
 ray = pytest.importorskip("ray")
 psutil = pytest.importorskip("psutil")
-from ray.cluster_utils import Cluster
+from ray.cluster_utils import Cluster  # noqa: E402  (after the importorskip)
 
 NODES = {
     "a": {"cpu": "sim-a", "isa": "avx2", "cores": "1", "gpu": "true", "gpu-name": "sim-gpu"},

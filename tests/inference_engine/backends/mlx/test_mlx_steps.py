@@ -19,7 +19,7 @@ from inference_engine.generate import ForcedTokens, StepTimings, generate, gener
 from inference_engine.sampling import Sampler
 
 mx = pytest.importorskip("mlx.core", reason="mlx is not installed (pip install 'gguf-parity[mlx]')")
-from inference_engine.backends.mlx.steps import KEY_BLOCK, RopeTables, device_rows, rope_key
+from inference_engine.backends.mlx.steps import KEY_BLOCK, RopeTables, device_rows, rope_key  # noqa: E402
 
 pytestmark = pytest.mark.mlx
 

@@ -169,7 +169,10 @@ def _compile_token_steps():
 
 def _reference_token_steps(row, y, k_lo, k_hi, ya0, ya1):
     ys = y.view(np.int8).astype(np.int64)
-    lanes = lambda u, s: (u.astype(np.int64) * s).reshape(16, 4).sum(1)
+
+    def lanes(u, s):
+        return (u.astype(np.int64) * s).reshape(16, 4).sum(1)
+
     scale2 = np.array(([k_lo] * 4 + [k_hi] * 4) * 2)
     nib_lo = np.tile(row[:32] & 15, 2)
     nib_hi = np.tile(row[:32] >> 4, 2)
