@@ -101,6 +101,22 @@ def test_logit_summary_top1_and_top5():
     assert len(s["kld_per_position"]) == 2
 
 
+def test_logit_metrics_in_passes_equal_one_pass_bit_for_bit(monkeypatch):
+    """Passes of a few positions (KLD_PASS_VALUES) give each position's KLD and top-5 overlap exactly as one pass
+    over the whole matrix does, a last partial pass and NaN / -inf logits included."""
+    rng = np.random.default_rng(3)
+    ref = (rng.standard_normal((11, 40)) * 4).astype(np.float32)
+    ours = ref + rng.standard_normal(ref.shape).astype(np.float32) * 0.3
+    ref[2, 5], ours[7, 1], ours[9] = -np.inf, np.nan, ref[9]
+    monkeypatch.setattr(m, "KLD_PASS_VALUES", 10**9)
+    whole = m.kl_divergence(ours, ref), m.top5_overlap(ours, ref)
+    monkeypatch.setattr(m, "KLD_PASS_VALUES", 3 * 40)  # passes of 3 positions: 3, 3, 3, 2
+    passes = m.kl_divergence(ours, ref), m.top5_overlap(ours, ref)
+    for one, many in zip(whole, passes):
+        np.testing.assert_array_equal(one.view(np.uint64), many.view(np.uint64))
+    assert np.isinf(whole[0][7]) and whole[0][9] == 0.0
+
+
 def test_thresholds_by_numerics():
     ggml = m.thresholds_for("ggml")
     assert ggml.tensor_nmse_max == 1e-6 and ggml.kld_mean_max == 1e-4 and ggml.top1_agreement_min == 1.0
