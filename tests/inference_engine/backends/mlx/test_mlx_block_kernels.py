@@ -197,7 +197,7 @@ def host_kernels(tmp_path_factory, pytestconfig):
     return build_host_library(tmp_path_factory.mktemp("gpu_kernels_host"), shim, pytestconfig)
 
 
-HOST_FLAGS = ("-std=c++20", "-O1", "-pthread", "-shared", "-fPIC")
+HOST_FLAGS = ("-std=c++20", "-O1", "-shared", "-fPIC")
 
 
 def build_host_library(build: Path, shim: str, pytestconfig: pytest.Config | None = None) -> ctypes.CDLL:
