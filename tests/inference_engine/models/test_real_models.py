@@ -36,10 +36,10 @@ KLD_PROMPT = (
     "Moon, and"
 )
 GREEDY_TOKENS = 32
-# llama.cpp's threads on the real models: its results do not depend on them (measured: every one of its graph tensors
-# equal bit for bit at 1 and 2 threads on both models, quantized and dequantized; ggml gives each thread whole output
-# rows), and two halve its share of the time (Gemma 3 dequantized, 32 greedy tokens: 3.8 s at 1 thread, 2.1 s at 2).
-# Our engine keeps one: its NumPy reference's BLAS splits sums by thread count.
+# llama.cpp's threads on the real models: its results do not depend on them (measured: every one of its graph
+# tensors equal bit for bit at 1 and 2 threads on both models, quantized and dequantized; ggml gives each thread whole
+# output rows), and two nearly halve its share of the time (Gemma 3 dequantized, 32 greedy tokens: 3.8 s at 1 thread,
+# 2.1 s at 2). Our engine keeps one: its NumPy reference's BLAS splits sums by thread count.
 LLAMACPP_THREADS = 2
 
 # Op by op on the real graphs: measured at most 4e-13 (matmul) / 1e-13 (attention); see test_fixture_parity.
