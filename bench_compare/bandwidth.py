@@ -25,7 +25,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import numba
 import numpy as np
 
 from inference_engine.cpu_features import cpu_features
@@ -50,20 +49,14 @@ def best_of(fn: Callable[[], object], repeat: int, clock: Callable[[], float] = 
     return best
 
 
-@numba.njit(parallel=True, cache=True)
-def _parallel_sum(data: np.ndarray) -> int:
-    """A ``prange`` reduction: Numba splits it over its threads and LLVM vectorizes each part (measured on a Zen 4
-    VM, one thread: 41.5 GB/s; the same sum in explicit 512 KiB chunks with a bounds ``min`` did not vectorize and
-    read 6.7)."""
-    total = 0
-    for i in numba.prange(data.shape[0]):
-        total += data[i]
-    return total
-
-
 def measure_read_bandwidth(threads: int, repeat: int = REPEATS, n_bytes: int = BANDWIDTH_BYTES) -> float:
     """GB/s of the sum described in the module docstring, on ``threads`` of Numba's threads (its thread count is
-    put back afterwards)."""
+    put back afterwards). Numba is imported here, not at the top: a compare on another backend reads the figure
+    from the cache and never needs it."""
+    import numba
+
+    from bench_compare.bandwidth_kernel import parallel_sum as _parallel_sum
+
     data = np.ones(n_bytes // 8, np.int64)
     before = numba.get_num_threads()
     numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))

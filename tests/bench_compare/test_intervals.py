@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 
 import pytest
 
@@ -16,6 +18,7 @@ from bench_compare.intervals import (
     parse_precision,
     precise_enough,
     ratio_interval,
+    t_quantile,
 )
 from inference_engine.errors import GGUFParityError
 
@@ -39,6 +42,24 @@ def test_the_interval_is_a_t_interval_on_the_log_ratios():
     assert got.high == pytest.approx(math.exp(mean + t * sd / 2), rel=1e-9)
     assert got.n == 4 and got.confidence == 0.95 and got.verdict == VERDICT_SAME  # 1 is inside
     assert got.half_width == pytest.approx(math.exp(t * sd / 2) - 1, rel=1e-9)
+
+
+@pytest.mark.parametrize("p", [0.9, 0.975, 0.995])
+def test_t_quantile_equals_scipy_stats_bit_for_bit(p):
+    from scipy import stats
+
+    for df in [*range(1, 60), 2.5, 7.25, 33.3, 1e3, 1e6]:  # Welch's degrees of freedom are fractional
+        assert t_quantile(p, df) == float(stats.t.ppf(p, df)), df
+
+
+def test_importing_the_intervals_and_the_compare_run_loads_neither_scipy_stats_nor_numba():
+    """A compare on the NumPy backend or a report starts without scipy.stats (over a second to import on a 2-core
+    EPYC) or Numba (half a second): the t quantile imports scipy.special when first used, the bandwidth kernel
+    Numba when the figure is measured."""
+    code = ("import sys; import bench_compare.compare_run, bench_compare.intervals, bench_compare.bandwidth; "
+            "print(sorted(m for m in ('scipy.stats', 'numba') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
 
 
 @pytest.mark.parametrize("ratios, verdict", [
