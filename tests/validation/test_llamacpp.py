@@ -211,6 +211,43 @@ def test_rounding_variants_change_only_attention_rounding(tiny_model, kv_type, f
                 variant.close()
 
 
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_K"])
+def test_variants_share_the_loaded_model_and_compute_what_their_own_copy_does(tiny_model, qtype):
+    """The rounding variants and a context-only variant compute with the reference's loaded model: every captured
+    tensor equal bit for bit to an engine that loaded the file itself; the model outlives the reference while a
+    variant uses it and is freed with the last of them."""
+    path, ids = tiny_model("llama", qtype), [(7 * i) % 200 + 20 for i in range(12)]
+    ref = LlamaCppEngine(path, n_ctx=64, n_threads=1)
+    variants = {**ref.rounding_variants(), "f16 cache": ref.variant(kv_type="f16")}
+    loaded = ref._loaded
+    assert all(v._loaded is loaded for v in variants.values()) and loaded.users == 1 + len(variants)
+    ref.close()  # first: the variants go on computing with the model
+    for label, variant in variants.items():
+        with LlamaCppEngine(path, n_ctx=64, n_threads=1, kv_type=variant.kv_type,
+                            flash_attn=variant.flash_attn) as alone:
+            assert alone._loaded is not loaded
+            got, expected = variant.capture(ids), alone.capture(ids)
+            assert got.keys() == expected.keys() and all(np.array_equal(got[n], expected[n]) for n in got), label
+    for variant in variants.values():
+        assert loaded.handle is not None
+        variant.close()
+    assert loaded.users == 0 and loaded.handle is None
+
+
+def test_a_weight_type_variant_loads_its_own_copy_and_a_mismatched_share_is_refused(tiny_model, tmp_path,
+                                                                                    monkeypatch):
+    monkeypatch.setenv("GGUF_PARITY_CACHE", str(tmp_path / "cache"))
+    path, other = tiny_model("llama", "Q8_0"), tiny_model("llama", "Q8_0", seed=1)
+    with LlamaCppEngine(path, n_ctx=64, n_threads=1) as ref:
+        with ref.variant(weight_type="F32") as f32:
+            assert f32._loaded is not ref._loaded and f32.path != ref.path
+        with pytest.raises(ValueError, match="cannot share the model"):
+            LlamaCppEngine(other, n_ctx=64, n_threads=1, sharing=ref)
+        with pytest.raises(ValueError, match="cannot share the model"):
+            LlamaCppEngine(path, n_ctx=64, n_threads=1, extra_bufts=True, sharing=ref)
+        assert ref._loaded.users == 1
+
+
 # --- SmolLM2 (llama architecture) --------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def smollm2_path():
