@@ -226,18 +226,22 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
 KLD_PASS_VALUES = 1 << 21
 
 
+def _row_passes(rows: np.ndarray) -> list[slice]:
+    """The row ranges of ``rows`` (positions x vocabulary) a logit metric takes one pass at a time."""
+    step = max(1, KLD_PASS_VALUES // max(1, rows.shape[1]))
+    return [slice(start, start + step) for start in range(0, rows.shape[0], step)]
+
+
 @_register(LOGIT_METRICS, "kld", False, "sum p_ref (log p_ref - log p) per position (llama-perplexity)")
 def kl_divergence(ours: np.ndarray, ref: np.ndarray) -> np.ndarray:
     a, b = _rows(ours, ref)
     out = np.empty(a.shape[0], dtype=np.float64)
-    step = max(1, KLD_PASS_VALUES // max(1, a.shape[1]))
-    for start in range(0, a.shape[0], step):
-        logp_ours = log_softmax(a[start:start + step])
-        logp_ref = log_softmax(b[start:start + step])
+    for rows in _row_passes(a):
+        logp_ours, logp_ref = log_softmax(a[rows]), log_softmax(b[rows])
         p_ref = np.exp(logp_ref)
         # 0 * log 0 = 0: a token the reference gives probability 0 contributes nothing, whatever ours says.
         terms = np.where(p_ref > 0, p_ref * (logp_ref - logp_ours), 0.0)
-        out[start:start + step] = np.sum(terms, axis=-1)
+        out[rows] = np.sum(terms, axis=-1)
     out[~np.isfinite(out)] = np.inf
     return np.maximum(out, 0.0)  # KLD >= 0; float64 rounding can give -1e-17 for identical rows
 
@@ -254,12 +258,11 @@ def top5_overlap(ours: np.ndarray, ref: np.ndarray) -> np.ndarray:
     rows_a, rows_b = _rows(ours, ref)
     k = min(TOP_K_OVERLAP, rows_a.shape[-1])
     out = np.empty(rows_a.shape[0], dtype=np.float64)
-    step = max(1, KLD_PASS_VALUES // max(1, rows_a.shape[1]))  # float64 copies a pass at a time, as the KLD's
-    for start in range(0, rows_a.shape[0], step):
-        a, b = _rows64(rows_a[start:start + step], rows_b[start:start + step])
+    for rows in _row_passes(rows_a):  # float64 copies a pass at a time, as the KLD's
+        a, b = _rows64(rows_a[rows], rows_b[rows])
         top_a = np.argpartition(-a, k - 1, axis=-1)[:, :k]
         top_b = np.argpartition(-b, k - 1, axis=-1)[:, :k]
-        out[start:start + step] = [len(set(x.tolist()) & set(y.tolist())) / k for x, y in zip(top_a, top_b)]
+        out[rows] = [len(set(x.tolist()) & set(y.tolist())) / k for x, y in zip(top_a, top_b)]
     return out
 
 
