@@ -55,15 +55,15 @@ def measure_read_bandwidth(threads: int, repeat: int = REPEATS, n_bytes: int = B
     from the cache and never needs it."""
     import numba
 
-    from bench_compare.bandwidth_kernel import parallel_sum as _parallel_sum
+    from bench_compare.bandwidth_kernel import parallel_sum
 
     data = np.ones(n_bytes // 8, np.int64)
     before = numba.get_num_threads()
     numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
     try:
-        if _parallel_sum(data) != data.shape[0]:  # also the compile, and the pages faulted in
+        if parallel_sum(data) != data.shape[0]:  # also the compile, and the pages faulted in
             raise RuntimeError("the bandwidth kernel summed wrong")
-        return data.nbytes / best_of(lambda: _parallel_sum(data), repeat) / 1e9
+        return data.nbytes / best_of(lambda: parallel_sum(data), repeat) / 1e9
     finally:
         numba.set_num_threads(before)
 

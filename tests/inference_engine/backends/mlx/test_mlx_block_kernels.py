@@ -8,8 +8,8 @@ Three levels:
 * Where a C++20 compiler exists: the very files the GPU kernels are made of (``gguf_blocks.h``, ``gguf_kernels.h``
   and the kernel bodies ``kernel_*.inc``) compiled for the host with ``dialect_host.h`` and run for every thread
   of their grids (a fiber per GPU thread, barriers and SIMD-group sums between them; ``test_host_dialect.py`` tests
-  that stand-in): dequantization bit for bit, the mat-vec and the tiled mat-mul against float64 products. What this does not run: the two dialect
-  files (Metal's and CUDA's macros and thread indices) and MLX's kernel calls.
+  that stand-in): dequantization bit for bit, the mat-vec and the tiled mat-mul against float64 products. What
+  this does not run: the two dialect files (Metal's and CUDA's macros and thread indices) and MLX's kernel calls.
 * On a GPU (Metal, or MLX's CUDA build; marked ``gpu``, skipped with the reason elsewhere): the real kernels through
   MLX, against the same references, and the weights' size on the GPU.
 """
