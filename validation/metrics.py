@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterable
 
 import numpy as np
 
@@ -276,14 +276,17 @@ def tensor_metrics(ours: np.ndarray, ref: np.ndarray) -> dict[str, float]:
     return {name: float(m.fn(a, b)[0]) for name, m in TENSOR_METRICS.items()}
 
 
-def per_position_metrics(ours: np.ndarray, ref: np.ndarray) -> dict[str, np.ndarray]:
-    """Every registered tensor metric per position (first axis = token); a 0-d/1-d tensor is one position."""
+def per_position_metrics(ours: np.ndarray, ref: np.ndarray,
+                         names: Iterable[str] | None = None) -> dict[str, np.ndarray]:
+    """The registered tensor metrics ``names`` (None: every one) per position (first axis = token); a 0-d/1-d
+    tensor is one position."""
     a, b = np.asarray(ours, dtype=np.float64), np.asarray(ref, dtype=np.float64)  # once here, not in each metric
     if a.ndim <= 1:
         a, b = a.reshape(1, -1), b.reshape(1, -1)
     else:
         a, b = a.reshape(a.shape[0], -1), b.reshape(b.shape[0], -1)
-    return {name: m.fn(a, b) for name, m in TENSOR_METRICS.items()}
+    chosen = TENSOR_METRICS.items() if names is None else ((name, TENSOR_METRICS.get(name)) for name in names)
+    return {name: m.fn(a, b) for name, m in chosen}
 
 
 def logit_metrics(ours: np.ndarray, ref: np.ndarray) -> dict[str, float | list[float]]:

@@ -68,6 +68,21 @@ def test_per_position_metrics_use_the_first_axis_as_tokens():
     assert m.tensor_metrics(ours, ref)["nmse"] == pytest.approx(4.0 / 24.0, rel=EXACT_RTOL)
 
 
+def test_per_position_metrics_computes_only_the_names_asked_for():
+    """``names`` picks metrics (diff_tensor keeps only the per-position NMSE); each equals the full run's bit for
+    bit, and an unknown name is the registry's one-line error."""
+    rng = np.random.default_rng(3)
+    ref = rng.standard_normal((5, 2, 8)).astype(np.float32)
+    ours = ref + np.float32(1e-3) * rng.standard_normal(ref.shape).astype(np.float32)
+    every = m.per_position_metrics(ours, ref)
+    only = m.per_position_metrics(ours, ref, names=("nmse", "max_abs"))
+    assert list(only) == ["nmse", "max_abs"]
+    for name in only:
+        assert np.array_equal(only[name], every[name])
+    with pytest.raises(GGUFParityError, match="unknown tensor metric 'nmse2'"):
+        m.per_position_metrics(ours, ref, names=("nmse2",))
+
+
 def test_kld_known_value_and_shift_invariance():
     ref = np.log(np.array([[0.5, 0.5]]))
     ours = np.log(np.array([[0.25, 0.75]]))
