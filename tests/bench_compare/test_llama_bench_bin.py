@@ -11,7 +11,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from scipy import stats
 
 from bench_compare import llama_bench_bin, yardstick
 from bench_compare.intervals import METHOD_UNPAIRED, unpaired_interval_of
@@ -146,6 +145,8 @@ def test_unpaired_interval_is_welchs_on_the_logs():
     ours = [101.0, 97.0, 104.0, 99.5, 102.0]
     ref = [120.0, 126.0, 118.0]
     interval = unpaired_interval_of(ours, ref, higher_is_better=True)
+    from scipy import stats  # here, not at the top: over a second to import, paid by every collection
+
     welch = stats.ttest_ind(np.log(ours), np.log(ref), equal_var=False).confidence_interval(0.95)
     assert interval.ratio == pytest.approx(math.exp(np.mean(np.log(ours)) - np.mean(np.log(ref))))
     assert (interval.low, interval.high) == pytest.approx((math.exp(welch.low), math.exp(welch.high)))

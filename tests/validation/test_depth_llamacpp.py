@@ -113,11 +113,23 @@ def _real(model, steps, depth, **kw):
 @pytest.mark.slow
 @pytest.mark.parametrize("model", ["smollm2-135m", "gemma3-270m"])
 def test_real_model_decode_steps_past_the_window(model):
-    """Depth 600: past Gemma 3's 512-token window (sliding and global layers), the prefix in two chunks of 512."""
-    result = _real(model, 4, "600")
-    ds = result["decode_steps"]
-    assert result["checks"]["decode_steps"] is True, ds["first_failure"]
-    assert ds["depths"][0]["prefix_chunks"] == 2
+    """Depth 600: past Gemma 3's 512-token window (sliding and global layers), the prefix in two chunks of 512. The
+    decode steps alone, on the engines and text ``validate --decode-steps 4 --depth 600`` uses (its other checks on
+    the real models: test_validate_engines; decode steps through ``validate()``: the end-to-end test below)."""
+    from inference_engine.store.named_models import resolve_model
+    from validation.corpus_text import builtin_text
+    from validation.run import open_ours, open_reference
+
+    options = ValidateOptions(model=model, backend="numba", numerics="ggml", threads=2, decode_steps=4, depth="600")
+    path = resolve_model(model, progress=False)
+    ours, ref = open_ours(options, path), open_reference(options, path)
+    try:
+        ids = list(ref.tokenize(builtin_text(), add_bos=True))
+        out = validate_depths(ours, ref, ids, options.depth_plan(), thresholds_for(options.numerics))
+    finally:
+        ref.close()
+    assert out["passed"] is True, out["first_failure"]
+    assert out["depths"][0]["prefix_chunks"] == 2
 
 
 @pytest.mark.heavy
