@@ -150,15 +150,16 @@ def run_validate(*, spec: engines.EngineSpec, model: str, prompt: str | None, th
     if recorded is None and against != "llamacpp":
         raise GGUFParityError(f"--against {against}: an HTTP engine is validated against llamacpp (in-process) or "
                               f"{recording.PREFIX}DIR")
+    from validation.run import DEFAULT_PROMPT  # the in-process validate's: both verdicts are on the same text
+
     options = {"logits_all": "true"} if spec.scheme == "llamacpp-server" else {}  # its logprobs need logits_all
     text = prompt or DEFAULT_PROMPT
     if recorded is not None:  # checked before the engine is opened or a server started
         from inference_engine.gguf.file import open_gguf
         from inference_engine.store.named_models import resolve_model
-        from validation.run import DEFAULT_PROMPT as VALIDATE_PROMPT
 
         replay = recording.Recording(recorded)
-        made_with = recording.recorded_prompt(replay, VALIDATE_PROMPT)
+        made_with = recording.recorded_prompt(replay, DEFAULT_PROMPT)
         text = prompt or made_with
         recording.check_replay_over_http(replay, text, made_with, n_tokens, open_gguf(resolve_model(model)).sha256)
     with ExitStack() as stack:
@@ -174,5 +175,3 @@ def run_validate(*, spec: engines.EngineSpec, model: str, prompt: str | None, th
     _write_outputs(result, md, json_path, report_dir, "http_validate")
     return result
 
-
-DEFAULT_PROMPT = "The capital of France is Paris. The capital of Germany is Berlin. The capital of Italy is"

@@ -3,6 +3,8 @@ stopped: compare and validate end to end through the CLI, the HTTP overhead rati
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 from pathlib import Path
@@ -105,26 +107,44 @@ def test_http_overhead_of_llamacpp_server_over_in_process(smollm2_path, tmp_path
     assert not _server_children()
 
 
-def test_validate_openai_against_llamacpp_in_process(logprob_server, smollm2_path, tmp_path, capsys):
-    out = tmp_path / "validate.json"
-    rc = cli.main(["validate", "--engine", f"openai:{logprob_server.base_url}", "--model", str(smollm2_path),
-                   "--smoke-tokens", "8", "--threads", str(N_THREADS), "--json", str(out),
-                   "--report", str(tmp_path / "rep")])
-    printed = capsys.readouterr()
-    assert rc == 0, printed.err + printed.out
-    result = json.loads(out.read_text())
+def _validate_args(server) -> list[str]:
+    return ["validate", "--engine", f"openai:{server.base_url}", "--model", str(server.model_path),
+            "--smoke-tokens", "8", "--threads", str(N_THREADS)]
+
+
+@pytest.fixture(scope="module")
+def live_validate(logprob_server, tmp_path_factory):
+    """``validate --engine openai:URL`` against llama.cpp in-process, run once for the two tests that read it: its
+    exit code, what it printed, its JSON and its report's folder."""
+    folder = tmp_path_factory.mktemp("live_validate")
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(printed):
+        rc = cli.main([*_validate_args(logprob_server), "--json", str(folder / "live.json"),
+                       "--report", str(folder / "rep")])
+    result = json.loads((folder / "live.json").read_text()) if rc == 0 else None
+    return rc, printed.getvalue(), result, folder / "rep"
+
+
+def test_validate_openai_against_llamacpp_in_process(live_validate):
+    rc, printed, result, report = live_validate
+    assert rc == 0, printed
     assert result["passed"] and result["greedy"]["equal"]
     assert result["prompt_sent_as"].startswith("text")  # llama-cpp-python's server takes no token ids
     assert result["echo"]["compared"] > 0 and result["echo"]["alignment"] in ("aligned", "shifted-by-one")
-    assert result["metrics"]["top1_agreement"] == 1.0
-    assert "Not checkable over HTTP" in (tmp_path / "rep" / "report.md").read_text()
+    # llama.cpp's server (its own K/V cache type and batches) against llama.cpp in-process (validate's F32 K/V) need
+    # not agree on every top-1: on validate's prompt 35 of 37 positions did (measured, 2-core AMD EPYC, AVX2), and at
+    # the other two llama.cpp's own variants picked the server's token (flash attention on; K/V F16). Every
+    # disagreement must be one the gate excuses so (or a near tie).
+    parted = [p for p in result["positions"] if not p["top1_agree"]]
+    assert result["metrics"]["top1_disagreements_not_near_tie"] == 0, parted
+    assert "Not checkable over HTTP" in (report / "report.md").read_text()
 
 
-def test_validate_openai_against_a_recording_equals_it_against_llamacpp(logprob_server, smollm2_path, tmp_path,
-                                                                       capsys, monkeypatch):
+def test_validate_openai_against_a_recording_equals_it_against_llamacpp(logprob_server, live_validate, smollm2_path,
+                                                                       tmp_path, capsys, monkeypatch):
     """A recording made by the in-process validate (here llama.cpp under test against itself, which is quick)
-    answers the HTTP check's calls: the same positions, metrics and verdict as llama.cpp in-process, which is then
-    never opened."""
+    answers the HTTP check's calls: the same positions, metrics and verdict as llama.cpp in-process (the module's
+    live run; neither names a prompt: both run validate's default), which is then never opened."""
     from validation.llamacpp import LlamaCppEngine
     from validation.run import ValidateOptions, validate
 
@@ -132,15 +152,13 @@ def test_validate_openai_against_a_recording_equals_it_against_llamacpp(logprob_
     validate(ValidateOptions(model=str(smollm2_path), smoke_tokens=8, threads=N_THREADS,
                              record_reference=str(directory)),
              ours_opener=lambda o, p: LlamaCppEngine(str(p), n_ctx=o.n_ctx, n_threads=o.threads))
-    args = ["validate", "--engine", f"openai:{logprob_server.base_url}", "--model", str(smollm2_path),
-            "--smoke-tokens", "8", "--threads", str(N_THREADS)]
-    from validation.run import DEFAULT_PROMPT
-
-    assert cli.main([*args, "--prompt", DEFAULT_PROMPT, "--json", str(tmp_path / "live.json")]) == 0
+    args = _validate_args(logprob_server)
+    rc, printed, live, _ = live_validate
+    assert rc == 0, printed
     monkeypatch.setattr(LlamaCppEngine, "__init__", _never_opened)
     assert cli.main([*args, "--against", f"recording:{directory}", "--json", str(tmp_path / "replay.json")]) == 0
     assert "reference: replayed from" in capsys.readouterr().out
-    live, replay = (json.loads((tmp_path / f"{name}.json").read_text()) for name in ("live", "replay"))
+    replay = json.loads((tmp_path / "replay.json").read_text())
     for section in ("passed", "checks", "metrics", "positions", "greedy", "noise_floor", "echo"):
         assert replay[section] == live[section], section
     assert replay["recording"]["path"] == str(directory)
