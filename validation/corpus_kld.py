@@ -37,7 +37,7 @@ import numpy as np
 from inference_engine.errors import GGUFParityError, one_line
 from inference_engine.protocol import Engine
 from validation.free_running import NOISE_FACTOR
-from validation.metrics import KLD_MEAN_MAX_GGML, Thresholds
+from validation.metrics import KLD_MEAN_MAX_GGML, Thresholds, log_softmax
 from validation.progress import ProgressHook, silent
 
 DEFAULT_CTX = 512  # llama-perplexity's usual -c for KLD runs
@@ -167,12 +167,6 @@ class TokenStats:
             "Same top p": same_top,
             "Same top p unc": math.sqrt(same_top * (1.0 - same_top) / (n - 1)) if n > 1 else 0.0,
         }
-
-
-def log_softmax(logits: np.ndarray) -> np.ndarray:
-    x = np.asarray(logits, dtype=np.float64)
-    m = x.max(axis=-1, keepdims=True)
-    return x - m - np.log(np.exp(x - m).sum(axis=-1, keepdims=True))
 
 
 def _mean_and_uncertainty(total: float, total2: float, count: int) -> tuple[float, float]:
