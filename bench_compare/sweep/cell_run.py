@@ -5,7 +5,8 @@ node for Ray) and returns an *outcome*: the result JSON the command wrote, or th
 never raises for a failing command, so one crash cannot take the sweep down. The child writes its JSON into a
 private temporary directory; on Linux it is killed if the process that started it dies (a Ray worker on a node that
 went away: the parent-death signal, :func:`exec_dying_with_parent`), so an orphan never measures on beside the next
-cell.
+cell. A process killed mid-cell (a node that went away, a forced cancel) cannot remove its directory; the directory is
+named after that process, and the next cell on the same machine removes it (:func:`remove_stale_scratch`).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -27,6 +29,7 @@ LOG_KEPT_CHARS = 200_000  # the whole log up to this size is kept next to the ce
 
 
 PR_SET_PDEATHSIG = 1
+SCRATCH_PREFIX = "bench-sweep-"  # + the pid of the process running the cell + "-"
 
 
 def command_line(cell: Cell, json_path: str, report_dir: str) -> list[str]:
@@ -52,11 +55,40 @@ def log_tail(text: str, lines: int = LOG_TAIL_LINES) -> str:
     return "\n".join(text.rstrip().splitlines()[-lines:])
 
 
+def _pid_is_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def remove_stale_scratch(root: str | None = None) -> list[str]:
+    """Remove the cell directories (``SCRATCH_PREFIX`` + pid + ``-...``) under ``root`` (the temporary directory) whose
+    process no longer exists: cells killed mid-run. A live process's directory, or a name that is not ours, is left
+    alone. Returns the paths removed."""
+    root = root or tempfile.gettempdir()
+    removed = []
+    with contextlib.suppress(OSError), os.scandir(root) as entries:
+        for entry in entries:
+            pid_text, dash, _ = entry.name.removeprefix(SCRATCH_PREFIX).partition("-")
+            if (not entry.name.startswith(SCRATCH_PREFIX) or not dash or not pid_text.isdigit()
+                    or not entry.is_dir(follow_symlinks=False) or _pid_is_alive(int(pid_text))):
+                continue
+            shutil.rmtree(entry.path, ignore_errors=True)
+            if not os.path.lexists(entry.path):
+                removed.append(entry.path)
+    return removed
+
+
 def run_cell(cell_dict: dict[str, Any], node: dict[str, Any], timeout_s: float | None = None) -> dict[str, Any]:
     """Run one cell in a fresh process; ``node`` (``{id, labels}``) is recorded with the outcome."""
     cell = Cell.from_dict(cell_dict)
     started = time.time()
-    with tempfile.TemporaryDirectory(prefix="bench-sweep-") as tmp:
+    remove_stale_scratch()
+    with tempfile.TemporaryDirectory(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-") as tmp:
         json_path = os.path.join(tmp, "result.json")
         argv = command_line(cell, json_path, os.path.join(tmp, "report"))
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
