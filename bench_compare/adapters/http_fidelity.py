@@ -45,6 +45,7 @@ import numpy as np
 from bench_compare.adapters.openai_http import NOT_OVER_HTTP, check_text_round_trip
 from inference_engine.errors import GGUFParityError
 from validation.free_running import GAP_SHIFT_FACTOR, NOISE_FACTOR, reference_gap_shift
+from validation.metrics import log_softmax
 from validation.provenance import provenance
 from validation.results import HttpValidateResult
 from validation.smoke import NEAR_TIE_MARGIN
@@ -71,12 +72,6 @@ TOPK_OVERLAP_MEAN_MIN = 0.8
 
 def _token_text(tokenizer, token_id: int) -> str:
     return tokenizer.token_bytes(int(token_id)).decode("utf-8", errors="ignore")
-
-
-def _log_softmax(logits: np.ndarray) -> np.ndarray:
-    x = np.asarray(logits, dtype=np.float64)
-    m = np.max(x)
-    return x - (m + np.log(np.sum(np.exp(x - m))))
 
 
 def reference_topk(tokenizer, logprobs: np.ndarray, k: int) -> dict[str, float]:
@@ -140,7 +135,7 @@ def run_http_fidelity(engine, reference, prompt: str, *, n_tokens: int = DEFAULT
     ref_ids: list[int] = []
     divergence = None
     for step, entry in enumerate(gen["top_logprobs"][:n_tokens]):
-        lp = _log_softmax(logits)
+        lp = log_softmax(logits)
         ref_tok = int(np.argmax(lp))
         server_top = _server_topk(entry, top_k)
         if server_top is None:
@@ -190,7 +185,7 @@ def noise_floor(reference, tok, ids: list[int], ref_ids: list[int], positions: l
                 variant.reset()
                 logits = np.asarray(variant.prefill(ids))
                 for step, row in enumerate(generated):
-                    _variant_row(row, reference_topk(tok, _log_softmax(logits), top_k), top_k, label, klds)
+                    _variant_row(row, reference_topk(tok, log_softmax(logits), top_k), top_k, label, klds)
                     if step + 1 < len(generated):
                         logits = np.asarray(variant.decode(ref_ids[step]))
             prompt_rows = [p for p in positions if p["where"] == "prompt"]
@@ -198,7 +193,7 @@ def noise_floor(reference, tok, ids: list[int], ref_ids: list[int], positions: l
                 variant.capture(ids, names=["result_output"])
                 v_logits = variant.capture_logits()
                 for row in prompt_rows:
-                    top = reference_topk(tok, _log_softmax(v_logits[row["index"] - 1]), top_k)
+                    top = reference_topk(tok, log_softmax(v_logits[row["index"] - 1]), top_k)
                     _variant_row(row, top, top_k, label, klds)
             out["variants"][label] = float(np.mean(klds)) if klds else 0.0
     finally:
@@ -262,7 +257,7 @@ def _echo_positions(engine, reference, ids, add_bos, top_k, state, positions) ->
         server_top = _server_topk(tops[i], top_k)
         if server_top is None:
             continue  # the API leaves the first entry empty
-        ref_top = reference_topk(engine.tokenizer, _log_softmax(ref_logits[predicted - 1]), top_k)
+        ref_top = reference_topk(engine.tokenizer, log_softmax(ref_logits[predicted - 1]), top_k)
         row = compare_position(server_top, ref_top, top_k)
         row.update({"where": "prompt", "index": predicted, "server_topk": server_top, "reference_topk": ref_top})
         positions.append(row)

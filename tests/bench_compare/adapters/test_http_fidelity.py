@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from bench_compare.adapters import http_fidelity
+from validation.metrics import log_softmax
 
 N_VOCAB = 40
 TOP_K = 4
@@ -62,7 +63,7 @@ class Reference:
 
 
 def top_dict(tok, prefix):
-    return http_fidelity.reference_topk(tok, http_fidelity._log_softmax(logits_after(prefix)), TOP_K)
+    return http_fidelity.reference_topk(tok, log_softmax(logits_after(prefix)), TOP_K)
 
 
 def echo_answer(ids: list[int], n_gen: int, layout: str) -> dict:
@@ -104,7 +105,7 @@ def generation_answer(ids: list[int], n_gen: int, model: int) -> dict:
     """A server's non-echo answer: ``n_gen`` greedy tokens of ``model`` with their top-k."""
     tok, seq, tops = Tokenizer(), list(ids), []
     for _ in range(n_gen):
-        lp = http_fidelity._log_softmax(logits_after(seq, model))
+        lp = log_softmax(logits_after(seq, model))
         tops.append(http_fidelity.reference_topk(tok, lp, TOP_K))
         seq.append(int(np.argmax(lp)))
     gen = seq[len(ids):]
