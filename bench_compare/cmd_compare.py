@@ -21,7 +21,7 @@ from bench_compare import (
 )
 from bench_compare.cmd_bench import parse_positive_int
 from bench_compare.measure import DEFAULT_SEED
-from bench_compare.options import Number, OutputFile, ReportDir, device_option, table_default
+from bench_compare.options import Number, OutputFile, ReportDir, device_option, given_on_command_line, table_default
 from bench_compare.results import REFERENCE_ENGINE
 from inference_engine import defaults
 from inference_engine.backends import BACKENDS
@@ -242,19 +242,13 @@ HTTP_ONLY = {"concurrency": "--concurrency", "warmup": "--warmup", "requests_per
              "n_ctx": "-c"}
 
 
-def _given(name: str) -> bool:
-    """Whether the user set this option (command line or environment), not its default."""
-    source = click.get_current_context().get_parameter_source(name)
-    return source not in (None, click.core.ParameterSource.DEFAULT)
-
-
 def _refuse_other_mode_flags(http: bool, program: str | None = None) -> None:
     """A flag given on the command line that this mode would ignore is an error (one line, exit 2), not a silent
     no-op: an HTTP run has no --precision, an in-process run no --concurrency, a benchmark program (``program``:
     its ``--engine`` spec) no --backend or --numerics."""
-    given = [flag for name, flag in (IN_PROCESS_ONLY if http else HTTP_ONLY).items() if _given(name)]
+    given = [flag for name, flag in (IN_PROCESS_ONLY if http else HTTP_ONLY).items() if given_on_command_line(name)]
     if not given and program:
-        given = [flag for name, flag in OURS_ONLY.items() if _given(name)]
+        given = [flag for name, flag in OURS_ONLY.items() if given_on_command_line(name)]
         if given:
             raise GGUFParityError(f"{', '.join(given)} not used with --engine {program}: the program computes in its "
                                   "own way, and llama.cpp runs as compare always runs it")
@@ -271,7 +265,7 @@ def _refuse_other_mode_flags(http: bool, program: str | None = None) -> None:
 def _http_prompt_seed(seed: str) -> tuple[int, bool]:
     """(seed, given): --seed as given, else one drawn for this run, so a rerun against a server kept running does
     not send it prompts its prefix cache holds from the last run."""
-    if _given("seed"):
+    if given_on_command_line("seed"):
         return parse_positive_int(seed, "--seed", 0), True
     import secrets
 

@@ -18,7 +18,15 @@ from contextlib import nullcontext
 import click
 
 from bench_compare import engines
-from bench_compare.options import NON_NEGATIVE, POSITIVE, OutputFile, ReportDir, device_option, table_default
+from bench_compare.options import (
+    NON_NEGATIVE,
+    POSITIVE,
+    OutputFile,
+    ReportDir,
+    device_option,
+    given_on_command_line,
+    table_default,
+)
 from inference_engine import defaults
 from inference_engine.backends import BACKENDS
 from inference_engine.errors import CheckFailed, GGUFParityError
@@ -28,6 +36,33 @@ from validation.run import REFERENCES
 
 class ValidationFailed(CheckFailed):
     """A validation that ran to the end and found a difference: exit code 1, not a user error (exit 2)."""
+
+
+# The in-process checks' flags (click's parameter names -> the flag as typed). An HTTP engine is judged on the
+# top-k log-probabilities it returns, so a run over HTTP would ignore each of them: given, they are an error.
+IN_PROCESS_ONLY = {"backend": "--backend", "numerics": "--numerics", "precision": "--precision",
+                   "logit_lens": "--logit-lens", "corpus": "--corpus", "free_running": "--free-running",
+                   "decode_steps": "--decode-steps", "depth": "--depth", "corpus_kld": "--corpus-kld", "ctx": "--ctx"}
+HTTP_FLAGS = "--prompt, --smoke-tokens, --top-k, --threads, --against llamacpp|recording:DIR"
+# A flag that only shapes another check, given without that check, would do nothing, silently: a user who asked for
+# --depth 600 would read a verdict without it. (its name, the check's name, the error)
+SHAPES_ANOTHER = (("depth", "decode_steps", "--depth sets where the decode steps run; without --decode-steps N it "
+                   "does nothing (--decode-steps 4 --depth 0,600: four steps at each depth)"),
+                  ("ctx", "corpus_kld", "--ctx sets --corpus-kld's window; without --corpus-kld it does nothing"))
+
+
+def _refuse_ignored_flags(http_engine: str | None, values: dict) -> None:
+    """One line, exit 2, for a flag given on the command line that this run would ignore (see above)."""
+    if http_engine:
+        given = [flag for name, flag in IN_PROCESS_ONLY.items() if given_on_command_line(name)]
+        if given:
+            raise GGUFParityError(f"{', '.join(given)} not used with --engine {http_engine}: an engine over HTTP is "
+                                  f"validated on its top-k log-probabilities ({HTTP_FLAGS}); tensors, decode steps "
+                                  "and the corpus KLD need an engine in this process")
+        return
+    for name, check, error in SHAPES_ANOTHER:
+        if given_on_command_line(name) and not values[check]:
+            raise GGUFParityError(error)
 
 
 @click.command("validate")
@@ -67,8 +102,8 @@ class ValidationFailed(CheckFailed):
 @click.option("--decode-steps", "decode_steps", default=0, show_default=True, type=NON_NEGATIVE,
               help="Teacher-forced decode steps (llama.cpp's 1-token graph) compared per tensor at each --depth.")
 @click.option("--depth", default="0", show_default=True, metavar="D[,D...]",
-              help="Prefix lengths (tokens of the built-in long text) prefilled in chunks before the decode steps; "
-                   "the prefix's last chunk is compared per tensor too.")
+              help="Prefix lengths (tokens of the built-in long text) prefilled in chunks before the decode steps "
+                   "(with --decode-steps); the prefix's last chunk is compared per tensor too.")
 @click.option("--corpus-kld", "corpus_kld", default=None, is_flag=False, flag_value="builtin", metavar="[FILE.txt]",
               help="llama-perplexity's KLD statistics over a text (default: the built-in public-domain text), ours "
                    "and llama.cpp's own variant against llama.cpp.")
@@ -100,6 +135,8 @@ def validate(model, backend, engine, engine_opts, numerics, precision, prompt, a
     spec = engines.parse_engine_spec(engine, engines.parse_engine_opts(engine_opts)) if engine else None
     if spec is not None:
         spec = engines.with_device(spec, device)  # our engine's option; refused for any other engine
+    _refuse_ignored_flags(spec.name if spec is not None and spec.over_http else None,
+                          {"decode_steps": decode_steps, "corpus_kld": corpus_kld})
     run = defaults.VALIDATE.resolve(backend=backend, numerics=numerics, threads=threads, device=device)
     if spec is not None and spec.over_http:
         if record_reference is not None:

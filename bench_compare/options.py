@@ -86,6 +86,15 @@ POSITIVE = Integer(1)
 NON_NEGATIVE = Integer(0)
 
 
+def given_on_command_line(name: str) -> bool:
+    """Whether the user set the running command's option ``name`` (click's parameter name; on the command line or
+    through the environment), not its default."""
+    import click
+
+    source = click.get_current_context().get_parameter_source(name)
+    return source not in (None, click.core.ParameterSource.DEFAULT)
+
+
 def require_at_least(minimum: int, *flags: tuple[str, int | None]) -> None:
     """Each ``(flag, value)`` given (``None``: not given) is at least ``minimum``; else one line naming the flag.
     For flags checked after Click (their defaults come from elsewhere or they are plain ``int`` options)."""

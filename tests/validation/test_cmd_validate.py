@@ -116,6 +116,9 @@ def test_fail_exit_1_still_writes_the_report(model_path, corpus, engines, tmp_pa
     (["--decode-steps", "-1"], "--decode-steps must be at least 0, got -1"),
     (["--corpus-kld", "missing.txt"], "missing.txt: no such text file"),
     (["--corpus-kld", "--ctx", "2"], "--ctx must be at least 4"),
+    (["--depth", "600"], "--depth sets where the decode steps run; without --decode-steps N it does nothing"),
+    (["--decode-steps", "0", "--depth", "0,600"], "without --decode-steps N it does nothing"),
+    (["--ctx", "1024"], "--ctx sets --corpus-kld's window; without --corpus-kld it does nothing"),
 ])
 def test_bad_flags_exit_2_without_report(model_path, corpus, engines, tmp_path, capsys, extra, message):
     report = tmp_path / "rep"
@@ -253,3 +256,27 @@ def test_ctrl_c_before_any_check_finished_writes_nothing(model_path, corpus, eng
     assert main(_args(model_path, corpus, report, "--json", str(json_path))) == 130
     assert capsys.readouterr().err.strip() == "interrupted"
     assert not report.exists() and not json_path.exists()
+
+
+@pytest.mark.parametrize("extra, named", [
+    (["--decode-steps", "4", "--depth", "600"], "--decode-steps, --depth"),
+    (["--numerics", "f32", "--precision", "f32"], "--numerics, --precision"),
+    (["--logit-lens", "--corpus-kld", "--ctx", "256"], "--logit-lens, --corpus-kld, --ctx"),
+])
+def test_an_http_engine_refuses_the_in_process_checks_flags_before_any_request(tmp_path, monkeypatch, capsys, extra,
+                                                                              named):
+    monkeypatch.chdir(tmp_path)
+    url = "openai:http://127.0.0.1:9/v1"  # port 9 (discard): nothing listens, and nothing is asked of it
+    assert main(["validate", "--engine", url, "--model", str(tmp_path / "m.gguf"), *extra]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {named} not used with --engine {url}: an engine over HTTP is validated on its "
+                          "top-k log-probabilities") and err.count("\n") == 1
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_flags_refused_by_mode_are_validate_s_own_options():
+    from bench_compare.cmd_validate import IN_PROCESS_ONLY, SHAPES_ANOTHER, validate
+
+    options = {param.name: param.opts for param in validate.params}
+    assert all(flag in options[name] for name, flag in IN_PROCESS_ONLY.items())
+    assert all(name in options and check in options for name, check, _ in SHAPES_ANOTHER)
