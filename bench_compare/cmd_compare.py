@@ -100,9 +100,10 @@ def _depths(text: str | None) -> tuple[int, ...] | None:
               help="Write report.md + ratios.png (+ compare.json) here.")
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Progress bar on stderr.")
 @click.option("--against", metavar="REF", default="llamacpp-server", show_default=True,
-              help="The yardstick. llama-bench:PATH: your own llama.cpp llama-bench (any backend: CUDA, Vulkan, "
-                   "ROCm, Metal, CPU) instead of the in-process llama.cpp. HTTP engines: llamacpp-server (started "
-                   "here) | llama-server:PATH (your own llama-server, started here) | llamacpp (in-process) | none.")
+              help="The yardstick. An engine in this process: llamacpp (llama.cpp in this process; its default) | "
+                   "llama-bench:PATH (your own llama.cpp llama-bench, any backend: CUDA, Vulkan, ROCm, Metal, CPU). "
+                   "HTTP engines: llamacpp-server (started here) | llama-server:PATH (your own llama-server, "
+                   "started here) | llamacpp (in-process) | none.")
 @click.option("--concurrency", metavar="LIST", default="1", show_default=True,
               help="HTTP engines only: concurrent clients per sweep level, e.g. 1,4,16.")
 @click.option("--warmup", metavar="N", default="2", show_default=True, help="HTTP engines only: warm-up requests.")
@@ -128,6 +129,11 @@ def compare(model, backend, engine, engine_opts, numerics, n_prompt, n_gen, n_de
     if not http and yard is not None and yard.kind != yardstick.KIND_BENCH:
         raise GGUFParityError(f"--against {yard.kind}:PATH is the yardstick of an HTTP engine (--engine openai:URL); "
                               "for an in-process engine use --against llama-bench:PATH")
+    if not http and yard is None and against != IN_PROCESS_REFERENCE and given_on_command_line("against"):
+        raise GGUFParityError(f"--against {against}: an engine in this process is measured against llamacpp "
+                              "(llama.cpp in this process, the default) or llama-bench:PATH (your own build); "
+                              "llamacpp-server, llama-server:PATH and none are for an engine over HTTP (--engine "
+                              "openai:URL); bench times one engine alone")
     _refuse_other_mode_flags(http, spec.name if program else None)  # after the yardstick: the bigger mistake
     if http:
         return _http_compare(spec, against, model, threads, n_ctx, n_prompt, n_gen, n_depth, reps, concurrency, warmup,
@@ -234,6 +240,8 @@ def compare(model, backend, engine, engine_opts, numerics, n_prompt, n_gen, n_de
         click.echo(f"report: {report.write_report([loaded], out)}")
 
 
+# An in-process compare's named yardstick (besides llama-bench:PATH); --against's default names the HTTP one.
+IN_PROCESS_REFERENCE = "llamacpp"
 # The flags of one mode that the other has no use for (click's parameter names -> the flag as typed)
 OURS_ONLY = {"backend": "--backend", "numerics": "--numerics"}  # how our engine computes: not a program's
 IN_PROCESS_ONLY = {**OURS_ONLY, "precision": "--precision", "max_reps": "--max-reps", "cold_reps": "--cold-reps",
