@@ -40,7 +40,7 @@ from bench_compare.measure import (
     tg_test,
     token_ids_for_model,
 )
-from bench_compare.options import OutputFile, device_option, table_default
+from bench_compare.options import OutputFile, device_option, given_on_command_line, table_default
 from bench_compare.results import git_info, machine_info, model_description, package_versions, provenance, utc_now
 from inference_engine import defaults
 from inference_engine.errors import GGUFParityError
@@ -211,6 +211,9 @@ def bench(model, n_prompt, n_gen, pg, n_depth, reps, threads, n_batch, fmt, engi
     engines.check_timed(spec)
     engines.check_device(spec)
     engines.check_numerics(numerics)
+    if spec.is_reference and given_on_command_line("numerics"):  # else recorded as llama.cpp's, untrue
+        raise GGUFParityError("--numerics is our engine's: llama.cpp computes in its own arithmetic (bench "
+                              "--engine ours:B --numerics MODE, or compare, to set ours)")
     reps_n = parse_positive_int(reps, "-r")
     batch = parse_positive_int(n_batch, "-b")
     seed_n = parse_positive_int(seed, "--seed", minimum=0)

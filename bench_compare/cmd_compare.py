@@ -134,7 +134,8 @@ def compare(model, backend, engine, engine_opts, numerics, n_prompt, n_gen, n_de
                               "(llama.cpp in this process, the default) or llama-bench:PATH (your own build); "
                               "llamacpp-server, llama-server:PATH and none are for an engine over HTTP (--engine "
                               "openai:URL); bench times one engine alone")
-    _refuse_other_mode_flags(http, spec.name if program else None)  # after the yardstick: the bigger mistake
+    not_ours = spec is not None and (program or spec.is_reference)
+    _refuse_other_mode_flags(http, spec.name if not_ours else None)  # after the yardstick: the bigger mistake
     if http:
         return _http_compare(spec, against, model, threads, n_ctx, n_prompt, n_gen, n_depth, reps, concurrency, warmup,
                              requests_per_client, seed, json_path, report_dir, progress, quick)
@@ -250,15 +251,15 @@ HTTP_ONLY = {"concurrency": "--concurrency", "warmup": "--warmup", "requests_per
              "n_ctx": "-c"}
 
 
-def _refuse_other_mode_flags(http: bool, program: str | None = None) -> None:
+def _refuse_other_mode_flags(http: bool, not_ours: str | None = None) -> None:
     """A flag given on the command line that this mode would ignore is an error (one line, exit 2), not a silent
-    no-op: an HTTP run has no --precision, an in-process run no --concurrency, a benchmark program (``program``:
-    its ``--engine`` spec) no --backend or --numerics."""
+    no-op: an HTTP run has no --precision, an in-process run no --concurrency, an engine under test that is not ours
+    (``not_ours``: its ``--engine`` spec, a benchmark program or llama.cpp itself) no --backend or --numerics."""
     given = [flag for name, flag in (IN_PROCESS_ONLY if http else HTTP_ONLY).items() if given_on_command_line(name)]
-    if not given and program:
+    if not given and not_ours:
         given = [flag for name, flag in OURS_ONLY.items() if given_on_command_line(name)]
         if given:
-            raise GGUFParityError(f"{', '.join(given)} not used with --engine {program}: the program computes in its "
+            raise GGUFParityError(f"{', '.join(given)} not used with --engine {not_ours}: that engine computes in its "
                                   "own way, and llama.cpp runs as compare always runs it")
     if not given:
         return

@@ -4,9 +4,10 @@ A cell is keyed by a readable slug of its values plus a short hash of its whole 
 changed flag makes a new cell rather than reusing an old result. With the engine ``ours`` each backend is a cell
 (``--engine ours:<backend>``), and each of ``devices`` (``--device``); other engines are not multiplied by them. A
 cell without a device keeps the key it had before devices existed (its definition leaves the field out). An engine
-over HTTP (``openai:URL``, ``llamacpp-server``) runs a server's own arithmetic: its cells take no ``--numerics``;
-``exclude`` still sees the numerics of the product it came from, so ``{ engine = "openai:URL", numerics = "f32" }``
-drops that combination and the server's cell stays only where another numerics value keeps it.
+over HTTP (``openai:URL``, ``llamacpp-server``), a benchmark program (``llama-bench:PATH``) and llama.cpp itself
+(``llamacpp``) run their own arithmetic: their cells take no ``--numerics``; ``exclude`` still sees the numerics of
+the product it came from, so ``{ engine = "openai:URL", numerics = "f32" }`` drops that combination and the server's
+cell stays only where another numerics value keeps it.
 """
 
 from __future__ import annotations
@@ -92,13 +93,14 @@ def _engine_backends(spec: SweepSpec) -> list[tuple[str, str | None, str | None]
 
 
 def _takes_no_numerics(engine: str) -> bool:
-    """An engine over HTTP or a benchmark program (``llama-bench:PATH``): compare refuses ``--numerics`` for it."""
+    """An engine over HTTP, a benchmark program (``llama-bench:PATH``) or llama.cpp itself: each computes in its own
+    arithmetic, and compare and bench refuse ``--numerics`` for it."""
     if engine == OURS or engine.startswith(f"{OURS}:"):
         return False
     from bench_compare.engines import parse_engine_spec
 
     spec = parse_engine_spec(engine)
-    return spec.over_http or spec.is_program
+    return spec.over_http or spec.is_program or spec.is_reference
 
 
 def excluded(cell: Cell, entry: dict[str, Any]) -> bool:

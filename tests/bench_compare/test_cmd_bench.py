@@ -98,6 +98,7 @@ def test_ctrl_c_prints_what_was_measured(capsys, fake_engines, model):
     (["--engine", "ours:cuda"], "unknown engine"),
     (["-o", "xml"], "unknown output format 'xml'"),
     (["--numerics", "f64"], "unknown numerics"),
+    (["--engine", "llamacpp", "--numerics", "f32"], "--numerics is our engine's: llama.cpp computes in its own"),
     (["--seed", "-1"], "--seed"),
 ])
 def test_bad_input_one_line_exit_2(capsys, fake_engines, model, args, message):

@@ -135,6 +135,18 @@ def test_unknown_model_exit_2(capsys, fake_engines):
     assert code == 2 and "unknown model" in err
 
 
+@pytest.mark.parametrize("extra, message", [
+    (("--engine", "llamacpp", "--numerics", "f32"), "--numerics not used with --engine llamacpp: that engine computes "
+                                                    "in its own way"),
+    (("--engine", "llamacpp", "--backend", "numpy"), "--backend not used with --engine llamacpp"),
+])
+def test_our_engine_s_flags_with_llamacpp_under_test_are_one_line(capsys, fake_engines, model, tmp_path, extra,
+                                                                    message):
+    json_path = tmp_path / "c.json"
+    code, _, err = compare(capsys, "-m", model, "--quick", "--json", str(json_path), *extra)
+    assert code == 2 and message in err and err.count("\n") == 1 and not json_path.exists(), err
+
+
 def test_probe_measures_each_cost_of_the_fake_exactly():
     import numpy as np
     from bench_fakes import (

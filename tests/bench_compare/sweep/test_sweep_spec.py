@@ -42,6 +42,8 @@ def test_the_matrix_is_the_product_of_the_axes_minus_exclude(tmp_path):
     assert not any(c.model == "smollm2-135m" and c.threads == 1 for c in got)
     assert {c.engine for c in got} == {"ours:numpy", "ours:numba", "llamacpp"}
     assert {c.backend for c in got if c.engine == "llamacpp"} == {None}  # backends multiply ours only
+    assert {c.numerics for c in got if c.engine == "llamacpp"} == {None}  # its own arithmetic: no --numerics
+    assert {c.numerics for c in got if c.engine != "llamacpp"} == {"ggml"}
     assert {tuple(c.machine.items()) for c in got} == {(("isa", "avx2"),), (("gpu", "true"),)}
     assert len({c.key for c in got}) == len(got)
 
