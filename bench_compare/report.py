@@ -31,7 +31,7 @@ from typing import Any
 from bench_compare.intervals import interval_cells
 from bench_compare.measure import llama_bench_test_name
 from bench_compare.results import utc_now
-from inference_engine.errors import GGUFParityError
+from inference_engine.errors import GGUFParityError, read_user_text
 from inference_engine.store.atomic import atomic_open, atomic_write_bytes, atomic_write_text
 from validation.plots import CAPTIONS, new_figure, png_bytes, validation_pngs
 from validation.provenance import cpu_isa_label, machine_label
@@ -73,11 +73,10 @@ def classify(obj: Any) -> str | None:
 
 def load_json(path: str | Path, what: str = "result") -> Any:
     p = Path(path)
-    if not p.is_file():
-        raise GGUFParityError(f"{p}: no such {what} file")
+    text = read_user_text(p, f"{what} file", "a JSON file bench-compare wrote")
     try:
-        return json.loads(p.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
         raise GGUFParityError(f"{p}: not valid JSON ({exc.__class__.__name__}: {str(exc)[:80]})") from None
 
 

@@ -5,6 +5,11 @@ Every mistake a user can make (a missing file, a non-GGUF file, an unknown archi
 ``error: <message>`` and exits with code 2; it never shows a traceback for these.
 """
 
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
 
 def one_line(what: BaseException | str, limit: int = 200) -> str:
     """An exception's message (or a text: a server's reply, a log line) on one line, at most ``limit`` characters,
@@ -33,3 +38,22 @@ class CheckFailed(Exception):
 
     def __init__(self, message: str):
         super().__init__(" ".join(str(message).split()))
+
+
+def read_user_text(path: str | os.PathLike, what: str, expected: str = "") -> str:
+    """The UTF-8 text of a file the user named (a sweep, a corpus, a name map, a result JSON). Each way it can be
+    wrong is one :class:`GGUFParityError` naming the file: missing (``no such <what>``, then ``expected`` in
+    parentheses: what the file should be), a directory, unreadable, not UTF-8."""
+    p = Path(path)
+    said = f" ({expected})" if expected else ""
+    if p.is_dir():
+        raise GGUFParityError(f"{p}: is a directory, not a {what}{said}")
+    if not p.is_file():
+        raise GGUFParityError(f"{p}: no such {what}{said}")
+    try:
+        return p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise GGUFParityError(f"{p}: not UTF-8 text ({exc.reason} at byte {exc.start}); a {what} is text{said}") \
+            from None
+    except OSError as exc:
+        raise GGUFParityError(f"{p}: cannot read the {what} ({exc.strerror or one_line(exc)})") from None

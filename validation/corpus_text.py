@@ -11,7 +11,7 @@ from __future__ import annotations
 from importlib import resources
 from pathlib import Path
 
-from inference_engine.errors import GGUFParityError
+from inference_engine.errors import GGUFParityError, read_user_text
 
 BUILTIN_NAME = "builtin:botchan"
 
@@ -27,12 +27,7 @@ def load_text(path: str | None) -> tuple[str, str]:
     if path is None:
         return builtin_text(), BUILTIN_NAME
     p = Path(path)
-    if not p.is_file():
-        raise GGUFParityError(f"{path}: no such text file (give a UTF-8 .txt file, or no file for the built-in text)")
-    try:
-        text = p.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise GGUFParityError(f"{path}: not UTF-8 text") from None
+    text = read_user_text(p, "text file", "give a UTF-8 .txt file, or no file for the built-in text")
     if not text.strip():
         raise GGUFParityError(f"{path}: the text file is empty")
     return text, str(p)

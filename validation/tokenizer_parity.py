@@ -17,7 +17,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from inference_engine.errors import GGUFParityError
+from inference_engine.errors import GGUFParityError, read_user_text
 from inference_engine.protocol import Engine
 
 
@@ -42,13 +42,8 @@ class TokenizerParityResult:
 def load_jsonl_corpus(path: str | Path) -> list[str]:
     """Texts of a JSONL file; any problem is a one-line :class:`GGUFParityError` naming the file and line."""
     path = Path(path)
-    if not path.is_file():
-        raise GGUFParityError(f"{path}: no such corpus file (expected JSONL, one {{\"text\": ...}} object per line)")
     texts: list[str] = []
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except UnicodeDecodeError as exc:
-        raise GGUFParityError(f"{path}: corpus is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    lines = read_user_text(path, "corpus file", 'expected JSONL, one {"text": ...} object per line').splitlines()
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue  # blank lines (a trailing newline, a separator) carry no case

@@ -18,7 +18,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from inference_engine.errors import GGUFParityError
+from inference_engine.errors import GGUFParityError, read_user_text
 
 LAYER_PLACEHOLDER = "{N}"
 
@@ -43,12 +43,7 @@ class NameMap:
 def parse_name_map(path: str | Path) -> list[tuple[str, str, str]]:
     """``[(theirs, ours, where)]`` from a JSON or ``theirs = ours`` file; ``where`` is ``FILE:LINE`` for messages."""
     path = Path(path)
-    if not path.is_file():
-        raise GGUFParityError(f"{path}: no such name-map file (JSON object or 'theirs = ours' lines)")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise GGUFParityError(f"{path}: cannot read the name map ({exc})") from None
+    text = read_user_text(path, "name-map file", "JSON object or 'theirs = ours' lines")
     if text.lstrip().startswith("{"):
         try:
             obj = json.loads(text)

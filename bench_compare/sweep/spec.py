@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from inference_engine.errors import GGUFParityError
+from inference_engine.errors import GGUFParityError, read_user_text
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -80,9 +80,7 @@ def label_text(value: Any) -> str:
 
 def load_spec(path: str | Path) -> SweepSpec:
     p = Path(path)
-    if not p.is_file():
-        raise GGUFParityError(f"{p}: no such sweep file")
-    text = p.read_text(encoding="utf-8")
+    text = read_user_text(p, "sweep file", "TOML: docs/SWEEPS.md")
     try:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:

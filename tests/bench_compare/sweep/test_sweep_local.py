@@ -139,7 +139,10 @@ def test_the_local_executor_needs_no_ray(capsys, monkeypatch, tmp_path, sweep_mo
 
 def test_bad_sweep_input_is_one_line_exit_2(capsys, tmp_path):
     code, _, err = run_cli(capsys, "sweep", tmp_path / "none.toml")
-    assert code == 2 and err.strip() == f"error: {tmp_path / 'none.toml'}: no such sweep file"
+    assert code == 2 and err.strip() == f"error: {tmp_path / 'none.toml'}: no such sweep file (TOML: docs/SWEEPS.md)"
+    (tmp_path / "binary.toml").write_bytes(b"\x91\x00\xff")
+    code, _, err = run_cli(capsys, "sweep", tmp_path / "binary.toml")
+    assert code == 2 and err.startswith(f"error: {tmp_path / 'binary.toml'}: not UTF-8 text") and err.count("\n") == 1
     path = write_sweep(tmp_path, "models = ['m']\n[commands.generate]\n")
     code, _, err = run_cli(capsys, "sweep", path, "--dry-run")
     assert code == 2 and "commands.generate is not a command a sweep runs (supported: compare, bench, validate)" in err
