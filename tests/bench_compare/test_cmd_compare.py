@@ -242,7 +242,7 @@ def test_compare_runs_on_the_1_5b_model(capsys, tmp_path):
                              "--cold-reps", "1", "-t", "2", "--json", str(path))
     assert code == 0, err
     result = json.loads(path.read_text())
-    assert set(result["ratios"]) == {"pp32", "tg4", "tg4 @ d32", "ttft hot", "ttft cold", "peak rss"}
+    assert set(result["ratios"]) == {"pp32", "tg4", "pp32 @ d32", "tg4 @ d32", "ttft hot", "ttft cold", "peak rss"}
     bufts = result["settings"]["engines"]["llamacpp"]
     assert isinstance(bufts["extra_bufts"], bool) and bufts["extra_bufts_reason"]
 
