@@ -32,11 +32,12 @@ from inference_engine.store.named_models import DEFAULT_MODEL
 from validation.results import CompareResult
 
 
-def _reps(text: str, quick: bool) -> int:
-    """--quick lowers the default repetitions; an explicit -r still wins."""
-    if quick and text == str(compare_run.DEFAULT_REPS):
-        return compare_run.QUICK_REPS
-    return parse_positive_int(text, "-r")
+def _quick_or_given(name: str, flag: str, text: str, quick: bool, quick_value: int) -> int:
+    """--quick lowers a default (repetitions, cold starts); a value given on the command line still wins, even one
+    equal to the default."""
+    if quick and not given_on_command_line(name):
+        return quick_value
+    return parse_positive_int(text, flag)
 
 
 def _optional_int(text: str | None, flag: str, minimum: int) -> int | None:
@@ -85,7 +86,8 @@ def _depths(text: str | None) -> tuple[int, ...] | None:
 @click.option("--no-cold", is_flag=True, help="Skip cold TTFT and peak RSS (the subprocess runs).")
 @click.option("--quick", is_flag=True,
               help=f"Small fixed preset for CI: -p {compare_run.QUICK_SIZES[0]} -n {compare_run.QUICK_SIZES[1]} "
-                   f"-d {compare_run.QUICK_SIZES[2]} -r {compare_run.QUICK_REPS}, one cold run.")
+                   f"-d {compare_run.QUICK_SIZES[2]} -r {compare_run.QUICK_REPS}, {compare_run.QUICK_COLD_REPS} "
+                   "cold run each; any of them given on the command line wins.")
 @click.option("--budget", metavar="SECONDS", default=compare_run.DEFAULT_BUDGET_S, type=Number(0.0, lo_open=True),
               help="Shrink the sizes not given with -p/-n/-d until the measurements are projected (from a short "
                    "probe) to take at most SECONDS. Default: no budget, llama-bench's sizes.")
@@ -139,6 +141,8 @@ def compare(model, backend, engine, engine_opts, numerics, n_prompt, n_gen, n_de
     if http:
         return _http_compare(spec, against, model, threads, n_ctx, n_prompt, n_gen, n_depth, reps, concurrency, warmup,
                              requests_per_client, seed, json_path, report_dir, progress, quick)
+    if no_cold and given_on_command_line("cold_reps"):
+        raise GGUFParityError("--cold-reps counts the cold starts that --no-cold skips: give one or the other")
     budget_s = None if budget is None else float(budget)
     depths = _depths(n_depth)
     run = defaults.COMMANDS.resolve(backend=backend or (spec.backend if spec is not None else None),
@@ -148,10 +152,10 @@ def compare(model, backend, engine, engine_opts, numerics, n_prompt, n_gen, n_de
         engine_opts=engines.parse_engine_opts(engine_opts), device=device,
         n_prompt=_optional_int(n_prompt, "-p", 1), n_gen=_optional_int(n_gen, "-n", 1),
         n_depth=None if depths is None else max(depths), depths=depths if depths and len(depths) > 1 else None,
-        reps=_reps(reps, quick),
+        reps=_quick_or_given("reps", "-r", reps, quick, compare_run.QUICK_REPS),
         precision=None if precision is None else intervals.parse_precision(precision),
         max_reps=parse_positive_int(max_reps, "--max-reps", 2),
-        cold_reps=parse_positive_int(cold_reps, "--cold-reps"),
+        cold_reps=_quick_or_given("cold_reps", "--cold-reps", cold_reps, quick, compare_run.QUICK_COLD_REPS),
         n_threads=run.threads, cold=not no_cold, quick=quick,
         seed=parse_positive_int(seed, "--seed", 0), budget_s=budget_s,
         prompt=prompt if prompt is not None else compare_run.DEFAULT_TTFT_PROMPT,

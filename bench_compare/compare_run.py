@@ -492,7 +492,7 @@ def _run_with_engines(cfg, session, made, gguf, path, n_threads, n_ctx, max_ctx,
     ttft_tokens = len(ref.tokenize(cfg.prompt, add_bos=True))
     if ttft_tokens > n_ctx:
         raise GGUFParityError(f"the TTFT prompt is {ttft_tokens} tokens, more than the context of {n_ctx}")
-    cold_reps = (QUICK_COLD_REPS if cfg.quick else cfg.cold_reps) if cfg.cold else 0
+    cold_reps = cfg.cold_reps if cfg.cold else 0  # --quick's one cold run is set by the command (a given one wins)
     reps = cfg.reps
 
     compiled_before = compile_notice.kernels_compiled()
@@ -638,7 +638,7 @@ def _pick_base_sizes(cfg, made, allowed, session, ttft_tokens, cold_reps, max_ct
     if cfg.quick:
         p, n, d = (g if g is not None else q for g, q in zip(given, QUICK_SIZES))
         return Sizes(p, n, d, how="quick", note=f"--quick: -p {p} -n {n} -d {d} -r {cfg.reps}, cold runs "
-                     f"{QUICK_COLD_REPS if cfg.cold else 0}")
+                     f"{cfg.cold_reps if cfg.cold else 0}")
     if all(g is not None for g in given):
         return Sizes(*given, how="given")
     # Sizes the user gave are kept; only the others move down the ladder.

@@ -67,6 +67,34 @@ def test_quick_preset(capsys, fake_engines, model, tmp_path):
     assert (s["n_prompt"], s["n_gen"], s["n_depth"], s["reps"], s["sizes_chosen"]) == (64, 16, 64, 2, "quick")
 
 
+@pytest.mark.parametrize("extra, reps, cold_reps", [
+    ((), 2, 1),  # --quick's own: two repetitions, one cold start per engine
+    (("-r", "3"), 3, 1),  # a -r given wins, even one equal to the default (3)
+    (("--cold-reps", "2"), 2, 2),
+])
+def test_quick_lowers_the_defaults_and_a_given_value_wins(capsys, fake_engines, model, tmp_path, monkeypatch, extra,
+                                                          reps, cold_reps):
+    from bench_compare import cold_runner
+
+    starts = []
+    monkeypatch.setattr(cold_runner, "run_cold_start_subprocess", lambda spec, *a, **k: starts.append(spec.name) or {
+        "phases_ns": {"load": 10, "prefill": 20}, "total_ns": 30, "n_prompt_tokens": 3, "peak_rss_bytes": 1 << 20,
+        "peak_rss_ttft_bytes": 1 << 20, "rss_after_imports_bytes": 1 << 19})
+    path = tmp_path / "q.json"
+    code, _, err = compare(capsys, "-m", model, "--quick", "--json", str(path), *extra)
+    assert code == 0, err
+    s = json.loads(path.read_text())["settings"]
+    assert (s["reps"], s["cold_reps"], len(starts)) == (reps, cold_reps, 2 * cold_reps)
+    assert f"-r {reps}, cold runs {cold_reps}" in s["sizes_note"]
+
+
+def test_cold_reps_with_no_cold_is_one_line(capsys, fake_engines, model, tmp_path):
+    code, _, err = compare(capsys, "-m", model, "--no-cold", "--cold-reps", "3", "--json", str(tmp_path / "c.json"))
+    assert code == 2 and err.strip() == ("error: --cold-reps counts the cold starts that --no-cold skips: give one "
+                                         "or the other")
+    assert not (tmp_path / "c.json").exists()
+
+
 def test_default_sizes_shrink_to_the_context(capsys, fake_engines, model, tmp_path):
     path = tmp_path / "a.json"
     code, _, err = compare(capsys, "-m", model, "--no-cold", "-r", "1", "--json", str(path))
