@@ -293,13 +293,14 @@ def test_each_run_draws_its_own_prompt_seed_unless_given(fake, model, tmp_path, 
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--engine", "openai:http://127.0.0.1:1/v1", "--precision", "5%"], "--precision not used by an HTTP compare"),
-    (["--engine", "openai:http://127.0.0.1:1/v1", "--no-cold", "--budget", "60"],
+    (["--engine", "openai:http://127.0.0.1:1/v1", "--against", "none", "--precision", "5%"],
+     "--precision not used by an HTTP compare"),
+    (["--engine", "openai:http://127.0.0.1:1/v1", "--against", "none", "--no-cold", "--budget", "60"],
      "--no-cold, --budget not used by an HTTP compare"),
     (["--concurrency", "1,4"], "--concurrency only for an HTTP engine"),
     (["--requests-per-client", "3", "-c", "512"], "--requests-per-client, -c only for an HTTP engine"),
 ])
 def test_flags_of_the_other_mode_are_refused(model, args, message, capsys):
-    rc = cli.main(["compare", "-m", model, "--against", "none", "--no-progress", *args])
+    rc = cli.main(["compare", "-m", model, "--no-progress", *args])
     err = capsys.readouterr().err
     assert rc == 2 and message in err and err.count("\n") == 1
