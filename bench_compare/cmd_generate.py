@@ -1,7 +1,8 @@
 """``bench-compare generate [PROMPT]``: generate text with our engine, streaming it as it comes.
 
 The text goes to stdout; one line of timings (prompt tokens, time to first token, decode tokens/s) ends the run on
-stderr, so ``bench-compare generate ... > out.txt`` keeps only the text. Greedy unless ``--temperature`` > 0.
+stderr, so ``bench-compare generate ... > out.txt`` keeps only the text. Greedy unless ``--temperature`` > 0; a
+sampled run without ``--seed`` draws one, and the last line names it (and every sampling setting).
 Backend, numerics, K/V type and threads default to :data:`inference_engine.defaults.COMMANDS`, as ``serve``'s do,
 so both give the same greedy text.
 """
@@ -9,11 +10,21 @@ so both give the same greedy text.
 from __future__ import annotations
 
 import dataclasses
+import secrets
 import sys
 
 import click
 
-from bench_compare.options import NON_NEGATIVE, POSITIVE, SEED, Number, device_option, require_at_least, table_default
+from bench_compare.options import (
+    NON_NEGATIVE,
+    POSITIVE,
+    SEED,
+    Number,
+    device_option,
+    given_on_command_line,
+    require_at_least,
+    table_default,
+)
 from inference_engine import defaults
 from inference_engine.backends import BACKENDS
 from inference_engine.errors import GGUFParityError
@@ -22,6 +33,7 @@ from inference_engine.registries import numerics_help
 DEFAULT_PROMPT = "The capital of France is"
 DEFAULT_MODEL = "smollm2-135m"
 DEFAULT_CTX = 2048
+SAMPLING_ONLY = {"top_k": "--top-k", "top_p": "--top-p", "seed": "--seed"}  # click's names -> the flags
 
 
 def _check_flags(max_tokens: int, ctx: int | None, threads: int | None, backend: str, numerics: str,
@@ -37,6 +49,14 @@ def _check_flags(max_tokens: int, ctx: int | None, threads: int | None, backend:
     check_kv_type(kv_type)
     if device is not None:
         resolve_device(backend, device)
+
+
+def _check_sampling_flags(temperature: float) -> None:
+    """--top-k, --top-p and --seed shape sampling; with --temperature 0 (greedy, the default) they would do nothing."""
+    given = [flag for name, flag in SAMPLING_ONLY.items() if given_on_command_line(name)]
+    if temperature <= 0 and given:
+        raise GGUFParityError(f"{', '.join(given)} only apply when sampling, and --temperature is 0 (greedy): give "
+                              "--temperature > 0 too")
 
 
 @click.command("generate")
@@ -60,7 +80,7 @@ def _check_flags(max_tokens: int, ctx: int | None, threads: int | None, backend:
               help="Keep the k most likely tokens (0 = off).")
 @click.option("--top-p", default=1.0, show_default=True, type=Number(0.0, 1.0, lo_open=True),
               help="Nucleus sampling mass (1 = off).")
-@click.option("--seed", default=None, type=SEED, help="Random seed for sampling.")
+@click.option("--seed", default=None, type=SEED, help="Random seed for sampling (default: one drawn, then printed).")
 @click.option("--chat", is_flag=True, help="Wrap PROMPT in the model's chat template as a user message.")
 def generate(
     prompt, model, backend, numerics, max_tokens, ctx, threads, kv_type, temperature, top_k, top_p, seed, chat, device
@@ -77,6 +97,9 @@ def generate(
     run = defaults.COMMANDS.resolve(backend=backend, numerics=numerics, kv_type=kv_type, threads=threads,
                                     device=device)
     _check_flags(max_tokens, ctx, run.threads, run.backend, run.numerics, run.kv_type, run.device)
+    _check_sampling_flags(temperature)
+    if temperature > 0 and seed is None:  # drawn here, so the last line says how to get the same text again
+        seed = secrets.randbits(32)
     sampler = Sampler(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
     f = open_gguf(resolve_model(model))
     check_runnable(f)
@@ -114,4 +137,4 @@ def generate(
         stream_decoder=tokenizer.stream_decoder(),
     )
     click.echo("")
-    click.echo(f"{result.timings_line()} | {run.label()}", err=True)
+    click.echo(f"{result.timings_line()} | {sampler.describe()} | {run.label()}", err=True)

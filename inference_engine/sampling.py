@@ -37,6 +37,18 @@ class Sampler:
     def greedy(self) -> bool:
         return self.temperature <= 0.0
 
+    def describe(self) -> str:
+        """``greedy``, or the sampling settings: what a rerun needs to give the same text."""
+        if self.greedy:
+            return "greedy"
+        parts = [f"temperature {self.temperature:g}"]
+        if self.top_k:
+            parts.append(f"top-k {self.top_k}")
+        if self.top_p < 1.0:
+            parts.append(f"top-p {self.top_p:g}")
+        parts.append("no seed" if self.seed is None else f"seed {self.seed}")
+        return "sampled: " + ", ".join(parts)
+
     def __call__(self, logits: np.ndarray) -> int:
         logits = np.asarray(logits, dtype=np.float64)
         if self.greedy:

@@ -32,7 +32,7 @@ def test_generate_streams_the_greedy_continuation(tiny_model, capsys):
     lines = err.strip().splitlines()
     assert len(lines) == 1
     assert f"prompt tokens: {len(prompt)}" in lines[0] and "TTFT:" in lines[0] and "tokens/s" in lines[0]
-    assert lines[0].endswith(f"| {run_as.label()}")  # what ran
+    assert lines[0].endswith(f"| greedy | {run_as.label()}")  # how the tokens were picked, what ran
 
 
 def test_generate_with_chat_template_and_sampling(tiny_model, capsys):
@@ -66,6 +66,26 @@ def test_generate_with_chat_template_and_sampling(tiny_model, capsys):
     assert first[0] == 0, first[2]
     assert first[1] == second[1]  # same seed, same text
     assert "prompt tokens:" in first[2]
+
+
+def test_a_sampled_run_names_its_seed_and_that_seed_gives_the_same_text(tiny_model, capsys):
+    args = ("hi", "--model", tiny_model("llama"), "-n", 6, "--ctx", 64, "--temperature", 1.5, "--top-k", 8)
+    code, out, err = run(capsys, *args)
+    assert code == 0, err
+    settings = err.strip().split(" | ")[-2]
+    assert settings.startswith("sampled: temperature 1.5, top-k 8, seed ")  # a seed drawn for the run, named
+    seed = int(settings.rsplit(" ", 1)[1])
+    again = run(capsys, *args, "--seed", seed)
+    assert again[0] == 0 and again[1] == out and again[2].strip().split(" | ")[-2] == settings
+
+
+@pytest.mark.parametrize("extra, named", [(["--seed", "3"], "--seed"), (["--top-k", "5", "--top-p", "0.5"],
+                                                                         "--top-k, --top-p")])
+def test_sampling_flags_without_a_temperature_are_one_line(tiny_model, capsys, extra, named):
+    code, out, err = run(capsys, "hi", "--model", tiny_model("llama"), "-n", 2, "--ctx", 64, *extra)
+    assert code == 2 and out == ""
+    assert err == (f"error: {named} only apply when sampling, and --temperature is 0 (greedy): give --temperature > 0 "
+                   "too\n")
 
 
 def test_unknown_model_is_a_one_line_error(capsys):

@@ -135,6 +135,16 @@ def test_sampling_follows_the_tempered_softmax():
     np.testing.assert_allclose(counts, p, atol=FREQUENCY_ATOL)
 
 
+@pytest.mark.parametrize("sampler, said", [
+    (Sampler(), "greedy"),
+    (Sampler(top_k=5, seed=3), "greedy"),  # temperature 0: the filters change nothing
+    (Sampler(temperature=0.8, top_k=40, top_p=0.9, seed=7), "sampled: temperature 0.8, top-k 40, top-p 0.9, seed 7"),
+    (Sampler(temperature=1.0), "sampled: temperature 1, no seed"),
+])
+def test_a_sampler_says_what_a_rerun_needs(sampler, said):
+    assert sampler.describe() == said
+
+
 def test_top_k_and_top_p_keep_only_the_head():
     logits = np.array([3.0, 2.9, 0.0, -1.0, 2.8])
     top2 = Sampler(temperature=1.0, top_k=2, seed=4)
