@@ -6,7 +6,7 @@ llama.cpp inside it (``vendor/llama.cpp``: exactly the llama.cpp the in-process 
 programs with CMake::
 
     cmake -S vendor/llama.cpp -B DIR/build -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DCMAKE_BUILD_TYPE=Release
-          -DLLAMA_BUILD_TESTS=OFF [--cmake-arg ...]
+          -DLLAMA_BUILD_TESTS=OFF -DLLAMA_USE_PREBUILT_UI=OFF [--cmake-arg ...]
     cmake --build DIR/build --target llama-bench llama-server -j N
 
 then prints the two paths (``DIR/build/bin/llama-bench``, ``DIR/build/bin/llama-server``). A CPU build takes
@@ -35,7 +35,12 @@ from inference_engine.errors import GGUFParityError
 
 PACKAGE = "llama-cpp-python"
 TARGETS = ("llama-bench", "llama-server")
-CMAKE_ARGS = ("-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF", "-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_BUILD_TESTS=OFF")
+# LLAMA_USE_PREBUILT_UI=OFF: llama-server's build otherwise downloads its web UI from a Hugging Face bucket (llama.cpp
+# of llama-cpp-python 0.3.36, tools/ui/CMakeLists.txt); nothing here uses that UI, and this project fetches nothing at
+# run time from anywhere but PyPI. (Offline the download fails and the build goes on without the UI; behind a firewall
+# that drops packets it would wait.) A --cmake-arg comes later on the command line, so a user's own setting wins.
+CMAKE_ARGS = ("-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF", "-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_BUILD_TESTS=OFF",
+              "-DLLAMA_USE_PREBUILT_UI=OFF")
 
 
 def installed_version() -> str:

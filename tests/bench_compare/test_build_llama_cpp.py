@@ -30,6 +30,7 @@ option(LLAMA_BUILD_SERVER "server" ON)
 set(CMAKE_RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/bin)
 file(WRITE ${CMAKE_BINARY_DIR}/configured.txt "server=${LLAMA_BUILD_SERVER} cuda=${GGML_CUDA}")
 file(WRITE ${CMAKE_BINARY_DIR}/commit.txt "${LLAMA_BUILD_COMMIT}")
+file(WRITE ${CMAKE_BINARY_DIR}/prebuilt_ui.txt "${LLAMA_USE_PREBUILT_UI}")
 add_executable(llama-bench main.c)
 if (LLAMA_BUILD_SERVER)
     add_executable(llama-server main.c)
@@ -94,6 +95,7 @@ def test_both_targets_by_default_and_the_unpacked_sources_are_reused(tmp_path):
     assert set(paths) == {"llama-bench", "llama-server"} and all(p.is_file() for p in paths.values())
     assert subprocess.run([str(paths["llama-bench"])], check=False, timeout=30).returncode == 0
     assert (out / "build" / "configured.txt").read_text() == "server=ON cuda="
+    assert (out / "build" / "prebuilt_ui.txt").read_text() == "OFF"  # llama-server's web UI: never downloaded
     unpacked = out / TOP / "vendor" / "llama.cpp" / "CMakeLists.txt"
     unpacked.write_text(CMAKELISTS.replace("server=", "again server="))
     build_llama_cpp.build(out, sdist=archive, jobs=2)  # not unpacked over: the edited CMakeLists.txt ran
