@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.metadata
+import importlib.util
 import io
 from collections.abc import Iterable
 from pathlib import Path
@@ -55,6 +56,12 @@ import numpy as np
 from inference_engine.errors import GGUFParityError
 
 INSTALL_HINT = "pip install 'gguf-parity[hf]' (torch==2.13.0, transformers, accelerate)"
+
+
+def unavailable() -> str | None:
+    """Why ``--engine hf:`` cannot run here (``engines list``), or None."""
+    missing = [name for name in ("torch", "transformers") if importlib.util.find_spec(name) is None]
+    return f"needs PyTorch and transformers ({', '.join(missing)} missing): {INSTALL_HINT}" if missing else None
 
 
 def _import_torch_transformers():
@@ -298,3 +305,6 @@ def open_engine(target: str, model: str, **options) -> HFTransformersEngine:
     path = Path(resolve_model(target, progress=False)) if target else Path(model)
     return HFTransformersEngine(path, n_ctx=options.get("n_ctx") or 2048, n_threads=options.get("n_threads"),
                                 dtype=options.get("dtype") or "f32")
+
+
+open_engine.unavailable = unavailable  # type: ignore[attr-defined]

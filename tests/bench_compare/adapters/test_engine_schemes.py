@@ -3,6 +3,7 @@ commands); an unknown spec names what is supported."""
 
 from __future__ import annotations
 
+import importlib.util
 import re
 
 import pytest
@@ -30,3 +31,20 @@ def test_make_engine_passes_options_to_the_factory(tiny_llama, tmp_path):
     assert isinstance(engine, DumpEngine) and engine.n_ctx == 128 and engine.name_map.resolve("tok") == "embd"
     with pytest.raises(GGUFParityError, match="needs a directory"):
         engines.make_engine("dump:", tiny_llama)
+
+
+@pytest.mark.parametrize("missing, said", [
+    ((), None),
+    (("torch",), "needs PyTorch and transformers (torch missing): pip install 'gguf-parity[hf]'"),
+    (("torch", "transformers"), "needs PyTorch and transformers (torch, transformers missing)"),
+])
+def test_engines_list_says_when_hf_cannot_run_here(monkeypatch, missing, said):
+    """Whatever is installed here: find_spec answers as if ``missing`` were not (and the rest were)."""
+    from bench_compare.adapters import hf_transformers
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: (
+        None if name in missing else object() if name in ("torch", "transformers") else real(name, *a)))
+    listed = next(row for row in engines.list_engines() if row.spec == "hf:[MODEL]")
+    assert listed.unavailable == hf_transformers.unavailable()
+    assert said is None and listed.unavailable is None or said in listed.unavailable
