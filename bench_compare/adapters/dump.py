@@ -33,7 +33,7 @@ import numpy as np
 
 from bench_compare.adapters.graph_names import ModelDims, drop_leading_ones, expected_tensors
 from bench_compare.adapters.name_map import NameMap, load_name_map
-from inference_engine.errors import GGUFParityError
+from inference_engine.errors import GGUFParityError, read_user_text
 from inference_engine.protocol import EngineCapabilityError
 
 CONTRACT_VERSION = 1
@@ -140,12 +140,11 @@ def _short_list(names: list[str], n: int = 12) -> str:
 
 
 def _load_json(path: Path, what: str) -> dict:
+    text = read_user_text(path, what)  # missing, a directory, unreadable, not UTF-8: one line each
     try:
-        obj = json.loads(path.read_text(encoding="utf-8"))
+        obj = json.loads(text)
     except json.JSONDecodeError as exc:
         raise GGUFParityError(f"{path}: {what} is not valid JSON ({exc.msg} at line {exc.lineno})") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise GGUFParityError(f"{path}: cannot read the {what} ({exc})") from None
     if not isinstance(obj, dict):
         raise GGUFParityError(f"{path}: the {what} must be a JSON object")
     return obj
