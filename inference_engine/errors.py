@@ -43,13 +43,16 @@ class CheckFailed(Exception):
 def read_user_text(path: str | os.PathLike, what: str, expected: str = "") -> str:
     """The UTF-8 text of a file the user named (a sweep, a corpus, a name map, a result JSON). Each way it can be
     wrong is one :class:`GGUFParityError` naming the file: missing (``no such <what>``, then ``expected`` in
-    parentheses: what the file should be), a directory, unreadable, not UTF-8."""
+    parentheses: what the file should be), a directory or another kind of non-regular file, unreadable, not
+    UTF-8."""
     p = Path(path)
     said = f" ({expected})" if expected else ""
     if p.is_dir():
         raise GGUFParityError(f"{p}: is a directory, not a {what}{said}")
-    if not p.is_file():
+    if not p.exists():
         raise GGUFParityError(f"{p}: no such {what}{said}")
+    if not p.is_file():  # a device, a pipe, a socket
+        raise GGUFParityError(f"{p}: is not a regular file, not a {what}{said}")
     try:
         return p.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:

@@ -33,6 +33,7 @@ def test_a_user_text_file_is_read_as_utf8(tmp_path):
 @pytest.mark.parametrize("make, message", [
     (lambda d: d / "missing.txt", "missing.txt: no such text file (UTF-8 please)"),
     (lambda d: d, ": is a directory, not a text file (UTF-8 please)"),
+    (lambda d: os.mkfifo(d / "pipe") or d / "pipe", "pipe: is not a regular file, not a text file (UTF-8 please)"),
     (lambda d: (d / "bin.txt").write_bytes(b"ok\x91\xff") and d / "bin.txt",
      "bin.txt: not UTF-8 text (invalid start byte at byte 2); a text file is text (UTF-8 please)"),
 ])
