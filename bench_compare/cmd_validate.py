@@ -81,7 +81,9 @@ def _refuse_ignored_flags(http_engine: str | None, values: dict) -> None:
 @click.option("--prompt", default=None, help="Text to run through both engines (default: a built-in sentence).")
 @click.option("--against", default="llamacpp", show_default=True,
               help=f"Reference engine: {', '.join(REFERENCES)}, or recording:DIR (a --record-reference directory: "
-                   "llama.cpp's answers replayed where it cannot run).")
+                   "llama.cpp's answers replayed where it cannot run). numpy: our NumPy engine in --numerics; in "
+                   "ggml it computes llama.cpp's variants too (not flash attention), in f32 it is a float32 twin "
+                   "with none.")
 @click.option("--record-reference", "record_reference", default=None, type=ReportDir(), metavar="DIR",
               help="Also write every answer of the reference (and its variants) to DIR, for --against "
                    "recording:DIR on another machine; written only when the run finishes.")

@@ -57,6 +57,22 @@ from validation.free_running import NOISE_FACTOR
 from validation.metrics import Thresholds, nmse
 
 LLAMACPP_DEFAULTS = "llama.cpp defaults (K/V F16, flash attention auto)"
+# Whose variance a noise floor is made of, unless the reference names its own in its model_info (VARIANCE_KEY): the
+# NumPy reference computes llama.cpp's variants itself (validation.numpy_reference). Recorded references keep it.
+LLAMACPP_VARIANCE = "llama.cpp's own variance"
+VARIANCE_KEY = "variance"
+
+
+def variance_source(reference: Engine) -> str | None:
+    """What the reference's variants are, for the verdict's words: None when it offers none (then each limit is the
+    class's least limit alone)."""
+    if not callable(getattr(reference, "variant", None)):
+        return None
+    try:
+        named = dict(reference.model_info).get(VARIANCE_KEY)
+    except Exception:  # noqa: BLE001 - words only; a model_info that fails names nothing
+        named = None
+    return str(named) if named else LLAMACPP_VARIANCE
 
 
 def open_variants(reference: Engine, thresholds: Thresholds) -> tuple[dict[str, Engine], dict[str, str]]:

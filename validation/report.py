@@ -17,6 +17,7 @@ from typing import Any
 from inference_engine.store.atomic import atomic_directory, atomic_write_json, atomic_write_text
 from validation.free_running import GAP_SHIFT_FACTOR, NOISE_FACTOR
 from validation.metrics import NOISE_FLOOR
+from validation.precision import LLAMACPP_VARIANCE
 from validation.provenance import machine_label
 
 WORST_TENSORS_SHOWN = 15  # rows of the "worst tensors" table; the JSON and Markdown per-layer table hold the rest
@@ -148,9 +149,13 @@ def summary_lines(result: dict) -> list[str]:
     if (result.get("not_checked") or {}).get("tensors"):
         lines.append(f"tensors: not checked ({result['not_checked']['tensors']})")
     elif result.get("thresholds", {}).get("bands"):
-        lines.append(f"tensors{f' ({mode})' if mode else ''}: {len(tensors) - len(failed)}/{len(tensors)} within "
-                     f"llama.cpp's own variance per tensor (x{fmt(NOISE_FACTOR)} its variants' NMSE, at least "
-                     f"{fmt(result['thresholds']['tensor_nmse_max'])}); first failure: {result.get('first_failure')}")
+        variance = variance_words(result)
+        within = (f"within {variance} per tensor (x{fmt(NOISE_FACTOR)} its variants' NMSE, at least "
+                  f"{fmt(result['thresholds']['tensor_nmse_max'])})" if variance else
+                  f"pass NMSE <= {fmt(result['thresholds']['tensor_nmse_max'])} (the class's least limit: the "
+                  "reference offers no variants)")
+        lines.append(f"tensors{f' ({mode})' if mode else ''}: {len(tensors) - len(failed)}/{len(tensors)} {within}; "
+                     f"first failure: {result.get('first_failure')}")
     else:
         lines.append(f"tensors{f' ({mode})' if mode else ''}: {len(tensors) - len(failed)}/{len(tensors)} pass "
                      f"NMSE <= {fmt(result['thresholds']['tensor_nmse_max'])}; first failure: "
@@ -164,7 +169,8 @@ def summary_lines(result: dict) -> list[str]:
     elif "error" in lg:
         lines.append(f"logits: FAIL ({lg['error']})")
     else:
-        lmode = "free-running, against llama.cpp's own variance" if lg.get("kld_mean_limit") is not None else mode
+        against = variance_words(result) or "the reference's own drift (token by token)"
+        lmode = f"free-running, against {against}" if lg.get("kld_mean_limit") is not None else mode
         lines.append(f"logits{f' ({lmode})' if lmode else ''} ({lg.get('positions')} positions): KLD mean "
                      f"{fmt(lg.get('kld_mean'))} max {fmt(lg.get('kld_max'))}, top-1 agreement "
                      f"{fmt(lg.get('top1_agreement'))}, top-5 overlap {fmt(lg.get('top5_overlap'))} -> "
@@ -340,13 +346,21 @@ def under_test(result: dict) -> str:
     return f"{engine} ({precision} precision)" if precision else engine
 
 
+def variance_words(result: dict) -> str | None:
+    """Whose variance the noise-floor gates were made of (None: the reference offered no variants). A result from
+    before the field was recorded was always judged against llama.cpp's."""
+    return (result.get("precision") or {}).get("variance", LLAMACPP_VARIANCE)
+
+
 def precision_lines(result: dict) -> list[str]:
     """The precision class and its gate, what the engine gives, and which checks ran and which could not."""
     p = result.get("precision") or {}
     if not p:
         return []
-    gate = ("gates from llama.cpp's own variance for this class (validation.precision)"
-            if p.get("gate") == NOISE_FLOOR else "strict fixed gates (claims llama.cpp's own arithmetic)")
+    variance = variance_words(result)
+    gate = ("strict fixed gates (claims llama.cpp's own arithmetic)" if p.get("gate") != NOISE_FLOOR else
+            f"gates from {variance} for this class (validation.precision)" if variance else
+            "the reference offers no variants, so each gate is the class's least limit (validation.precision)")
     lines = [f"precision: {p.get('class')} ({p.get('source')}); {gate}"]
     if result.get("capabilities"):
         lines.append(f"engine gives: {', '.join(result['capabilities'])}; checks run: "

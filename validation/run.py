@@ -60,7 +60,7 @@ from validation.free_running import (
     measure_self_noise,
 )
 from validation.metrics import THRESHOLD_TABLE, THRESHOLDS, Thresholds, logit_metrics, logits_pass, thresholds_for
-from validation.precision import capture_variants, open_variants, tensor_bands
+from validation.precision import capture_variants, open_variants, tensor_bands, variance_source
 from validation.progress import ProgressHook, silent
 from validation.results import ValidationResult
 from validation.smoke import greedy_smoke, token_text
@@ -194,8 +194,12 @@ def open_reference(options: ValidateOptions, model_path: Path) -> Engine:
 
 
 def open_numpy_reference(options: ValidateOptions, model_path: Path) -> Engine:
-    """Our NumPy backend as the reference (two of our engines, one code path), on the CPU."""
-    return _open_ours(model_path, "numpy", options, device=None)
+    """Our NumPy backend as the reference, on the CPU, in ``--numerics``: in ggml numerics with llama.cpp's variants
+    where ours can compute them (:mod:`validation.numpy_reference`)."""
+    from validation.numpy_reference import open_numpy_reference as open_reference
+
+    return open_reference(model_path, numerics=options.numerics, n_ctx=options.n_ctx, n_threads=options.threads,
+                          kv_type=options.kv_type)
 
 
 def open_llamacpp_reference(options: ValidateOptions, model_path: Path) -> Engine:
@@ -404,6 +408,8 @@ def _validate_engines(ours: Engine, reference: Engine, gguf, options: ValidateOp
                       variants: _ReferenceVariants, precision: dict[str, str]) -> dict[str, Any]:
     thresholds = variants.thresholds
     precision["gate"] = thresholds.gate
+    if thresholds.noise_floor:
+        precision["variance"] = variance_source(reference)
     caps = engine_capabilities(ours)
     prompt = options.prompt if options.prompt is not None else DEFAULT_PROMPT
     ids = list(reference.tokenize(prompt, add_bos=True))

@@ -14,7 +14,7 @@ from inference_engine.errors import GGUFParityError
 from validation.free_running import KV_F16_PLAIN, NOISE_FACTOR
 from validation.gguf_rewrite import rewrite, weights_as
 from validation.metrics import NMSE_MIN_BF16, NMSE_MIN_F32, thresholds_for
-from validation.precision import LLAMACPP_DEFAULTS, open_variants, tensor_bands
+from validation.precision import LLAMACPP_DEFAULTS, LLAMACPP_VARIANCE, open_variants, tensor_bands
 from validation.run import ValidateOptions, validate
 
 pytest.importorskip("validation.llamacpp", reason="the llama.cpp reference engine is not importable")
@@ -100,7 +100,7 @@ def test_weights_as_is_written_once_into_the_cache(tiny_model, tmp_path, monkeyp
     # announced once, on stderr, with its size and folder; not again when it is there
     told = capsys.readouterr().err.splitlines()
     assert len(told) == 1 and told[0].startswith(f"writing {src.name} with every matrix in BF16 (")
-    assert f"GB, once; llama.cpp on it is a part of the noise floor) to {first.parent};" in told[0]
+    assert f"GB, once; the reference on it is a part of the noise floor) to {first.parent};" in told[0]
     assert weights_as(src, "BF16", "ab" * 32) == first and first.stat().st_mtime_ns == mtime
     assert capsys.readouterr().err == ""
     assert not [p for p in first.parent.iterdir() if p.name.endswith(".tmp")]
@@ -270,7 +270,8 @@ def test_precision_flag_and_declared_precision(tiny_model):
         return engine
 
     declared = validate(_options(model, engine="d", smoke_tokens=0), ours_opener=declaring)
-    assert declared["precision"] == {"class": "bf16", "source": "declared by the engine", "gate": "noise_floor"}
+    assert declared["precision"] == {"class": "bf16", "source": "declared by the engine", "gate": "noise_floor",
+                                   "variance": LLAMACPP_VARIANCE}
     assert "weights BF16" in declared["free_running"]["reference_self_kld"]["variants"]
     forced = validate(_options(model, engine="d", smoke_tokens=0, precision="ggml"), ours_opener=declaring)
     # told it emulates llama.cpp's arithmetic, the same engine faces the strict gate, and F16 K/V fails it

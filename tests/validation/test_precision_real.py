@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 from test_precision import LOGITS_PLUGIN, NOISE_SIGMA, _plugin
 
+from validation.precision import LLAMACPP_VARIANCE
 from validation.run import ValidateOptions, validate
 
 pytest.importorskip("validation.llamacpp", reason="the llama.cpp reference engine is not importable")
@@ -48,6 +49,23 @@ def test_transformers_passes_in_its_precision(dtype):
 
     result = validate(ValidateOptions(model="smollm2-135m", engine=f"hf:dtype={dtype}", threads=2,
                                       smoke_tokens=SMOKE_TOKENS), ours_opener=opener)
-    assert result["precision"] == {"class": dtype, "source": "declared by the engine", "gate": "noise_floor"}
+    assert result["precision"] == {"class": dtype, "source": "declared by the engine", "gate": "noise_floor",
+                                   "variance": LLAMACPP_VARIANCE}
     assert result["mode"] == "teacher_forced"
     assert result["checks"]["tensors"] and result["checks"]["logits"] and result["checks"]["smoke"], result["checks"]
+
+
+
+@pytest.mark.slow
+def test_llamacpp_passes_against_the_numpy_reference_on_smollm2():
+    """``validate --engine llamacpp --against numpy``: llama.cpp with its tensors, judged against our NumPy engine in
+    ggml numerics and the variants it computes (validation.numpy_reference), passes at every tensor (it failed at
+    388 of 393 when that reference had no variants); its noisy twin fails on the logits."""
+    from validation.numpy_reference import VARIANCE
+
+    result = _run("smollm2-135m", "llamacpp", against="numpy")
+    assert result["passed"], (result["checks"], result["first_failure"])
+    assert result["precision"]["variance"] == VARIANCE and len(result["tensors"]) == 393
+    noisy = _run("smollm2-135m", LOGITS_PLUGIN, NOISE_SIGMA, smoke_tokens=0, against="numpy")
+    assert noisy["checks"]["logits"] is False
+    assert noisy["logits"]["kld_median"] > noisy["logits"]["kld_median_limit"]

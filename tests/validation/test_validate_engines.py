@@ -24,7 +24,7 @@ from fixtures.tiny_models import ARCHITECTURES
 from inference_engine.store.digests import file_sha256
 from validation.free_running import KV_F16_PLAIN
 from validation.metrics import tensor_metrics
-from validation.precision import LLAMACPP_DEFAULTS
+from validation.precision import LLAMACPP_DEFAULTS, LLAMACPP_VARIANCE
 from validation.run import ValidateOptions, open_ours, open_reference, validate
 
 pytest.importorskip("validation.llamacpp", reason="the llama.cpp reference engine is not importable")
@@ -169,7 +169,8 @@ def test_fixture_passes_against_llamacpp(tiny_model, one_text_corpus, arch, qtyp
     else:
         bands = result["thresholds"]["bands"]
         assert all(t["threshold"] == bands[t["name"]]["band"] for t in result["tensors"])
-        assert result["precision"] == {"class": "f32", "source": "--numerics (our engine)", "gate": "noise_floor"}
+        assert result["precision"] == {"class": "f32", "source": "--numerics (our engine)", "gate": "noise_floor",
+                                   "variance": LLAMACPP_VARIANCE}
     assert not result["unmatched"]["ours_only"]  # every tensor we tap, llama.cpp names too
     layers = [row["layer"] for row in result["logit_lens"]]
     assert layers == list(range(len(layers))) and len(layers) >= 2  # every layer's l_out, on both sides
