@@ -119,7 +119,7 @@ def _refuse_ignored_flags(http_engine: str | None, values: dict) -> None:
               help="A progress bar on stderr for --corpus-kld and --decode-steps (default: if a terminal).")
 @click.option("--top-k", "top_k", default=5, show_default=True, type=int,
               help="Engines that give top-k log-probabilities only (HTTP servers, mistralrs:, GeneratingEngine "
-                   "plugins): log-probabilities per position to compare.")
+                   "plugins): log-probabilities per position to compare. Refused for an engine with full logits.")
 def validate(model, backend, engine, engine_opts, numerics, precision, prompt, against, record_reference, logit_lens,
              corpus, smoke_tokens, threads, free_running, decode_steps, depth, corpus_kld, ctx, name_map, json_path,
              report_dir, top_k, device, progress) -> None:
@@ -159,7 +159,8 @@ def validate(model, backend, engine, engine_opts, numerics, precision, prompt, a
     from validation.run import validate as run_validate
 
     options = ValidateOptions(model=model, backend=run.backend, numerics=run.numerics, prompt=prompt,
-                              precision=precision and precision.lower(), top_k=top_k,
+                              precision=precision and precision.lower(),
+                              top_k=top_k if given_on_command_line("top_k") else None,
                               against=against, logit_lens=logit_lens, corpus=corpus, smoke_tokens=smoke_tokens,
                               threads=run.threads, kv_type=run.kv_type, device=run.device,
                               free_running=free_running, decode_steps=decode_steps, depth=depth,

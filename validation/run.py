@@ -77,6 +77,10 @@ DEFAULT_MODEL = "smollm2-135m"
 DEFAULT_PROMPT = ("The quick brown fox jumps over the lazy dog. In 1969, Apollo 11 landed on the Moon; "
                   "the capital of France is")
 DEFAULT_SMOKE_TOKENS = 16
+DEFAULT_TOP_K = 5  # log-probabilities per generated position asked of an engine that gives top-k only
+# --top-k given for an engine whose full logits are compared: it would change nothing, so it is refused.
+TOP_K_UNUSED = ("--top-k is for engines that give top-k log-probabilities only; {engine} gives full logits, which "
+                "are compared whole")
 # Keys of the reference engine's model_info that identify its build (llama.cpp's), copied into "versions".
 REFERENCE_BUILD_KEYS = ("llama_cpp_python", "llama_version", "ggml_version", "ggml_commit")
 # The context each engine is created with (both engines' own default): prompt plus smoke tokens must fit in it.
@@ -100,7 +104,8 @@ class ValidateOptions:
     backend: str = "numpy"
     numerics: str = "ggml"
     precision: str | None = None  # the class the engine is judged in (validation.precision); None: resolved
-    top_k: int = 5  # log-probabilities per generated position for engines that give top-k only (validation.top_k)
+    # log-probabilities per generated position for engines that give top-k only (validation.top_k); None: DEFAULT_TOP_K
+    top_k: int | None = None
     prompt: str | None = None
     against: str = "llamacpp"
     logit_lens: bool = False
@@ -140,8 +145,10 @@ class ValidateOptions:
         _choice("--numerics", self.numerics, tuple(n for n in THRESHOLDS if n in NUMERICS))
         if self.precision is not None:
             _choice("--precision", self.precision, tuple(THRESHOLDS))
-        if self.top_k < 1:
+        if self.top_k is not None and self.top_k < 1:
             raise GGUFParityError(f"--top-k must be 1 or more, got {self.top_k}")
+        if self.top_k is not None and self.engine is None:
+            raise GGUFParityError(TOP_K_UNUSED.format(engine=f"ours:{self.backend}"))
         if self.smoke_tokens < 0:
             raise GGUFParityError(f"--smoke-tokens must be 0 or more, got {self.smoke_tokens}")
         if self.threads is not None and self.threads < 1:
@@ -419,6 +426,8 @@ def _validate_engines(ours: Engine, reference: Engine, gguf, options: ValidateOp
     if needed > min(ours.n_ctx, reference.n_ctx):
         raise GGUFParityError(f"prompt ({len(ids)} tokens) plus --smoke-tokens ({options.smoke_tokens}) needs a "
                               f"context of {needed}, more than the engines' {min(ours.n_ctx, reference.n_ctx)}")
+    if options.top_k is not None and "logits" in caps:
+        raise GGUFParityError(TOP_K_UNUSED.format(engine=_name(ours)))
     if not caps & CHECKABLE:
         raise GGUFParityError(f"engine {_name(ours)!r} offers {', '.join(sorted(caps)) or 'nothing'}: validate needs "
                               f"at least one of {', '.join(sorted(CHECKABLE))} (see docs/PLUGGING_IN.md)")
@@ -566,7 +575,7 @@ def _generated_checks(result: ValidationResult, ours: Engine, reference: Engine,
         return
     from validation.top_k import top_k_fidelity
 
-    k = options.top_k if "top_logprobs" in caps else 1
+    k = (options.top_k or DEFAULT_TOP_K) if "top_logprobs" in caps else 1
     try:
         top = top_k_fidelity(ours, reference, ids, options.smoke_tokens, k, variants.get()[0], drift_margin=drift)
     except EngineCapabilityError as gap:  # a recorded reference without llama.cpp's logits on this engine's path

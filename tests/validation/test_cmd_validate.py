@@ -119,6 +119,7 @@ def test_fail_exit_1_still_writes_the_report(model_path, corpus, engines, tmp_pa
     (["--depth", "600"], "--depth sets where the decode steps run; without --decode-steps N it does nothing"),
     (["--decode-steps", "0", "--depth", "0,600"], "without --decode-steps N it does nothing"),
     (["--ctx", "1024"], "--ctx sets --corpus-kld's window; without --corpus-kld it does nothing"),
+    (["--top-k", "5"], "--top-k is for engines that give top-k log-probabilities only; ours:"),
 ])
 def test_bad_flags_exit_2_without_report(model_path, corpus, engines, tmp_path, capsys, extra, message):
     report = tmp_path / "rep"

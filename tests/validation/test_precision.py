@@ -234,6 +234,14 @@ def test_a_topk_only_engine_is_checked_on_its_own_path(tiny_model):
                                                       "weights F32"}
 
 
+def test_top_k_is_refused_for_an_engine_with_full_logits(tiny_model):
+    """--top-k would change nothing for an engine whose logits are compared whole: one line, before any check."""
+    with pytest.raises(GGUFParityError, match="--top-k is for engines that give top-k log-probabilities only; "
+                                              r"llama-cpp-python Llama \(defaults\) gives full logits"):
+        validate(_options(tiny_model("llama", "Q4_1"), engine=LOGITS_PLUGIN, top_k=3),
+                 ours_opener=_plugin(LOGITS_PLUGIN))
+
+
 def test_ctrl_c_in_a_topk_only_engines_first_check_goes_up(tiny_model, monkeypatch):
     """An engine that only generates has nothing finished before its top-k check: Ctrl-C there is the plain
     interrupt (nothing to report), not a result with no checks in it."""
