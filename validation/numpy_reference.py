@@ -60,7 +60,6 @@ class NumpyReference(OurEngine):
     def __init__(self, path: str | Path, *, n_ctx: int, n_threads: int | None, kv_type: str):
         super().__init__(str(path), backend=BACKEND, numerics=EMULATING, n_ctx=n_ctx, n_threads=n_threads,
                          kv_type=kv_type)
-        self._n_ctx, self._n_threads = int(n_ctx), n_threads
 
     @property
     def model_info(self) -> dict:
@@ -88,5 +87,5 @@ class NumpyReference(OurEngine):
         return self._open(weights_as(self.gguf.path, weight_type, self.gguf.sha256), EMULATING, kv_type)
 
     def _open(self, path: str | Path, numerics: str, kv_type: str) -> OurEngine:
-        return OurEngine(str(path), backend=BACKEND, numerics=numerics, n_ctx=self._n_ctx, n_threads=self._n_threads,
+        return OurEngine(str(path), backend=BACKEND, numerics=numerics, n_ctx=self.n_ctx, n_threads=self.n_threads,
                          kv_type=kv_type)
