@@ -215,8 +215,9 @@ def open_llamacpp_reference(options: ValidateOptions, model_path: Path) -> Engin
         from validation.llamacpp import LlamaCppEngine
     except ImportError as exc:  # a llama-cpp-python that is missing or does not import here
         raise GGUFParityError(f"llama.cpp (llama-cpp-python) cannot be imported here ({one_line(exc)}); reinstall "
-                              "it (pip install llama-cpp-python==0.3.36), or validate against a recording made "
-                              "where it runs: --record-reference DIR there, --against recording:DIR here") from None
+                              "it (pip install llama-cpp-python==0.3.36), validate against a recording made "
+                              "where it runs (--record-reference DIR there, --against recording:DIR here), or "
+                              "against our NumPy engine's emulation of it (--against numpy)") from None
 
     try:
         return LlamaCppEngine(str(model_path), n_ctx=options.n_ctx, n_threads=options.threads)

@@ -319,8 +319,8 @@ def test_ctrl_c_after_the_checks_keeps_their_verdict_and_writes_no_recording(mod
     assert list(tmp_path.iterdir()) == []
 
 
-def test_a_llama_cpp_that_does_not_import_points_to_a_recording(model_path):
-    """As on a machine where llama-cpp-python is missing or broken: one line, exit 2, naming both ways out."""
+def test_a_llama_cpp_that_does_not_import_points_to_a_recording_and_numpy(model_path):
+    """As on a machine where llama-cpp-python is missing or broken: one line, exit 2, naming the ways out."""
     import subprocess
     import sys
 
@@ -330,4 +330,4 @@ def test_a_llama_cpp_that_does_not_import_points_to_a_recording(model_path):
     done = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 2, done.stderr[-2000:]
     assert done.stderr.count("\n") == 1 and "llama.cpp (llama-cpp-python) cannot be imported here" in done.stderr
-    assert "--against recording:DIR here" in done.stderr
+    assert "--against recording:DIR here" in done.stderr and "(--against numpy)" in done.stderr
