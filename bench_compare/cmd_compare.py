@@ -79,7 +79,7 @@ def _depths(text: str | None) -> tuple[int, ...] | None:
                    "+-PCT, e.g. 5%, or --max-reps is reached.")
 @click.option("--max-reps", metavar="N", default=str(compare_run.DEFAULT_MAX_REPS), show_default=True,
               help="With --precision: the most repetitions per test.")
-@click.option("-t", "threads", metavar="N", default=None,
+@click.option("-t", "--threads", "threads", metavar="N", default=None,
               help=f"Threads for both engines.{table_default(defaults.COMMANDS, 'threads')}")
 @click.option("--cold-reps", metavar="N", default=str(compare_run.DEFAULT_COLD_REPS), show_default=True,
               help="Fresh-process cold starts per engine.")

@@ -51,3 +51,16 @@ def test_every_registered_command_imports():
     ctx = click.Context(cli.cli)
     for name in cli.COMMANDS:
         assert cli.cli.get_command(ctx, name) is not None, name
+
+
+# The commands that run an engine on a model, and the spellings each must take for the model and the threads:
+# a user moving from one command to the next (compare -> validate) types the same flags.
+ENGINE_COMMANDS = ("bench", "compare", "generate", "serve", "validate")
+
+
+@pytest.mark.parametrize("name", ENGINE_COMMANDS)
+def test_model_and_threads_are_spelled_alike_on_every_command(name):
+    command = cli.cli.get_command(click.Context(cli.cli), name)
+    spellings = {p.name: set(p.opts) for p in command.params if isinstance(p, click.Option)}
+    assert {"-m", "--model"} <= spellings["model"], spellings["model"]
+    assert {"-t", "--threads"} <= spellings["threads"], spellings["threads"]
