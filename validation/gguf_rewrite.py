@@ -57,8 +57,8 @@ def weights_as(src: str | os.PathLike, weight_type: str, sha256: str,
 
         def before_writing(n_bytes: int) -> None:
             say(f"writing {Path(src).name} with every matrix in {weight_type} ({n_bytes / 1e9:.2f} GB, once; "
-                f"the reference on it is a part of the noise floor) to {dst.parent}; `bench-compare models list` shows "
-                "these copies, which may be deleted")
+                f"the reference on it is a part of the noise floor) to {dst.parent}; `bench-compare models list` "
+                "shows these copies, which may be deleted")
 
         rewrite(src, dst, weight_type=weight_type, before_writing=before_writing)
     return dst

@@ -8,8 +8,8 @@ clean run is 2.6e-3 from this reference deep in the model, where 8-bit re-quanti
 differences). So the NumPy reference computes the same
 variants as :class:`validation.llamacpp.LlamaCppEngine`, where our engine can:
 
-* rounding variant: the K/V cache in F16 (the plain attention path: ours has no flash attention). At Kcur-0 / kqv_out-0
-  on SmolLM2 this and llama.cpp's own F16-cache variant are as far from this reference (kqv_out-0 NMSE 4.35e-8 and
+* rounding variant: the K/V cache in F16 (the plain attention path: ours has no flash attention). At kqv_out-0 on
+  SmolLM2 this and llama.cpp's own F16-cache variant are as far from this reference (NMSE 4.35e-8 and
   4.32e-8);
 * ``variant(weight_type="F32")``: our ``f32`` numerics on the same file (ggml multiplies F32 matrices in float32 and
   quantizes no activation; against this reference, this variant and llama.cpp on its F32 copy measured the same

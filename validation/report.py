@@ -347,8 +347,8 @@ def under_test(result: dict) -> str:
 
 
 def variance_words(result: dict) -> str | None:
-    """Whose variance the noise-floor gates were made of (None: the reference offered no variants). A result from
-    before the field was recorded was always judged against llama.cpp's."""
+    """Whose variance the noise-floor gates (and the free-running logits' floor) were made of (None: the reference
+    offered no variants). A result from before the field was recorded was always judged against llama.cpp's."""
     return (result.get("precision") or {}).get("variance", LLAMACPP_VARIANCE)
 
 

@@ -104,7 +104,7 @@ class ValidateOptions:
     backend: str = "numpy"
     numerics: str = "ggml"
     precision: str | None = None  # the class the engine is judged in (validation.precision); None: resolved
-    # log-probabilities per generated position for engines that give top-k only (validation.top_k); None: DEFAULT_TOP_K
+    # log-probabilities per position for engines that give top-k only (validation.top_k); None: DEFAULT_TOP_K
     top_k: int | None = None
     prompt: str | None = None
     against: str = "llamacpp"
@@ -416,8 +416,7 @@ def _validate_engines(ours: Engine, reference: Engine, gguf, options: ValidateOp
                       variants: _ReferenceVariants, precision: dict[str, str]) -> dict[str, Any]:
     thresholds = variants.thresholds
     precision["gate"] = thresholds.gate
-    if thresholds.noise_floor:
-        precision["variance"] = variance_source(reference)
+    precision["variance"] = variance_source(reference)  # whose variance the floors are made of (report.py's words)
     caps = engine_capabilities(ours)
     prompt = options.prompt if options.prompt is not None else DEFAULT_PROMPT
     ids = list(reference.tokenize(prompt, add_bos=True))
