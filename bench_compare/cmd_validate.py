@@ -40,10 +40,10 @@ class ValidationFailed(CheckFailed):
 
 # The in-process checks' flags (click's parameter names -> the flag as typed). An HTTP engine is judged on the
 # top-k log-probabilities it returns, so a run over HTTP would ignore each of them: given, they are an error.
-IN_PROCESS_ONLY = {"backend": "--backend", "numerics": "--numerics", "precision": "--precision",
+IN_PROCESS_ONLY = {"backend": "--backend", "numerics": "--numerics",
                    "logit_lens": "--logit-lens", "corpus": "--corpus", "free_running": "--free-running",
                    "decode_steps": "--decode-steps", "depth": "--depth", "corpus_kld": "--corpus-kld", "ctx": "--ctx"}
-HTTP_FLAGS = "--prompt, --smoke-tokens, --top-k, --threads, --against llamacpp|recording:DIR"
+HTTP_FLAGS = "--prompt, --smoke-tokens, --top-k, --threads, --precision, --against llamacpp|recording:DIR"
 # A flag that only shapes another check, given without that check, would do nothing, silently: a user who asked for
 # --depth 600 would read a verdict without it. (its name, the check's name, the error)
 SHAPES_ANOTHER = (("depth", "decode_steps", "--depth sets where the decode steps run; without --decode-steps N it "
@@ -149,7 +149,7 @@ def validate(model, backend, engine, engine_opts, numerics, precision, prompt, a
 
         result = http_cli.run_validate(spec=spec, model=model, prompt=prompt, threads=threads,
                                        n_tokens=smoke_tokens, top_k=top_k, json_path=json_path,
-                                       report_dir=report_dir, against=against)
+                                       report_dir=report_dir, against=against, precision=precision)
         if not result["passed"]:
             failed = [name for name, ok in result["checks"].items() if not ok]
             raise ValidationFailed(f"HTTP validation failed: {', '.join(failed)}")

@@ -57,6 +57,10 @@ from validation.free_running import NOISE_FACTOR
 from validation.metrics import Thresholds, nmse
 
 LLAMACPP_DEFAULTS = "llama.cpp defaults (K/V F16, flash attention auto)"
+# The precision class of an engine that declares none: f32, the widest class whose floor is made of llama.cpp's own
+# float32 variants. Not ggml: an engine not written to emulate llama.cpp's rounding would fail that gate on rounding
+# alone (llama.cpp itself with flash attention on: KLD 5e-3 against the ggml gate's 1e-4, SmolLM2).
+DEFAULT_PLUGIN_PRECISION = "f32"
 # Whose variance a noise floor is made of, unless the reference names its own in its model_info (VARIANCE_KEY): the
 # NumPy reference computes llama.cpp's variants itself (validation.numpy_reference). Recorded references keep it.
 LLAMACPP_VARIANCE = "llama.cpp's own variance"

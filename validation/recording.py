@@ -534,9 +534,7 @@ def check_replay(recording: Recording, options: Any, precision_class: str, sha25
     if want["corpus_kld"] is not None and kld != (rec.get("corpus_kld"), rec.get("ctx")):
         problems.append(f"--corpus-kld {want['corpus_kld']} --ctx {want['ctx']} (recorded: "
                         f"{rec.get('corpus_kld')} --ctx {rec.get('ctx')})")
-    if want["precision_class"] != rec.get("precision_class") and want["precision_class"] != "ggml":
-        problems.append(f"precision class {want['precision_class']} (recorded: {rec.get('precision_class')}; its "
-                        "variants differ: record with --precision " + want["precision_class"] + ")")
+    problems += _class_problems(want["precision_class"], rec.get("precision_class"))
     _refuse(recording, problems)
 
 
@@ -554,17 +552,27 @@ def recorded_prompt(recording: Recording, default: str) -> str:
     return default if prompt is None else prompt
 
 
-def check_replay_over_http(recording: Recording, prompt: str, recorded: str, n_tokens: int, sha256: str) -> None:
+def check_replay_over_http(recording: Recording, prompt: str, recorded: str, n_tokens: int, sha256: str,
+                           precision_class: str) -> None:
     """``validate --engine openai:URL --against recording:DIR`` (:mod:`bench_compare.adapters.http_fidelity`): its
-    calls are the prompt's capture and llama.cpp's greedy path with its rounding variants, which any recording of
-    the same prompt (``recorded``: :func:`recorded_prompt`) with as many smoke tokens holds."""
+    calls are the prompt's capture and llama.cpp's greedy path with its variants for ``precision_class``, which any
+    recording of the same prompt (``recorded``: :func:`recorded_prompt`) with as many smoke tokens, made in that
+    class, holds (any class holds the rounding variants, all that ggml's floor takes)."""
     check_model(recording, sha256)
     problems = []
     if prompt != recorded:
         problems.append(f"--prompt {prompt!r} (recorded: {recorded!r})")
     if n_tokens > (recording.options.get("smoke_tokens") or 0):
         problems.append(f"--smoke-tokens {n_tokens} (recorded: {recording.options.get('smoke_tokens')})")
+    problems += _class_problems(precision_class, recording.options.get("precision_class"))
     _refuse(recording, problems)
+
+
+def _class_problems(wanted: str, recorded: str | None) -> list[str]:
+    """A precision class whose variants the recording does not hold (ggml's are in every recording)."""
+    if wanted == recorded or wanted == "ggml":
+        return []
+    return [f"precision class {wanted} (recorded: {recorded}; its variants differ: record with --precision {wanted})"]
 
 
 def _refuse(recording: Recording, problems: list[str]) -> None:

@@ -60,7 +60,13 @@ from validation.free_running import (
     measure_self_noise,
 )
 from validation.metrics import THRESHOLD_TABLE, THRESHOLDS, Thresholds, logit_metrics, logits_pass, thresholds_for
-from validation.precision import capture_variants, open_variants, tensor_bands, variance_source
+from validation.precision import (
+    DEFAULT_PLUGIN_PRECISION,
+    capture_variants,
+    open_variants,
+    tensor_bands,
+    variance_source,
+)
 from validation.progress import ProgressHook, silent
 from validation.results import ValidationResult
 from validation.smoke import greedy_smoke, token_text
@@ -92,10 +98,6 @@ FREE_RUNNING = "free_running"
 GENERATED = "generated"  # an engine that only generates: its top-k log-probabilities on its own greedy path
 # The capabilities (inference_engine.protocol.CAPABILITIES) at least one of which validate needs to check anything.
 CHECKABLE = frozenset({"logits", "tensors", "top_logprobs", "text"})
-# The precision class of an engine that declares none: f32, the widest class whose floor is made of llama.cpp's own
-# float32 variants. Not ggml: an engine not written to emulate llama.cpp's rounding would fail that gate on rounding
-# alone (llama.cpp itself with flash attention on: KLD 5e-3 against the ggml gate's 1e-4, SmolLM2).
-DEFAULT_PLUGIN_PRECISION = "f32"
 
 
 @dataclass

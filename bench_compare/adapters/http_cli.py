@@ -138,12 +138,17 @@ def _validation_reference(model: str, threads: int | None):
 
 
 def run_validate(*, spec: engines.EngineSpec, model: str, prompt: str | None, threads: int | None, n_tokens: int,
-                 top_k: int, json_path: str | None, report_dir: str | None, against: str = "llamacpp") -> dict:
+                 top_k: int, json_path: str | None, report_dir: str | None, against: str = "llamacpp",
+                 precision: str | None = None) -> dict:
     """``validate --engine openai:URL``: top-k logprob fidelity against llama.cpp in-process (``http_fidelity``), or
-    against a recording of it (``--against recording:DIR``, :mod:`validation.recording`)."""
+    against a recording of it (``--against recording:DIR``, :mod:`validation.recording`), judged in ``precision``'s
+    class (None: :data:`validation.precision.DEFAULT_PLUGIN_PRECISION`, a server declares none)."""
     from bench_compare.adapters import http_fidelity
     from validation import recording
+    from validation.metrics import THRESHOLD_TABLE
+    from validation.precision import DEFAULT_PLUGIN_PRECISION
 
+    precision = THRESHOLD_TABLE.validate(precision.lower()) if precision else DEFAULT_PLUGIN_PRECISION
     if top_k < 1 or n_tokens < 1:
         raise GGUFParityError(f"--top-k and --smoke-tokens must be >= 1 for an HTTP engine, got {top_k}, {n_tokens}")
     recorded = recording.parse_against(against)
@@ -161,13 +166,15 @@ def run_validate(*, spec: engines.EngineSpec, model: str, prompt: str | None, th
         replay = recording.Recording(recorded)
         made_with = recording.recorded_prompt(replay, DEFAULT_PROMPT)
         text = prompt or made_with
-        recording.check_replay_over_http(replay, text, made_with, n_tokens, open_gguf(resolve_model(model)).sha256)
+        recording.check_replay_over_http(replay, text, made_with, n_tokens, open_gguf(resolve_model(model)).sha256,
+                                         precision)
     with ExitStack() as stack:
         engine = _close_later(stack, engines.make_engine(spec, model, n_threads=threads, **options))
         engine.model_name  # noqa: B018 - fail fast on an unreachable URL
         reference = (recording.RecordedEngine(replay) if recorded is not None else
                      _close_later(stack, _validation_reference(model, threads)))
-        result = http_fidelity.run_http_fidelity(engine, reference, text, n_tokens=n_tokens, top_k=top_k)
+        result = http_fidelity.run_http_fidelity(engine, reference, text, n_tokens=n_tokens, top_k=top_k,
+                                                 precision=precision)
     if recorded is not None:
         result["recording"] = {"mode": "replayed", **replay.describe()}
     md = http_fidelity.markdown(result)

@@ -23,10 +23,13 @@ the two distributions on the tokens both rank highest and ignores the mass outsi
 probabilities are proportional, not a full-vocabulary KLD (which needs every logit; HTTP gives only k). The largest
 absolute log-probability difference on shared tokens is reported beside it.
 
-The gates allow for llama.cpp's own rounding noise, measured in the same run: llama.cpp's rounding variant (its other
-attention kernel) against llama.cpp on the same positions by the same metrics (:func:`noise_floor`). The KLD gate is
-max(:data:`SHARED_KLD_MEAN_MAX`, :data:`SHARED_KLD_NOISE_FACTOR` x that floor), and a top-1 or greedy disagreement
-also passes when the variant picks the server's token there (as in ``validation.smoke``).
+The gates allow for llama.cpp's own variance, measured in the same run: its variants for the server's precision class
+(``--precision``; a server declares none, so f32 by default, as an in-process engine that declares none:
+:mod:`validation.precision`) against llama.cpp on the same positions by the same metrics (:func:`noise_floor`): for
+ggml its rounding variants (the other attention kernel, an F16 K/V cache); for f32, f16 and bf16 also its defaults and
+the model with its matrices in that precision. The KLD gate is max(:data:`SHARED_KLD_MEAN_MAX`,
+:data:`SHARED_KLD_NOISE_FACTOR` x that floor), and a top-1 or greedy disagreement also passes when a variant picks
+the server's token there (as in ``validation.smoke``).
 
 Tokens are matched by their text, as servers return them (``top_logprobs`` is ``{token text: logprob}``); llama.cpp's
 top-k ids are turned into text the same way (the token's bytes, invalid UTF-8 dropped; when two tokens render the same
@@ -45,7 +48,8 @@ import numpy as np
 from bench_compare.adapters.openai_http import NOT_OVER_HTTP, check_text_round_trip
 from inference_engine.errors import GGUFParityError
 from validation.free_running import GAP_SHIFT_FACTOR, NOISE_FACTOR, reference_gap_shift
-from validation.metrics import log_softmax
+from validation.metrics import Thresholds, log_softmax, thresholds_for
+from validation.precision import DEFAULT_PLUGIN_PRECISION, open_variants, variance_source
 from validation.provenance import provenance
 from validation.results import HttpValidateResult
 from validation.smoke import NEAR_TIE_MARGIN
@@ -114,8 +118,11 @@ def _choice_logprobs(engine, data: dict, what: str) -> dict:
 
 
 def run_http_fidelity(engine, reference, prompt: str, *, n_tokens: int = DEFAULT_TOKENS,
-                      top_k: int = DEFAULT_TOP_K, echo: bool = True) -> dict[str, Any]:
-    """Compare ``engine`` (HTTP) with ``reference`` (llama.cpp in-process) on ``prompt``; see the module doc."""
+                      top_k: int = DEFAULT_TOP_K, echo: bool = True,
+                      precision: str = DEFAULT_PLUGIN_PRECISION) -> dict[str, Any]:
+    """Compare ``engine`` (HTTP) with ``reference`` (llama.cpp in-process) on ``prompt``, the noise floor made of
+    the reference's variants for the ``precision`` class (:mod:`validation.precision`); see the module doc."""
+    thresholds = thresholds_for(precision)
     tok = engine.tokenizer
     ids = tok.encode(prompt)
     add_bos = bool(ids) and tok.bos_id is not None and ids[0] == tok.bos_id
@@ -165,18 +172,22 @@ def run_http_fidelity(engine, reference, prompt: str, *, n_tokens: int = DEFAULT
     if echo:
         echo_info.update(_echo_positions(engine, reference, ids, add_bos, top_k, state, positions))
 
-    floor = noise_floor(reference, tok, ids, ref_ids, positions, top_k)
+    floor = noise_floor(reference, tok, ids, ref_ids, positions, top_k, thresholds)
+    floor.update({"precision": thresholds.precision, "variance": variance_source(reference)})
     return _summarize(engine, reference, ids, positions, divergence, server_text, reference_text, n_tokens, top_k,
                       state, echo_info, floor)
 
 
-def noise_floor(reference, tok, ids: list[int], ref_ids: list[int], positions: list[dict], top_k: int) -> dict:
-    """How far llama.cpp moves from *itself* on the compared positions, by the same metrics: each of its rounding
-    variants (``rounding_variants()``: the other attention kernel, an F16 K/V cache) against it. Sets ``variant_top1`` on each row
-    (whether a variant picks the server's top-1 there) and returns {label: shared-top-k KLD mean}, the largest as
-    ``floor`` (see :data:`SHARED_KLD_NOISE_FACTOR`)."""
-    variants = reference.rounding_variants() if hasattr(reference, "rounding_variants") else {}
-    out: dict[str, Any] = {"variants": {}, "floor": 0.0}
+def noise_floor(reference, tok, ids: list[int], ref_ids: list[int], positions: list[dict], top_k: int,
+                thresholds: Thresholds | None = None) -> dict:
+    """How far llama.cpp moves from *itself* on the compared positions, by the same metrics: each of its variants for
+    the precision class (:func:`validation.precision.open_variants`: for ggml its rounding variants, the other
+    attention kernel and an F16 K/V cache; for f32, f16, bf16 also its defaults and the model in that precision)
+    against it. Sets ``variants_agreeing`` on each row (a variant picks the server's top-1 there) and returns
+    ``{"variants": {label: shared-top-k KLD mean}, "floor": the largest, "errors": {label: why it could not run}}``
+    (see :data:`SHARED_KLD_NOISE_FACTOR`)."""
+    variants, errors = open_variants(reference, thresholds or thresholds_for(DEFAULT_PLUGIN_PRECISION))
+    out: dict[str, Any] = {"variants": {}, "floor": 0.0, "errors": errors}
     try:
         for label, variant in variants.items():
             klds = []
@@ -322,6 +333,13 @@ def _summarize(engine, reference, ids, positions, divergence, server_text, refer
     ).to_dict()  # the typed, versioned record
 
 
+def _floor_words(floor: dict[str, Any]) -> str:
+    """Whose floor, for which class (a result from before the class was recorded: llama.cpp's rounding variants)."""
+    if "precision" not in floor:
+        return "llama.cpp's own floor"
+    return f"{floor.get('variance') or 'the reference against itself'} for the {floor['precision']} class"
+
+
 def markdown(result: dict[str, Any]) -> str:
     m, c = result["metrics"], result["checks"]
     def fmt(v, spec=".3g"):
@@ -344,7 +362,7 @@ def markdown(result: dict[str, Any]) -> str:
              f"| KLD over shared top-k, mean (max) | {fmt(m['shared_kld_mean'])} ({fmt(m['shared_kld_max'])}) | <= "
              f"{result['thresholds']['shared_kld_mean_max']:.3g} "
              f"(max of {result['thresholds']['shared_kld_floor_free']:g}"
-             f" and {result['thresholds']['shared_kld_noise_factor']:g} x llama.cpp's own floor "
+             f" and {result['thresholds']['shared_kld_noise_factor']:g} x {_floor_words(result['noise_floor'])} "
              f"{fmt(result['noise_floor']['floor'])}: {', '.join(result['noise_floor']['variants']) or 'none'}) | "
              f"{c['shared_kld']} |",
              f"| max abs logprob diff (shared) | {fmt(m['max_abs_logprob_diff'])} | reported | |",
@@ -352,6 +370,9 @@ def markdown(result: dict[str, Any]) -> str:
              f"{c['greedy_text']} |", "",
              f"{result['kld_note']}.", "", "## Not checkable over HTTP", ""]
     lines += [f"- {what}" for what in result["not_checkable_over_http"]]
+    missing = result["noise_floor"].get("errors") or {}
+    if missing:
+        lines += ["", "Variants left out of the floor:", ""] + [f"- {label}: {why}" for label, why in missing.items()]
     d = result["greedy"]["first_divergence"]
     if d:
         lines += ["", f"Greedy divergence at step {d['step']}: llama.cpp {d['reference_text']!r}, server "

@@ -261,7 +261,7 @@ def test_ctrl_c_before_any_check_finished_writes_nothing(model_path, corpus, eng
 
 @pytest.mark.parametrize("extra, named", [
     (["--decode-steps", "4", "--depth", "600"], "--decode-steps, --depth"),
-    (["--numerics", "f32", "--precision", "f32"], "--numerics, --precision"),
+    (["--numerics", "f32", "--precision", "f32"], "--numerics"),  # --precision: the class a server is judged in
     (["--logit-lens", "--corpus-kld", "--ctx", "256"], "--logit-lens, --corpus-kld, --ctx"),
 ])
 def test_an_http_engine_refuses_the_in_process_checks_flags_before_any_request(tmp_path, monkeypatch, capsys, extra,

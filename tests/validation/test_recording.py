@@ -171,6 +171,25 @@ def test_a_recording_that_cannot_answer_the_run_says_what_differs_before_it_star
     assert str(err.value).endswith("Record again with this run's options")
 
 
+@pytest.mark.parametrize("precision, refused", [("ggml", False), ("f32", True)])
+def test_an_http_replay_needs_a_recording_made_in_its_class(model_path, recorded, precision, refused):
+    """Over HTTP the floor is the class's variants too: a recording made in ggml (rounding variants only) answers a
+    ggml-class server, not an f32 one (the HTTP default)."""
+    from inference_engine.gguf.file import open_gguf
+    from validation.recording import Recording, check_replay_over_http, recorded_prompt
+    from validation.run import DEFAULT_PROMPT
+
+    replay = Recording(recorded)
+    prompt = recorded_prompt(replay, DEFAULT_PROMPT)
+    sha = open_gguf(model_path).sha256
+    if not refused:
+        check_replay_over_http(replay, prompt, prompt, SMOKE, sha, precision)
+        return
+    with pytest.raises(GGUFParityError, match="precision class f32 \\(recorded: ggml; its variants differ: record "
+                                              "with --precision f32\\)"):
+        check_replay_over_http(replay, prompt, prompt, SMOKE, sha, precision)
+
+
 def test_asking_less_than_the_recording_replays(model_path, recorded):
     result = _run(model_path, _ours(), reference=_no_reference, against=f"recording:{recorded}", smoke_tokens=3)
     assert result["passed"] and result["smoke"]["matched"] == 3

@@ -197,3 +197,67 @@ def test_result_is_a_typed_record_that_report_reads(tmp_path):
     loaded = report.load_result(atomic_write_json(tmp_path / "v.json", result))
     assert loaded["_kind"] == report.KIND_HTTP_VALIDATE
     assert report.validation_metrics(loaded) == {"passed": True, "top1_agreement": 1.0}
+
+
+class Variant(Reference):
+    """A variant of the reference: its logits moved by ``shift`` (a fixed pattern), so its floor is known."""
+
+    def __init__(self, shift: float):
+        self.shift = shift
+        self.name = f"variant {shift}"
+
+    def prefill(self, ids):
+        return super().prefill(ids) + self.shift * np.sin(np.arange(N_VOCAB))
+
+    def decode(self, token):
+        return super().decode(token) + self.shift * np.sin(np.arange(N_VOCAB))
+
+    def capture_logits(self):
+        return super().capture_logits() + self.shift * np.sin(np.arange(N_VOCAB))
+
+    def close(self):
+        pass
+
+
+class ReferenceWithVariants(Reference):
+    """llama.cpp's two kinds of variant: rounding (small) and, for a noise-floor class, precision (larger)."""
+
+    model_info: dict = {}
+
+    def rounding_variants(self):
+        return {"flash attention on": Variant(0.01)}
+
+    def variant(self, *, weight_type=None, kv_type=None, flash_attn=None):
+        if weight_type is None:
+            raise RuntimeError("no defaults variant in this fake")
+        return Variant(0.3)
+
+
+@pytest.mark.parametrize("precision, variants", [
+    ("ggml", {"flash attention on"}),
+    ("f32", {"flash attention on", "weights F32"}),
+])
+def test_the_floor_is_made_of_the_precision_class_s_variants(precision, variants):
+    """A server is judged in a precision class (f32 unless --precision says otherwise, as an in-process engine that
+    declares none): ggml's floor is llama.cpp's rounding variants; f32's adds its defaults and its F32 weights."""
+    same = Engine(echo_answer(IDS, 4, "shifted"), generation_answer(IDS, 6, model=0))
+    result = http_fidelity.run_http_fidelity(same, ReferenceWithVariants(), "prompt", n_tokens=6, top_k=TOP_K,
+                                             precision=precision)
+    floor = result["noise_floor"]
+    assert set(floor["variants"]) == variants and floor["precision"] == precision
+    assert floor["variance"] == "llama.cpp's own variance"
+    assert floor["floor"] == max(floor["variants"].values()) and floor["floor"] > 0
+    if precision == "f32":  # the wider variant sets the floor, and the one that could not open is said
+        assert floor["variants"]["weights F32"] > floor["variants"]["flash attention on"]
+        assert "no defaults variant in this fake" in floor["errors"]["llama.cpp defaults (K/V F16, flash attention "
+                                                                     "auto)"]
+        assert "Variants left out of the floor:" in http_fidelity.markdown(result)
+    assert result["thresholds"]["shared_kld_mean_max"] == pytest.approx(
+        max(http_fidelity.SHARED_KLD_MEAN_MAX, http_fidelity.SHARED_KLD_NOISE_FACTOR * floor["floor"]))
+    assert f"llama.cpp's own variance for the {precision} class" in http_fidelity.markdown(result)
+
+
+def test_the_default_class_is_f32_as_for_an_engine_that_declares_none():
+    same = Engine(echo_answer(IDS, 4, "shifted"), generation_answer(IDS, 6, model=0))
+    result = http_fidelity.run_http_fidelity(same, ReferenceWithVariants(), "prompt", n_tokens=6, top_k=TOP_K)
+    assert result["noise_floor"]["precision"] == "f32" and "weights F32" in result["noise_floor"]["variants"]

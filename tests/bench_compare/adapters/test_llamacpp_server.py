@@ -138,6 +138,12 @@ def test_validate_openai_against_llamacpp_in_process(live_validate):
     parted = [p for p in result["positions"] if not p["top1_agree"]]
     assert result["metrics"]["top1_disagreements_not_near_tie"] == 0, parted
     assert "Not checkable over HTTP" in (report / "report.md").read_text()
+    # a server declares no precision: judged in f32, as an in-process engine that declares none, so the floor holds
+    # llama.cpp's defaults and its F32-weights copy beside its rounding variants
+    floor = result["noise_floor"]
+    assert floor["precision"] == "f32" and not floor["errors"], floor
+    assert {"flash attention on", "llama.cpp defaults (K/V F16, flash attention auto)", "weights F32"} <= \
+        set(floor["variants"])
 
 
 def test_validate_openai_against_a_recording_equals_it_against_llamacpp(logprob_server, live_validate, smollm2_path,
@@ -149,8 +155,8 @@ def test_validate_openai_against_a_recording_equals_it_against_llamacpp(logprob_
     from validation.run import ValidateOptions, validate
 
     directory = tmp_path / "rec"
-    validate(ValidateOptions(model=str(smollm2_path), smoke_tokens=8, threads=N_THREADS,
-                             record_reference=str(directory)),
+    validate(ValidateOptions(model=str(smollm2_path), smoke_tokens=8, threads=N_THREADS, precision="f32",
+                             record_reference=str(directory)),  # the class the server is judged in (its default)
              ours_opener=lambda o, p: LlamaCppEngine(str(p), n_ctx=o.n_ctx, n_threads=o.threads))
     args = _validate_args(logprob_server)
     rc, printed, live, _ = live_validate
