@@ -43,7 +43,7 @@ class ValidationFailed(CheckFailed):
 IN_PROCESS_ONLY = {"backend": "--backend", "numerics": "--numerics",
                    "logit_lens": "--logit-lens", "corpus": "--corpus", "free_running": "--free-running",
                    "decode_steps": "--decode-steps", "depth": "--depth", "corpus_kld": "--corpus-kld", "ctx": "--ctx"}
-HTTP_FLAGS = "--prompt, --smoke-tokens, --top-k, --threads, --precision, --against llamacpp|recording:DIR"
+HTTP_FLAGS = "--prompt, --smoke-tokens, --top-k, --threads, --precision, --against llamacpp|numpy|recording:DIR"
 # A flag that only shapes another check, given without that check, would do nothing, silently: a user who asked for
 # --depth 600 would read a verdict without it. (its name, the check's name, the error)
 SHAPES_ANOTHER = (("depth", "decode_steps", "--depth sets where the decode steps run; without --decode-steps N it "

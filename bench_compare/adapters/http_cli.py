@@ -126,15 +126,20 @@ def _with_settings(side, engine):
     return side
 
 
-def _validation_reference(model: str, threads: int | None):
-    """llama.cpp as ``validate`` holds every engine up to (F32 K/V, flash attention off; its variant, flash attention
-    on, is the noise floor), not the benchmark's llama-bench settings: the verdict over HTTP then means what the
-    in-process verdict means."""
-    from inference_engine.store.named_models import resolve_model
-    from validation.run import ValidateOptions, open_llamacpp_reference
+# The references an HTTP engine is validated against in this process (validation.run.REFERENCES' openers).
+HTTP_REFERENCES = ("llamacpp", "numpy")
 
-    options = ValidateOptions(model=model, threads=threads)
-    return open_llamacpp_reference(options, resolve_model(model, progress=False))
+
+def _validation_reference(model: str, threads: int | None, against: str = "llamacpp"):
+    """The reference as ``validate`` holds every engine up to, not the benchmark's llama-bench settings, so that the
+    verdict over HTTP means what the in-process verdict means: llama.cpp (F32 K/V, flash attention off; its variants
+    are the noise floor), or our NumPy engine computing llama.cpp's arithmetic and variants
+    (:mod:`validation.numpy_reference`, ggml numerics)."""
+    from inference_engine.store.named_models import resolve_model
+    from validation.run import REFERENCES, ValidateOptions
+
+    options = ValidateOptions(model=model, threads=threads)  # ggml numerics, F32 K/V: validate's reference settings
+    return REFERENCES.get(against)(options, resolve_model(model, progress=False))
 
 
 def run_validate(*, spec: engines.EngineSpec, model: str, prompt: str | None, threads: int | None, n_tokens: int,
@@ -152,9 +157,9 @@ def run_validate(*, spec: engines.EngineSpec, model: str, prompt: str | None, th
     if top_k < 1 or n_tokens < 1:
         raise GGUFParityError(f"--top-k and --smoke-tokens must be >= 1 for an HTTP engine, got {top_k}, {n_tokens}")
     recorded = recording.parse_against(against)
-    if recorded is None and against != "llamacpp":
-        raise GGUFParityError(f"--against {against}: an HTTP engine is validated against llamacpp (in-process) or "
-                              f"{recording.PREFIX}DIR")
+    if recorded is None and against not in HTTP_REFERENCES:
+        raise GGUFParityError(f"--against {against}: an HTTP engine is validated against "
+                              f"{' or '.join(HTTP_REFERENCES)} (in this process) or {recording.PREFIX}DIR")
     from validation.run import DEFAULT_PROMPT  # the in-process validate's: both verdicts are on the same text
 
     options = {"logits_all": "true"} if spec.scheme == "llamacpp-server" else {}  # its logprobs need logits_all
@@ -172,7 +177,7 @@ def run_validate(*, spec: engines.EngineSpec, model: str, prompt: str | None, th
         engine = _close_later(stack, engines.make_engine(spec, model, n_threads=threads, **options))
         engine.model_name  # noqa: B018 - fail fast on an unreachable URL
         reference = (recording.RecordedEngine(replay) if recorded is not None else
-                     _close_later(stack, _validation_reference(model, threads)))
+                     _close_later(stack, _validation_reference(model, threads, against)))
         result = http_fidelity.run_http_fidelity(engine, reference, text, n_tokens=n_tokens, top_k=top_k,
                                                  precision=precision)
     if recorded is not None:

@@ -1,4 +1,5 @@
-"""Fidelity over HTTP: an OpenAI-compatible server's top-k log-probabilities against llama.cpp in-process.
+"""Fidelity over HTTP: an OpenAI-compatible server's top-k log-probabilities against llama.cpp in-process (or our NumPy
+engine computing llama.cpp's arithmetic and variants, ``--against numpy``: :mod:`validation.numpy_reference`).
 
 For one prompt (token ids from the GGUF's tokenizer, which equals llama.cpp's):
 
@@ -201,8 +202,7 @@ def noise_floor(reference, tok, ids: list[int], ref_ids: list[int], positions: l
                         logits = np.asarray(variant.decode(ref_ids[step]))
             prompt_rows = [p for p in positions if p["where"] == "prompt"]
             if prompt_rows:
-                variant.capture(ids, names=["result_output"])
-                v_logits = variant.capture_logits()
+                v_logits = prompt_logits(variant, ids)
                 for row in prompt_rows:
                     top = reference_topk(tok, log_softmax(v_logits[row["index"] - 1]), top_k)
                     _variant_row(row, top, top_k, label, klds)
@@ -212,6 +212,15 @@ def noise_floor(reference, tok, ids: list[int], ref_ids: list[int], positions: l
             variant.close()
     out["floor"] = max(out["variants"].values(), default=0.0)
     return out
+
+
+def prompt_logits(engine, ids: list[int]) -> np.ndarray:
+    """``(len(ids), n_vocab)``: the logits at every prompt position, from one capture: llama.cpp's own buffer where the
+    engine hands it out (``capture_logits``), else the capture's ``result_output`` (our NumPy reference)."""
+    captured = engine.capture(list(ids), names=["result_output"])
+    if callable(getattr(engine, "capture_logits", None)):
+        return np.asarray(engine.capture_logits())
+    return np.asarray(captured["result_output"], dtype=np.float32).reshape(len(ids), -1)
 
 
 def _variant_row(row: dict, variant_top: dict[str, float], top_k: int, label: str, klds: list[float]) -> None:
@@ -258,8 +267,7 @@ def _echo_positions(engine, reference, ids, add_bos, top_k, state, positions) ->
                 "note": "the server's echo log-probabilities line up neither with its own greedy tokens nor with "
                         "the next ones; prompt positions not compared"}
     shift = 0 if aligned else 1
-    reference.capture(ids, names=["result_output"])
-    ref_logits = reference.capture_logits()
+    ref_logits = prompt_logits(reference, ids)
     compared = 0
     for i in range(first):
         predicted = offset + i + shift  # sequence index of the token this entry's distribution predicts

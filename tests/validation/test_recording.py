@@ -304,8 +304,8 @@ def test_cli_records_and_replays(model_path, tmp_path, monkeypatch, capsys):
                                     "HTTP --engine); an HTTP engine replays such a recording with --against "
                                     "recording:DIR"),
     (["--against", "recording:rec"], "rec: not a recorded reference (no manifest.json)"),
-    (["--against", "numpy"], "--against numpy: an HTTP engine is validated against llamacpp (in-process) or "
-                             "recording:DIR"),
+    (["--against", "vllm"], "--against vllm: an HTTP engine is validated against llamacpp or numpy (in this "
+                            "process) or recording:DIR"),
 ])
 def test_an_http_engine_s_reference_mistakes_are_one_line_before_any_request(flag, message, tmp_path, monkeypatch,
                                                                              capsys):

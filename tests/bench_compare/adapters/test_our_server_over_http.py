@@ -38,6 +38,18 @@ def test_validate_our_server_over_http_gives_the_in_process_verdict(tmp_path, ca
                               "--smoke-tokens", "8", "--threads", "2", "--json", str(out),
                               "--report", str(tmp_path / "http")])
         printed = capsys.readouterr()
+        # the same server against our NumPy reference (where llama.cpp does not run): its floor, llama.cpp's
+        # variants as our engine computes them, for the f32 class a server is judged in
+        against_numpy = cli.main(["validate", "--engine", f"openai:{server.url}/v1", "--model", str(smollm2),
+                                  "--smoke-tokens", "8", "--threads", "2", "--against", "numpy",
+                                  "--json", str(tmp_path / "numpy.json"), "--report", str(tmp_path / "numpy")])
+        numpy_printed = capsys.readouterr()
+    assert against_numpy == 0, numpy_printed.err + numpy_printed.out
+    numpy_result = json.loads((tmp_path / "numpy.json").read_text())
+    assert numpy_result["reference"] == "ours:numpy" and numpy_result["passed"]
+    assert {"K/V F16 (flash attention off)", "weights F32"} <= set(numpy_result["noise_floor"]["variants"])
+    assert "no flash attention" in numpy_result["noise_floor"]["errors"]["llama.cpp defaults (K/V F16, flash "
+                                                                         "attention auto)"]
     assert in_process == 0
     assert over_http == in_process, printed.err + printed.out
     result = json.loads(out.read_text())
