@@ -60,12 +60,9 @@ def test_transformers_passes_in_its_precision(dtype):
 def test_llamacpp_passes_against_the_numpy_reference_on_smollm2():
     """``validate --engine llamacpp --against numpy``: llama.cpp with its tensors, judged against our NumPy engine in
     ggml numerics and the variants it computes (validation.numpy_reference), passes at every tensor (it failed at
-    388 of 393 when that reference had no variants); its noisy twin fails on the logits."""
+    388 of 393 when that reference had no variants). Its noisy twin's failure: test_numpy_reference, tiny models."""
     from validation.numpy_reference import VARIANCE
 
     result = _run("smollm2-135m", "llamacpp", against="numpy")
     assert result["passed"], (result["checks"], result["first_failure"])
     assert result["precision"]["variance"] == VARIANCE and len(result["tensors"]) == 393
-    noisy = _run("smollm2-135m", LOGITS_PLUGIN, NOISE_SIGMA, smoke_tokens=0, against="numpy")
-    assert noisy["checks"]["logits"] is False
-    assert noisy["logits"]["kld_median"] > noisy["logits"]["kld_median_limit"]

@@ -41,7 +41,7 @@ def test_validate_our_server_over_http_gives_the_in_process_verdict(tmp_path, ca
         # the same server against our NumPy reference (where llama.cpp does not run): its floor, llama.cpp's
         # variants as our engine computes them, for the f32 class a server is judged in
         against_numpy = cli.main(["validate", "--engine", f"openai:{server.url}/v1", "--model", str(smollm2),
-                                  "--smoke-tokens", "8", "--threads", "2", "--against", "numpy",
+                                  "--smoke-tokens", "4", "--threads", "2", "--against", "numpy",
                                   "--json", str(tmp_path / "numpy.json"), "--report", str(tmp_path / "numpy")])
         numpy_printed = capsys.readouterr()
     assert against_numpy == 0, numpy_printed.err + numpy_printed.out
