@@ -180,14 +180,14 @@ def run_http_fidelity(engine, reference, prompt: str, *, n_tokens: int = DEFAULT
 
 
 def noise_floor(reference, tok, ids: list[int], ref_ids: list[int], positions: list[dict], top_k: int,
-                thresholds: Thresholds | None = None) -> dict:
+                thresholds: Thresholds) -> dict:
     """How far llama.cpp moves from *itself* on the compared positions, by the same metrics: each of its variants for
     the precision class (:func:`validation.precision.open_variants`: for ggml its rounding variants, the other
     attention kernel and an F16 K/V cache; for f32, f16, bf16 also its defaults and the model in that precision)
     against it. Sets ``variants_agreeing`` on each row (a variant picks the server's top-1 there) and returns
     ``{"variants": {label: shared-top-k KLD mean}, "floor": the largest, "errors": {label: why it could not run}}``
     (see :data:`SHARED_KLD_NOISE_FACTOR`)."""
-    variants, errors = open_variants(reference, thresholds or thresholds_for(DEFAULT_PLUGIN_PRECISION))
+    variants, errors = open_variants(reference, thresholds)
     out: dict[str, Any] = {"variants": {}, "floor": 0.0, "errors": errors}
     try:
         for label, variant in variants.items():
@@ -215,11 +215,9 @@ def noise_floor(reference, tok, ids: list[int], ref_ids: list[int], positions: l
 
 
 def prompt_logits(engine, ids: list[int]) -> np.ndarray:
-    """``(len(ids), n_vocab)``: the logits at every prompt position, from one capture: llama.cpp's own buffer where the
-    engine hands it out (``capture_logits``), else the capture's ``result_output`` (our NumPy reference)."""
+    """``(len(ids), n_vocab)``: the logits at every prompt position, one capture's ``result_output`` (llama.cpp's equal
+    its ``llama_get_logits``, which is how a recording answers for it)."""
     captured = engine.capture(list(ids), names=["result_output"])
-    if callable(getattr(engine, "capture_logits", None)):
-        return np.asarray(engine.capture_logits())
     return np.asarray(captured["result_output"], dtype=np.float32).reshape(len(ids), -1)
 
 

@@ -55,11 +55,10 @@ class Reference:
         return logits_after(self._seq)
 
     def capture(self, ids, names=None):
-        self._ids = list(ids)
-        return {}
+        return {"result_output": self.prompt_logits(list(ids))}
 
-    def capture_logits(self):
-        return np.stack([logits_after(self._ids[: j + 1]) for j in range(len(self._ids))])
+    def prompt_logits(self, ids):
+        return np.stack([logits_after(ids[: j + 1]) for j in range(len(ids))])
 
 
 def top_dict(tok, prefix):
@@ -212,8 +211,8 @@ class Variant(Reference):
     def decode(self, token):
         return super().decode(token) + self.shift * np.sin(np.arange(N_VOCAB))
 
-    def capture_logits(self):
-        return super().capture_logits() + self.shift * np.sin(np.arange(N_VOCAB))
+    def prompt_logits(self, ids):
+        return super().prompt_logits(ids) + self.shift * np.sin(np.arange(N_VOCAB))
 
     def close(self):
         pass
