@@ -25,7 +25,7 @@ variants' change to it, or a margin like llama.cpp's own flips).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -132,38 +132,63 @@ def _variant_floor(variants: Mapping[str, Engine], ids, path, ref_rows, position
         except Exception as exc:  # noqa: BLE001 - a variant that fails is reported, never fatal
             out["errors"][label] = one_line(exc)
             continue
-        klds, diffs, overlaps = [], [], []
+        comparisons = []
         for row, ref, pos in zip(rows, ref_rows, positions):
-            cmp = compare_position(top_k_of(row, k), top_k_of(ref, k), k)
-            if cmp["shared_kld"] is not None:
-                klds.append(cmp["shared_kld"])
-                diffs.append(cmp["max_abs_logprob_diff"])
-            overlaps.append(cmp["topk_overlap"])
+            comparisons.append(compare_position(top_k_of(row, k), top_k_of(ref, k), k))
             if not pos["top1_agree"]:
                 e_tok, r_tok = pos["server_top1"], pos["reference_top1"]
                 if int(np.argmax(row)) == e_tok:
                     pos.setdefault("variants_agreeing", []).append(label)
                 logp = log_softmax(np.asarray(row, dtype=np.float64)[None, :])[0]
                 pos.setdefault("reference_variant_gaps", []).append(float(logp[r_tok] - logp[e_tok]))
-        out["variants"][label] = {"shared_kld_mean": float(np.mean(klds)) if klds else 0.0,
-                                  "shared_kld_median": float(np.median(klds)) if klds else 0.0,
-                                  "max_abs_logprob_diff": float(max(diffs, default=0.0)),
-                                  "topk_overlap_mean": float(np.mean(overlaps)) if overlaps else 1.0}
+        out["variants"][label] = position_stats(comparisons)
     return out
 
 
+def position_stats(comparisons: list[Mapping[str, Any]]) -> dict[str, Any]:
+    """The gated statistics of a run of :func:`compare_position` results (an engine's, or a variant's against the
+    reference): shared-top-k KLD mean and median, the largest log-probability difference, top-k overlap mean.
+    ``None`` where nothing was comparable (no shared token anywhere)."""
+    klds = [c["shared_kld"] for c in comparisons if c.get("shared_kld") is not None]
+    diffs = [c["max_abs_logprob_diff"] for c in comparisons if c.get("max_abs_logprob_diff") is not None]
+    overlaps = [c["topk_overlap"] for c in comparisons]
+    return {"shared_kld_mean": float(np.mean(klds)) if klds else None,
+            "shared_kld_median": float(np.median(klds)) if klds else None,
+            "max_abs_logprob_diff": float(max(diffs)) if diffs else None,
+            "topk_overlap_mean": float(np.mean(overlaps)) if overlaps else None}
+
+
+def floor_limits(variant_stats: Iterable[Mapping[str, Any]]) -> dict[str, float]:
+    """The gates from the variants' :func:`position_stats` (see the module doc): KLD mean and median <=
+    max(SHARED_KLD_MEAN_MAX, NOISE_FACTOR x the variants' largest), the largest log-probability difference <=
+    max(LOGPROB_DIFF_MIN, GAP_SHIFT_FACTOR x theirs), overlap >= min(TOPK_OVERLAP_MEAN_MIN, their lowest)."""
+    stats = list(variant_stats)
+
+    def largest(key: str) -> float:
+        return max((s[key] for s in stats if s.get(key) is not None), default=0.0)
+
+    return {"shared_kld_mean_max": max(SHARED_KLD_MEAN_MAX, NOISE_FACTOR * largest("shared_kld_mean")),
+            "shared_kld_median_max": max(SHARED_KLD_MEAN_MAX, NOISE_FACTOR * largest("shared_kld_median")),
+            "max_abs_logprob_diff_max": max(LOGPROB_DIFF_MIN, GAP_SHIFT_FACTOR * largest("max_abs_logprob_diff")),
+            "topk_overlap_mean_min": min([TOPK_OVERLAP_MEAN_MIN] + [s["topk_overlap_mean"] for s in stats
+                                                                      if s.get("topk_overlap_mean") is not None])}
+
+
+def metric_checks(metrics: Mapping[str, Any], limits: Mapping[str, float]) -> dict[str, bool]:
+    """The engine's :func:`position_stats` against :func:`floor_limits` (a statistic that could not be computed
+    fails its check: nothing was comparable)."""
+    def within(key: str, limit: str) -> bool:
+        return metrics.get(key) is not None and metrics[key] <= limits[limit]
+
+    return {"shared_kld": within("shared_kld_mean", "shared_kld_mean_max")
+            and within("shared_kld_median", "shared_kld_median_max"),
+            "logprob_diff": within("max_abs_logprob_diff", "max_abs_logprob_diff_max"),
+            "topk_overlap": metrics.get("topk_overlap_mean") is not None
+            and metrics["topk_overlap_mean"] >= limits["topk_overlap_mean_min"]}
+
+
 def _verdict(name, positions, floor, generation, k, n_tokens, drift_margin) -> dict[str, Any]:
-    klds = [p["shared_kld"] for p in positions if p["shared_kld"] is not None]
-    diffs = [p["max_abs_logprob_diff"] for p in positions if p["max_abs_logprob_diff"] is not None]
-    v = floor["variants"].values()
-    kld_floor = max((x["shared_kld_mean"] for x in v), default=0.0)
-    median_floor = max((x["shared_kld_median"] for x in v), default=0.0)
-    diff_floor = max((x["max_abs_logprob_diff"] for x in v), default=0.0)
-    overlap_floor = min((x["topk_overlap_mean"] for x in v), default=1.0)
-    limits = {"shared_kld_mean_max": max(SHARED_KLD_MEAN_MAX, NOISE_FACTOR * kld_floor),
-              "shared_kld_median_max": max(SHARED_KLD_MEAN_MAX, NOISE_FACTOR * median_floor),
-              "max_abs_logprob_diff_max": max(LOGPROB_DIFF_MIN, GAP_SHIFT_FACTOR * diff_floor),
-              "topk_overlap_mean_min": min(TOPK_OVERLAP_MEAN_MIN, overlap_floor)}
+    limits = floor_limits(floor["variants"].values())
     disagreements = []
     for p in positions:
         if p["top1_agree"]:
@@ -181,20 +206,10 @@ def _verdict(name, positions, floor, generation, k, n_tokens, drift_margin) -> d
                 excused.append("a flip like the reference's own (margin within its flips' margins)")
         p["excused_by"] = excused
         disagreements.append(p)
-    metrics = {"positions": len(positions),
-               "shared_kld_mean": float(np.mean(klds)) if klds else None,
-               "shared_kld_median": float(np.median(klds)) if klds else None,
-               "max_abs_logprob_diff": float(max(diffs)) if diffs else None,
-               "topk_overlap_mean": float(np.mean([p["topk_overlap"] for p in positions])),
+    metrics = {"positions": len(positions), **position_stats(positions),
                "rank_agreement_mean": float(np.mean([p["rank_agreement"] for p in positions])),
                "top1_agreement": float(np.mean([p["top1_agree"] for p in positions]))}
-    checks = {"shared_kld": metrics["shared_kld_mean"] is not None
-              and metrics["shared_kld_mean"] <= limits["shared_kld_mean_max"]
-              and metrics["shared_kld_median"] <= limits["shared_kld_median_max"],
-              "logprob_diff": metrics["max_abs_logprob_diff"] is not None
-              and metrics["max_abs_logprob_diff"] <= limits["max_abs_logprob_diff_max"],
-              "topk_overlap": metrics["topk_overlap_mean"] >= limits["topk_overlap_mean_min"],
-              "top1": all(p["excused_by"] for p in disagreements)}
+    checks = {**metric_checks(metrics, limits), "top1": all(p["excused_by"] for p in disagreements)}
     return {"engine": name, "top_k": k, "tokens": n_tokens, "generated": len(positions),
             "text": generation.get("text"), "metrics": metrics, "limits": limits, "noise_factor": NOISE_FACTOR,
             "reference_self": floor, "checks": checks, "passed": all(checks.values()),

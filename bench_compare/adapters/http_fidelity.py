@@ -22,15 +22,18 @@ the shared top-k**: both sides' probabilities of the tokens in both top-k sets, 
 that shared set (p_i = exp(lp_i) / sum_shared exp(lp_j)), then KL(llama.cpp || server). It compares the *shape* of
 the two distributions on the tokens both rank highest and ignores the mass outside them: 0 when those shared
 probabilities are proportional, not a full-vocabulary KLD (which needs every logit; HTTP gives only k). The largest
-absolute log-probability difference on shared tokens is reported beside it.
+absolute log-probability difference on shared tokens is the fourth metric.
 
 The gates allow for llama.cpp's own variance, measured in the same run: its variants for the server's precision class
 (``--precision``; a server declares none, so f32 by default, as an in-process engine that declares none:
 :mod:`validation.precision`) against llama.cpp on the same positions by the same metrics (:func:`noise_floor`): for
 ggml its rounding variants (the other attention kernel, an F16 K/V cache); for f32, f16 and bf16 also its defaults and
-the model with its matrices in that precision. The KLD gate is max(:data:`SHARED_KLD_MEAN_MAX`,
-:data:`SHARED_KLD_NOISE_FACTOR` x that floor), and a top-1 or greedy disagreement also passes when a variant picks
-the server's token there (as in ``validation.smoke``).
+the model with its matrices in that precision. The gates are top-k fidelity's (:mod:`validation.top_k`), so a
+server and an in-process engine that gives only its top-k are held to the same rules: shared-top-k KLD mean and
+median within max(:data:`~validation.top_k.SHARED_KLD_MEAN_MAX`, 3x the variants' largest), the largest
+log-probability difference within max(1e-3, sqrt(3)x theirs), top-k overlap at least min(0.8, their lowest); a top-1
+or greedy disagreement passes as a near tie, when a variant picks the server's token there (as in
+``validation.smoke``), or when the variants move that gap by at least a sqrt(3)th of it.
 
 Tokens are matched by their text, as servers return them (``top_logprobs`` is ``{token text: logprob}``); llama.cpp's
 top-k ids are turned into text the same way (the token's bytes, invalid UTF-8 dropped; when two tokens render the same
@@ -54,25 +57,20 @@ from validation.precision import DEFAULT_PLUGIN_PRECISION, open_variants, varian
 from validation.provenance import provenance
 from validation.results import HttpValidateResult
 from validation.smoke import NEAR_TIE_MARGIN
-from validation.top_k import compare_position  # one definition of the per-position metrics
+from validation.top_k import (  # one definition of the per-position metrics and of their gates
+    SHARED_KLD_MEAN_MAX,
+    compare_position,
+    floor_limits,
+    metric_checks,
+    position_stats,
+)
 
 DEFAULT_TOP_K = 5
 DEFAULT_TOKENS = 16
-# Gates, for engines that claim llama.cpp's numerics. KLD over the shared top-k: llama.cpp's server against llama.cpp
-# in-process computes the same kernels, and engines agreeing to the validate gate's logits NMSE (1e-6) differ by
-# ~1e-3 in log-probabilities, a renormalised KLD ~1e-6; 1e-4 is the validate command's own ggml logits KLD gate
-# (validation.metrics.KLD_MEAN_MAX_GGML), reused so the two gates mean the same.
-SHARED_KLD_MEAN_MAX = 1e-4
-# A server need not compute exactly as the in-process reference does (llama.cpp's own server with flash attention
-# off, another engine): the KLD gate is max(SHARED_KLD_MEAN_MAX, factor x llama.cpp's own noise floor), the floor
-# being the same metric between llama.cpp and its rounding variants (the other attention kernel, an F16 K/V cache:
-# LlamaCppEngine.rounding_variants) on the same positions,
-# with the factor (and its reasons) of the free-running logits gate (validation.free_running.NOISE_FACTOR). Seen on
-# SmolLM2 Q4_1: a server with flash attention off gave shared-top-k KLD mean 2.2e-3 (log-prob differences up to 0.54)
-# against the in-process reference with it on.
-SHARED_KLD_NOISE_FACTOR = NOISE_FACTOR
-# Top-k overlap: near-tied k-th and (k+1)-th tokens may swap at the edge of the list; one swap at k=5 is 0.8.
-TOPK_OVERLAP_MEAN_MIN = 0.8
+# The gates are top-k fidelity's (validation.top_k: floor_limits, metric_checks), so a server and an in-process engine
+# that gives only its top-k are held to the same rules. Seen on SmolLM2 Q4_1: a server with flash attention off gave
+# shared-top-k KLD mean 2.2e-3 (log-prob differences up to 0.54) against the in-process reference with it on, which is
+# why the least limits alone would not do and llama.cpp's variants set the floor.
 
 
 def _token_text(tokenizer, token_id: int) -> str:
@@ -185,19 +183,20 @@ def noise_floor(reference, tok, ids: list[int], ref_ids: list[int], positions: l
     the precision class (:func:`validation.precision.open_variants`: for ggml its rounding variants, the other
     attention kernel and an F16 K/V cache; for f32, f16, bf16 also its defaults and the model in that precision)
     against it. Sets ``variants_agreeing`` on each row (a variant picks the server's top-1 there) and returns
-    ``{"variants": {label: shared-top-k KLD mean}, "floor": the largest, "errors": {label: why it could not run}}``
-    (see :data:`SHARED_KLD_NOISE_FACTOR`)."""
+    ``{"variants": {label: validation.top_k.position_stats}, "floor": the largest shared-top-k KLD mean, "errors":
+    {label: why it could not run}}``; the gates are :func:`validation.top_k.floor_limits` of those stats."""
     variants, errors = open_variants(reference, thresholds)
     out: dict[str, Any] = {"variants": {}, "floor": 0.0, "errors": errors}
     try:
         for label, variant in variants.items():
-            klds = []
+            comparisons: list[dict] = []
             generated = [p for p in positions if p["where"] == "generated"]
             if generated:
                 variant.reset()
                 logits = np.asarray(variant.prefill(ids))
                 for step, row in enumerate(generated):
-                    _variant_row(row, reference_topk(tok, log_softmax(logits), top_k), top_k, label, klds)
+                    comparisons.append(_variant_row(row, reference_topk(tok, log_softmax(logits), top_k), top_k,
+                                                    label))
                     if step + 1 < len(generated):
                         logits = np.asarray(variant.decode(ref_ids[step]))
             prompt_rows = [p for p in positions if p["where"] == "prompt"]
@@ -205,12 +204,12 @@ def noise_floor(reference, tok, ids: list[int], ref_ids: list[int], positions: l
                 v_logits = prompt_logits(variant, ids)
                 for row in prompt_rows:
                     top = reference_topk(tok, log_softmax(v_logits[row["index"] - 1]), top_k)
-                    _variant_row(row, top, top_k, label, klds)
-            out["variants"][label] = float(np.mean(klds)) if klds else 0.0
+                    comparisons.append(_variant_row(row, top, top_k, label))
+            out["variants"][label] = position_stats(comparisons)
     finally:
         for variant in variants.values():
             variant.close()
-    out["floor"] = max(out["variants"].values(), default=0.0)
+    out["floor"] = max((v["shared_kld_mean"] or 0.0 for v in out["variants"].values()), default=0.0)
     return out
 
 
@@ -221,10 +220,9 @@ def prompt_logits(engine, ids: list[int]) -> np.ndarray:
     return np.asarray(captured["result_output"], dtype=np.float32).reshape(len(ids), -1)
 
 
-def _variant_row(row: dict, variant_top: dict[str, float], top_k: int, label: str, klds: list[float]) -> None:
+def _variant_row(row: dict, variant_top: dict[str, float], top_k: int, label: str) -> dict[str, Any]:
+    """The variant against llama.cpp at ``row``'s position (returned), and what it says of the server's top-1."""
     cmp = compare_position(variant_top, row["reference_topk"], top_k)
-    if cmp["shared_kld"] is not None:
-        klds.append(cmp["shared_kld"])
     if not row["top1_agree"] and cmp["server_top1"] == row["server_top1"]:
         row.setdefault("variants_agreeing", []).append(label)
     r_top, s_top, margin = row["reference_top1"], row["server_top1"], row.get("margin")
@@ -233,6 +231,7 @@ def _variant_row(row: dict, variant_top: dict[str, float], top_k: int, label: st
         row.setdefault("reference_variant_gaps", []).append(variant_top[r_top] - variant_top[s_top])
         shift, within = reference_gap_shift(margin, row["reference_variant_gaps"])
         row["reference_self_gap_shift"], row["within_reference_gap_shift"] = shift, within
+    return cmp
 
 
 def _echo_positions(engine, reference, ids, add_bos, top_k, state, positions) -> dict[str, Any]:
@@ -288,12 +287,10 @@ def _echo_positions(engine, reference, ids, add_bos, top_k, state, positions) ->
 
 def _summarize(engine, reference, ids, positions, divergence, server_text, reference_text, n_tokens, top_k, state,
                echo_info, floor) -> dict[str, Any]:
-    kld = [p["shared_kld"] for p in positions if p.get("shared_kld") is not None]
-    overlap = [p["topk_overlap"] for p in positions]
     disagreements = [p for p in positions if not p["top1_agree"]]
     unexcused = [p for p in disagreements if not p.get("near_tie") and not p.get("variants_agreeing")
                  and not p.get("within_reference_gap_shift")]
-    kld_limit = max(SHARED_KLD_MEAN_MAX, SHARED_KLD_NOISE_FACTOR * floor["floor"])
+    limits = floor_limits(floor["variants"].values())
     if divergence is not None:
         at = [p for p in positions if p["where"] == "generated" and p["index"] == divergence["step"]]
         divergence["reference_variants_agreeing"] = at[0].get("variants_agreeing", []) if at else []
@@ -305,25 +302,15 @@ def _summarize(engine, reference, ids, positions, divergence, server_text, refer
         "positions": len(positions),
         "top1_agreement": (sum(p["top1_agree"] for p in positions) / len(positions)) if positions else None,
         "top1_disagreements_not_near_tie": len(unexcused),
-        "topk_overlap_mean": float(np.mean(overlap)) if overlap else None,
-        "shared_kld_mean": float(np.mean(kld)) if kld else None,
-        "shared_kld_max": float(np.max(kld)) if kld else None,
-        "max_abs_logprob_diff": max((p["max_abs_logprob_diff"] for p in positions
-                                     if p.get("max_abs_logprob_diff") is not None), default=None),
+        **position_stats(positions),
+        "shared_kld_max": max((p["shared_kld"] for p in positions if p.get("shared_kld") is not None),
+                              default=None),
     }
-    checks = {
-        "top1": bool(positions) and not unexcused,
-        "topk_overlap": (metrics["topk_overlap_mean"] is not None
-                         and metrics["topk_overlap_mean"] >= TOPK_OVERLAP_MEAN_MIN),
-        "shared_kld": metrics["shared_kld_mean"] is not None and metrics["shared_kld_mean"] <= kld_limit,
-        "greedy_text": greedy_ok,
-    }
+    checks = {**metric_checks(metrics, limits), "top1": bool(positions) and not unexcused, "greedy_text": greedy_ok}
     return HttpValidateResult(
         provenance=provenance(), engine=engine.name, reference=reference.name, model=engine.model_info,
-        thresholds={"shared_kld_mean_max": kld_limit, "shared_kld_floor_free": SHARED_KLD_MEAN_MAX,
-                    "shared_kld_noise_factor": SHARED_KLD_NOISE_FACTOR,
-                    "topk_overlap_mean_min": TOPK_OVERLAP_MEAN_MIN,
-                    "near_tie_margin": NEAR_TIE_MARGIN},
+        thresholds={**limits, "shared_kld_floor_free": SHARED_KLD_MEAN_MAX, "shared_kld_noise_factor": NOISE_FACTOR,
+                    "gap_shift_factor": GAP_SHIFT_FACTOR, "near_tie_margin": NEAR_TIE_MARGIN},
         metrics=metrics, checks=checks, passed=all(checks.values()),
         extra={
             "prompt_tokens": len(ids), "prompt_sent_as": state.get("prompt_as"),
@@ -347,7 +334,8 @@ def _floor_words(floor: dict[str, Any]) -> str:
 
 
 def markdown(result: dict[str, Any]) -> str:
-    m, c = result["metrics"], result["checks"]
+    m, c, t = result["metrics"], result["checks"], result["thresholds"]
+
     def fmt(v, spec=".3g"):
         return "-" if v is None else format(v, spec)
     lines = [f"# HTTP validate: {result['engine']} vs {result['reference']}", "",
@@ -361,17 +349,22 @@ def markdown(result: dict[str, Any]) -> str:
              f"- verdict: **{'PASS' if result['passed'] else 'FAIL'}**", "",
              "| check | value | gate | ok |", "| --- | ---: | --- | --- |",
              f"| top-1 agreement | {fmt(m['top1_agreement'], '.3f')} over {m['positions']} positions | every "
-             f"disagreement a near tie (< {result['thresholds']['near_tie_margin']}), picked by a llama.cpp "
+             f"disagreement a near tie (< {t['near_tie_margin']}), picked by a llama.cpp "
              f"variant or within {GAP_SHIFT_FACTOR:.3g}x the change its variants make to that gap | {c['top1']} |",
              f"| top-k overlap mean | {fmt(m['topk_overlap_mean'], '.3f')} | >= "
-             f"{result['thresholds']['topk_overlap_mean_min']} | {c['topk_overlap']} |",
+             f"{fmt(t['topk_overlap_mean_min'])} | {c['topk_overlap']} |",
              f"| KLD over shared top-k, mean (max) | {fmt(m['shared_kld_mean'])} ({fmt(m['shared_kld_max'])}) | <= "
-             f"{result['thresholds']['shared_kld_mean_max']:.3g} "
-             f"(max of {result['thresholds']['shared_kld_floor_free']:g}"
-             f" and {result['thresholds']['shared_kld_noise_factor']:g} x {_floor_words(result['noise_floor'])} "
+             f"{t['shared_kld_mean_max']:.3g} (max of {t['shared_kld_floor_free']:g}"
+             f" and {t['shared_kld_noise_factor']:g} x {_floor_words(result['noise_floor'])} "
              f"{fmt(result['noise_floor']['floor'])}: {', '.join(result['noise_floor']['variants']) or 'none'}) | "
              f"{c['shared_kld']} |",
-             f"| max abs logprob diff (shared) | {fmt(m['max_abs_logprob_diff'])} | reported | |",
+             *([f"| KLD over shared top-k, median | {fmt(m['shared_kld_median'])} | <= "
+                f"{t['shared_kld_median_max']:.3g} (the same rule on the variants' medians) | {c['shared_kld']} |"]
+               if "shared_kld_median_max" in t else []),
+             f"| max abs logprob diff (shared) | {fmt(m['max_abs_logprob_diff'])} | "
+             + (f"<= {t['max_abs_logprob_diff_max']:.3g} (max of 1e-3 and {t['gap_shift_factor']:.3g} x the "
+                f"variants' largest) | {c['logprob_diff']} |" if "max_abs_logprob_diff_max" in t
+                else "reported | |"),
              f"| greedy text equal | {result['greedy']['equal']} | equal, or diverging as the top-1 rule allows | "
              f"{c['greedy_text']} |", "",
              f"{result['kld_note']}.", "", "## Not checkable over HTTP", ""]

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from bench_compare.adapters import http_fidelity
+from validation import top_k
 from validation.metrics import log_softmax
 
 N_VOCAB = 40
@@ -162,11 +163,11 @@ def test_a_disagreement_is_drift_when_llamacpps_variant_moves_that_gap_as_far():
     ref = {"a": -0.5, "b": -0.8, "c": -3.0}
     row = http_fidelity.compare_position({"b": -0.6, "a": -0.8, "c": -3.0}, ref, 3)
     row["reference_topk"] = ref
-    http_fidelity._variant_row(row, {"a": -0.6, "b": -0.72, "c": -3.0}, 3, "flash attention on", [])
+    http_fidelity._variant_row(row, {"a": -0.6, "b": -0.72, "c": -3.0}, 3, "flash attention on")
     assert row["reference_self_gap_shift"] == pytest.approx(0.18) and row["within_reference_gap_shift"]
     row = http_fidelity.compare_position({"b": -0.6, "a": -0.8, "c": -3.0}, ref, 3)
     row["reference_topk"] = ref
-    http_fidelity._variant_row(row, {"a": -0.6, "b": -0.75, "c": -3.0}, 3, "flash attention on", [])
+    http_fidelity._variant_row(row, {"a": -0.6, "b": -0.75, "c": -3.0}, 3, "flash attention on")
     assert row["reference_self_gap_shift"] == pytest.approx(0.15) and not row["within_reference_gap_shift"]
 
 
@@ -245,14 +246,17 @@ def test_the_floor_is_made_of_the_precision_class_s_variants(precision, variants
     floor = result["noise_floor"]
     assert set(floor["variants"]) == variants and floor["precision"] == precision
     assert floor["variance"] == "llama.cpp's own variance"
-    assert floor["floor"] == max(floor["variants"].values()) and floor["floor"] > 0
+    means = {label: stats["shared_kld_mean"] for label, stats in floor["variants"].items()}
+    assert floor["floor"] == max(means.values()) and floor["floor"] > 0
     if precision == "f32":  # the wider variant sets the floor, and the one that could not open is said
-        assert floor["variants"]["weights F32"] > floor["variants"]["flash attention on"]
+        assert means["weights F32"] > means["flash attention on"]
         assert "no defaults variant in this fake" in floor["errors"]["llama.cpp defaults (K/V F16, flash attention "
                                                                      "auto)"]
         assert "Variants left out of the floor:" in http_fidelity.markdown(result)
-    assert result["thresholds"]["shared_kld_mean_max"] == pytest.approx(
-        max(http_fidelity.SHARED_KLD_MEAN_MAX, http_fidelity.SHARED_KLD_NOISE_FACTOR * floor["floor"]))
+    # the gates are top-k fidelity's, from the same variants' statistics (one rule for HTTP and in-process)
+    limits = {k: v for k, v in result["thresholds"].items() if k in top_k.floor_limits([])}
+    assert limits == pytest.approx(top_k.floor_limits(floor["variants"].values()))
+    assert limits["shared_kld_mean_max"] == pytest.approx(max(top_k.SHARED_KLD_MEAN_MAX, 3 * floor["floor"]))
     assert f"llama.cpp's own variance for the {precision} class" in http_fidelity.markdown(result)
 
 
@@ -260,3 +264,29 @@ def test_the_default_class_is_f32_as_for_an_engine_that_declares_none():
     same = Engine(echo_answer(IDS, 4, "shifted"), generation_answer(IDS, 6, model=0))
     result = http_fidelity.run_http_fidelity(same, ReferenceWithVariants(), "prompt", n_tokens=6, top_k=TOP_K)
     assert result["noise_floor"]["precision"] == "f32" and "weights F32" in result["noise_floor"]["variants"]
+
+
+def offset(answer: dict, by: float) -> dict:
+    """The same answer with every log-probability moved by ``by``: a server that does not normalise them."""
+    lp = answer["choices"][0]["logprobs"]
+    tops = [None if t is None else {tok: v + by for tok, v in t.items()} for t in lp["top_logprobs"]]
+    return {"choices": [{**answer["choices"][0], "logprobs": {**lp, "top_logprobs": tops}}]}
+
+
+def test_log_probabilities_off_by_a_constant_fail_though_their_shape_is_right():
+    """A server reporting unnormalised log-probabilities (e.g. logits, or a log-softmax over part of the vocabulary)
+    has the right top-k, the right greedy tokens and a shared-top-k KLD of 0 (the KLD renormalises): only the
+    log-probability gate sees it, as top-k fidelity in-process does (before this gate, over HTTP it passed). 2 nats is
+    beyond sqrt(3) x the variants' largest difference (their 0.3-scaled sine pattern), and the correct server passes
+    by the same gate."""
+    ok = Engine(echo_answer(IDS, 4, "shifted"), generation_answer(IDS, 6, model=0))
+    passed = http_fidelity.run_http_fidelity(ok, ReferenceWithVariants(), "prompt", n_tokens=6, top_k=TOP_K)
+    assert passed["passed"] and passed["checks"]["logprob_diff"]
+    shifted = Engine(offset(echo_answer(IDS, 4, "shifted"), 2.0), offset(generation_answer(IDS, 6, model=0), 2.0))
+    result = http_fidelity.run_http_fidelity(shifted, ReferenceWithVariants(), "prompt", n_tokens=6, top_k=TOP_K)
+    assert result["metrics"]["shared_kld_mean"] < 1e-12 and result["checks"]["top1"] and result["greedy"]["equal"]
+    assert not result["checks"]["logprob_diff"] and not result["passed"]
+    assert result["metrics"]["max_abs_logprob_diff"] == pytest.approx(2.0)
+    assert result["thresholds"]["max_abs_logprob_diff_max"] < 2.0
+    table = http_fidelity.markdown(result)
+    assert "| max abs logprob diff (shared) | 2 | <= " in table and "| KLD over shared top-k, median |" in table
