@@ -15,6 +15,7 @@ from validation.free_running import KV_F16_PLAIN, NOISE_FACTOR
 from validation.gguf_rewrite import rewrite, weights_as
 from validation.metrics import NMSE_MIN_BF16, NMSE_MIN_F32, thresholds_for
 from validation.precision import LLAMACPP_DEFAULTS, LLAMACPP_VARIANCE, open_variants, tensor_bands
+from validation.report import fmt, precision_lines
 from validation.run import ValidateOptions, validate
 
 pytest.importorskip("validation.llamacpp", reason="the llama.cpp reference engine is not importable")
@@ -232,6 +233,9 @@ def test_a_topk_only_engine_is_checked_on_its_own_path(tiny_model):
     assert top["metrics"]["shared_kld_mean"] <= top["limits"]["shared_kld_mean_max"]
     assert set(top["reference_self"]["variants"]) == {"flash attention on", KV_F16_PLAIN, LLAMACPP_DEFAULTS,
                                                       "weights F32"}
+    line = next(x for x in precision_lines(result) if x.startswith("top-3 log-probabilities"))
+    assert f"median {fmt(top['metrics']['shared_kld_median'])} (limit {fmt(top['limits']['shared_kld_median_max'])})" \
+        in line and line.endswith("-> PASS")
 
 
 def test_top_k_is_refused_for_an_engine_with_full_logits(tiny_model):
