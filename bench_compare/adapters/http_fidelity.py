@@ -6,11 +6,14 @@ For one prompt (token ids from the GGUF's tokenizer, which equals llama.cpp's):
 1. **Prompt**: sent as token ids when the server accepts them; otherwise as text, after checking that the text
    tokenizes back to exactly those ids (:func:`openai_http.check_text_round_trip`); otherwise refused.
 2. **Generated positions**: the server generates ``n`` tokens greedily (every sampler and penalty neutral) with
-   ``logprobs: k``. llama.cpp in-process generates greedily on the same ids. While the two greedy tokens agree both
-   condition on the same prefix, so each position's top-k is compared; at the first disagreement the comparison
-   stops (as in ``validation.smoke``) and the disagreement passes only as a near tie: llama.cpp's own log-probability
-   of its token minus that of the server's token below ``validation.smoke.NEAR_TIE_MARGIN`` (a log-prob difference
-   within one distribution equals the logit difference).
+   ``logprobs: k``. llama.cpp in-process prefills the same ids and is then fed *the server's own tokens* one by one
+   (as :mod:`validation.top_k` does in-process), so every position is compared on the server's prefix, those after a
+   greedy disagreement included. A token is fed by its text, which must name exactly one token of the GGUF's
+   vocabulary (a byte-fallback piece or a text two tokens share ends the comparison there, saying so; so does a
+   recording, which holds llama.cpp's own greedy path only). The first disagreement passes only as a near tie:
+   llama.cpp's own log-probability of its token minus that of the server's token below
+   ``validation.smoke.NEAR_TIE_MARGIN`` (a log-prob difference within one distribution equals the logit difference),
+   or as llama.cpp's variants excuse it (below); later ones are top-1 disagreements like any other.
 3. **Prompt positions** (``echo: true``): the server's log-probabilities of the prompt's own tokens. Their alignment
    is verified on the generated part of the same echo response before use: in an aligned response each generated
    token is the top-1 of its own entry (greedy); if instead it is the top-1 of the entry *before* it, the entries are
@@ -55,6 +58,7 @@ from validation.free_running import GAP_SHIFT_FACTOR, NOISE_FACTOR, reference_ga
 from validation.metrics import Thresholds, log_softmax, thresholds_for
 from validation.precision import DEFAULT_PLUGIN_PRECISION, open_variants, variance_source
 from validation.provenance import provenance
+from validation.recording import RecordingMiss
 from validation.results import HttpValidateResult
 from validation.smoke import NEAR_TIE_MARGIN
 from validation.top_k import (  # one definition of the per-position metrics and of their gates
@@ -138,8 +142,9 @@ def run_http_fidelity(engine, reference, prompt: str, *, n_tokens: int = DEFAULT
     server_text = str(data["choices"][0].get("text") or "")
     reference.reset()
     logits = np.asarray(reference.prefill(ids))
-    ref_ids: list[int] = []
-    divergence = None
+    path: list[int] = []  # the tokens llama.cpp is fed: the server's own, so each position has the server's prefix
+    divergence, stopped, vocabulary = None, None, None
+    n_steps = len(gen["top_logprobs"][:n_tokens])
     for step, entry in enumerate(gen["top_logprobs"][:n_tokens]):
         lp = log_softmax(logits)
         ref_tok = int(np.argmax(lp))
@@ -151,33 +156,60 @@ def run_http_fidelity(engine, reference, prompt: str, *, n_tokens: int = DEFAULT
         row = compare_position(server_top, ref_top, top_k)
         row.update({"where": "generated", "index": step, "server_topk": server_top, "reference_topk": ref_top})
         positions.append(row)
-        ref_ids.append(ref_tok)
         server_tok_text = server_tokens[step] if step < len(server_tokens) else None
+        follow = ref_tok
         if server_tok_text is not None and server_tok_text != _token_text(tok, ref_tok):
-            margin = None
-            for tid in np.argsort(-lp)[: max(top_k, 50)]:
-                if _token_text(tok, int(tid)) == server_tok_text:
-                    margin = float(lp[ref_tok] - lp[int(tid)])
-                    break
-            divergence = {"step": step, "reference_text": _token_text(tok, ref_tok), "server_text": server_tok_text,
-                          "margin": margin, "near_tie": margin is not None and margin < NEAR_TIE_MARGIN}
-            break
-        if step + 1 < len(gen["top_logprobs"]):
-            logits = np.asarray(reference.decode(ref_tok))
-    reference_text = tok.decode(ref_ids)
+            vocabulary = vocabulary if vocabulary is not None else _ids_by_text(tok)
+            candidates = vocabulary.get(server_tok_text, [])
+            if divergence is None:
+                divergence = _divergence(tok, lp, ref_tok, server_tok_text, candidates, step, path)
+            if len(candidates) != 1:
+                stopped = (f"the server's token {server_tok_text!r} at generated position {step} is "
+                           + ("no token" if not candidates else f"{len(candidates)} tokens")
+                           + " of the GGUF's vocabulary by its text, so llama.cpp cannot follow it")
+                break
+            follow = candidates[0]
+        path.append(follow)
+        if step + 1 < n_steps:
+            try:
+                logits = np.asarray(reference.decode(follow))
+            except RecordingMiss:
+                stopped = ("a recording holds llama.cpp's own greedy path only; the positions after the server's "
+                           "first different token need llama.cpp itself (--against llamacpp or numpy)")
+                break
+    reference_text = tok.decode(path if divergence is None else divergence.pop("reference_ids"))
 
     # Prompt positions (echo), alignment verified on the generated entries of the same response.
     echo_info: dict[str, Any] = {"requested": echo}
     if echo:
         echo_info.update(_echo_positions(engine, reference, ids, add_bos, top_k, state, positions))
 
-    floor = noise_floor(reference, tok, ids, ref_ids, positions, top_k, thresholds)
+    floor = noise_floor(reference, tok, ids, path, positions, top_k, thresholds)
     floor.update({"precision": thresholds.precision, "variance": variance_source(reference)})
     return _summarize(engine, reference, ids, positions, divergence, server_text, reference_text, n_tokens, top_k,
-                      state, echo_info, floor)
+                      state, echo_info, floor, stopped)
 
 
-def noise_floor(reference, tok, ids: list[int], ref_ids: list[int], positions: list[dict], top_k: int,
+def _divergence(tok, lp: np.ndarray, ref_tok: int, server_text: str, candidates: list[int], step: int,
+                path: list[int]) -> dict[str, Any]:
+    """The first generated position where the server's greedy token is not llama.cpp's: the margin is llama.cpp's
+    log-probability of its token minus that of the server's (``candidates``: the ids with the server's token text;
+    the likeliest of them; None when there is none); ``reference_ids``: llama.cpp's greedy tokens up to and including
+    its own token here."""
+    margin = float(lp[ref_tok] - max(lp[c] for c in candidates)) if candidates else None
+    return {"step": step, "reference_text": _token_text(tok, ref_tok), "server_text": server_text, "margin": margin,
+            "near_tie": margin is not None and margin < NEAR_TIE_MARGIN, "reference_ids": [*path, ref_tok]}
+
+
+def _ids_by_text(tok) -> dict[str, list[int]]:
+    """Every token id of the GGUF's vocabulary by its text as servers return it (:func:`_token_text`)."""
+    out: dict[str, list[int]] = {}
+    for i in range(tok.n_vocab):
+        out.setdefault(_token_text(tok, i), []).append(i)
+    return out
+
+
+def noise_floor(reference, tok, ids: list[int], path: list[int], positions: list[dict], top_k: int,
                 thresholds: Thresholds) -> dict:
     """How far llama.cpp moves from *itself* on the compared positions, by the same metrics: each of its variants for
     the precision class (:func:`validation.precision.open_variants`: for ggml its rounding variants, the other
@@ -198,7 +230,7 @@ def noise_floor(reference, tok, ids: list[int], ref_ids: list[int], positions: l
                     comparisons.append(_variant_row(row, reference_topk(tok, log_softmax(logits), top_k), top_k,
                                                     label))
                     if step + 1 < len(generated):
-                        logits = np.asarray(variant.decode(ref_ids[step]))
+                        logits = np.asarray(variant.decode(path[step]))
             prompt_rows = [p for p in positions if p["where"] == "prompt"]
             if prompt_rows:
                 v_logits = prompt_logits(variant, ids)
@@ -286,7 +318,7 @@ def _echo_positions(engine, reference, ids, add_bos, top_k, state, positions) ->
 
 
 def _summarize(engine, reference, ids, positions, divergence, server_text, reference_text, n_tokens, top_k, state,
-               echo_info, floor) -> dict[str, Any]:
+               echo_info, floor, stopped) -> dict[str, Any]:
     disagreements = [p for p in positions if not p["top1_agree"]]
     unexcused = [p for p in disagreements if not p.get("near_tie") and not p.get("variants_agreeing")
                  and not p.get("within_reference_gap_shift")]
@@ -318,6 +350,8 @@ def _summarize(engine, reference, ids, positions, divergence, server_text, refer
             "noise_floor": floor,
             "greedy": {"server_text": server_text, "reference_text": reference_text,
                        "equal": server_text == reference_text, "first_divergence": divergence},
+            "generated": {"compared": sum(p["where"] == "generated" for p in positions),
+                          "followed": "the server's own tokens (llama.cpp fed each of them)", "stopped": stopped},
             "echo": echo_info, "positions": positions,
             "kld_note": ("KLD over the shared top-k: both sides' probabilities of the tokens in both top-k lists, "
                          "each renormalised to sum to 1 over that shared set; not a full-vocabulary KLD"),
@@ -344,6 +378,9 @@ def markdown(result: dict[str, Any]) -> str:
              + (f" (token ids refused: {result['token_ids_refused']})" if result.get("token_ids_refused") else ""),
              f"- top-k = {result['top_k']}; {result['n_tokens']} greedy tokens; echo: "
              f"{result['echo'].get('note', 'not requested')}",
+             *([f"- generated positions compared: {g['compared']}, llama.cpp fed {g['followed']}"
+                + (f"; stopped there: {g['stopped']}" if g.get("stopped") else "")] if (g := result.get("generated"))
+               else []),
              *([f"- reference: replayed from `{r['path']}` (recorded {r.get('recorded')} on {r.get('machine')})"]
                if (r := result.get("recording")) else []),
              f"- verdict: **{'PASS' if result['passed'] else 'FAIL'}**", "",

@@ -290,3 +290,68 @@ def test_log_probabilities_off_by_a_constant_fail_though_their_shape_is_right():
     assert result["thresholds"]["max_abs_logprob_diff_max"] < 2.0
     table = http_fidelity.markdown(result)
     assert "| max abs logprob diff (shared) | 2 | <= " in table and "| KLD over shared top-k, median |" in table
+
+
+def answer_along(ids: list[int], tokens: list[int], model: int = 0) -> dict:
+    """A server's non-echo answer that generated ``tokens`` (its own choice at each step), reporting ``model``'s
+    top-k on its own prefix with its chosen token ranked first (a server's greedy token is its top-1)."""
+    tok, seq, tops = Tokenizer(), list(ids), []
+    for t in tokens:
+        top = http_fidelity.reference_topk(tok, log_softmax(logits_after(seq, model)), TOP_K)
+        best = max(top.values())
+        top = {**top, f"t{t}": best + 0.01}  # the server's token ranks first
+        tops.append(dict(sorted(top.items(), key=lambda kv: -kv[1])[:TOP_K]))
+        seq.append(t)
+    return {"choices": [{"text": tok.decode(tokens), "logprobs": {"tokens": [f"t{t}" for t in tokens],
+                                                                   "top_logprobs": tops}}]}
+
+
+def greedy_with_a_detour(ids: list[int], n: int, at: int) -> list[int]:
+    """Model 0's greedy tokens, except its second choice at step ``at``; greedy again (on that prefix) after."""
+    seq = list(ids)
+    for step in range(n):
+        order = np.argsort(-logits_after(seq))
+        seq.append(int(order[1] if step == at else order[0]))
+    return seq[len(ids):]
+
+
+def test_after_a_disagreement_llamacpp_follows_the_servers_own_tokens():
+    """The server takes its second choice at step 2 and is greedy after: llama.cpp is fed the server's tokens, so
+    steps 3-5 are compared on the server's prefix (and agree), as top-k fidelity in-process compares them."""
+    tokens = greedy_with_a_detour(IDS, 6, at=2)
+    server = Engine(echo_answer(IDS, 4, "shifted"), answer_along(IDS, tokens))
+    result = http_fidelity.run_http_fidelity(server, Reference(), "prompt", n_tokens=6, top_k=TOP_K)
+    generated = [p for p in result["positions"] if p["where"] == "generated"]
+    assert result["generated"]["compared"] == len(generated) == 6 and result["generated"]["stopped"] is None
+    assert [p["top1_agree"] for p in generated] == [True, True, False, True, True, True]
+    assert result["greedy"]["first_divergence"]["step"] == 2
+    # llama.cpp's greedy text is its own up to its token at the divergence
+    assert result["greedy"]["reference_text"] == Tokenizer().decode(greedy_with_a_detour(IDS, 3, at=-1))
+    assert "generated positions compared: 6, llama.cpp fed the server's own tokens" in http_fidelity.markdown(result)
+
+
+class GreedyOnlyReference(Reference):
+    """A recording's answers: llama.cpp's own greedy path only."""
+
+    def decode(self, token):
+        if token != int(np.argmax(logits_after(self._seq))):
+            from validation.recording import RecordingMiss
+
+            raise RecordingMiss(f"logits for token {token} after {len(self._seq)} tokens")
+        return super().decode(token)
+
+
+@pytest.mark.parametrize("reference, token_text, why", [
+    (GreedyOnlyReference(), None, "a recording holds llama.cpp's own greedy path only"),
+    (Reference(), "zz", "the server's token 'zz' at generated position 2 is no token of the GGUF's vocabulary"),
+])
+def test_where_llamacpp_cannot_follow_the_server_the_comparison_stops_and_says_why(reference, token_text, why):
+    tokens = greedy_with_a_detour(IDS, 6, at=2)
+    answer = answer_along(IDS, tokens)
+    if token_text:
+        answer["choices"][0]["logprobs"]["tokens"][2] = token_text
+    result = http_fidelity.run_http_fidelity(Engine(echo_answer(IDS, 4, "shifted"), answer), reference, "prompt",
+                                             n_tokens=6, top_k=TOP_K)
+    assert result["generated"]["compared"] == 3 and why in result["generated"]["stopped"]
+    assert result["greedy"]["first_divergence"]["step"] == 2
+    assert f"stopped there: {result['generated']['stopped']}" in http_fidelity.markdown(result)
