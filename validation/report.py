@@ -371,10 +371,10 @@ def precision_lines(result: dict) -> list[str]:
     top = result.get("top_k")
     if top:
         m, lim = top["metrics"], top["limits"]
+        kld = (f"shared-top-k KLD mean {fmt(m['shared_kld_mean'])} (limit {fmt(lim['shared_kld_mean_max'])}), "
+               f"median {fmt(m.get('shared_kld_median'))} (limit {fmt(lim.get('shared_kld_median_max'))})")
         lines.append(f"top-{top['top_k']} log-probabilities ({m['positions']} generated positions, on the engine's "
-                     f"own path): shared-top-k KLD mean {fmt(m['shared_kld_mean'])} (limit "
-                     f"{fmt(lim['shared_kld_mean_max'])}), median {fmt(m.get('shared_kld_median'))} (limit "
-                     f"{fmt(lim.get('shared_kld_median_max'))}), max |d logprob| {fmt(m['max_abs_logprob_diff'])} (limit "
+                     f"own path): {kld}, max |d logprob| {fmt(m['max_abs_logprob_diff'])} (limit "
                      f"{fmt(lim['max_abs_logprob_diff_max'])}), top-k overlap {fmt(m['topk_overlap_mean'])} (min "
                      f"{fmt(lim['topk_overlap_mean_min'])}), rank agreement {fmt(m['rank_agreement_mean'])}, top-1 "
                      f"{fmt(m['top1_agreement'])} -> {_verdict(top['passed'])}")

@@ -234,8 +234,8 @@ def test_a_topk_only_engine_is_checked_on_its_own_path(tiny_model):
     assert set(top["reference_self"]["variants"]) == {"flash attention on", KV_F16_PLAIN, LLAMACPP_DEFAULTS,
                                                       "weights F32"}
     line = next(x for x in precision_lines(result) if x.startswith("top-3 log-probabilities"))
-    assert f"median {fmt(top['metrics']['shared_kld_median'])} (limit {fmt(top['limits']['shared_kld_median_max'])})" \
-        in line and line.endswith("-> PASS")
+    median, limit = fmt(top["metrics"]["shared_kld_median"]), fmt(top["limits"]["shared_kld_median_max"])
+    assert f"median {median} (limit {limit})" in line and line.endswith("-> PASS")
 
 
 def test_top_k_is_refused_for_an_engine_with_full_logits(tiny_model):
