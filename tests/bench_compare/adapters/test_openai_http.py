@@ -22,6 +22,9 @@ from inference_engine.errors import GGUFParityError  # noqa: E402
 
 # A test that waited on a stuck server would take SLOW_S; the client must give up after its read timeout instead.
 READ_TIMEOUT = "0.3"
+# For a test about something else that also runs llama.cpp in this process beside the fake server's thread: on a busy
+# 2-core machine a stream paused 0.3 s there (a background suite run), which is no stuck server.
+PATIENT_READ_TIMEOUT = "30"
 
 
 @pytest.fixture(scope="module")
@@ -35,9 +38,9 @@ def model(tiny_model):
     return str(tiny_model("llama"))
 
 
-def _compare(url: str, model: str, *extra: str) -> list[str]:
+def _compare(url: str, model: str, *extra: str, read_timeout: str = READ_TIMEOUT) -> list[str]:
     return ["compare", "--engine", f"openai:{url}", "--against", "none", "-m", model, "-p", "8", "-n", "4",
-            "-r", "1", "--warmup", "0", "--no-progress", "--engine-opt", f"read_timeout={READ_TIMEOUT}", *extra]
+            "-r", "1", "--warmup", "0", "--no-progress", "--engine-opt", f"read_timeout={read_timeout}", *extra]
 
 
 def test_spec_reaches_the_factory(fake, model):
@@ -178,7 +181,7 @@ def test_against_llamacpp_in_process_then_report_and_gate(fake, model, tmp_path,
     pytest.importorskip("llama_cpp")
     out = tmp_path / "http.json"
     rc = cli.main(_compare(fake.url("ok"), model, "--against", "llamacpp", "--concurrency", "1,2", "-t", "1",
-                           "-c", "128", "-r", "2", "--json", str(out)))
+                           "-c", "128", "-r", "2", "--json", str(out), read_timeout=PATIENT_READ_TIMEOUT))
     printed = capsys.readouterr()
     assert rc == 0, printed.err
     result = json.loads(out.read_text())
