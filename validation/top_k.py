@@ -187,25 +187,29 @@ def metric_checks(metrics: Mapping[str, Any], limits: Mapping[str, float]) -> di
             and metrics["topk_overlap_mean"] >= limits["topk_overlap_mean_min"]}
 
 
+def excuses(position: Mapping[str, Any], drift_margin: float = 0.0) -> list[str]:
+    """Why a top-1 disagreement at ``position`` (a :func:`compare_position` row with what the variants said of it:
+    ``variants_agreeing``, ``reference_variant_gaps``) is drift and not a bug; empty when nothing excuses it. The
+    rule of the module doc, for an in-process engine and a server over HTTP alike."""
+    excused = []
+    if position.get("near_tie"):
+        excused.append("near tie")
+    if position.get("variants_agreeing"):
+        excused.append(f"the reference picks it too ({', '.join(position['variants_agreeing'])})")
+    if position.get("margin") is not None:
+        _, within = reference_gap_shift(position["margin"], position.get("reference_variant_gaps", []))
+        if within:
+            excused.append(f"within {GAP_SHIFT_FACTOR:.3g}x the reference's own change to this gap")
+        elif drift_margin and position["margin"] <= drift_margin:
+            excused.append("a flip like the reference's own (margin within its flips' margins)")
+    return excused
+
+
 def _verdict(name, positions, floor, generation, k, n_tokens, drift_margin) -> dict[str, Any]:
     limits = floor_limits(floor["variants"].values())
-    disagreements = []
-    for p in positions:
-        if p["top1_agree"]:
-            continue
-        excused = []
-        if p.get("near_tie"):
-            excused.append("near tie")
-        if p.get("variants_agreeing"):
-            excused.append(f"the reference picks it too ({', '.join(p['variants_agreeing'])})")
-        if p.get("margin") is not None:
-            _, within = reference_gap_shift(p["margin"], p.get("reference_variant_gaps", []))
-            if within:
-                excused.append(f"within {GAP_SHIFT_FACTOR:.3g}x the reference's own change to this gap")
-            elif drift_margin and p["margin"] <= drift_margin:
-                excused.append("a flip like the reference's own (margin within its flips' margins)")
-        p["excused_by"] = excused
-        disagreements.append(p)
+    disagreements = [p for p in positions if not p["top1_agree"]]
+    for p in disagreements:
+        p["excused_by"] = excuses(p, drift_margin)
     metrics = {"positions": len(positions), **position_stats(positions),
                "rank_agreement_mean": float(np.mean([p["rank_agreement"] for p in positions])),
                "top1_agreement": float(np.mean([p["top1_agree"] for p in positions]))}

@@ -64,6 +64,7 @@ from validation.smoke import NEAR_TIE_MARGIN
 from validation.top_k import (  # one definition of the per-position metrics and of their gates
     SHARED_KLD_MEAN_MAX,
     compare_position,
+    excuses,
     floor_limits,
     metric_checks,
     position_stats,
@@ -320,8 +321,9 @@ def _echo_positions(engine, reference, ids, add_bos, top_k, state, positions) ->
 def _summarize(engine, reference, ids, positions, divergence, server_text, reference_text, n_tokens, top_k, state,
                echo_info, floor, stopped) -> dict[str, Any]:
     disagreements = [p for p in positions if not p["top1_agree"]]
-    unexcused = [p for p in disagreements if not p.get("near_tie") and not p.get("variants_agreeing")
-                 and not p.get("within_reference_gap_shift")]
+    for p in disagreements:
+        p["excused_by"] = excuses(p)
+    unexcused = [p for p in disagreements if not p["excused_by"]]
     limits = floor_limits(floor["variants"].values())
     if divergence is not None:
         at = [p for p in positions if p["where"] == "generated" and p["index"] == divergence["step"]]

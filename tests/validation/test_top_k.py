@@ -54,3 +54,16 @@ def test_each_statistic_is_checked_and_an_uncomputable_one_fails():
     nothing = top_k.position_stats([{"shared_kld": None, "max_abs_logprob_diff": None, "topk_overlap": 0.0}])
     assert top_k.metric_checks(nothing, limits) == {"shared_kld": False, "logprob_diff": False,
                                                     "topk_overlap": False}
+
+
+def test_a_disagreement_is_excused_by_the_one_rule_http_uses_too():
+    """Gap 0.3 between the reference's top-1 and the engine's: a variant that moves it by 0.18 excuses it
+    (0.3 <= sqrt(3) x 0.18), one that moves it by 0.1 does not; a drift margin excuses it when given."""
+    row = {"margin": 0.3, "near_tie": False}
+    assert top_k.excuses({**row, "reference_variant_gaps": [0.12]}) == [
+        f"within {math.sqrt(NOISE_FACTOR):.3g}x the reference's own change to this gap"]
+    assert top_k.excuses({**row, "reference_variant_gaps": [0.2]}) == []
+    assert top_k.excuses({**row, "reference_variant_gaps": [0.2]}, drift_margin=0.5) == [
+        "a flip like the reference's own (margin within its flips' margins)"]
+    assert top_k.excuses({"margin": 0.01, "near_tie": True, "variants_agreeing": ["K/V F16"]}) == [
+        "near tie", "the reference picks it too (K/V F16)"]
