@@ -8,10 +8,11 @@ For one prompt (token ids from the GGUF's tokenizer, which equals llama.cpp's):
 2. **Generated positions**: the server generates ``n`` tokens greedily (every sampler and penalty neutral) with
    ``logprobs: k``. llama.cpp in-process prefills the same ids and is then fed *the server's own tokens* one by one
    (as :mod:`validation.top_k` does in-process), so every position is compared on the server's prefix, those after a
-   greedy disagreement included. A token is fed by its text, which must name exactly one token of the GGUF's
-   vocabulary (a byte-fallback piece or a text two tokens share ends the comparison there, saying so; so does a
-   recording, which holds llama.cpp's own greedy path only). The first disagreement passes only as a near tie:
-   llama.cpp's own log-probability of its token minus that of the server's token below
+   greedy disagreement included. A token is fed by its id where the server gives ids (llama-server), else by its
+   text, which must name exactly one token of the GGUF's vocabulary (a byte-fallback piece or a text two tokens
+   share ends the comparison there, saying so; so does a recording, which holds llama.cpp's own greedy path only).
+   The first disagreement passes only as a near tie: llama.cpp's own log-probability of its token minus that of the
+   server's token below
    ``validation.smoke.NEAR_TIE_MARGIN`` (a log-prob difference within one distribution equals the logit difference),
    or as llama.cpp's variants excuse it (below); later ones are top-1 disagreements like any other.
 3. **Prompt positions** (``echo: true``): the server's log-probabilities of the prompt's own tokens. Their alignment
@@ -38,9 +39,21 @@ log-probability difference within max(1e-3, sqrt(3)x theirs), top-k overlap at l
 or greedy disagreement passes as a near tie, when a variant picks the server's token there (as in
 ``validation.smoke``), or when the variants move that gap by at least a sqrt(3)th of it.
 
-Tokens are matched by their text, as servers return them (``top_logprobs`` is ``{token text: logprob}``); llama.cpp's
-top-k ids are turned into text the same way (the token's bytes, invalid UTF-8 dropped; when two tokens render the same
-text the lower-ranked one wins, as in llama-cpp-python's dict).
+Servers return log-probabilities in one of two shapes (:func:`server_entries` reads both): OpenAI's legacy
+completions shape, ``{"tokens": [text], "top_logprobs": [{token text: logprob}]}`` (vLLM, SGLang, llama-cpp-python,
+ours), and llama.cpp's ``llama-server``, ``{"content": [{"id", "token", "bytes", "logprob", "top_logprobs": [{"id",
+"token", "bytes", "logprob"}]}]}`` (OpenAI's chat shape plus token ids). Where the server gives ids, every token on
+both sides is named by its id (:func:`token_key`, ``"282: of"``), exactly. Otherwise by its text: llama.cpp's top-k
+ids are turned into text as servers do (the token's bytes, invalid UTF-8 dropped; when two tokens render the same text
+the lower-ranked one wins, as in llama-cpp-python's dict), so tokens whose texts collide are one key there.
+
+llama-server gives no entry for a token whose text ends inside a UTF-8 character: it sends that token's bytes with
+the token that completes the character, in that one's entry. Such held-back tokens are named by those bytes: where
+they spell one sequence of the GGUF's tokens (SentencePiece byte-fallback pieces) it is fed to llama.cpp; where
+they spell several (byte-level BPE, where a character's bytes are a token and single-byte tokens too), llama.cpp's
+likeliest one is, and the report counts those (a server computing as llama.cpp made the same choice unless at a near
+tie; a wrong choice moves llama.cpp to another prefix: it errs toward failing a server); none, and it stops there.
+Held-back tokens are fed, never compared: the server gave no log-probabilities for them.
 
 Not checkable over HTTP (said in the report): full-vocabulary logits and KLD, hidden states and per-tensor
 intermediates, teacher-forced per-op checks.
@@ -48,6 +61,7 @@ intermediates, teacher-forced per-op checks.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -72,6 +86,9 @@ from validation.top_k import (  # one definition of the per-position metrics and
 
 DEFAULT_TOP_K = 5
 DEFAULT_TOKENS = 16
+# Held-back bytes are a few: the rest of one UTF-8 character (up to 3 bytes) after what the run's first token
+# began with; 5 bytes, each run of them a token of a byte-level BPE vocabulary, spell 16 sequences.
+MAX_SPELLINGS = 256
 # The gates are top-k fidelity's (validation.top_k: floor_limits, metric_checks), so a server and an in-process engine
 # that gives only its top-k are held to the same rules. Seen on SmolLM2 Q4_1: a server with flash attention off gave
 # shared-top-k KLD mean 2.2e-3 (log-prob differences up to 0.54) against the in-process reference with it on, which is
@@ -82,10 +99,19 @@ def _token_text(tokenizer, token_id: int) -> str:
     return tokenizer.token_bytes(int(token_id)).decode("utf-8", errors="ignore")
 
 
-def reference_topk(tokenizer, logprobs: np.ndarray, k: int) -> dict[str, float]:
-    """llama.cpp's top-k as {token text: logprob}, built like llama-cpp-python's server builds its dict."""
+def token_key(tokenizer, token_id: int, by_id: bool) -> str:
+    """How a token is named in the top-k dicts of one comparison: ``"282: of"`` (its id, then its text) where the
+    server names tokens by id, so tokens whose texts collide stay apart (byte-fallback pieces all render as ""); else
+    its text, as a server without ids names it."""
+    text = _token_text(tokenizer, token_id)
+    return f"{int(token_id)}:{text}" if by_id else text
+
+
+def reference_topk(tokenizer, logprobs: np.ndarray, k: int, by_id: bool = False) -> dict[str, float]:
+    """llama.cpp's top-k as {:func:`token_key`: logprob}; by text it is built as llama-cpp-python's server builds
+    its dict (two tokens with one text: the lower-ranked wins)."""
     order = np.argsort(-logprobs, kind="stable")[:k]
-    return {_token_text(tokenizer, int(i)): float(logprobs[int(i)]) for i in order}
+    return {token_key(tokenizer, int(i), by_id): float(logprobs[int(i)]) for i in order}
 
 
 def _server_topk(entry: dict | None, k: int) -> dict[str, float] | None:
@@ -93,6 +119,150 @@ def _server_topk(entry: dict | None, k: int) -> dict[str, float] | None:
         return None
     items = sorted(((str(t), float(lp)) for t, lp in entry.items()), key=lambda kv: -kv[1])
     return dict(items[:k])  # the server may add the sampled token beyond the top k
+
+
+@dataclass(frozen=True)
+class ServerEntry:
+    """One position of a server's log-probabilities, whichever shape it came in: its token (:func:`token_key`), that
+    token's id where the server gave it, and its top-k ``{token_key: logprob}`` (None when the server left the entry
+    empty)."""
+
+    token: str | None
+    token_id: int | None
+    top: dict[str, float] | None
+    reported: bool = True  # False: a token the server generated without giving its entry (see _content_answer)
+    # a run of such tokens whose bytes spell several token sequences: each of them (token_id is then None)
+    spellings: tuple[tuple[int, ...], ...] = ()
+    chosen: bool = False  # a token of such a run, named as llama.cpp's likeliest spelling (_next_of_spellings)
+
+
+@dataclass(frozen=True)
+class ServerAnswer:
+    """A server's log-probabilities for one request: its entries, whether they name tokens by id (then every key,
+    the server's and llama.cpp's, is :func:`token_key` by id), and, where the entries could be lined up with the
+    generated tokens only so far, why not further (the entries end there)."""
+
+    entries: list[ServerEntry]
+    by_id: bool
+    unaligned: str | None = None
+
+
+def server_entries(engine, data: dict, what: str) -> ServerAnswer:
+    """The first choice's log-probabilities, from OpenAI's legacy completions shape or llama-server's ``content``
+    list (see the module doc); a clear error when the answer has neither."""
+    logprobs = data["choices"][0].get("logprobs")
+    if isinstance(logprobs, dict) and isinstance(logprobs.get("top_logprobs"), list):
+        tokens = logprobs.get("tokens") or []
+        return ServerAnswer([ServerEntry(str(tokens[i]) if i < len(tokens) else None, None,
+                                         top if isinstance(top, dict) and top else None)
+                             for i, top in enumerate(logprobs["top_logprobs"])], by_id=False)
+    if isinstance(logprobs, dict) and isinstance(logprobs.get("content"), list):
+        return _content_answer(engine, logprobs["content"], what)
+    raise GGUFParityError(f"{engine.client.base_url}/completions returned no top-k log-probabilities for {what}; the "
+                          "server must answer the 'logprobs' field of /completions, as OpenAI's legacy "
+                          "{tokens, top_logprobs} or llama-server's {content: [{id, token, top_logprobs}]}")
+
+
+def _content_answer(engine, content: list, what: str) -> ServerAnswer:
+    """llama-server's ``content`` list. Its ids, where every token and alternative has one, name the tokens
+    (checked against the GGUF's vocabulary: a server running another vocabulary is refused, not compared)."""
+    tok = engine.tokenizer
+    for index, item in enumerate(content):
+        if not isinstance(item, dict):
+            raise GGUFParityError(f"{engine.client.base_url}/completions: log-probability entry {index} of {what} "
+                                  f"is not an object: {str(item)[:80]}")
+    alternatives = [[a for a in item.get("top_logprobs") or [] if isinstance(a, dict) and "logprob" in a]
+                    for item in content]
+    named = [*content, *(a for alts in alternatives for a in alts)]
+    by_id = bool(named) and all(isinstance(x.get("id"), int) and not isinstance(x.get("id"), bool) for x in named)
+    if by_id:
+        outside = next((x["id"] for x in named if not 0 <= x["id"] < tok.n_vocab), None)
+        if outside is not None:
+            raise GGUFParityError(f"{engine.client.base_url}/completions: token id {outside} in {what} is outside "
+                                  f"the GGUF's vocabulary of {tok.n_vocab} tokens; is the server running this model?")
+
+    def key(x: dict) -> str:
+        return token_key(tok, x["id"], True) if by_id else str(x.get("token", ""))
+
+    entries: list[ServerEntry] = []
+    vocabulary = None
+    for item, alts in zip(content, alternatives, strict=True):
+        held = _held_back(tok, item) if by_id else b""
+        if held:  # tokens the server generated before this one and gave no entry: name them by their bytes
+            vocabulary = vocabulary if vocabulary is not None else _ids_by_bytes(tok)
+            ways = _spellings(held, vocabulary)
+            if not ways:
+                why = (f"the server gave no log-probabilities for the token(s) before generated position "
+                       f"{len(entries)} (llama-server reports a token whose text ends inside a UTF-8 character "
+                       f"only with the next one, whose entry carries their bytes, {held!r}), and those bytes spell "
+                       "no sequence of the GGUF's tokens, so the positions from there on cannot be lined up")
+                return ServerAnswer(entries, by_id, unaligned=why)
+            if len(ways) == 1:
+                entries.extend(ServerEntry(token_key(tok, i, True), i, None, reported=False) for i in ways[0])
+            else:
+                entries.append(ServerEntry(None, None, None, reported=False, spellings=tuple(map(tuple, ways))))
+        top: dict[str, float] = {}
+        for alternative in alts:  # best first; the same key twice: the lower-ranked wins, as in reference_topk
+            top[key(alternative)] = float(alternative["logprob"])
+        entries.append(ServerEntry(key(item), item["id"] if by_id else None, top or None))
+    return ServerAnswer(entries, by_id)
+
+
+def _held_back(tok, item: dict) -> bytes:
+    """The bytes of tokens an entry carries besides its own: llama-server holds a token back while the text ends
+    inside a UTF-8 character and sends it (bytes and text, no entry of its own) with the token that completes the
+    character, whose entry is the next one; b"" for an entry that is its own token only."""
+    try:
+        sent = bytes(item["bytes"]) if isinstance(item.get("bytes"), list) else str(item.get("token", "")).encode()
+    except (TypeError, ValueError):
+        sent = str(item.get("token", "")).encode()
+    own = tok.token_bytes(int(item["id"]))
+    return sent[: -len(own)] if own and len(sent) > len(own) and sent.endswith(own) else b""
+
+
+def _next_of_spellings(tok, run: ServerEntry, next_id: int | None, lp: np.ndarray) -> list[ServerEntry]:
+    """The next token of a held-back run whose bytes spell several token sequences (``run.spellings``): of the
+    sequences' first tokens (and the next reported token, ``next_id``, where a sequence is already complete), the one
+    llama.cpp finds likeliest here, followed by the rest of the run that it leaves (nothing where it ends the run).
+    A server that computes as llama.cpp took the same greedy choice unless at a near tie; a wrong choice puts
+    llama.cpp on another prefix than the server's and shows as disagreements: it errs toward failing a server."""
+    ended = any(not sp for sp in run.spellings) and next_id is not None
+    options = {sp[0] for sp in run.spellings if sp} | ({next_id} if ended else set())
+    pick = max(sorted(options), key=lambda t: lp[t])
+    if ended and pick == next_id:
+        return []
+    rest = tuple(sp[1:] for sp in run.spellings if sp and sp[0] == pick)
+    chosen = ServerEntry(token_key(tok, pick, True), pick, None, reported=False, chosen=True)
+    return [chosen] if rest == ((),) else [chosen, ServerEntry(None, None, None, reported=False, spellings=rest)]
+
+
+def _ids_by_bytes(tok) -> dict[bytes, list[int]]:
+    """Every token id of the GGUF's vocabulary by its bytes."""
+    out: dict[bytes, list[int]] = {}
+    for i in range(tok.n_vocab):
+        out.setdefault(bytes(tok.token_bytes(i)), []).append(i)
+    return out
+
+
+def _spellings(data: bytes, by_bytes: dict[bytes, list[int]], limit: int = MAX_SPELLINGS) -> list[list[int]]:
+    """Up to ``limit`` sequences of token ids whose bytes are ``data``: one when the held-back tokens are
+    SentencePiece byte-fallback pieces (<0xE4> is the only token of its byte), several in a byte-level BPE
+    vocabulary, where a character's bytes are a token and also single-byte tokens."""
+    longest = max((len(b) for b in by_bytes), default=0)
+    found: list[list[int]] = []
+
+    def walk(at: int, ids: list[int]) -> None:
+        if len(found) >= limit:
+            return
+        if at == len(data):
+            found.append(ids)
+            return
+        for end in range(at + 1, min(len(data), at + longest) + 1):
+            for i in by_bytes.get(data[at:end], ()):
+                walk(end, [*ids, i])
+
+    walk(0, [])
+    return found
 
 
 def _send_prompt(engine, ids: list[int], add_bos: bool, max_tokens: int, k: int, echo: bool,
@@ -113,14 +283,6 @@ def _send_prompt(engine, ids: list[int], add_bos: bool, max_tokens: int, k: int,
     return engine.client.complete({**body, "prompt": text})
 
 
-def _choice_logprobs(engine, data: dict, what: str) -> dict:
-    logprobs = data["choices"][0].get("logprobs")
-    if not isinstance(logprobs, dict) or not isinstance(logprobs.get("top_logprobs"), list):
-        raise GGUFParityError(f"{engine.client.base_url}/completions returned no top_logprobs for {what}; the "
-                              "server must support the 'logprobs' field of /completions")
-    return logprobs
-
-
 def run_http_fidelity(engine, reference, prompt: str, *, n_tokens: int = DEFAULT_TOKENS,
                       top_k: int = DEFAULT_TOP_K, echo: bool = True,
                       precision: str = DEFAULT_PLUGIN_PRECISION) -> dict[str, Any]:
@@ -138,57 +300,76 @@ def run_http_fidelity(engine, reference, prompt: str, *, n_tokens: int = DEFAULT
 
     # Generated positions: server greedy with top-k, llama.cpp greedy on the same prefix.
     data = _send_prompt(engine, ids, add_bos, n_tokens, top_k, False, state)
-    gen = _choice_logprobs(engine, data, "generated tokens")
-    server_tokens = [str(t) for t in gen.get("tokens") or []]
+    answer = server_entries(engine, data, "generated tokens")
+    entries, by_id = answer.entries[:n_tokens], answer.by_id
+    not_reported = 0  # tokens the server generated without their entry: fed to llama.cpp, not compared
     server_text = str(data["choices"][0].get("text") or "")
     reference.reset()
     logits = np.asarray(reference.prefill(ids))
     path: list[int] = []  # the tokens llama.cpp is fed: the server's own, so each position has the server's prefix
     divergence, stopped, vocabulary = None, None, None
-    n_steps = len(gen["top_logprobs"][:n_tokens])
-    for step, entry in enumerate(gen["top_logprobs"][:n_tokens]):
+    queue, step, by_llamacpp = list(entries), 0, 0
+    while queue and step < n_tokens:
+        entry = queue.pop(0)
         lp = log_softmax(logits)
+        if entry.spellings:  # held-back tokens whose bytes spell several sequences: see _next_of_spellings
+            queue[:0] = _next_of_spellings(tok, entry, queue[0].token_id if queue else None, lp)
+            continue
         ref_tok = int(np.argmax(lp))
-        server_top = _server_topk(entry, top_k)
-        if server_top is None:
-            raise GGUFParityError(f"{engine.client.base_url}/completions: empty top_logprobs at generated "
-                                  f"position {step}")
-        ref_top = reference_topk(tok, lp, top_k)
-        row = compare_position(server_top, ref_top, top_k)
-        row.update({"where": "generated", "index": step, "server_topk": server_top, "reference_topk": ref_top})
-        positions.append(row)
-        server_tok_text = server_tokens[step] if step < len(server_tokens) else None
+        if entry.reported:
+            server_top = _server_topk(entry.top, top_k)
+            if server_top is None:
+                raise GGUFParityError(f"{engine.client.base_url}/completions: empty top_logprobs at generated "
+                                      f"position {step}")
+            ref_top = reference_topk(tok, lp, top_k, by_id)
+            row = compare_position(server_top, ref_top, top_k)
+            row.update({"where": "generated", "index": step, "server_topk": server_top, "reference_topk": ref_top})
+            positions.append(row)
+        else:
+            not_reported += 1  # fed to llama.cpp below, not compared: the server gave nothing to compare
+            by_llamacpp += entry.chosen
         follow = ref_tok
-        if server_tok_text is not None and server_tok_text != _token_text(tok, ref_tok):
-            vocabulary = vocabulary if vocabulary is not None else _ids_by_text(tok)
-            candidates = vocabulary.get(server_tok_text, [])
+        if by_id and entry.token_id != ref_tok:  # the server named its token by id
             if divergence is None:
-                divergence = _divergence(tok, lp, ref_tok, server_tok_text, candidates, step, path)
+                divergence = _divergence(tok, lp, ref_tok, _token_text(tok, entry.token_id), [entry.token_id],
+                                         step, path)
+            follow = entry.token_id
+        elif not by_id and entry.token is not None and entry.token != _token_text(tok, ref_tok):
+            vocabulary = vocabulary if vocabulary is not None else _ids_by_text(tok)
+            candidates = vocabulary.get(entry.token, [])
+            if divergence is None:
+                divergence = _divergence(tok, lp, ref_tok, entry.token, candidates, step, path)
             if len(candidates) != 1:
-                stopped = (f"the server's token {server_tok_text!r} at generated position {step} is "
+                stopped = (f"the server's token {entry.token!r} at generated position {step} is "
                            + ("no token" if not candidates else f"{len(candidates)} tokens")
-                           + " of the GGUF's vocabulary by its text, so llama.cpp cannot follow it")
+                           + " of the GGUF's vocabulary by its text, so llama.cpp cannot follow it (a server "
+                           "that gives token ids, as llama-server does, is followed by id)")
                 break
             follow = candidates[0]
         path.append(follow)
-        if step + 1 < n_steps:
+        step += 1
+        if queue and step < n_tokens:
             try:
                 logits = np.asarray(reference.decode(follow))
             except RecordingMiss:
                 stopped = ("a recording holds llama.cpp's own greedy path only; the positions after the server's "
                            "first different token need llama.cpp itself (--against llamacpp or numpy)")
                 break
+    else:
+        stopped = answer.unaligned if step < n_tokens else None
     reference_text = tok.decode(path if divergence is None else divergence.pop("reference_ids"))
+    generated = {"followed": f"the server's own tokens, named by {'id' if by_id else 'text'}", "stopped": stopped,
+                 "not_reported": not_reported, "not_reported_spelled_by_llamacpp": by_llamacpp}
 
     # Prompt positions (echo), alignment verified on the generated entries of the same response.
     echo_info: dict[str, Any] = {"requested": echo}
     if echo:
-        echo_info.update(_echo_positions(engine, reference, ids, add_bos, top_k, state, positions))
+        echo_info.update(_echo_positions(engine, reference, ids, add_bos, top_k, state, positions, by_id))
 
-    floor = noise_floor(reference, tok, ids, path, positions, top_k, thresholds)
+    floor = noise_floor(reference, tok, ids, path, positions, top_k, thresholds, by_id)
     floor.update({"precision": thresholds.precision, "variance": variance_source(reference)})
     return _summarize(engine, reference, ids, positions, divergence, server_text, reference_text, n_tokens, top_k,
-                      state, echo_info, floor, stopped)
+                      state, echo_info, floor, generated)
 
 
 def _divergence(tok, lp: np.ndarray, ref_tok: int, server_text: str, candidates: list[int], step: int,
@@ -211,7 +392,7 @@ def _ids_by_text(tok) -> dict[str, list[int]]:
 
 
 def noise_floor(reference, tok, ids: list[int], path: list[int], positions: list[dict], top_k: int,
-                thresholds: Thresholds) -> dict:
+                thresholds: Thresholds, by_id: bool = False) -> dict:
     """How far llama.cpp moves from *itself* on the compared positions, by the same metrics: each of its variants for
     the precision class (:func:`validation.precision.open_variants`: for ggml its rounding variants, the other
     attention kernel and an F16 K/V cache; for f32, f16, bf16 also its defaults and the model in that precision)
@@ -223,20 +404,21 @@ def noise_floor(reference, tok, ids: list[int], path: list[int], positions: list
     try:
         for label, variant in variants.items():
             comparisons: list[dict] = []
-            generated = [p for p in positions if p["where"] == "generated"]
-            if generated:
+            generated = {p["index"]: p for p in positions if p["where"] == "generated"}
+            if generated:  # along llama.cpp's path (the server's tokens), at each compared position
                 variant.reset()
                 logits = np.asarray(variant.prefill(ids))
-                for step, row in enumerate(generated):
-                    comparisons.append(_variant_row(row, reference_topk(tok, log_softmax(logits), top_k), top_k,
-                                                    label))
-                    if step + 1 < len(generated):
+                for step in range(max(generated) + 1):
+                    if step in generated:
+                        top = reference_topk(tok, log_softmax(logits), top_k, by_id)
+                        comparisons.append(_variant_row(generated[step], top, top_k, label))
+                    if step < max(generated):
                         logits = np.asarray(variant.decode(path[step]))
             prompt_rows = [p for p in positions if p["where"] == "prompt"]
             if prompt_rows:
                 v_logits = prompt_logits(variant, ids)
                 for row in prompt_rows:
-                    top = reference_topk(tok, log_softmax(v_logits[row["index"] - 1]), top_k)
+                    top = reference_topk(tok, log_softmax(v_logits[row["index"] - 1]), top_k, by_id)
                     comparisons.append(_variant_row(row, top, top_k, label))
             out["variants"][label] = position_stats(comparisons)
     finally:
@@ -267,20 +449,31 @@ def _variant_row(row: dict, variant_top: dict[str, float], top_k: int, label: st
     return cmp
 
 
-def _echo_positions(engine, reference, ids, add_bos, top_k, state, positions) -> dict[str, Any]:
+def _echo_positions(engine, reference, ids, add_bos, top_k, state, positions, by_id=False) -> dict[str, Any]:
     n_gen = 4  # greedy tokens requested with the echo, to verify the alignment on
     try:
         data = _send_prompt(engine, ids, add_bos, n_gen, top_k, True, state)
     except GGUFParityError as exc:
         return {"compared": 0, "alignment": "unverified", "note": f"echo request failed: {exc}"}
-    lp = data["choices"][0].get("logprobs") or {}
-    tops = lp.get("top_logprobs") or []
-    tokens = [str(t) for t in lp.get("tokens") or []]
-    texts = [_token_text(engine.tokenizer, t) for t in ids]
+    try:
+        answer = server_entries(engine, data, "the echoed prompt")
+    except GGUFParityError as exc:
+        return {"compared": 0, "alignment": "unverified", "note": f"echo answer unreadable: {exc}"}
+    if answer.by_id != by_id:
+        return {"compared": 0, "alignment": "unverified",
+                "note": "the echo answer names tokens otherwise than the generation answer (by id in one only); "
+                        "prompt positions not compared"}
+    tops = [e.top for e in answer.entries]
+    tokens = [e.token for e in answer.entries]
+    texts = [token_key(engine.tokenizer, t, by_id) for t in ids]
     # Where the echoed entries start in the sequence: servers drop a leading BOS or keep it.
     offset = next((off for off in (0, 1) if len(tokens) > len(ids) - off
                    and tokens[: len(ids) - off] == texts[off:]), None)
-    if offset is None or len(tops) != len(tokens):
+    if offset is None and len(tokens) <= n_gen:
+        return {"compared": 0, "alignment": "unverified",
+                "note": f"the server ignored echo (its answer holds {len(tokens)} entries, the generated tokens' "
+                        "only, as llama-server's); prompt positions not compared"}
+    if offset is None or None in tokens:
         return {"compared": 0, "alignment": "unverified",
                 "note": "the echoed tokens do not spell the prompt's tokens; prompt positions not compared"}
     first = len(ids) - offset  # entry index of the first generated token
@@ -306,7 +499,7 @@ def _echo_positions(engine, reference, ids, add_bos, top_k, state, positions) ->
         server_top = _server_topk(tops[i], top_k)
         if server_top is None:
             continue  # the API leaves the first entry empty
-        ref_top = reference_topk(engine.tokenizer, log_softmax(ref_logits[predicted - 1]), top_k)
+        ref_top = reference_topk(engine.tokenizer, log_softmax(ref_logits[predicted - 1]), top_k, by_id)
         row = compare_position(server_top, ref_top, top_k)
         row.update({"where": "prompt", "index": predicted, "server_topk": server_top, "reference_topk": ref_top})
         positions.append(row)
@@ -319,7 +512,7 @@ def _echo_positions(engine, reference, ids, add_bos, top_k, state, positions) ->
 
 
 def _summarize(engine, reference, ids, positions, divergence, server_text, reference_text, n_tokens, top_k, state,
-               echo_info, floor, stopped) -> dict[str, Any]:
+               echo_info, floor, generated) -> dict[str, Any]:
     disagreements = [p for p in positions if not p["top1_agree"]]
     for p in disagreements:
         p["excused_by"] = excuses(p)
@@ -352,8 +545,7 @@ def _summarize(engine, reference, ids, positions, divergence, server_text, refer
             "noise_floor": floor,
             "greedy": {"server_text": server_text, "reference_text": reference_text,
                        "equal": server_text == reference_text, "first_divergence": divergence},
-            "generated": {"compared": sum(p["where"] == "generated" for p in positions),
-                          "followed": "the server's own tokens (llama.cpp fed each of them)", "stopped": stopped},
+            "generated": {"compared": sum(p["where"] == "generated" for p in positions), **generated},
             "echo": echo_info, "positions": positions,
             "kld_note": ("KLD over the shared top-k: both sides' probabilities of the tokens in both top-k lists, "
                          "each renormalised to sum to 1 over that shared set; not a full-vocabulary KLD"),
@@ -381,6 +573,10 @@ def markdown(result: dict[str, Any]) -> str:
              f"- top-k = {result['top_k']}; {result['n_tokens']} greedy tokens; echo: "
              f"{result['echo'].get('note', 'not requested')}",
              *([f"- generated positions compared: {g['compared']}, llama.cpp fed {g['followed']}"
+                + (f"; {n} more fed but not compared: the server gave no log-probabilities for them"
+                   + (f" ({spelled} named by llama.cpp's likeliest spelling of their bytes, which spell several "
+                      "token sequences)" if (spelled := g.get("not_reported_spelled_by_llamacpp")) else "")
+                   if (n := g.get("not_reported")) else "")
                 + (f"; stopped there: {g['stopped']}" if g.get("stopped") else "")] if (g := result.get("generated"))
                else []),
              *([f"- reference: replayed from `{r['path']}` (recorded {r.get('recorded')} on {r.get('machine')})"]

@@ -1,5 +1,5 @@
-"""``compare --against llama-bench:PATH``, ``--engine llama-bench:PATH`` and ``--against llama-server:PATH`` with real
-llama.cpp programs.
+"""``compare --against llama-bench:PATH``, ``--engine llama-bench:PATH``, ``--against llama-server:PATH`` and
+``validate --engine openai:URL`` on llama.cpp's own ``llama-server`` with real llama.cpp programs.
 
 The binaries come from ``GGUF_PARITY_LLAMA_BENCH`` / ``GGUF_PARITY_LLAMA_SERVER`` (the tests skip, saying so,
 without them); the ``heavy`` test builds both from llama-cpp-python's sdist first (``bench_compare.build_llama_cpp``:
@@ -110,6 +110,48 @@ def check_llama_server_compare(binary: Path, model: str, tmp_path: Path, capsys)
     return result
 
 
+def rope_base_times_ten(info, model: str, rope_base: float, **kw):
+    """llama-server told a RoPE base 10x the model's (its own ``--rope-freq-base`` flag): llama.cpp's server with a
+    planted fault, which validate must fail."""
+    from bench_compare.adapters import llama_server_bin
+
+    class RopeBaseTimesTen(llama_server_bin.LlamaServerBinary):
+        def command(self) -> list[str]:
+            return [*super().command(), "--rope-freq-base", str(10 * rope_base)]
+
+    return RopeBaseTimesTen(info, model, **kw)
+
+
+def check_llama_server_validate(binary: Path, model: str, tmp_path: Path, capsys) -> None:
+    """llama.cpp's own server as the engine under test passes validate against llama.cpp in-process (its
+    log-probabilities come in its ``content`` shape, tokens named by id, echo ignored; the tiny model's byte tokens
+    make it hold some back), and fails it with a RoPE base 10x the model's."""
+    from bench_compare.adapters import llama_server_bin
+    from inference_engine.gguf.file import GGUFFile
+
+    info = yardstick.check_binary(yardstick.Yardstick("llama-server", binary))
+    rope_base = float(GGUFFile(model).metadata_value("llama.rope.freq_base", 10000.0))
+    verdicts = {}
+    for name, server in [("as built", llama_server_bin.LlamaServerBinary(info, model, n_threads=1, n_ctx=512)),
+                         ("rope x10", rope_base_times_ten(info, model, rope_base, n_threads=1, n_ctx=512))]:
+        json_path = tmp_path / f"{name}.json"
+        with server:
+            code = main(["validate", "--engine", f"openai:{server.base_url}", "-m", model, "-t", "1",
+                         "--smoke-tokens", "16", "--json", str(json_path), "--report", str(tmp_path / name)])
+        _out, err = capsys.readouterr()
+        assert code in (0, 1), err
+        verdicts[name] = json.loads(json_path.read_text())
+    good, bad = verdicts["as built"], verdicts["rope x10"]
+    assert good["passed"], good["checks"]
+    # every generated token was followed; those whose text ended inside a UTF-8 character have no entry of their
+    # own (llama-server sends them with the next token): named by their bytes, fed, not compared
+    generated = good["generated"]
+    assert generated["compared"] + generated["not_reported"] == 16 and generated["stopped"] is None
+    assert good["generated"]["followed"] == "the server's own tokens, named by id"
+    assert good["echo"]["compared"] == 0 and "ignored echo" in good["echo"]["note"]
+    assert not bad["passed"] and not bad["checks"]["shared_kld"]
+
+
 @pytest.fixture
 def model(tiny_model):
     return str(tiny_model("llama", "Q8_0"))
@@ -127,6 +169,10 @@ def test_given_llama_server(model, tmp_path, capsys):
     check_llama_server_compare(given(SERVER_ENV), model, tmp_path, capsys)
 
 
+def test_given_llama_server_passes_validate_and_fails_it_with_a_planted_fault(model, tmp_path, capsys):
+    check_llama_server_validate(given(SERVER_ENV), model, tmp_path, capsys)
+
+
 @pytest.mark.heavy
 def test_build_from_the_sdist_then_compare(model, tmp_path, capsys):
     """Minutes: downloads llama-cpp-python's sdist (the installed version) from PyPI and builds both programs."""
@@ -137,3 +183,4 @@ def test_build_from_the_sdist_then_compare(model, tmp_path, capsys):
     check_llama_bench_compare(paths["llama-bench"], model, tmp_path, capsys)
     check_program_engine_compare(paths["llama-bench"], model, tmp_path, capsys)
     check_llama_server_compare(paths["llama-server"], model, tmp_path, capsys)
+    check_llama_server_validate(paths["llama-server"], model, tmp_path, capsys)

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -355,3 +357,156 @@ def test_where_llamacpp_cannot_follow_the_server_the_comparison_stops_and_says_w
     assert result["generated"]["compared"] == 3 and why in result["generated"]["stopped"]
     assert result["greedy"]["first_divergence"]["step"] == 2
     assert f"stopped there: {result['generated']['stopped']}" in http_fidelity.markdown(result)
+
+
+def as_llama_server(answer: dict) -> dict:
+    """The same answer in llama-server's shape: ``logprobs.content``, each token and alternative with its id."""
+    lp = answer["choices"][0]["logprobs"]
+
+    def item(text: str, logprob: float) -> dict:
+        return {"id": int(text[1:]), "token": text, "bytes": list(text.encode()), "logprob": logprob}
+
+    content = [{**item(t, top[t] if t in top else -9.0), "top_logprobs": [item(a, v) for a, v in top.items()]}
+               for t, top in zip(lp["tokens"], lp["top_logprobs"], strict=True)]
+    return {"choices": [{"text": answer["choices"][0]["text"], "logprobs": {"content": content}}]}
+
+
+class EchoRefused(Engine):
+    """A server that refuses ``echo`` with an error (llama-server's OpenAI parser has "Only no echo is supported")."""
+
+    def complete(self, body):
+        if body.get("echo"):
+            from inference_engine.errors import GGUFParityError
+
+            raise GGUFParityError("http://fake/v1/completions: HTTP 500: Only no echo is supported")
+        return self.generation
+
+
+@pytest.mark.parametrize("echo", ["ignored", "refused"])
+def test_llama_server_s_shape_reads_as_the_legacy_one(echo):
+    """llama-server answers /v1/completions with ``logprobs.content`` (ids, tokens, top_logprobs as a list), not
+    OpenAI's legacy dicts; both shapes of one answer give the same comparison. It ignores ``echo`` (0.3.36's
+    llama.cpp answers the generated tokens only) or refuses it: either way the prompt positions are not compared,
+    saying why, and the generated ones decide."""
+    legacy = generation_answer(IDS, 6, model=0)
+    a = http_fidelity.run_http_fidelity(Engine(None, legacy), Reference(), "prompt", n_tokens=6, top_k=TOP_K,
+                                        echo=False)
+    if echo == "ignored":  # its answer to the echo request (4 tokens): the generated tokens only
+        server = Engine(as_llama_server(generation_answer(IDS, 4, model=0)), as_llama_server(legacy))
+    else:
+        server = EchoRefused(None, as_llama_server(legacy))
+    b = http_fidelity.run_http_fidelity(server, Reference(), "prompt", n_tokens=6, top_k=TOP_K)
+    assert a["passed"] and b["passed"] and a["metrics"] == b["metrics"]
+    # the same log-probabilities, keyed by text in one and by id ("21:t21") in the other
+    assert [list(p["server_topk"].values()) for p in a["positions"]] == [
+        list(p["server_topk"].values()) for p in b["positions"]]
+    assert all(k.split(":")[1] == f"t{k.split(':')[0]}" for p in b["positions"] for k in p["server_topk"])
+    assert (a["generated"]["followed"], b["generated"]["followed"]) == (
+        "the server's own tokens, named by text", "the server's own tokens, named by id")
+    why = "the server ignored echo (its answer holds 4 entries" if echo == "ignored" else "Only no echo is supported"
+    assert b["echo"]["compared"] == 0 and why in b["echo"]["note"]
+    other = http_fidelity.run_http_fidelity(Engine(None, as_llama_server(generation_answer(IDS, 6, model=1))),
+                                            Reference(), "prompt", n_tokens=6, top_k=TOP_K, echo=False)
+    assert not other["passed"] and other["greedy"]["first_divergence"]["step"] == 0
+
+
+class TwinTokenizer(Tokenizer):
+    """Token ``twin`` renders as the same text as token ``of``, as two tokens of a real vocabulary can."""
+
+    def __init__(self, twin: int, of: int):
+        self.twin, self.of = twin, of
+
+    def token_bytes(self, i: int) -> bytes:
+        return super().token_bytes(self.of if i == self.twin else i)
+
+
+def test_a_server_that_gives_ids_is_followed_by_id_where_its_text_names_no_single_token():
+    """A detour to a token whose text another token shares: by text the comparison must stop there (3 positions
+    compared); llama-server's ids name the token, so llama.cpp follows it and all 6 are compared."""
+    tokens = greedy_with_a_detour(IDS, 6, at=2)
+    twin = next(i for i in range(N_VOCAB) if i not in tokens and i not in IDS)
+    for answer, compared in [(answer_along(IDS, tokens), 3), (as_llama_server(answer_along(IDS, tokens)), 6)]:
+        engine = Engine(None, answer)
+        engine.tokenizer = TwinTokenizer(twin, of=tokens[2])
+        result = http_fidelity.run_http_fidelity(engine, Reference(), "prompt", n_tokens=6, top_k=TOP_K,
+                                                 echo=False)
+        assert result["generated"]["compared"] == compared
+        assert result["greedy"]["first_divergence"]["step"] == 2
+        assert (result["generated"]["stopped"] is None) == (compared == 6)
+
+
+def test_tokens_whose_texts_collide_stay_apart_when_the_server_gives_ids():
+    """Two tokens of llama.cpp's top-k with one text (byte-fallback pieces all render as ""): by text they are one
+    key, so a top-k holds k-1 entries and a position can look right for the wrong token; by id both sides keep all
+    k, and the comparison is exact."""
+    answer = as_llama_server(generation_answer(IDS, 1, model=0))
+    first, second = (item["id"] for item in answer["choices"][0]["logprobs"]["content"][0]["top_logprobs"][:2])
+    engine = Engine(None, answer)
+    engine.tokenizer = TwinTokenizer(second, of=first)
+    lp = log_softmax(logits_after(IDS))
+    assert len(http_fidelity.reference_topk(engine.tokenizer, lp, TOP_K)) == TOP_K - 1
+    result = http_fidelity.run_http_fidelity(engine, Reference(), "prompt", n_tokens=1, top_k=TOP_K, echo=False)
+    row = result["positions"][0]
+    assert len(row["reference_topk"]) == len(row["server_topk"]) == TOP_K
+    assert row["topk_overlap"] == 1.0 and row["shared_kld"] < 1e-12 and result["passed"]
+
+
+def held_back(answer: dict, step: int) -> dict:
+    """llama-server's answer when the token at ``step`` ends inside a UTF-8 character: no entry of its own, its bytes
+    and text sent with the next token's entry."""
+    content = answer["choices"][0]["logprobs"]["content"]
+    gone = content.pop(step)
+    content[step] = {**content[step], "token": gone["token"] + content[step]["token"],
+                     "bytes": gone["bytes"] + content[step]["bytes"]}
+    return answer
+
+
+def test_a_token_the_server_held_back_is_named_by_its_bytes_fed_and_not_compared():
+    """llama-server gives no entry for a token whose text ends inside a UTF-8 character (byte-fallback pieces): the
+    next entry carries its bytes. Where those bytes spell one sequence of the GGUF's tokens, llama.cpp is fed them
+    and every later position stays lined up."""
+    answer = held_back(as_llama_server(generation_answer(IDS, 6, model=0)), 2)
+    result = http_fidelity.run_http_fidelity(Engine(None, answer), Reference(), "prompt", n_tokens=6, top_k=TOP_K,
+                                             echo=False)
+    assert result["passed"] and result["greedy"]["first_divergence"] is None
+    assert [p["index"] for p in result["positions"]] == [0, 1, 3, 4, 5]
+    assert result["generated"]["not_reported"] == 1 and result["generated"]["stopped"] is None
+    assert result["generated"]["not_reported_spelled_by_llamacpp"] == 0
+    assert all(p["shared_kld"] < 1e-12 for p in result["positions"])  # still lined up after the held-back token
+    assert "1 more fed but not compared" in http_fidelity.markdown(result)
+
+
+def test_held_back_bytes_that_spell_several_sequences_take_llamacpp_s_likeliest_and_none_stop():
+    """Byte-level BPE: a character's bytes are a token and single-byte tokens too, so held-back bytes spell several
+    sequences; llama.cpp's likeliest is fed (the server's own when it computes as llama.cpp), and said. Bytes that
+    spell no sequence end the comparison there, saying why."""
+    tokens = greedy_with_a_detour(IDS, 6, at=-1)
+    twin = next(i for i in range(N_VOCAB) if i not in tokens and i not in IDS)
+    engine = Engine(None, held_back(as_llama_server(generation_answer(IDS, 6, model=0)), 2))
+    engine.tokenizer = TwinTokenizer(twin, of=tokens[2])  # the held-back token's bytes are also the twin's
+    result = http_fidelity.run_http_fidelity(engine, Reference(), "prompt", n_tokens=6, top_k=TOP_K, echo=False)
+    assert [p["index"] for p in result["positions"]] == [0, 1, 3, 4, 5] and result["passed"]
+    assert result["generated"]["not_reported_spelled_by_llamacpp"] == 1
+    assert "named by llama.cpp's likeliest spelling of their bytes" in http_fidelity.markdown(result)
+    answer = held_back(as_llama_server(generation_answer(IDS, 6, model=0)), 2)
+    entry = answer["choices"][0]["logprobs"]["content"][2]
+    entry["bytes"] = [0xFF, *entry["bytes"]]  # a byte no token of this vocabulary has
+    result = http_fidelity.run_http_fidelity(Engine(None, answer), Reference(), "prompt", n_tokens=6, top_k=TOP_K,
+                                             echo=False)
+    assert [p["index"] for p in result["positions"]] == [0, 1]
+    assert "spell no sequence of the GGUF's tokens" in result["generated"]["stopped"]
+
+
+@pytest.mark.parametrize("logprobs, message", [
+    ({"content": [{"id": N_VOCAB + 5, "token": "?", "logprob": -0.1, "top_logprobs": []}]},
+     f"token id {N_VOCAB + 5} in generated tokens is outside the GGUF's vocabulary of {N_VOCAB} tokens"),
+    ({"text_offset": [0]}, "returned no top-k log-probabilities for generated tokens"),
+    (None, "as OpenAI's legacy {tokens, top_logprobs} or llama-server's {content: [{id, token, top_logprobs}]}"),
+])
+def test_log_probabilities_in_no_known_shape_are_refused_saying_what_is_read(logprobs, message):
+    from inference_engine.errors import GGUFParityError
+
+    engine = Engine(None, {"choices": [{"text": "", "logprobs": logprobs}]})
+    engine.base_url = "http://fake/v1"
+    with pytest.raises(GGUFParityError, match=re.escape(message)):
+        http_fidelity.run_http_fidelity(engine, Reference(), "prompt", n_tokens=1, top_k=TOP_K, echo=False)
