@@ -1,5 +1,5 @@
-"""Fidelity over HTTP: an OpenAI-compatible server's top-k log-probabilities against llama.cpp in-process (or our NumPy
-engine computing llama.cpp's arithmetic and variants, ``--against numpy``: :mod:`validation.numpy_reference`).
+"""Fidelity over HTTP: an OpenAI-compatible server's top-k log-probabilities against llama.cpp in-process (or our
+NumPy engine computing llama.cpp's arithmetic and variants, ``--against numpy``: :mod:`validation.numpy_reference`).
 
 For one prompt (token ids from the GGUF's tokenizer, which equals llama.cpp's):
 
@@ -53,7 +53,8 @@ they spell one sequence of the GGUF's tokens (SentencePiece byte-fallback pieces
 they spell several (byte-level BPE, where a character's bytes are a token and single-byte tokens too), llama.cpp's
 likeliest one is, and the report counts those (a server computing as llama.cpp made the same choice unless at a near
 tie; a wrong choice moves llama.cpp to another prefix: it errs toward failing a server); none, and it stops there.
-Held-back tokens are fed, never compared: the server gave no log-probabilities for them.
+Held-back tokens are fed, never compared: the server gave no log-probabilities for them. A first disagreement on one
+is judged by the same rule as any (llama.cpp's margin between the two tokens, and what its variants say of them).
 
 Not checkable over HTTP (said in the report): full-vocabulary logits and KLD, hidden states and per-tensor
 intermediates, teacher-forced per-op checks.
@@ -366,7 +367,12 @@ def run_http_fidelity(engine, reference, prompt: str, *, n_tokens: int = DEFAULT
     if echo:
         echo_info.update(_echo_positions(engine, reference, ids, add_bos, top_k, state, positions, by_id))
 
-    floor = noise_floor(reference, tok, ids, path, positions, top_k, thresholds, by_id)
+    ids_there = divergence.pop("ids") if divergence is not None else None
+    held_back_divergence = None  # the first disagreement on a token the server gave no entry for: no row there
+    if divergence is not None and ids_there[1] is not None and not any(
+            p["where"] == "generated" and p["index"] == divergence["step"] for p in positions):
+        held_back_divergence = (divergence["step"], *ids_there)
+    floor = noise_floor(reference, tok, ids, path, positions, top_k, thresholds, by_id, held_back_divergence)
     floor.update({"precision": thresholds.precision, "variance": variance_source(reference)})
     return _summarize(engine, reference, ids, positions, divergence, server_text, reference_text, n_tokens, top_k,
                       state, echo_info, floor, generated)
@@ -379,8 +385,10 @@ def _divergence(tok, lp: np.ndarray, ref_tok: int, server_text: str, candidates:
     the likeliest of them; None when there is none); ``reference_ids``: llama.cpp's greedy tokens up to and including
     its own token here."""
     margin = float(lp[ref_tok] - max(lp[c] for c in candidates)) if candidates else None
+    server_id = max(candidates, key=lambda c: lp[c]) if candidates else None
     return {"step": step, "reference_text": _token_text(tok, ref_tok), "server_text": server_text, "margin": margin,
-            "near_tie": margin is not None and margin < NEAR_TIE_MARGIN, "reference_ids": [*path, ref_tok]}
+            "near_tie": margin is not None and margin < NEAR_TIE_MARGIN, "reference_ids": [*path, ref_tok],
+            "ids": (ref_tok, server_id)}
 
 
 def _ids_by_text(tok) -> dict[str, list[int]]:
@@ -392,27 +400,39 @@ def _ids_by_text(tok) -> dict[str, list[int]]:
 
 
 def noise_floor(reference, tok, ids: list[int], path: list[int], positions: list[dict], top_k: int,
-                thresholds: Thresholds, by_id: bool = False) -> dict:
+                thresholds: Thresholds, by_id: bool = False,
+                held_back_divergence: tuple[int, int, int] | None = None) -> dict:
     """How far llama.cpp moves from *itself* on the compared positions, by the same metrics: each of its variants for
     the precision class (:func:`validation.precision.open_variants`: for ggml its rounding variants, the other
     attention kernel and an F16 K/V cache; for f32, f16, bf16 also its defaults and the model in that precision)
     against it. Sets ``variants_agreeing`` on each row (a variant picks the server's top-1 there) and returns
     ``{"variants": {label: validation.top_k.position_stats}, "floor": the largest shared-top-k KLD mean, "errors":
-    {label: why it could not run}}``; the gates are :func:`validation.top_k.floor_limits` of those stats."""
+    {label: why it could not run}}``; the gates are :func:`validation.top_k.floor_limits` of those stats.
+
+    ``held_back_divergence``: ``(step, llama.cpp's token, the server's)`` where the first disagreement is on a token
+    the server gave no entry for (so no row): what each variant says of those two tokens there is kept under
+    ``"held_back_divergence"`` (the variants picking the server's token, and their gaps), for the top-1 rule."""
     variants, errors = open_variants(reference, thresholds)
     out: dict[str, Any] = {"variants": {}, "floor": 0.0, "errors": errors}
+    at_divergence: dict[str, Any] = {"variants_agreeing": [], "reference_variant_gaps": []}
     try:
         for label, variant in variants.items():
             comparisons: list[dict] = []
             generated = {p["index"]: p for p in positions if p["where"] == "generated"}
-            if generated:  # along llama.cpp's path (the server's tokens), at each compared position
+            last = max([*generated, *(held_back_divergence[:1] if held_back_divergence else [])], default=None)
+            if last is not None:  # along llama.cpp's path (the server's tokens), at each compared position
                 variant.reset()
                 logits = np.asarray(variant.prefill(ids))
-                for step in range(max(generated) + 1):
+                for step in range(last + 1):
                     if step in generated:
                         top = reference_topk(tok, log_softmax(logits), top_k, by_id)
                         comparisons.append(_variant_row(generated[step], top, top_k, label))
-                    if step < max(generated):
+                    elif held_back_divergence and step == held_back_divergence[0]:
+                        v_lp, (_, r_tok, s_tok) = log_softmax(logits), held_back_divergence
+                        at_divergence["reference_variant_gaps"].append(float(v_lp[r_tok] - v_lp[s_tok]))
+                        if int(np.argmax(v_lp)) == s_tok:
+                            at_divergence["variants_agreeing"].append(label)
+                    if step < last:
                         logits = np.asarray(variant.decode(path[step]))
             prompt_rows = [p for p in positions if p["where"] == "prompt"]
             if prompt_rows:
@@ -425,12 +445,14 @@ def noise_floor(reference, tok, ids: list[int], path: list[int], positions: list
         for variant in variants.values():
             variant.close()
     out["floor"] = max((v["shared_kld_mean"] or 0.0 for v in out["variants"].values()), default=0.0)
+    if held_back_divergence:
+        out["held_back_divergence"] = at_divergence
     return out
 
 
 def prompt_logits(engine, ids: list[int]) -> np.ndarray:
-    """``(len(ids), n_vocab)``: the logits at every prompt position, one capture's ``result_output`` (llama.cpp's equal
-    its ``llama_get_logits``, which is how a recording answers for it)."""
+    """``(len(ids), n_vocab)``: the logits at every prompt position, one capture's ``result_output`` (llama.cpp's
+    equal its ``llama_get_logits``, which is how a recording answers for it)."""
     captured = engine.capture(list(ids), names=["result_output"])
     return np.asarray(captured["result_output"], dtype=np.float32).reshape(len(ids), -1)
 
@@ -523,8 +545,14 @@ def _summarize(engine, reference, ids, positions, divergence, server_text, refer
         divergence["reference_variants_agreeing"] = at[0].get("variants_agreeing", []) if at else []
         divergence["within_reference_gap_shift"] = bool(at and at[0].get("within_reference_gap_shift"))
         divergence["reference_self_gap_shift"] = at[0].get("reference_self_gap_shift") if at else None
-    greedy_ok = divergence is None or bool(divergence["near_tie"]) or bool(divergence["reference_variants_agreeing"]) \
-        or divergence["within_reference_gap_shift"]
+        held = floor.get("held_back_divergence")
+        if not at and held is not None and divergence["margin"] is not None:  # on a token without an entry
+            shift, within = reference_gap_shift(divergence["margin"], held["reference_variant_gaps"])
+            divergence.update({"reference_variants_agreeing": held["variants_agreeing"],
+                               "within_reference_gap_shift": within, "reference_self_gap_shift": shift,
+                               "on_a_held_back_token": True})
+    greedy_ok = (divergence is None or bool(divergence["near_tie"])
+                 or bool(divergence["reference_variants_agreeing"]) or divergence["within_reference_gap_shift"])
     metrics = {
         "positions": len(positions),
         "top1_agreement": (sum(p["top1_agree"] for p in positions) / len(positions)) if positions else None,
