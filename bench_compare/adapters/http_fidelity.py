@@ -42,8 +42,10 @@ or greedy disagreement passes as a near tie, when a variant picks the server's t
 Servers return log-probabilities in one of two shapes (:func:`server_entries` reads both): OpenAI's legacy
 completions shape, ``{"tokens": [text], "top_logprobs": [{token text: logprob}]}`` (vLLM, SGLang, llama-cpp-python,
 ours), and llama.cpp's ``llama-server``, ``{"content": [{"id", "token", "bytes", "logprob", "top_logprobs": [{"id",
-"token", "bytes", "logprob"}]}]}`` (OpenAI's chat shape plus token ids). Where the server gives ids, every token on
-both sides is named by its id (:func:`token_key`, ``"282: of"``), exactly. Otherwise by its text: llama.cpp's top-k
+"token", "bytes", "logprob"}]}]}`` (OpenAI's chat shape plus token ids). vLLM names tokens ``token_id:{id}`` in the
+legacy shape when asked (:data:`TOKEN_ID_FIELDS`, sent with each request until a server refuses a request with it).
+Where the server gives ids, every token on both sides is named by its id (:func:`token_key`, ``"282: of"``),
+exactly. Otherwise by its text: llama.cpp's top-k
 ids are turned into text as servers do (the token's bytes, invalid UTF-8 dropped; when two tokens render the same text
 the lower-ranked one wins, as in llama-cpp-python's dict), so tokens whose texts collide are one key there.
 
@@ -87,6 +89,11 @@ from validation.top_k import (  # one definition of the per-position metrics and
 
 DEFAULT_TOP_K = 5
 DEFAULT_TOKENS = 16
+# vLLM's completions field that names every token "token_id:{id}" in tokens and top_logprobs (its
+# format_token_id_placeholder), so tokens are named exactly; sent with each request, and dropped for the run where a
+# server refuses the request with it (a strict server refuses unknown fields: ours, OpenAI's).
+TOKEN_ID_FIELDS = {"return_tokens_as_token_ids": True}
+TOKEN_ID_PREFIX = "token_id:"
 # Held-back bytes are a few: the rest of one UTF-8 character (up to 3 bytes) after what the run's first token
 # began with; 5 bytes, each run of them a token of a byte-level BPE vocabulary, spell 16 sequences.
 MAX_SPELLINGS = 256
@@ -153,15 +160,47 @@ def server_entries(engine, data: dict, what: str) -> ServerAnswer:
     list (see the module doc); a clear error when the answer has neither."""
     logprobs = data["choices"][0].get("logprobs")
     if isinstance(logprobs, dict) and isinstance(logprobs.get("top_logprobs"), list):
-        tokens = logprobs.get("tokens") or []
-        return ServerAnswer([ServerEntry(str(tokens[i]) if i < len(tokens) else None, None,
-                                         top if isinstance(top, dict) and top else None)
-                             for i, top in enumerate(logprobs["top_logprobs"])], by_id=False)
+        return _legacy_answer(engine, logprobs, what)
     if isinstance(logprobs, dict) and isinstance(logprobs.get("content"), list):
         return _content_answer(engine, logprobs["content"], what)
     raise GGUFParityError(f"{engine.client.base_url}/completions returned no top-k log-probabilities for {what}; the "
                           "server must answer the 'logprobs' field of /completions, as OpenAI's legacy "
                           "{tokens, top_logprobs} or llama-server's {content: [{id, token, top_logprobs}]}")
+
+
+def _legacy_answer(engine, logprobs: dict, what: str) -> ServerAnswer:
+    """OpenAI's legacy shape: tokens named by text, or by id where every name is vLLM's ``token_id:{id}``."""
+    tokens = [str(t) for t in logprobs.get("tokens") or []]
+    tops = [top if isinstance(top, dict) and top else None for top in logprobs["top_logprobs"]]
+    names = [*tokens, *(str(t) for top in tops if top for t in top)]
+    ids = {name: _placeholder_id(name) for name in names}
+    if not names or None in ids.values():
+        return ServerAnswer([ServerEntry(tokens[i] if i < len(tokens) else None, None, top)
+                             for i, top in enumerate(tops)], by_id=False)
+    _check_ids(engine, ids.values(), what)
+    tok = engine.tokenizer
+
+    def key(name: str) -> str:
+        return token_key(tok, ids[name], True)
+
+    return ServerAnswer([ServerEntry(key(tokens[i]) if i < len(tokens) else None,
+                                     ids[tokens[i]] if i < len(tokens) else None,
+                                     {key(str(t)): float(v) for t, v in top.items()} if top else None)
+                         for i, top in enumerate(tops)], by_id=True)
+
+
+def _placeholder_id(name: str) -> int | None:
+    """The id in vLLM's ``token_id:{id}`` name, or None for a token named by its text."""
+    rest = name[len(TOKEN_ID_PREFIX):] if name.startswith(TOKEN_ID_PREFIX) else ""
+    return int(rest) if rest.isdigit() else None
+
+
+def _check_ids(engine, ids, what: str) -> None:
+    n_vocab = engine.tokenizer.n_vocab
+    outside = next((i for i in ids if not 0 <= i < n_vocab), None)
+    if outside is not None:
+        raise GGUFParityError(f"{engine.client.base_url}/completions: token id {outside} in {what} is outside the "
+                              f"GGUF's vocabulary of {n_vocab} tokens; is the server running this model?")
 
 
 def _content_answer(engine, content: list, what: str) -> ServerAnswer:
@@ -177,10 +216,7 @@ def _content_answer(engine, content: list, what: str) -> ServerAnswer:
     named = [*content, *(a for alts in alternatives for a in alts)]
     by_id = bool(named) and all(isinstance(x.get("id"), int) and not isinstance(x.get("id"), bool) for x in named)
     if by_id:
-        outside = next((x["id"] for x in named if not 0 <= x["id"] < tok.n_vocab), None)
-        if outside is not None:
-            raise GGUFParityError(f"{engine.client.base_url}/completions: token id {outside} in {what} is outside "
-                                  f"the GGUF's vocabulary of {tok.n_vocab} tokens; is the server running this model?")
+        _check_ids(engine, (x["id"] for x in named), what)
 
     def key(x: dict) -> str:
         return token_key(tok, x["id"], True) if by_id else str(x.get("token", ""))
@@ -268,17 +304,24 @@ def _spellings(data: bytes, by_bytes: dict[bytes, list[int]], limit: int = MAX_S
 
 def _send_prompt(engine, ids: list[int], add_bos: bool, max_tokens: int, k: int, echo: bool,
                  state: dict[str, Any]) -> dict:
-    """One non-streamed request with the prompt as ids if the server takes them, else as round-trip-checked text."""
+    """One non-streamed request with the prompt as ids if the server takes them, else as round-trip-checked text;
+    with :data:`TOKEN_ID_FIELDS` until a server refuses a request that has them."""
     body = engine.completion_body("", max_tokens, logprobs=k, echo=echo)
     if state.get("prompt_as") in (None, "token ids"):
-        try:
-            data = engine.client.complete({**body, "prompt": list(ids)})
-            state["prompt_as"] = "token ids"
-            return data
-        except GGUFParityError as exc:
-            if " HTTP " not in str(exc) or state.get("prompt_as") == "token ids":
-                raise  # not a refusal of the request (down, timeout, malformed answer)
-            state["token_ids_refused"] = str(exc)[:120]
+        for fields in ([TOKEN_ID_FIELDS, {}] if "token_id_fields_refused" not in state else [{}]):
+            try:
+                data = engine.client.complete({**body, **fields, "prompt": list(ids)})
+                state["prompt_as"] = "token ids"
+                return data
+            except GGUFParityError as exc:
+                if " HTTP " not in str(exc):
+                    raise  # not a refusal of the request (down, timeout, malformed answer)
+                if fields:  # the refusal may be of the ids; either way, not asked again
+                    state["token_id_fields_refused"] = str(exc)[:120]
+                    continue
+                if state.get("prompt_as") == "token ids":
+                    raise
+                state["token_ids_refused"] = str(exc)[:120]
     text = check_text_round_trip(engine.tokenizer, ids, add_bos)
     state["prompt_as"] = "text (checked to tokenize to the same ids)"
     return engine.client.complete({**body, "prompt": text})
@@ -569,7 +612,8 @@ def _summarize(engine, reference, ids, positions, divergence, server_text, refer
         metrics=metrics, checks=checks, passed=all(checks.values()),
         extra={
             "prompt_tokens": len(ids), "prompt_sent_as": state.get("prompt_as"),
-            "token_ids_refused": state.get("token_ids_refused"), "top_k": top_k, "n_tokens": n_tokens,
+            "token_ids_refused": state.get("token_ids_refused"),
+            "token_id_fields_refused": state.get("token_id_fields_refused"), "top_k": top_k, "n_tokens": n_tokens,
             "noise_floor": floor,
             "greedy": {"server_text": server_text, "reference_text": reference_text,
                        "equal": server_text == reference_text, "first_divergence": divergence},

@@ -556,3 +556,57 @@ def test_a_disagreement_on_a_held_back_token_is_excused_as_any_other():
     assert flips["reference_variants_agreeing"] == ["flash attention on"]
     assert results["flips"]["checks"]["greedy_text"]
     assert does_not["reference_variants_agreeing"] == [] and not results["does not"]["checks"]["greedy_text"]
+
+
+def as_vllm_token_ids(answer: dict) -> dict:
+    """The same legacy answer as vLLM gives it with ``return_tokens_as_token_ids``: every token "token_id:{id}"."""
+    lp = answer["choices"][0]["logprobs"]
+
+    def name(text: str) -> str:
+        return f"token_id:{int(text[1:])}"
+
+    return {"choices": [{"text": answer["choices"][0]["text"], "logprobs": {
+        "tokens": [name(t) for t in lp["tokens"]],
+        "top_logprobs": [None if top is None else {name(t): v for t, v in top.items()} for top in lp["top_logprobs"]],
+    }}]}
+
+
+class Recorder(Engine):
+    """Keeps every request body; refuses those with vLLM's token-id field when ``strict`` (as a server that refuses
+    unknown fields does)."""
+
+    def __init__(self, answer, generation=None, strict=False):
+        super().__init__(answer, generation)
+        self.strict, self.bodies = strict, []
+
+    def complete(self, body):
+        self.bodies.append(body)
+        if self.strict and "return_tokens_as_token_ids" in body:
+            from inference_engine.errors import GGUFParityError
+
+            raise GGUFParityError("http://fake/v1/completions: HTTP 400: unknown field 'return_tokens_as_token_ids'")
+        return super().complete(body)
+
+
+def test_vllm_s_token_id_names_are_read_as_ids_and_followed_where_texts_collide():
+    """vLLM names tokens "token_id:{id}" when asked (``return_tokens_as_token_ids``, sent with every request): they
+    are matched by id, so a detour to a token whose text another shares is followed, where by text it must stop."""
+    tokens = greedy_with_a_detour(IDS, 6, at=2)
+    twin = next(i for i in range(N_VOCAB) if i not in tokens and i not in IDS)
+    engine = Recorder(None, as_vllm_token_ids(answer_along(IDS, tokens)))
+    engine.tokenizer = TwinTokenizer(twin, of=tokens[2])
+    result = http_fidelity.run_http_fidelity(engine, Reference(), "prompt", n_tokens=6, top_k=TOP_K, echo=False)
+    assert result["generated"]["compared"] == 6 and result["generated"]["stopped"] is None
+    assert result["generated"]["followed"] == "the server's own tokens, named by id"
+    assert all(":" in k for p in result["positions"] for k in p["server_topk"])
+    assert engine.bodies[0]["return_tokens_as_token_ids"] is True
+
+
+def test_a_server_that_refuses_the_token_id_field_is_asked_again_without_it():
+    legacy = generation_answer(IDS, 6, model=0)
+    strict = Recorder(echo_answer(IDS, 4, "shifted"), legacy, strict=True)
+    result = http_fidelity.run_http_fidelity(strict, Reference(), "prompt", n_tokens=6, top_k=TOP_K)
+    assert result["passed"] and result["prompt_sent_as"] == "token ids"
+    assert "unknown field" in result["token_id_fields_refused"]
+    # refused once, then never sent again in the run (the echo request included)
+    assert ["return_tokens_as_token_ids" in b for b in strict.bodies] == [True, False, False]
