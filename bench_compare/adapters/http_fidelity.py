@@ -37,7 +37,9 @@ server and an in-process engine that gives only its top-k are held to the same r
 median within max(:data:`~validation.top_k.SHARED_KLD_MEAN_MAX`, 3x the variants' largest), the largest
 log-probability difference within max(1e-3, sqrt(3)x theirs), top-k overlap at least min(0.8, their lowest); a top-1
 or greedy disagreement passes as a near tie, when a variant picks the server's token there (as in
-``validation.smoke``), or when the variants move that gap by at least a sqrt(3)th of it.
+``validation.smoke``), when the variants move that gap by at least a sqrt(3)th of it, or when its margin is within
+sqrt(3)x the largest margin at which a variant's own top-1 differs from llama.cpp's on the compared positions (a flip
+like llama.cpp's own; in-process, validate takes that margin from the variants' free-running flips).
 
 Servers return log-probabilities in one of two shapes (:func:`server_entries` reads both): OpenAI's legacy
 completions shape, ``{"tokens": [text], "top_logprobs": [{token text: logprob}]}`` (vLLM, SGLang, llama-cpp-python,
@@ -483,7 +485,9 @@ def noise_floor(reference, tok, ids: list[int], path: list[int], positions: list
                 for row in prompt_rows:
                     top = reference_topk(tok, log_softmax(v_logits[row["index"] - 1]), top_k, by_id)
                     comparisons.append(_variant_row(row, top, top_k, label))
-            out["variants"][label] = position_stats(comparisons)
+            out["variants"][label] = {**position_stats(comparisons), "flip_margin_max": max(
+                (c["margin"] for c in comparisons if not c["top1_agree"] and c.get("margin") is not None),
+                default=0.0)}  # its largest margin where its top-1 is not llama.cpp's: a flip of its own
     finally:
         for variant in variants.values():
             variant.close()
@@ -578,9 +582,13 @@ def _echo_positions(engine, reference, ids, add_bos, top_k, state, positions, by
 
 def _summarize(engine, reference, ids, positions, divergence, server_text, reference_text, n_tokens, top_k, state,
                echo_info, floor, generated) -> dict[str, Any]:
+    # llama.cpp's own flips: the largest margin at which a variant's top-1 is not llama.cpp's, x GAP_SHIFT_FACTOR, as
+    # the in-process validate derives its drift margin from the variants' free-running flips (validation.run)
+    drift = GAP_SHIFT_FACTOR * max((float(v.get("flip_margin_max") or 0.0) for v in floor["variants"].values()),
+                                   default=0.0)
     disagreements = [p for p in positions if not p["top1_agree"]]
     for p in disagreements:
-        p["excused_by"] = excuses(p)
+        p["excused_by"] = excuses(p, drift)
     unexcused = [p for p in disagreements if not p["excused_by"]]
     limits = floor_limits(floor["variants"].values())
     if divergence is not None:
@@ -594,8 +602,12 @@ def _summarize(engine, reference, ids, positions, divergence, server_text, refer
             divergence.update({"reference_variants_agreeing": held["variants_agreeing"],
                                "within_reference_gap_shift": within, "reference_self_gap_shift": shift,
                                "on_a_held_back_token": True})
+        divergence["reference_drift_margin"] = drift
+        divergence["within_reference_drift"] = bool(drift and divergence["margin"] is not None
+                                                    and divergence["margin"] <= drift)
     greedy_ok = (divergence is None or bool(divergence["near_tie"])
-                 or bool(divergence["reference_variants_agreeing"]) or divergence["within_reference_gap_shift"])
+                 or bool(divergence["reference_variants_agreeing"]) or divergence["within_reference_gap_shift"]
+                 or divergence["within_reference_drift"])
     metrics = {
         "positions": len(positions),
         "top1_agreement": (sum(p["top1_agree"] for p in positions) / len(positions)) if positions else None,
@@ -608,7 +620,8 @@ def _summarize(engine, reference, ids, positions, divergence, server_text, refer
     return HttpValidateResult(
         provenance=provenance(), engine=engine.name, reference=reference.name, model=engine.model_info,
         thresholds={**limits, "shared_kld_floor_free": SHARED_KLD_MEAN_MAX, "shared_kld_noise_factor": NOISE_FACTOR,
-                    "gap_shift_factor": GAP_SHIFT_FACTOR, "near_tie_margin": NEAR_TIE_MARGIN},
+                    "gap_shift_factor": GAP_SHIFT_FACTOR, "near_tie_margin": NEAR_TIE_MARGIN,
+                    "drift_margin": drift},
         metrics=metrics, checks=checks, passed=all(checks.values()),
         extra={
             "prompt_tokens": len(ids), "prompt_sent_as": state.get("prompt_as"),
@@ -657,7 +670,9 @@ def markdown(result: dict[str, Any]) -> str:
              "| check | value | gate | ok |", "| --- | ---: | --- | --- |",
              f"| top-1 agreement | {fmt(m['top1_agreement'], '.3f')} over {m['positions']} positions | every "
              f"disagreement a near tie (< {t['near_tie_margin']}), picked by a llama.cpp "
-             f"variant or within {GAP_SHIFT_FACTOR:.3g}x the change its variants make to that gap | {c['top1']} |",
+             f"variant or within {GAP_SHIFT_FACTOR:.3g}x the change its variants make to that gap"
+             + (f", or a flip like llama.cpp's own (margin <= {t['drift_margin']:.3g})" if t.get("drift_margin")
+                else "") + f" | {c['top1']} |",
              f"| top-k overlap mean | {fmt(m['topk_overlap_mean'], '.3f')} | >= "
              f"{fmt(t['topk_overlap_mean_min'])} | {c['topk_overlap']} |",
              f"| KLD over shared top-k, mean (max) | {fmt(m['shared_kld_mean'])} ({fmt(m['shared_kld_max'])}) | <= "

@@ -610,3 +610,29 @@ def test_a_server_that_refuses_the_token_id_field_is_asked_again_without_it():
     assert "unknown field" in result["token_id_fields_refused"]
     # refused once, then never sent again in the run (the echo request included)
     assert ["return_tokens_as_token_ids" in b for b in strict.bodies] == [True, False, False]
+
+
+def test_a_disagreement_within_llamacpp_s_own_flips_is_excused_as_in_process():
+    """llama.cpp's variant flips its own top-1 at step 1 (margin m1); the server's second choice at step 2 has a
+    margin within sqrt(3) x m1, neither a near tie nor picked by a variant: a flip like llama.cpp's own, which the
+    in-process validate excuses by the same rule (validation.top_k.excuses with its drift margin). Without that
+    variant it is not excused."""
+    margins, seq = [], list(IDS)
+    for _ in range(3):
+        lp = np.sort(log_softmax(logits_after(seq)))
+        margins.append(float(lp[-1] - lp[-2]))
+        seq.append(int(np.argmax(logits_after(seq))))
+    assert http_fidelity.NEAR_TIE_MARGIN < margins[2] <= http_fidelity.GAP_SHIFT_FACTOR * margins[1]
+    tokens = greedy_with_a_detour(IDS, 6, at=2)
+    results = {name: http_fidelity.run_http_fidelity(Engine(None, answer_along(IDS, tokens)), reference, "prompt",
+                                                     n_tokens=6, top_k=TOP_K, echo=False, precision="ggml")
+               for name, reference in [("flips", ReferenceWhoseVariantFlips(at=len(IDS) + 1)),
+                                       ("does not", ReferenceWithVariants())]}
+    flips = results["flips"]
+    assert flips["thresholds"]["drift_margin"] == pytest.approx(http_fidelity.GAP_SHIFT_FACTOR * margins[1])
+    at_2 = next(p for p in flips["positions"] if p["index"] == 2)
+    assert at_2["excused_by"] == ["a flip like the reference's own (margin within its flips' margins)"]
+    assert flips["checks"]["top1"] and flips["checks"]["greedy_text"]
+    assert flips["greedy"]["first_divergence"]["within_reference_drift"]
+    assert "a flip like llama.cpp's own (margin <= " in http_fidelity.markdown(flips)
+    assert not results["does not"]["checks"]["top1"] and not results["does not"]["checks"]["greedy_text"]
