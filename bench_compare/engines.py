@@ -53,6 +53,7 @@ ENGINE_SCHEMES: dict[str, str] = {
     "llamacpp": "bench_compare.engines:open_llamacpp",
     "openai": "bench_compare.adapters.openai_http:open_engine",
     "llamacpp-server": "bench_compare.adapters.llamacpp_server:open_engine",
+    "llama-server": "bench_compare.adapters.llama_server_bin:open_engine_under_test",  # your llama.cpp build's server
     "dump": "bench_compare.adapters.dump:open_engine",  # a tensor dump written by an engine in any language
     "cmd": "bench_compare.adapters.command:open_engine",  # a program run per request, writing such dumps
     "hf": "bench_compare.adapters.hf_transformers:open_engine",  # Hugging Face transformers on the same GGUF
@@ -71,6 +72,8 @@ ENGINE_META: dict[str, dict[str, Any]] = {
     "openai": {"usage": "openai:URL", "http": True, "capabilities": ("top_logprobs", "text", "tokenize", "timings")},
     "llamacpp-server": {"usage": "llamacpp-server", "http": True,
                         "capabilities": ("top_logprobs", "text", "tokenize", "timings")},
+    "llama-server": {"usage": "llama-server:PATH", "http": True,
+                     "capabilities": ("top_logprobs", "text", "tokenize", "timings")},
     # a file written earlier: no run to time; some tensors, the logits when result_output is among them
     "dump": {"usage": "dump:DIR", "timed": False, "capabilities": ("tensors", "logits")},
     # a process per request, read back (each decode step reruns the program on the prompt so far)

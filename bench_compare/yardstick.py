@@ -83,12 +83,13 @@ def parse_against(text: str | None) -> Yardstick | None:
     return None
 
 
-def check_binary(yard: Yardstick, flag: str = "--against") -> BinaryInfo:
+def check_binary(yard: Yardstick, flag: str = "--against", llama: bool | None = None) -> BinaryInfo:
     """Refuse, in one line, a PATH that is not a working ``yard.kind`` (see the module docstring). ``flag``: where
     the user named it, ``--against`` (llama.cpp's program) or ``--engine`` (any program taking llama-bench's flags:
-    the engine under test)."""
+    the engine under test); ``llama``: whether it must be llama.cpp's own program (default: named by --against;
+    ``--engine llama-server:PATH`` is llama.cpp's own server as the engine under test)."""
     path, kind = yard.path, yard.kind
-    llama = flag == "--against"  # llama.cpp's own program, else the user's program taking its flags
+    llama = flag == "--against" if llama is None else llama  # llama.cpp's own program, else one taking its flags
     program = f"llama.cpp's build/bin/{kind}" if llama else "your benchmark program"
     if not path.exists():
         raise GGUFParityError(f"{flag} {kind}: {path} does not exist; point it at {program}")

@@ -1,4 +1,5 @@
-"""The HTTP modes of ``bench-compare compare`` and ``validate`` (``--engine openai:URL`` / ``llamacpp-server``).
+"""The HTTP modes of ``bench-compare compare`` and ``validate`` (``--engine openai:URL`` / ``llamacpp-server`` /
+``llama-server:PATH``).
 
 Every engine and server opened here is closed in ``finally`` (servers the harness started are stopped on success,
 error and Ctrl-C). A request that fails mid-run ends the run with its one-line error (exit 2), after printing, and
@@ -63,7 +64,8 @@ def run_compare(*, spec: engines.EngineSpec, against: str, model: str, threads: 
     notes = []
     sides = []
     with ExitStack() as stack:
-        engine = _close_later(stack, engines.make_engine(spec, model, n_threads=threads, n_ctx=n_ctx))
+        slots = {"n_parallel": str(max(cfg.concurrency))} if spec.scheme == "llama-server" else {}  # one a client
+        engine = _close_later(stack, engines.make_engine(spec, model, n_threads=threads, n_ctx=n_ctx, **slots))
         engine.model_name  # noqa: B018 - asks /models now: an unreachable URL fails before anything is measured
         prompts = http_bench.PromptMaker(engine.tokenizer, seed=cfg.seed)
         sides.append(_with_settings(http_bench.HttpSide(engine), engine))

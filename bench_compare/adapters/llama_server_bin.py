@@ -76,9 +76,9 @@ def binary_version(path: Path) -> str:
 
 
 def open_engine(info: BinaryInfo, model: str, *, n_threads: int | None = None, n_ctx: int = 2048,
-                n_parallel: int = 1) -> ServerBackedEngine:
-    """The user's llama-server started on ``model`` and an HTTP engine on it, named ``llama-server`` (closing it
-    stops the server)."""
+                n_parallel: int = 1, label: str = ENGINE_NAME, flag: str = "--against") -> ServerBackedEngine:
+    """The user's llama-server started on ``model`` and an HTTP engine on it, named ``label`` (closing it stops the
+    server); ``flag``: where the user named it, for its errors."""
     from bench_compare.adapters.openai_http import OpenAIHTTPEngine
     from inference_engine.store.named_models import resolve_model
 
@@ -87,10 +87,29 @@ def open_engine(info: BinaryInfo, model: str, *, n_threads: int | None = None, n
     try:
         server.start()
     except GGUFParityError as exc:
-        raise GGUFParityError(f"--against llama-server: {exc}") from None
+        raise GGUFParityError(f"{flag} llama-server: {exc}") from None
     try:
-        engine = OpenAIHTTPEngine(server.base_url, path, model_name=SERVER_MODEL_ALIAS, label=ENGINE_NAME)
+        engine = OpenAIHTTPEngine(server.base_url, path, model_name=SERVER_MODEL_ALIAS, label=label)
     except BaseException:
         server.stop()
         raise
     return ServerBackedEngine(server, engine)
+
+
+def open_engine_under_test(target: str, model: str, *, n_threads: int | None = None, n_ctx: int = 2048,
+                           n_parallel: int | str = 1, **_options) -> ServerBackedEngine:
+    """Your own llama.cpp build's llama-server (CPU, CUDA, Vulkan, Metal), started here and always stopped.
+
+    Factory for ``--engine llama-server:PATH``: the server on ``model`` as the engine under test, named
+    ``llama-server:PATH``; ``validate`` holds its top-k log-probabilities up to llama.cpp in-process, ``compare``
+    times it against ``--against`` (another build too: ``--against llama-server:OTHER``). ``n_parallel``: its slots
+    (compare passes the sweep's largest level)."""
+    from bench_compare import yardstick
+
+    if not str(target).strip():
+        raise GGUFParityError("--engine llama-server: needs the binary's path, e.g. --engine "
+                              "llama-server:/path/to/llama.cpp/build/bin/llama-server")
+    info = yardstick.check_binary(yardstick.Yardstick(ENGINE_NAME, Path(target).expanduser()), flag="--engine",
+                                  llama=True)
+    return open_engine(info, model, n_threads=n_threads, n_ctx=int(n_ctx), n_parallel=int(n_parallel),
+                       label=f"{ENGINE_NAME}:{target}", flag="--engine")

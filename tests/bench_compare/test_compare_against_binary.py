@@ -294,3 +294,25 @@ def test_an_error_before_any_work_prints_no_progress_bar(capsys, model, tmp_path
     code = main(["compare", "-m", model, "--engine", f"llama-bench:{tmp_path / 'nope'}", "--quick"])
     _out, err = capsys.readouterr()
     assert code == 2 and err.startswith("error: --engine llama-bench:") and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("command", [["compare", "--no-progress", "--quick", "--against", "none"],
+                                     ["validate", "--no-progress"]])
+@pytest.mark.parametrize("engine, message", [
+    ("llama-server:", "--engine llama-server: needs the binary's path"),
+    ("llama-server:{missing}", "--engine llama-server: {missing} does not exist; point it at llama.cpp's "
+                               "build/bin/llama-server"),
+    ("llama-server:{model}", "is not executable"),
+    ("llama-server:{fake}", "--engine llama-server: {fake} is not llama.cpp's llama-server (it looks like "
+                            "llama-bench)"),
+])
+def test_a_bad_llama_server_engine_is_one_line_before_anything_runs(capsys, model, fake_bench, tmp_path, command,
+                                                                      engine, message):
+    """``--engine llama-server:PATH``: llama.cpp's own server as the engine under test, its binary checked as
+    ``--against llama-server:PATH`` checks it."""
+    names = {"missing": tmp_path / "nope", "model": model, "fake": fake_bench}
+    json_path = tmp_path / "out.json"
+    code = main([*command, "-m", model, "--engine", engine.format(**names), "--json", str(json_path)])
+    _out, err = capsys.readouterr()
+    assert code == 2 and err.count("\n") == 1 and not json_path.exists(), err
+    assert message.format(**names) in err

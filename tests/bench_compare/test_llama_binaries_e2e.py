@@ -86,20 +86,17 @@ def check_program_engine_compare(binary: Path, model: str, tmp_path: Path, capsy
 
 
 def check_llama_server_compare(binary: Path, model: str, tmp_path: Path, capsys) -> dict:
-    """An HTTP compare whose reference side is the binary: the engine side is a second copy of the same server
-    (started here as the harness starts the reference), so the test needs nothing beyond the binary."""
-    from bench_compare.adapters import llama_server_bin
-
-    info = yardstick.check_binary(yardstick.Yardstick("llama-server", binary))
+    """An HTTP compare whose two sides are the binary: ``--engine llama-server:PATH`` (the engine under test, started
+    by the harness) against ``--against llama-server:PATH`` (the reference), as two builds would be compared."""
     json_path = tmp_path / "server.json"
-    with llama_server_bin.LlamaServerBinary(info, model, n_threads=1, n_ctx=512) as engine_side:
-        code = main(["compare", "--no-progress", "--engine", f"openai:{engine_side.base_url}", "-m", model,
-                     "--quick", "-t", "1", "-c", "512", "--against", f"llama-server:{binary}",
-                     "--json", str(json_path)])
+    code = main(["compare", "--no-progress", "--engine", f"llama-server:{binary}", "-m", model,
+                 "--quick", "-t", "1", "-c", "512", "--against", f"llama-server:{binary}", "--json", str(json_path)])
     _out, err = capsys.readouterr()
     assert code == 0, err
     result = json.loads(json_path.read_text())
     assert result["reference"] == "llama-server" and result["complete"]
+    engine_side = result["sides"][f"llama-server:{binary}"]["settings"]["server_settings"]
+    assert engine_side["path"] == str(binary.resolve()) and engine_side["n_parallel"] == 1
     server = result["sides"]["llama-server"]["settings"]["server_settings"]
     assert server["path"] == str(binary.resolve()) and "-ngl" in server["command"]
     assert server["version"].startswith("version")
@@ -123,24 +120,25 @@ def rope_base_times_ten(info, model: str, rope_base: float, **kw):
 
 
 def check_llama_server_validate(binary: Path, model: str, tmp_path: Path, capsys) -> None:
-    """llama.cpp's own server as the engine under test passes validate against llama.cpp in-process (its
-    log-probabilities come in its ``content`` shape, tokens named by id, echo ignored; the tiny model's byte tokens
-    make it hold some back), and fails it with a RoPE base 10x the model's."""
-    from bench_compare.adapters import llama_server_bin
+    """llama.cpp's own server as the engine under test (``--engine llama-server:PATH``) passes validate against
+    llama.cpp in-process (its log-probabilities come in its ``content`` shape, tokens named by id, echo ignored; the
+    tiny model's byte tokens make it hold some back), and fails it with a RoPE base 10x the model's."""
     from inference_engine.gguf.file import GGUFFile
 
     info = yardstick.check_binary(yardstick.Yardstick("llama-server", binary))
     rope_base = float(GGUFFile(model).metadata_value("llama.rope.freq_base", 10000.0))
     verdicts = {}
-    for name, server in [("as built", llama_server_bin.LlamaServerBinary(info, model, n_threads=1, n_ctx=512)),
-                         ("rope x10", rope_base_times_ten(info, model, rope_base, n_threads=1, n_ctx=512))]:
-        json_path = tmp_path / f"{name}.json"
-        with server:
-            code = main(["validate", "--engine", f"openai:{server.base_url}", "-m", model, "-t", "1",
-                         "--smoke-tokens", "16", "--json", str(json_path), "--report", str(tmp_path / name)])
-        _out, err = capsys.readouterr()
-        assert code in (0, 1), err
-        verdicts[name] = json.loads(json_path.read_text())
+    args = ["-m", model, "-t", "1", "--smoke-tokens", "16"]
+    code = main(["validate", "--engine", f"llama-server:{binary}", *args, "--json", str(tmp_path / "built.json")])
+    _out, err = capsys.readouterr()
+    assert code == 0, err
+    verdicts["as built"] = json.loads((tmp_path / "built.json").read_text())
+    with rope_base_times_ten(info, model, rope_base, n_threads=1, n_ctx=512) as server:
+        code = main(["validate", "--engine", f"openai:{server.base_url}", *args,
+                     "--json", str(tmp_path / "rope.json")])
+    _out, err = capsys.readouterr()
+    assert code == 1, err
+    verdicts["rope x10"] = json.loads((tmp_path / "rope.json").read_text())
     good, bad = verdicts["as built"], verdicts["rope x10"]
     assert good["passed"], good["checks"]
     # every generated token was followed; those whose text ended inside a UTF-8 character have no entry of their
