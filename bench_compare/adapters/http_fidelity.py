@@ -41,24 +41,18 @@ or greedy disagreement passes as a near tie, when a variant picks the server's t
 sqrt(3)x the largest margin at which a variant's own top-1 differs from llama.cpp's on the compared positions (a flip
 like llama.cpp's own; in-process, validate takes that margin from the variants' free-running flips).
 
-Servers return log-probabilities in one of two shapes (:func:`server_entries` reads both): OpenAI's legacy
-completions shape, ``{"tokens": [text], "top_logprobs": [{token text: logprob}]}`` (vLLM, SGLang, llama-cpp-python,
-ours), and llama.cpp's ``llama-server``, ``{"content": [{"id", "token", "bytes", "logprob", "top_logprobs": [{"id",
-"token", "bytes", "logprob"}]}]}`` (OpenAI's chat shape plus token ids). vLLM names tokens ``token_id:{id}`` in the
-legacy shape when asked (:data:`TOKEN_ID_FIELDS`, sent with each request until a server refuses a request with it).
-Where the server gives ids, every token on both sides is named by its id (:func:`token_key`, ``"282: of"``),
-exactly. Otherwise by its text: llama.cpp's top-k
-ids are turned into text as servers do (the token's bytes, invalid UTF-8 dropped; when two tokens render the same text
-the lower-ranked one wins, as in llama-cpp-python's dict), so tokens whose texts collide are one key there.
+A server's answer is read in either shape servers use, OpenAI's legacy one or llama-server's, by
+:mod:`bench_compare.adapters.server_logprobs`, which also names its tokens: by id where the server gives ids
+(llama-server; vLLM when asked), exactly, on both sides (:func:`token_key`, ``"282: of"``); otherwise by text, as
+servers render it (the token's bytes, invalid UTF-8 dropped; when two tokens render the same text the lower-ranked one
+wins, as in llama-cpp-python's dict), so tokens whose texts collide are one key there.
 
-llama-server gives no entry for a token whose text ends inside a UTF-8 character: it sends that token's bytes with
-the token that completes the character, in that one's entry. Such held-back tokens are named by those bytes: where
-they spell one sequence of the GGUF's tokens (SentencePiece byte-fallback pieces) it is fed to llama.cpp; where
-they spell several (byte-level BPE, where a character's bytes are a token and single-byte tokens too), llama.cpp's
-likeliest one is, and the report counts those (a server computing as llama.cpp made the same choice unless at a near
-tie; a wrong choice moves llama.cpp to another prefix: it errs toward failing a server); none, and it stops there.
-Held-back tokens are fed, never compared: the server gave no log-probabilities for them. A first disagreement on one
-is judged by the same rule as any (llama.cpp's margin between the two tokens, and what its variants say of them).
+Tokens llama-server holds back (no entry of their own: their text ended inside a UTF-8 character) are named by their
+bytes and fed to llama.cpp, never compared; where the bytes spell several token sequences (byte-level BPE), the one
+llama.cpp finds likeliest is fed and counted in the report (a server computing as llama.cpp made the same choice
+unless at a near tie; a wrong choice moves llama.cpp to another prefix: it errs toward failing a server); where they
+spell none, the comparison stops there, saying so. A first disagreement on a held-back token is judged by the same
+rule as any (llama.cpp's margin between the two tokens, and what its variants say of them).
 
 Not checkable over HTTP (said in the report): full-vocabulary logits and KLD, hidden states and per-tensor
 intermediates, teacher-forced per-op checks.
@@ -66,12 +60,19 @@ intermediates, teacher-forced per-op checks.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from bench_compare.adapters.openai_http import NOT_OVER_HTTP, check_text_round_trip
+from bench_compare.adapters.server_logprobs import (  # reading a server's answer, naming its tokens
+    TOKEN_ID_FIELDS,
+    ids_by_text,
+    next_of_spellings,
+    server_entries,
+    token_key,
+    token_text,
+)
 from inference_engine.errors import GGUFParityError
 from validation.free_running import GAP_SHIFT_FACTOR, NOISE_FACTOR, reference_gap_shift
 from validation.metrics import Thresholds, log_softmax, thresholds_for
@@ -91,30 +92,10 @@ from validation.top_k import (  # one definition of the per-position metrics and
 
 DEFAULT_TOP_K = 5
 DEFAULT_TOKENS = 16
-# vLLM's completions field that names every token "token_id:{id}" in tokens and top_logprobs (its
-# format_token_id_placeholder), so tokens are named exactly; sent with each request, and dropped for the run where a
-# server refuses the request with it (a strict server refuses unknown fields: ours, OpenAI's).
-TOKEN_ID_FIELDS = {"return_tokens_as_token_ids": True}
-TOKEN_ID_PREFIX = "token_id:"
-# Held-back bytes are a few: the rest of one UTF-8 character (up to 3 bytes) after what the run's first token
-# began with; 5 bytes, each run of them a token of a byte-level BPE vocabulary, spell 16 sequences.
-MAX_SPELLINGS = 256
 # The gates are top-k fidelity's (validation.top_k: floor_limits, metric_checks), so a server and an in-process engine
 # that gives only its top-k are held to the same rules. Seen on SmolLM2 Q4_1: a server with flash attention off gave
 # shared-top-k KLD mean 2.2e-3 (log-prob differences up to 0.54) against the in-process reference with it on, which is
 # why the least limits alone would not do and llama.cpp's variants set the floor.
-
-
-def _token_text(tokenizer, token_id: int) -> str:
-    return tokenizer.token_bytes(int(token_id)).decode("utf-8", errors="ignore")
-
-
-def token_key(tokenizer, token_id: int, by_id: bool) -> str:
-    """How a token is named in the top-k dicts of one comparison: ``"282: of"`` (its id, then its text) where the
-    server names tokens by id, so tokens whose texts collide stay apart (byte-fallback pieces all render as ""); else
-    its text, as a server without ids names it."""
-    text = _token_text(tokenizer, token_id)
-    return f"{int(token_id)}:{text}" if by_id else text
 
 
 def reference_topk(tokenizer, logprobs: np.ndarray, k: int, by_id: bool = False) -> dict[str, float]:
@@ -129,179 +110,6 @@ def _server_topk(entry: dict | None, k: int) -> dict[str, float] | None:
         return None
     items = sorted(((str(t), float(lp)) for t, lp in entry.items()), key=lambda kv: -kv[1])
     return dict(items[:k])  # the server may add the sampled token beyond the top k
-
-
-@dataclass(frozen=True)
-class ServerEntry:
-    """One position of a server's log-probabilities, whichever shape it came in: its token (:func:`token_key`), that
-    token's id where the server gave it, and its top-k ``{token_key: logprob}`` (None when the server left the entry
-    empty)."""
-
-    token: str | None
-    token_id: int | None
-    top: dict[str, float] | None
-    reported: bool = True  # False: a token the server generated without giving its entry (see _content_answer)
-    # a run of such tokens whose bytes spell several token sequences: each of them (token_id is then None)
-    spellings: tuple[tuple[int, ...], ...] = ()
-    chosen: bool = False  # a token of such a run, named as llama.cpp's likeliest spelling (_next_of_spellings)
-
-
-@dataclass(frozen=True)
-class ServerAnswer:
-    """A server's log-probabilities for one request: its entries, whether they name tokens by id (then every key,
-    the server's and llama.cpp's, is :func:`token_key` by id), and, where the entries could be lined up with the
-    generated tokens only so far, why not further (the entries end there)."""
-
-    entries: list[ServerEntry]
-    by_id: bool
-    unaligned: str | None = None
-
-
-def server_entries(engine, data: dict, what: str) -> ServerAnswer:
-    """The first choice's log-probabilities, from OpenAI's legacy completions shape or llama-server's ``content``
-    list (see the module doc); a clear error when the answer has neither."""
-    logprobs = data["choices"][0].get("logprobs")
-    if isinstance(logprobs, dict) and isinstance(logprobs.get("top_logprobs"), list):
-        return _legacy_answer(engine, logprobs, what)
-    if isinstance(logprobs, dict) and isinstance(logprobs.get("content"), list):
-        return _content_answer(engine, logprobs["content"], what)
-    raise GGUFParityError(f"{engine.client.base_url}/completions returned no top-k log-probabilities for {what}; the "
-                          "server must answer the 'logprobs' field of /completions, as OpenAI's legacy "
-                          "{tokens, top_logprobs} or llama-server's {content: [{id, token, top_logprobs}]}")
-
-
-def _legacy_answer(engine, logprobs: dict, what: str) -> ServerAnswer:
-    """OpenAI's legacy shape: tokens named by text, or by id where every name is vLLM's ``token_id:{id}``."""
-    tokens = [str(t) for t in logprobs.get("tokens") or []]
-    tops = [top if isinstance(top, dict) and top else None for top in logprobs["top_logprobs"]]
-    names = [*tokens, *(str(t) for top in tops if top for t in top)]
-    ids = {name: _placeholder_id(name) for name in names}
-    if not names or None in ids.values():
-        return ServerAnswer([ServerEntry(tokens[i] if i < len(tokens) else None, None, top)
-                             for i, top in enumerate(tops)], by_id=False)
-    _check_ids(engine, ids.values(), what)
-    tok = engine.tokenizer
-
-    def key(name: str) -> str:
-        return token_key(tok, ids[name], True)
-
-    return ServerAnswer([ServerEntry(key(tokens[i]) if i < len(tokens) else None,
-                                     ids[tokens[i]] if i < len(tokens) else None,
-                                     {key(str(t)): float(v) for t, v in top.items()} if top else None)
-                         for i, top in enumerate(tops)], by_id=True)
-
-
-def _placeholder_id(name: str) -> int | None:
-    """The id in vLLM's ``token_id:{id}`` name, or None for a token named by its text."""
-    rest = name[len(TOKEN_ID_PREFIX):] if name.startswith(TOKEN_ID_PREFIX) else ""
-    return int(rest) if rest.isdigit() else None
-
-
-def _check_ids(engine, ids, what: str) -> None:
-    n_vocab = engine.tokenizer.n_vocab
-    outside = next((i for i in ids if not 0 <= i < n_vocab), None)
-    if outside is not None:
-        raise GGUFParityError(f"{engine.client.base_url}/completions: token id {outside} in {what} is outside the "
-                              f"GGUF's vocabulary of {n_vocab} tokens; is the server running this model?")
-
-
-def _content_answer(engine, content: list, what: str) -> ServerAnswer:
-    """llama-server's ``content`` list. Its ids, where every token and alternative has one, name the tokens
-    (checked against the GGUF's vocabulary: a server running another vocabulary is refused, not compared)."""
-    tok = engine.tokenizer
-    for index, item in enumerate(content):
-        if not isinstance(item, dict):
-            raise GGUFParityError(f"{engine.client.base_url}/completions: log-probability entry {index} of {what} "
-                                  f"is not an object: {str(item)[:80]}")
-    alternatives = [[a for a in item.get("top_logprobs") or [] if isinstance(a, dict) and "logprob" in a]
-                    for item in content]
-    named = [*content, *(a for alts in alternatives for a in alts)]
-    by_id = bool(named) and all(isinstance(x.get("id"), int) and not isinstance(x.get("id"), bool) for x in named)
-    if by_id:
-        _check_ids(engine, (x["id"] for x in named), what)
-
-    def key(x: dict) -> str:
-        return token_key(tok, x["id"], True) if by_id else str(x.get("token", ""))
-
-    entries: list[ServerEntry] = []
-    vocabulary = None
-    for item, alts in zip(content, alternatives, strict=True):
-        held = _held_back(tok, item) if by_id else b""
-        if held:  # tokens the server generated before this one and gave no entry: name them by their bytes
-            vocabulary = vocabulary if vocabulary is not None else _ids_by_bytes(tok)
-            ways = _spellings(held, vocabulary)
-            if not ways:
-                why = (f"the server gave no log-probabilities for the token(s) before generated position "
-                       f"{len(entries)} (llama-server reports a token whose text ends inside a UTF-8 character "
-                       f"only with the next one, whose entry carries their bytes, {held!r}), and those bytes spell "
-                       "no sequence of the GGUF's tokens, so the positions from there on cannot be lined up")
-                return ServerAnswer(entries, by_id, unaligned=why)
-            if len(ways) == 1:
-                entries.extend(ServerEntry(token_key(tok, i, True), i, None, reported=False) for i in ways[0])
-            else:
-                entries.append(ServerEntry(None, None, None, reported=False, spellings=tuple(map(tuple, ways))))
-        top: dict[str, float] = {}
-        for alternative in alts:  # best first; the same key twice: the lower-ranked wins, as in reference_topk
-            top[key(alternative)] = float(alternative["logprob"])
-        entries.append(ServerEntry(key(item), item["id"] if by_id else None, top or None))
-    return ServerAnswer(entries, by_id)
-
-
-def _held_back(tok, item: dict) -> bytes:
-    """The bytes of tokens an entry carries besides its own: llama-server holds a token back while the text ends
-    inside a UTF-8 character and sends it (bytes and text, no entry of its own) with the token that completes the
-    character, whose entry is the next one; b"" for an entry that is its own token only."""
-    try:
-        sent = bytes(item["bytes"]) if isinstance(item.get("bytes"), list) else str(item.get("token", "")).encode()
-    except (TypeError, ValueError):
-        sent = str(item.get("token", "")).encode()
-    own = tok.token_bytes(int(item["id"]))
-    return sent[: -len(own)] if own and len(sent) > len(own) and sent.endswith(own) else b""
-
-
-def _next_of_spellings(tok, run: ServerEntry, next_id: int | None, lp: np.ndarray) -> list[ServerEntry]:
-    """The next token of a held-back run whose bytes spell several token sequences (``run.spellings``): of the
-    sequences' first tokens (and the next reported token, ``next_id``, where a sequence is already complete), the one
-    llama.cpp finds likeliest here, followed by the rest of the run that it leaves (nothing where it ends the run).
-    A server that computes as llama.cpp took the same greedy choice unless at a near tie; a wrong choice puts
-    llama.cpp on another prefix than the server's and shows as disagreements: it errs toward failing a server."""
-    ended = any(not sp for sp in run.spellings) and next_id is not None
-    options = {sp[0] for sp in run.spellings if sp} | ({next_id} if ended else set())
-    pick = max(sorted(options), key=lambda t: lp[t])
-    if ended and pick == next_id:
-        return []
-    rest = tuple(sp[1:] for sp in run.spellings if sp and sp[0] == pick)
-    chosen = ServerEntry(token_key(tok, pick, True), pick, None, reported=False, chosen=True)
-    return [chosen] if rest == ((),) else [chosen, ServerEntry(None, None, None, reported=False, spellings=rest)]
-
-
-def _ids_by_bytes(tok) -> dict[bytes, list[int]]:
-    """Every token id of the GGUF's vocabulary by its bytes."""
-    out: dict[bytes, list[int]] = {}
-    for i in range(tok.n_vocab):
-        out.setdefault(bytes(tok.token_bytes(i)), []).append(i)
-    return out
-
-
-def _spellings(data: bytes, by_bytes: dict[bytes, list[int]], limit: int = MAX_SPELLINGS) -> list[list[int]]:
-    """Up to ``limit`` sequences of token ids whose bytes are ``data``: one when the held-back tokens are
-    SentencePiece byte-fallback pieces (<0xE4> is the only token of its byte), several in a byte-level BPE
-    vocabulary, where a character's bytes are a token and also single-byte tokens."""
-    longest = max((len(b) for b in by_bytes), default=0)
-    found: list[list[int]] = []
-
-    def walk(at: int, ids: list[int]) -> None:
-        if len(found) >= limit:
-            return
-        if at == len(data):
-            found.append(ids)
-            return
-        for end in range(at + 1, min(len(data), at + longest) + 1):
-            for i in by_bytes.get(data[at:end], ()):
-                walk(end, [*ids, i])
-
-    walk(0, [])
-    return found
 
 
 def _send_prompt(engine, ids: list[int], add_bos: bool, max_tokens: int, k: int, echo: bool,
@@ -358,8 +166,8 @@ def run_http_fidelity(engine, reference, prompt: str, *, n_tokens: int = DEFAULT
     while queue and step < n_tokens:
         entry = queue.pop(0)
         lp = log_softmax(logits)
-        if entry.spellings:  # held-back tokens whose bytes spell several sequences: see _next_of_spellings
-            queue[:0] = _next_of_spellings(tok, entry, queue[0].token_id if queue else None, lp)
+        if entry.spellings:  # held-back tokens whose bytes spell several sequences: see next_of_spellings
+            queue[:0] = next_of_spellings(tok, entry, queue[0].token_id if queue else None, lp)
             continue
         ref_tok = int(np.argmax(lp))
         if entry.reported:
@@ -377,11 +185,11 @@ def run_http_fidelity(engine, reference, prompt: str, *, n_tokens: int = DEFAULT
         follow = ref_tok
         if by_id and entry.token_id != ref_tok:  # the server named its token by id
             if divergence is None:
-                divergence = _divergence(tok, lp, ref_tok, _token_text(tok, entry.token_id), [entry.token_id],
+                divergence = _divergence(tok, lp, ref_tok, token_text(tok, entry.token_id), [entry.token_id],
                                          step, path)
             follow = entry.token_id
-        elif not by_id and entry.token is not None and entry.token != _token_text(tok, ref_tok):
-            vocabulary = vocabulary if vocabulary is not None else _ids_by_text(tok)
+        elif not by_id and entry.token is not None and entry.token != token_text(tok, ref_tok):
+            vocabulary = vocabulary if vocabulary is not None else ids_by_text(tok)
             candidates = vocabulary.get(entry.token, [])
             if divergence is None:
                 divergence = _divergence(tok, lp, ref_tok, entry.token, candidates, step, path)
@@ -431,17 +239,9 @@ def _divergence(tok, lp: np.ndarray, ref_tok: int, server_text: str, candidates:
     its own token here."""
     margin = float(lp[ref_tok] - max(lp[c] for c in candidates)) if candidates else None
     server_id = max(candidates, key=lambda c: lp[c]) if candidates else None
-    return {"step": step, "reference_text": _token_text(tok, ref_tok), "server_text": server_text, "margin": margin,
+    return {"step": step, "reference_text": token_text(tok, ref_tok), "server_text": server_text, "margin": margin,
             "near_tie": margin is not None and margin < NEAR_TIE_MARGIN, "reference_ids": [*path, ref_tok],
             "ids": (ref_tok, server_id)}
-
-
-def _ids_by_text(tok) -> dict[str, list[int]]:
-    """Every token id of the GGUF's vocabulary by its text as servers return it (:func:`_token_text`)."""
-    out: dict[str, list[int]] = {}
-    for i in range(tok.n_vocab):
-        out.setdefault(_token_text(tok, i), []).append(i)
-    return out
 
 
 def noise_floor(reference, tok, ids: list[int], path: list[int], positions: list[dict], top_k: int,
