@@ -109,7 +109,10 @@ def open_engine_under_test(target: str, model: str, *, n_threads: int | None = N
     if not str(target).strip():
         raise GGUFParityError("--engine llama-server: needs the binary's path, e.g. --engine "
                               "llama-server:/path/to/llama.cpp/build/bin/llama-server")
+    slots = str(n_parallel).strip()
+    if not slots.isdigit() or int(slots) < 1:
+        raise GGUFParityError(f"--engine llama-server: n_parallel must be an integer >= 1, got '{n_parallel}'")
     info = yardstick.check_binary(yardstick.Yardstick(ENGINE_NAME, Path(target).expanduser()), flag="--engine",
                                   llama=True)
-    return open_engine(info, model, n_threads=n_threads, n_ctx=int(n_ctx), n_parallel=int(n_parallel),
+    return open_engine(info, model, n_threads=n_threads, n_ctx=int(n_ctx), n_parallel=int(slots),
                        label=f"{ENGINE_NAME}:{target}", flag="--engine")

@@ -316,3 +316,10 @@ def test_a_bad_llama_server_engine_is_one_line_before_anything_runs(capsys, mode
     _out, err = capsys.readouterr()
     assert code == 2 and err.count("\n") == 1 and not json_path.exists(), err
     assert message.format(**names) in err
+
+
+def test_a_llama_server_engine_with_a_bad_slot_count_is_one_line(capsys, model, fake_bench):
+    code = main(["validate", "--no-progress", "-m", model, "--engine", f"llama-server:{fake_bench}",
+                 "--engine-opt", "n_parallel=two"])
+    _out, err = capsys.readouterr()
+    assert code == 2 and err.count("\n") == 1 and "n_parallel must be an integer >= 1, got 'two'" in err, err
