@@ -213,7 +213,8 @@ def run_http_fidelity(engine, reference, prompt: str, *, n_tokens: int = DEFAULT
         stopped = answer.unaligned if step < n_tokens else None
     reference_text = tok.decode(path if divergence is None else divergence.pop("reference_ids"))
     generated = {"followed": f"the server's own tokens, named by {'id' if by_id else 'text'}", "stopped": stopped,
-                 "not_reported": not_reported, "not_reported_spelled_by_llamacpp": by_llamacpp}
+                 "not_reported": not_reported, "not_reported_spelled_by_llamacpp": by_llamacpp,
+                 "without_entries_at_end": _without_entries_at_end(data, step, stopped, n_tokens)}
 
     # Prompt positions (echo), alignment verified on the generated entries of the same response.
     echo_info: dict[str, Any] = {"requested": echo}
@@ -229,6 +230,18 @@ def run_http_fidelity(engine, reference, prompt: str, *, n_tokens: int = DEFAULT
     floor.update({"precision": thresholds.precision, "variance": variance_source(reference)})
     return _summarize(engine, reference, ids, positions, divergence, server_text, reference_text, n_tokens, top_k,
                       state, echo_info, floor, generated)
+
+
+def _without_entries_at_end(data: dict, followed: int, stopped: str | None, n_tokens: int) -> int:
+    """Tokens the server generated after the last one it gave an entry for, by its own usage count
+    (``completion_tokens``): llama-server holds back a last token whose text ends inside a UTF-8 character and,
+    the generation over, never sends its entry. 0 when the comparison stopped for another reason or the server
+    gives no count."""
+    usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
+    counted = usage.get("completion_tokens")
+    if stopped is not None or not isinstance(counted, int) or isinstance(counted, bool):
+        return 0
+    return max(0, min(counted, n_tokens) - followed)
 
 
 def _divergence(tok, lp: np.ndarray, ref_tok: int, server_text: str, candidates: list[int], step: int,
@@ -462,6 +475,9 @@ def markdown(result: dict[str, Any]) -> str:
                    + (f" ({spelled} named by llama.cpp's likeliest spelling of their bytes, which spell several "
                       "token sequences)" if (spelled := g.get("not_reported_spelled_by_llamacpp")) else "")
                    if (n := g.get("not_reported")) else "")
+                + (f"; the last {end} generated token(s) have no entries (the server's usage counts them; "
+                   "llama-server leaves out a last token whose text ends inside a UTF-8 character)"
+                   if (end := g.get("without_entries_at_end")) else "")
                 + (f"; stopped there: {g['stopped']}" if g.get("stopped") else "")] if (g := result.get("generated"))
                else []),
              *([f"- reference: replayed from `{r['path']}` (recorded {r.get('recorded')} on {r.get('machine')})"]

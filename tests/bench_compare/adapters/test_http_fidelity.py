@@ -474,6 +474,20 @@ def test_a_token_the_server_held_back_is_named_by_its_bytes_fed_and_not_compared
     assert result["generated"]["not_reported_spelled_by_llamacpp"] == 0
     assert all(p["shared_kld"] < 1e-12 for p in result["positions"])  # still lined up after the held-back token
     assert "1 more fed but not compared" in http_fidelity.markdown(result)
+    assert result["generated"]["without_entries_at_end"] == 0
+
+
+def test_tokens_held_back_at_the_end_are_counted_by_the_servers_usage():
+    """The generation ended inside a character: llama-server never sends the last token's entry; its usage still
+    counts the token, and the report says so rather than leaving 5 of 6 unexplained."""
+    answer = as_llama_server(generation_answer(IDS, 6, model=0))
+    answer["choices"][0]["logprobs"]["content"].pop()
+    answer["usage"] = {"completion_tokens": 6}
+    result = http_fidelity.run_http_fidelity(Engine(None, answer), Reference(), "prompt", n_tokens=6, top_k=TOP_K,
+                                             echo=False)
+    assert result["passed"] and result["generated"]["compared"] == 5
+    assert result["generated"]["without_entries_at_end"] == 1
+    assert "the last 1 generated token(s) have no entries" in http_fidelity.markdown(result)
 
 
 def test_held_back_bytes_that_spell_several_sequences_take_llamacpp_s_likeliest_and_none_stop():
