@@ -136,13 +136,20 @@ def _variant_floor(variants: Mapping[str, Engine], ids, path, ref_rows, position
         for row, ref, pos in zip(rows, ref_rows, positions):
             comparisons.append(compare_position(top_k_of(row, k), top_k_of(ref, k), k))
             if not pos["top1_agree"]:
-                e_tok, r_tok = pos["server_top1"], pos["reference_top1"]
-                if int(np.argmax(row)) == e_tok:
-                    pos.setdefault("variants_agreeing", []).append(label)
-                logp = log_softmax(np.asarray(row, dtype=np.float64)[None, :])[0]
-                pos.setdefault("reference_variant_gaps", []).append(float(logp[r_tok] - logp[e_tok]))
+                note_variant_on_disagreement(pos, label, row, pos["server_top1"], pos["reference_top1"])
         out["variants"][label] = position_stats(comparisons)
     return out
+
+
+def note_variant_on_disagreement(position: dict[str, Any], label: str, logits: np.ndarray, engine_token: int,
+                                 reference_token: int) -> None:
+    """What one variant's logits say of a top-1 disagreement at ``position``: whether it picks the engine's token
+    (``variants_agreeing``) and its own gap between the reference's token and the engine's
+    (``reference_variant_gaps``), the two things :func:`excuses` reads."""
+    if int(np.argmax(logits)) == engine_token:
+        position.setdefault("variants_agreeing", []).append(label)
+    logp = log_softmax(np.asarray(logits, dtype=np.float64)[None, :])[0]
+    position.setdefault("reference_variant_gaps", []).append(float(logp[reference_token] - logp[engine_token]))
 
 
 def position_stats(comparisons: list[Mapping[str, Any]]) -> dict[str, Any]:

@@ -87,6 +87,7 @@ from validation.top_k import (  # one definition of the per-position metrics and
     excuses,
     floor_limits,
     metric_checks,
+    note_variant_on_disagreement,
     position_stats,
 )
 
@@ -161,7 +162,7 @@ def run_http_fidelity(engine, reference, prompt: str, *, n_tokens: int = DEFAULT
     reference.reset()
     logits = np.asarray(reference.prefill(ids))
     path: list[int] = []  # the tokens llama.cpp is fed: the server's own, so each position has the server's prefix
-    divergence, stopped, vocabulary = None, None, None
+    divergence, stopped, vocabulary, held_back_divergence = None, None, None, None
     queue, step, by_llamacpp = list(entries), 0, 0
     while queue and step < n_tokens:
         entry = queue.pop(0)
@@ -187,6 +188,8 @@ def run_http_fidelity(engine, reference, prompt: str, *, n_tokens: int = DEFAULT
             if divergence is None:
                 divergence = _divergence(tok, lp, ref_tok, token_text(tok, entry.token_id), [entry.token_id],
                                          step, path)
+                if not entry.reported:  # no row there: the variants are asked of these two tokens on their own
+                    held_back_divergence = (step, ref_tok, entry.token_id)
             follow = entry.token_id
         elif not by_id and entry.token is not None and entry.token != token_text(tok, ref_tok):
             vocabulary = vocabulary if vocabulary is not None else ids_by_text(tok)
@@ -221,11 +224,6 @@ def run_http_fidelity(engine, reference, prompt: str, *, n_tokens: int = DEFAULT
     if echo:
         echo_info.update(_echo_positions(engine, reference, ids, add_bos, top_k, state, positions, by_id))
 
-    ids_there = divergence.pop("ids") if divergence is not None else None
-    held_back_divergence = None  # the first disagreement on a token the server gave no entry for: no row there
-    if divergence is not None and ids_there[1] is not None and not any(
-            p["where"] == "generated" and p["index"] == divergence["step"] for p in positions):
-        held_back_divergence = (divergence["step"], *ids_there)
     floor = noise_floor(reference, tok, ids, path, positions, top_k, thresholds, by_id, held_back_divergence)
     floor.update({"precision": thresholds.precision, "variance": variance_source(reference)})
     return _summarize(engine, reference, ids, positions, divergence, server_text, reference_text, n_tokens, top_k,
@@ -251,10 +249,8 @@ def _divergence(tok, lp: np.ndarray, ref_tok: int, server_text: str, candidates:
     the likeliest of them; None when there is none); ``reference_ids``: llama.cpp's greedy tokens up to and including
     its own token here."""
     margin = float(lp[ref_tok] - max(lp[c] for c in candidates)) if candidates else None
-    server_id = max(candidates, key=lambda c: lp[c]) if candidates else None
     return {"step": step, "reference_text": token_text(tok, ref_tok), "server_text": server_text, "margin": margin,
-            "near_tie": margin is not None and margin < NEAR_TIE_MARGIN, "reference_ids": [*path, ref_tok],
-            "ids": (ref_tok, server_id)}
+            "near_tie": margin is not None and margin < NEAR_TIE_MARGIN, "reference_ids": [*path, ref_tok]}
 
 
 def noise_floor(reference, tok, ids: list[int], path: list[int], positions: list[dict], top_k: int,
@@ -272,7 +268,7 @@ def noise_floor(reference, tok, ids: list[int], path: list[int], positions: list
     ``"held_back_divergence"`` (the variants picking the server's token, and their gaps), for the top-1 rule."""
     variants, errors = open_variants(reference, thresholds)
     out: dict[str, Any] = {"variants": {}, "floor": 0.0, "errors": errors}
-    at_divergence: dict[str, Any] = {"variants_agreeing": [], "reference_variant_gaps": []}
+    at_divergence: dict[str, Any] = {"variants_agreeing": [], "reference_variant_gaps": []}  # as a row's
     try:
         for label, variant in variants.items():
             comparisons: list[dict] = []
@@ -286,10 +282,8 @@ def noise_floor(reference, tok, ids: list[int], path: list[int], positions: list
                         top = reference_topk(tok, log_softmax(logits), top_k, by_id)
                         comparisons.append(_variant_row(generated[step], top, top_k, label))
                     elif held_back_divergence and step == held_back_divergence[0]:
-                        v_lp, (_, r_tok, s_tok) = log_softmax(logits), held_back_divergence
-                        at_divergence["reference_variant_gaps"].append(float(v_lp[r_tok] - v_lp[s_tok]))
-                        if int(np.argmax(v_lp)) == s_tok:
-                            at_divergence["variants_agreeing"].append(label)
+                        _, r_tok, s_tok = held_back_divergence
+                        note_variant_on_disagreement(at_divergence, label, logits, s_tok, r_tok)
                     if step < last:
                         logits = np.asarray(variant.decode(path[step]))
             prompt_rows = [p for p in positions if p["where"] == "prompt"]
